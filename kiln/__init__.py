@@ -1,0 +1,34 @@
+"""Kiln: a deep-learning compiler for the web.
+
+Public API::
+
+    import kiln
+    kiln.compile("model.onnx", "build/model")      # -> package directory
+    session = kiln.load("build/model")              # native WebGPU through wgpu-py
+    outputs = session.run({"input": x})             # dict[str, np.ndarray]
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from kiln.errors import (DeviceError, KilnError, ModelFormatError, PackageError, ShapeError,  # noqa: E402
+                         UnsupportedOpError)
+
+
+def compile(model, out, **options):
+    """Compile an ONNX model file to a package directory; see :func:`kiln.compiler.compile_model`."""
+    from kiln.compiler import compile_model
+
+    return compile_model(model, out, **options)
+
+
+def load(package, **options):
+    """Load a package for native execution; see :class:`kiln.runtime.native.Session`."""
+    from kiln.runtime.native import Session
+
+    return Session(package, **options)
+
+
+__all__ = ["compile", "load", "KilnError", "ModelFormatError", "UnsupportedOpError", "ShapeError",
+           "PackageError", "DeviceError", "__version__"]

@@ -1,0 +1,116 @@
+"""WGSL rendering of lowered kernels (WebGPU Shading Language, W3C WGSL spec).
+
+The renderer states its limits up front and keeps one table from expression
+functions to WGSL builtins; everything else is the statement and expression
+structure of :mod:`kiln.te.lower`. Every storage buffer is a runtime-sized
+``array<T>`` (WGSL §6.2.9) bound in ``@group(0)``, inputs ``read`` and the output
+``read_write``; the flat invocation index comes from ``global_invocation_id``
+and ``num_workgroups`` so dispatches wider than 65535 workgroups wrap into y.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kiln.te.expr import Bin, Call, Cast, Const, Expr, Select, Var
+from kiln.te.lower import Assign, BufLoad, Decl, For, Let, LoweredKernel, Store
+
+#: Kiln dtype -> WGSL scalar type (WGSL §6.2.1); int64 is narrowed to i32 before codegen
+TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "bool": "bool"}
+
+#: expression function -> WGSL builtin (WGSL §17)
+BUILTINS = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil",
+            "sin": "sin", "cos": "cos", "tanh": "tanh", "max": "max", "min": "min", "pow": "pow", "clamp": "clamp"}
+
+_BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&&", "||"}
+
+
+def literal(value, dtype: str) -> str:
+    """A WGSL literal of ``dtype`` (infinities and NaN through ``bitcast``, which has no literal form)."""
+    if dtype == "bool":
+        return "true" if value else "false"
+    if dtype == "int32":
+        v = int(value)
+        return f"{v}i" if v != -(2**31) else "i32(-2147483647 - 1)"
+    f = float(np.float32(value))
+    if math.isnan(f):
+        return "bitcast<f32>(0x7fc00000u)"
+    if math.isinf(f):
+        return "bitcast<f32>(0x7f800000u)" if f > 0 else "bitcast<f32>(0xff800000u)"
+    r = repr(f)
+    if "e" not in r and "." not in r:
+        r += ".0"
+    return f"({r}f)" if f < 0 else f"{r}f"
+
+
+def expr(e: Expr) -> str:
+    """Render one expression (fully parenthesised)."""
+    if isinstance(e, Const):
+        return literal(e.value, e.dtype)
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, BufLoad):
+        idx = expr(e.index)
+        if e.guard:
+            return f"{e.buf}[min(u32({idx}), {e.size - 1}u)]"
+        return f"{e.buf}[{idx}]"
+    if isinstance(e, Bin):
+        if e.op == "//":
+            return f"({expr(e.a)} / {expr(e.b)})"
+        if e.op == "%":
+            return f"({expr(e.a)} % {expr(e.b)})"
+        if e.op in _BINOPS:
+            return f"({expr(e.a)} {e.op} {expr(e.b)})"
+        raise ValueError(f"WGSL: unknown binary op {e.op!r}")
+    if isinstance(e, Call):
+        return f"{BUILTINS[e.fn]}({', '.join(expr(a) for a in e.args)})"
+    if isinstance(e, Select):
+        return f"select({expr(e.f)}, {expr(e.t)}, {expr(e.cond)})"
+    if isinstance(e, Cast):
+        return f"{TYPES[e.dtype]}({expr(e.x)})"
+    raise TypeError(f"WGSL: cannot render {type(e).__name__}")
+
+
+def _stmts(stmts, indent: int) -> list[str]:
+    pad = "    " * indent
+    out = []
+    for s in stmts:
+        if isinstance(s, Let):
+            out.append(f"{pad}let {s.var.name} = {expr(s.value)};")
+        elif isinstance(s, Decl):
+            out.append(f"{pad}var {s.var.name}: {TYPES[s.var.dtype]} = {expr(s.value)};")
+        elif isinstance(s, Assign):
+            out.append(f"{pad}{s.var.name} = {expr(s.value)};")
+        elif isinstance(s, For):
+            v = s.var.name
+            out.append(f"{pad}for (var {v} = 0i; {v} < {s.extent}i; {v}++) {{")
+            out.extend(_stmts(s.body, indent + 1))
+            out.append(f"{pad}}}")
+        elif isinstance(s, Store):
+            out.append(f"{pad}{s.buf}[{expr(s.index)}] = {expr(s.value)};")
+        else:
+            raise TypeError(f"WGSL: cannot render statement {type(s).__name__}")
+    return out
+
+
+def render(k: LoweredKernel, comment: str = "") -> str:
+    """WGSL source of kernel ``k`` with entry point ``main``."""
+    wg = k.schedule.workgroup_size
+    lines = [f"// Kiln kernel {k.name}" + (f": {comment}" if comment else ""), "// generated from a tensor expression; do not edit", ""]
+    for i, p in enumerate(k.params):
+        access = "read" if p.access == "read" else "read_write"
+        lines.append(f"@group(0) @binding({i}) var<storage, {access}> {p.name}: array<{TYPES[p.dtype]}>;")
+    lines += [
+        "",
+        f"@compute @workgroup_size({wg})",
+        "fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {",
+        f"    let {k.gid.name} = i32(id.x + id.y * groups.x * {wg}u);",
+        f"    if ({k.gid.name} >= {k.total}i) {{",
+        "        return;",
+        "    }",
+    ]
+    lines += _stmts(k.body, 1)
+    lines.append("}")
+    return "\n".join(lines) + "\n"

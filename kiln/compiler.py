@@ -1,0 +1,176 @@
+"""The compiler driver: model -> graph IR -> passes -> fused kernels -> WGSL -> package.
+
+:func:`compile_model` is what ``kiln compile`` and :func:`kiln.compile` call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kiln.codegen import wgsl
+from kiln.codegen.target import WebGPUTarget, get_target
+from kiln.errors import KilnError
+from kiln.frontend.onnx.importer import import_model, load_model, unsupported_ops
+from kiln.errors import UnsupportedOpError
+from kiln.ir.graph import Graph
+from kiln.ir.verify import verify
+from kiln.kernels import library
+from kiln.passes.fusion import Group, fuse
+from kiln.passes.manager import optimize
+from kiln.passes.memory_plan import MemoryPlan, needs_buffer, plan_memory
+from kiln.te.compute import inline, placeholder
+from kiln.te.lower import lower
+from kiln.te.schedule import Schedule
+
+#: dtypes the WebGPU target's kernels read and write
+KERNEL_DTYPES = {"float32"}
+
+
+@dataclass
+class Kernel:
+    """One generated shader (shared by every step with identical source)."""
+
+    name: str
+    source: str
+    workgroup_size: int
+    access: list[str]
+    ops: list[str]
+
+
+@dataclass
+class Step:
+    """One dispatch of the execution plan."""
+
+    kernel: int
+    dispatch: tuple[int, int, int]
+    buffers: list[int]
+    name: str
+
+
+@dataclass
+class Compiled:
+    """Everything a package is written from."""
+
+    graph: Graph
+    groups: list[Group]
+    plan: MemoryPlan
+    kernels: list[Kernel]
+    steps: list[Step]
+    target: WebGPUTarget
+    passes: list[str] = field(default_factory=list)
+
+
+def build_group(group: Group, schedule: Schedule):
+    """Tensor expression of a fused group, lowered: returns ``(LoweredKernel, input values in binding order)``.
+
+    Raises:
+        KilnError: if the group touches a dtype the WebGPU kernels do not support yet.
+    """
+    env: dict[int, Any] = {}
+    for node in group.nodes:
+        operands = []
+        for v in node.inputs:
+            if id(v) in env:
+                operands.append(env[id(v)])
+            elif v.is_const and not needs_buffer(node, v):
+                operands.append(v.const.reshape(()).item())
+            else:
+                if v.dtype not in KERNEL_DTYPES:
+                    raise KilnError(f"node {node.name!r} ({node.op}): {v.dtype} tensors are not supported by the "
+                                    f"webgpu target yet (input %{v.name})")
+                t = placeholder(v.shape, v.dtype, name=v.name)
+                t.attrs["value"] = v
+                env[id(v)] = t
+                operands.append(t)
+        out = node.outputs[0]
+        if out.dtype not in KERNEL_DTYPES:
+            raise KilnError(f"node {node.name!r} ({node.op}): {out.dtype} results are not supported by the webgpu "
+                            "target yet")
+        env[id(out)] = library.build(node.op, operands, node.attrs, out.shape, group.name)
+    final = inline(env[id(group.output)])
+    k = lower(final, schedule, name=group.name)
+    return k, [t.attrs["value"] for t in k.inputs]
+
+
+def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, progress: bool = False):
+    """Generate, deduplicate and validate the WGSL of every non-alias group; returns ``(kernels, steps)``."""
+    from kiln.codegen.validate import validate_wgsl
+
+    kernels: list[Kernel] = []
+    by_source: dict[str, int] = {}
+    steps: list[Step] = []
+    schedule = Schedule()
+    work = [g for g in groups if not g.alias]
+    it = work
+    if progress:
+        from rich.progress import track
+
+        it = track(work, description="generating kernels", transient=True)
+    for g in it:
+        k, ins = build_group(g, schedule)
+        desc = " -> ".join(f"{n.op}" for n in g.nodes) + f" {list(g.output.shape)}"
+        src = wgsl.render(k, desc)
+        digest = hashlib.sha256(src.encode()).hexdigest()
+        if digest not in by_source:
+            name = f"k{len(kernels):03d}_{g.name}"[:64]
+            if validate:
+                validate_wgsl(src, name)
+            by_source[digest] = len(kernels)
+            kernels.append(Kernel(name, src, schedule.workgroup_size, [p.access for p in k.params],
+                                  [n.op for n in g.nodes]))
+        bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
+        steps.append(Step(by_source[digest], k.dispatch, bufs, g.nodes[0].name))
+    return kernels, steps
+
+
+def compile_graph(graph: Graph, target: str = "webgpu", validate: bool = True, progress: bool = False) -> Compiled:
+    """Optimise ``graph`` in place and generate its kernels and memory plan."""
+    tgt = get_target(target)
+    verify(graph)
+    fired = optimize(graph)
+    groups = fuse(graph, max_inputs=tgt.limits["maxStorageBuffersPerShaderStage"] - 1)
+    plan = plan_memory(graph, groups)
+    kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress)
+    return Compiled(graph, groups, plan, kernels, steps, tgt, fired)
+
+
+def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str = "webgpu",
+                  dims: dict[str, int] | None = None, force: bool = False, preset: str = "auto",
+                  labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False) -> Path:
+    """Compile an ONNX model into a package directory.
+
+    Args:
+        model: path of an ``.onnx`` file.
+        out: package directory to create.
+        target: code generation target (``webgpu``).
+        dims: values of symbolic dims (``{"N": 1}``; unbound named dims default to 1).
+        force: replace ``out`` if it already holds a Kiln package (never anything else).
+        preset: ``auto`` (detect an ImageNet classifier), ``imagenet`` or ``none``: the
+            pre/post-processing the demo page and ``kiln run --image`` use.
+        labels: a text file of class names, one a line (overrides the preset's).
+        validate: validate every shader with naga.
+        progress: show progress bars on stderr.
+
+    Returns:
+        The package directory.
+
+    Raises:
+        ModelFormatError, UnsupportedOpError (all missing ops at once, before other work),
+        ShapeError, PackageError (``out`` exists and ``force`` is not set), KilnError.
+    """
+    from kiln.package.writer import check_destination, write_package
+
+    check_destination(out, force)
+    onnx_model = load_model(model)
+    missing = unsupported_ops(onnx_model)
+    if missing:
+        raise UnsupportedOpError(missing)
+    graph = import_model(onnx_model, dims)
+    if graph.name in ("", "main_graph", "model", "torch_jit"):
+        graph.name = Path(model).stem
+    compiled = compile_graph(graph, target, validate=validate, progress=progress)
+    return write_package(compiled, out, force=force, preset=preset, labels=labels, source=Path(model).name)

@@ -1,0 +1,197 @@
+"""Import an ONNX model into Kiln's graph IR.
+
+Steps: load and check the file with ``onnx``; run ONNX shape inference; refuse,
+listing all of them at once, every operator Kiln has no converter for; bind
+symbolic dims (``N``) to concrete values; turn initializers into constants; and
+convert nodes in order with the opset-versioned converters of
+:mod:`kiln.frontend.onnx.registry`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from kiln.errors import KilnError, ModelFormatError, ShapeError, UnsupportedOpError
+from kiln.frontend.onnx import ops as _ops  # noqa: F401  (registers the converters)
+from kiln.frontend.onnx.registry import lookup
+from kiln.ir import dtypes
+from kiln.ir.graph import Builder, Graph, Value
+
+
+def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Read and check an ONNX file.
+
+    Raises:
+        ModelFormatError: if the file is missing, unreadable, or not a valid ONNX model.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ModelFormatError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ModelFormatError(f"{path}: is a directory, not an ONNX file")
+    try:
+        model = onnx.load(path)
+    except Exception as e:  # onnx raises DecodeError, google.protobuf errors, ...
+        raise ModelFormatError(f"{path}: not an ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'parse failed'})") from None
+    if not model.graph.node and not model.graph.output:
+        raise ModelFormatError(f"{path}: not an ONNX model (no graph)")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise ModelFormatError(f"{path}: invalid ONNX model: {str(e).splitlines()[0]}") from None
+    return model
+
+
+def opset_of(model: onnx.ModelProto, domain: str = "") -> int:
+    """The opset version the model imports for ``domain`` (default domain: ``""``)."""
+    for imp in model.opset_import:
+        if imp.domain in (domain, "ai.onnx" if domain == "" else domain):
+            return imp.version
+    return 1 if domain else 1
+
+
+def unsupported_ops(model: onnx.ModelProto) -> list[tuple[str, str, int, str]]:
+    """Every node Kiln cannot convert, as ``(op_type, domain, opset, node_name)``."""
+    missing = []
+    for i, node in enumerate(model.graph.node):
+        opset = opset_of(model, node.domain)
+        if lookup(node.op_type, opset, node.domain) is None:
+            missing.append((node.op_type, node.domain, opset, node.name or f"#{i}"))
+    return missing
+
+
+def _attr_value(a: onnx.AttributeProto) -> Any:
+    v = onnx.helper.get_attribute_value(a)
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list):
+        return [x.decode() if isinstance(x, bytes) else x for x in v]
+    return v
+
+
+def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, int]) -> tuple[tuple[int, ...], tuple[int | str, ...]]:
+    if not t.HasField("tensor_type"):
+        raise KilnError(f"input {name!r}: only tensor inputs are supported")
+    if not t.tensor_type.HasField("shape"):
+        raise ShapeError(f"input {name!r} has no shape; give it with --shape")
+    sym: list[int | str] = []
+    concrete: list[int] = []
+    for i, d in enumerate(t.tensor_type.shape.dim):
+        if d.HasField("dim_value"):
+            sym.append(d.dim_value)
+            concrete.append(d.dim_value)
+        else:
+            key = d.dim_param or f"{name}_dim{i}"
+            sym.append(key)
+            if key not in dims:
+                if d.dim_param:
+                    dims[key] = 1
+                else:
+                    raise ShapeError(f"input {name!r} dim {i} is unknown; bind it with --dim {key}=SIZE")
+            concrete.append(int(dims[key]))
+    return tuple(concrete), tuple(sym)
+
+
+def _call(fn, b: Builder, inputs: list[Value | None], attrs: dict[str, Any], node: onnx.NodeProto, opset: int):
+    params = inspect.signature(fn).parameters
+    known = {k for k, p in params.items() if p.kind == p.KEYWORD_ONLY}
+    extra = set(attrs) - known
+    if extra and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        raise UnsupportedOpError([(f"{node.op_type}[{','.join(sorted(extra))}]", node.domain, opset, node.name)])
+    if "_opset" in params:
+        attrs = {**attrs, "_opset": opset}
+    return fn(b, *inputs, **attrs)
+
+
+def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int] | None = None) -> Graph:
+    """Convert an ONNX model to a :class:`~kiln.ir.graph.Graph`.
+
+    Args:
+        model: a loaded ``ModelProto`` or a path to an ``.onnx`` file.
+        dims: values for symbolic dims (``{"N": 1}``); an unbound named dim defaults to 1.
+
+    Raises:
+        ModelFormatError: the file is not a valid ONNX model.
+        UnsupportedOpError: listing every operator Kiln lacks, before any conversion.
+        ShapeError: a graph input has unknown dims, or shapes do not fit.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        model = load_model(model)
+    missing = unsupported_ops(model)
+    if missing:
+        raise UnsupportedOpError(missing)
+    try:
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # shape inference is a cross-check only; our own rules decide
+        pass
+    g = model.graph
+    dims = dict(dims or {})
+    graph = Graph(name=g.name or "model")
+    env: dict[str, Value] = {}
+    init_names = {t.name for t in g.initializer}
+    for inp in g.input:
+        if inp.name in init_names:
+            continue
+        shape, sym = _bind_shape(inp.name, inp.type, dims)
+        v = Value(inp.name, dtypes.from_onnx(inp.type.tensor_type.elem_type), shape, sym_shape=sym)
+        graph.inputs.append(v)
+        env[inp.name] = v
+    graph.dims = {k: v for k, v in dims.items() if any(k in (x.sym_shape or ()) for x in graph.inputs)}
+    b = Builder(graph)
+    for t in g.initializer:
+        arr = numpy_helper.to_array(t)
+        env[t.name] = b.const(arr, name=t.name, dtype=dtypes.from_onnx(t.data_type))
+    for i, node in enumerate(g.node):
+        opset = opset_of(model, node.domain)
+        fn = lookup(node.op_type, opset, node.domain)
+        ins = []
+        for name in node.input:
+            if name == "":
+                ins.append(None)
+            elif name not in env:
+                raise ModelFormatError(f"node {node.name!r} reads {name!r}, which nothing defines")
+            else:
+                ins.append(env[name])
+        attrs = {a.name: _attr_value(a) for a in node.attribute}
+        b.scope = node.name or f"{node.op_type}_{i}"
+        try:
+            outs = _call(fn, b, ins, attrs, node, opset)
+        except (ShapeError, UnsupportedOpError):
+            raise
+        except KilnError as e:
+            raise type(e)(f"node {node.name!r} ({node.op_type}): {e}") from None
+        if isinstance(outs, Value):
+            outs = [outs]
+        for name, v in zip(node.output, outs):
+            if name:
+                env[name] = v
+    _name_outputs(graph, b, [(o.name, env[o.name]) for o in g.output], g.output, dims)
+    return graph
+
+
+def _name_outputs(graph: Graph, b: Builder, outs: list[tuple[str, Value]], protos, dims: dict[str, int]) -> None:
+    taken = {v.name: v for v in graph.inputs}
+    for (name, v), proto in zip(outs, protos):
+        if v.is_const or v in graph.inputs or v in graph.outputs:
+            v = b.op("Identity", [v], name=name)
+        if name in b._names and v.name != name:
+            clash = next((x for n in graph.nodes for x in n.outputs if x.name == name), None)
+            if clash is not None:
+                clash.name = b.fresh(name + "_")
+        v.name = name
+        b._names.add(name)
+        taken[name] = v
+        try:
+            _, v.sym_shape = _bind_shape(name, proto.type, dict(dims))
+            v.sym_shape = tuple(v.sym_shape) if len(v.sym_shape) == len(v.shape) else None
+        except KilnError:
+            v.sym_shape = None
+        graph.outputs.append(v)

@@ -1,0 +1,24 @@
+"""Helpers shared by the converters."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.ir.graph import Value
+
+
+def const_value(v: Value | None, what: str) -> np.ndarray:
+    """The data of constant input ``v``; raises KilnError naming ``what`` if it is computed at run time."""
+    if v is None:
+        raise KilnError(f"missing required input {what}")
+    if not v.is_const:
+        raise KilnError(f"input {what} must be a constant (computed at run time is not supported yet)")
+    return v.const
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    """Normalise a possibly negative ONNX axis to ``[0, rank)`` (KilnError if out of range)."""
+    if not -rank <= axis < max(rank, 1):
+        raise KilnError(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0

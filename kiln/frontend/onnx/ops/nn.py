@@ -1,0 +1,160 @@
+"""Neural-network ONNX operators: Conv, Gemm, MatMul, BatchNormalization, pooling, Softmax."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kiln.errors import KilnError, ShapeError
+from kiln.frontend.onnx.ops.common import norm_axis
+from kiln.frontend.onnx.registry import onnx_op
+from kiln.ir.graph import Builder, Value
+
+
+def _reshape(b: Builder, v: Value, shape: tuple[int, ...]) -> Value:
+    if tuple(shape) == v.shape:
+        return v
+    if v.is_const:
+        return b.const(v.const.reshape(shape), name=v.name)
+    return b.op("Reshape", [v], shape=tuple(int(d) for d in shape))
+
+
+def auto_pads(auto_pad: str, sizes, kernel, strides, dilations, pads) -> list[int]:
+    """Explicit ``pads`` (all begins, then all ends) for ONNX ``auto_pad`` on spatial ``sizes``."""
+    n = len(sizes)
+    if auto_pad in ("NOTSET", ""):
+        return list(pads) if pads else [0] * (2 * n)
+    if auto_pad == "VALID":
+        return [0] * (2 * n)
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        raise KilnError(f"unknown auto_pad {auto_pad!r}")
+    begins, ends = [], []
+    for size, k, s, d in zip(sizes, kernel, strides, dilations):
+        total = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        small, big = total // 2, total - total // 2
+        begins.append(small if auto_pad == "SAME_UPPER" else big)
+        ends.append(big if auto_pad == "SAME_UPPER" else small)
+    return begins + ends
+
+
+@onnx_op("Conv", since=1)
+def conv(b: Builder, x: Value, w: Value, bias: Value | None = None, *, auto_pad: str = "NOTSET",
+         dilations=None, group: int = 1, kernel_shape=None, pads=None, strides=None) -> Value:
+    """ONNX Conv-1/11: N-d grouped, strided, dilated convolution, bias added as a broadcast Add."""
+    nsp = len(x.shape) - 2
+    if nsp < 1 or len(w.shape) != nsp + 2:
+        raise ShapeError(f"Conv: input {list(x.shape)} and weight {list(w.shape)} ranks do not fit")
+    kernel = list(kernel_shape or w.shape[2:])
+    strides = list(strides or [1] * nsp)
+    dilations = list(dilations or [1] * nsp)
+    pads = auto_pads(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
+    y = b.op("Conv", [x, w], strides=tuple(strides), dilations=tuple(dilations), pads=tuple(pads), group=int(group))
+    if bias is not None:
+        y = b.op("Add", [y, _reshape(b, bias, (bias.shape[0],) + (1,) * nsp)])
+    return y
+
+
+def _matmul(b: Builder, a: Value, c: Value) -> Value:
+    """numpy.matmul semantics, 1-D operands promoted and the added axis removed afterwards."""
+    a2 = _reshape(b, a, (1, a.shape[0])) if len(a.shape) == 1 else a
+    c2 = _reshape(b, c, (c.shape[0], 1)) if len(c.shape) == 1 else c
+    y = b.op("MatMul", [a2, c2])
+    shape = list(y.shape)
+    if len(a.shape) == 1:
+        shape.pop(-2)
+    if len(c.shape) == 1:
+        shape.pop(-1)
+    return _reshape(b, y, tuple(shape))
+
+
+@onnx_op("MatMul", since=1)
+def matmul(b: Builder, a: Value, c: Value) -> Value:
+    """ONNX MatMul-1/9/13: numpy.matmul."""
+    return _matmul(b, a, c)
+
+
+def transpose(b: Builder, v: Value, perm: tuple[int, ...]) -> Value:
+    """Transpose ``v`` by ``perm``, folded at compile time for constants."""
+    if list(perm) == list(range(len(perm))):
+        return v
+    if v.is_const:
+        return b.const(np.ascontiguousarray(np.transpose(v.const, perm)), name=v.name + "_T")
+    return b.op("Transpose", [v], perm=tuple(perm))
+
+
+@onnx_op("Gemm", since=7)
+def gemm(b: Builder, a: Value, c: Value, bias: Value | None = None, *, alpha: float = 1.0, beta: float = 1.0,
+         transA: int = 0, transB: int = 0) -> Value:
+    """ONNX Gemm-7/9/11/13: alpha * A' @ B' + beta * C with unidirectional broadcast of C."""
+    if transA:
+        a = transpose(b, a, (1, 0))
+    if transB:
+        c = transpose(b, c, (1, 0))
+    y = b.op("MatMul", [a, c])
+    if alpha != 1.0:
+        y = b.op("Mul", [y, b.const(np.array(alpha, dtype=np.float32), dtype=y.dtype)])
+    if bias is not None and beta != 0.0:
+        if beta != 1.0:
+            bias = b.op("Mul", [bias, b.const(np.array(beta, np.float32), dtype=bias.dtype)])
+        y = b.op("Add", [y, bias])
+    return y
+
+
+@onnx_op("BatchNormalization", since=9)
+def batch_norm(b: Builder, x: Value, scale: Value, bias: Value, mean: Value, var: Value, *,
+               epsilon: float = 1e-5, momentum: float = 0.9, training_mode: int = 0, spatial: int = 1) -> Value:
+    """ONNX BatchNormalization-9/14/15, inference form: x * s + (bias - mean * s), s = scale / sqrt(var + eps).
+
+    The per-channel factors are graph ops on constants; constant folding evaluates them
+    and scale folding merges them into a preceding Conv.
+    """
+    if training_mode:
+        raise KilnError("BatchNormalization with training_mode=1 is not supported")
+    shape = (x.shape[1],) + (1,) * (len(x.shape) - 2)
+    eps = b.const(np.array(epsilon, np.float32), dtype=var.dtype)
+    s = b.op("Div", [scale, b.op("Sqrt", [b.op("Add", [var, eps])])])
+    shift = b.op("Sub", [bias, b.op("Mul", [mean, s])])
+    return b.op("Add", [b.op("Mul", [x, _reshape(b, s, shape)]), _reshape(b, shift, shape)])
+
+
+@onnx_op("GlobalAveragePool", since=1)
+def global_average_pool(b: Builder, x: Value) -> Value:
+    """ONNX GlobalAveragePool-1: mean over all spatial axes, kept as size-1 dims."""
+    return b.op("ReduceMean", [x], axes=tuple(range(2, len(x.shape))), keepdims=1)
+
+
+@onnx_op("GlobalMaxPool", since=1)
+def global_max_pool(b: Builder, x: Value) -> Value:
+    """ONNX GlobalMaxPool-1: max over all spatial axes, kept as size-1 dims."""
+    return b.op("ReduceMax", [x], axes=tuple(range(2, len(x.shape))), keepdims=1)
+
+
+def _softmax_axis(b: Builder, x: Value, axis: int, log: bool) -> Value:
+    m = b.op("ReduceMax", [x], axes=(axis,), keepdims=1)
+    e = b.op("Exp", [b.op("Sub", [x, m])])
+    s = b.op("ReduceSum", [e], axes=(axis,), keepdims=1)
+    if log:
+        return b.op("Sub", [b.op("Sub", [x, m]), b.op("Log", [s])])
+    return b.op("Div", [e, s])
+
+
+@onnx_op("Softmax", since=1)
+def softmax_1(b: Builder, x: Value, *, axis: int = 1) -> Value:
+    """ONNX Softmax-1/11: softmax over the input flattened to 2-D at ``axis``."""
+    ax = norm_axis(axis, len(x.shape))
+    rows = int(np.prod(x.shape[:ax], dtype=np.int64))
+    flat = _reshape(b, x, (rows, int(np.prod(x.shape[ax:], dtype=np.int64))))
+    return _reshape(b, _softmax_axis(b, flat, 1, False), x.shape)
+
+
+@onnx_op("Softmax", since=13)
+def softmax_13(b: Builder, x: Value, *, axis: int = -1) -> Value:
+    """ONNX Softmax-13: exp(x - max(x)) / sum(exp(x - max(x))) along ``axis``."""
+    return _softmax_axis(b, x, norm_axis(axis, len(x.shape)), False)
+
+
+@onnx_op("LogSoftmax", since=13)
+def log_softmax_13(b: Builder, x: Value, *, axis: int = -1) -> Value:
+    """ONNX LogSoftmax-13: x - max(x) - log(sum(exp(x - max(x)))) along ``axis``."""
+    return _softmax_axis(b, x, norm_axis(axis, len(x.shape)), True)

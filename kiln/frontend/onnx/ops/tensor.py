@@ -1,0 +1,107 @@
+"""Shape and layout ONNX operators: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Shape."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.errors import ShapeError
+from kiln.frontend.onnx.ops.common import const_value, norm_axis
+from kiln.frontend.onnx.ops.nn import _reshape, transpose
+from kiln.frontend.onnx.registry import onnx_op
+from kiln.ir.graph import Builder, Value
+
+
+def resolve_reshape(src: tuple[int, ...], shape: list[int], allowzero: int = 0) -> tuple[int, ...]:
+    """ONNX Reshape's target shape: 0 copies the input dim (unless ``allowzero``), one -1 is inferred."""
+    out = [src[i] if (d == 0 and not allowzero) else int(d) for i, d in enumerate(shape)]
+    if out.count(-1) > 1:
+        raise ShapeError(f"Reshape: more than one -1 in {shape}")
+    total = int(np.prod(src, dtype=np.int64))
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
+        if known == 0 or total % known:
+            raise ShapeError(f"Reshape: cannot reshape {list(src)} to {shape}")
+        out[out.index(-1)] = total // known
+    if int(np.prod(out, dtype=np.int64)) != total:
+        raise ShapeError(f"Reshape: cannot reshape {list(src)} to {shape}")
+    return tuple(out)
+
+
+@onnx_op("Reshape", since=5)
+def reshape(b: Builder, x: Value, shape: Value, *, allowzero: int = 0) -> Value:
+    """ONNX Reshape-5/13/14 with a constant target shape."""
+    return _reshape(b, x, resolve_reshape(x.shape, const_value(shape, "shape").tolist(), allowzero))
+
+
+@onnx_op("Flatten", since=1)
+def flatten(b: Builder, x: Value, *, axis: int = 1) -> Value:
+    """ONNX Flatten-1/9/11/13: 2-D view [prod(dims[:axis]), prod(dims[axis:])]."""
+    ax = norm_axis(axis, len(x.shape) + 1) if axis != len(x.shape) else axis
+    return _reshape(b, x, (int(np.prod(x.shape[:ax], dtype=np.int64)), int(np.prod(x.shape[ax:], dtype=np.int64))))
+
+
+def _squeeze(b: Builder, x: Value, axes) -> Value:
+    rank = len(x.shape)
+    axes = [norm_axis(a, rank) for a in axes] if axes is not None else [i for i, d in enumerate(x.shape) if d == 1]
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ShapeError(f"Squeeze: dim {a} of {list(x.shape)} is not 1")
+    return _reshape(b, x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+def _unsqueeze(b: Builder, x: Value, axes) -> Value:
+    rank = len(x.shape) + len(axes)
+    axes = sorted(norm_axis(a, rank) for a in axes)
+    shape = list(x.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return _reshape(b, x, tuple(shape))
+
+
+@onnx_op("Squeeze", since=1)
+def squeeze_1(b: Builder, x: Value, *, axes=None) -> Value:
+    """ONNX Squeeze-1/11: axes as attribute."""
+    return _squeeze(b, x, axes)
+
+
+@onnx_op("Squeeze", since=13)
+def squeeze_13(b: Builder, x: Value, axes: Value | None = None) -> Value:
+    """ONNX Squeeze-13: axes as an optional constant input."""
+    return _squeeze(b, x, None if axes is None else const_value(axes, "axes").tolist())
+
+
+@onnx_op("Unsqueeze", since=1)
+def unsqueeze_1(b: Builder, x: Value, *, axes) -> Value:
+    """ONNX Unsqueeze-1/11: axes as attribute."""
+    return _unsqueeze(b, x, axes)
+
+
+@onnx_op("Unsqueeze", since=13)
+def unsqueeze_13(b: Builder, x: Value, axes: Value) -> Value:
+    """ONNX Unsqueeze-13: axes as a constant input."""
+    return _unsqueeze(b, x, const_value(axes, "axes").tolist())
+
+
+@onnx_op("Transpose", since=1)
+def transpose_1(b: Builder, x: Value, *, perm=None) -> Value:
+    """ONNX Transpose-1/13: permute axes (reverse by default)."""
+    perm = list(perm) if perm is not None else list(range(len(x.shape)))[::-1]
+    return transpose(b, x, tuple(perm))
+
+
+@onnx_op("Concat", since=4)
+def concat(b: Builder, *xs: Value, axis: int) -> Value:
+    """ONNX Concat-4/11/13: join along ``axis`` (constants folded at compile time)."""
+    ax = norm_axis(axis, len(xs[0].shape))
+    xs = [x for x in xs if x.shape[ax] != 0] or list(xs[:1])
+    if all(x.is_const for x in xs):
+        return b.const(np.concatenate([x.const for x in xs], axis=ax), name=b.scope)
+    if len(xs) == 1:
+        return xs[0]
+    return b.op("Concat", list(xs), axis=ax)
+
+
+@onnx_op("Shape", since=1)
+def shape(b: Builder, x: Value, *, start: int = 0, end: int | None = None) -> Value:
+    """ONNX Shape-1/15: the (static) shape as an int64 constant."""
+    return b.const(np.array(x.shape[start:end], np.int64), name=b.scope)

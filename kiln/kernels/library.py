@@ -1,0 +1,37 @@
+"""Map an IR node to its tensor expression; the one place kernels are chosen per primitive."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.ir import ops
+from kiln.kernels import elementwise, layout, nn
+from kiln.kernels.elementwise import Operand
+from kiln.te.compute import Tensor
+
+
+def build(op: str, inputs: list[Operand], attrs: dict[str, Any], out_shape: tuple[int, ...], name: str) -> Tensor:
+    """The tensor expression of primitive ``op`` over ``inputs`` (tensors, or scalar literals for binary ops).
+
+    Raises:
+        NotImplementedError: for a primitive with no expression yet (a compiler gap, reported with the op name).
+    """
+    k = ops.kind(op)
+    if k == "elementwise":
+        return elementwise.unary(op, inputs[0], attrs, name)
+    if k == "binary":
+        return elementwise.binary(op, inputs[0], inputs[1], out_shape, name)
+    if op == "Conv":
+        return nn.conv(inputs[0], inputs[1], attrs["strides"], attrs["dilations"], attrs["pads"], attrs["group"],
+                       out_shape, name)
+    if op == "MatMul":
+        return nn.matmul(inputs[0], inputs[1], out_shape, name)
+    if k == "reduce":
+        return nn.reduction(op, inputs[0], attrs["axes"], attrs["keepdims"], out_shape, name)
+    if op == "Reshape":
+        return layout.reshape(inputs[0], out_shape, name)
+    if op == "Transpose":
+        return layout.transpose(inputs[0], list(attrs["perm"]), out_shape, name)
+    if op == "Concat":
+        return layout.concat(list(inputs), attrs["axis"], out_shape, name)
+    raise NotImplementedError(f"no tensor expression for primitive {op}")

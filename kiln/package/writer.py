@@ -1,0 +1,173 @@
+"""Write a compiled model as a package directory (format in docs/package-format.md).
+
+The package is assembled in a temporary sibling directory and renamed into place,
+so a failed compile never leaves a half-written package, and an existing
+directory is only replaced with ``force`` and only if it is a Kiln package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from kiln import __version__
+from kiln.errors import PackageError
+from kiln.package.format import FORMAT, MANIFEST, VERSION, sha256_file
+
+#: weights are split into files of at most this many bytes (browsers and WebGPU limit single buffers)
+SHARD_BYTES = 256 * 1024 * 1024
+
+IMAGENET = {
+    "preprocess": {"type": "image", "input": None, "resize": 256, "crop": 224, "scale": 1 / 255,
+                   "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "layout": "NCHW"},
+    "postprocess": {"type": "classification", "output": None, "softmax": True, "labels": "labels.txt"},
+}
+
+
+def check_destination(out: str | os.PathLike, force: bool) -> None:
+    """Refuse an existing ``out`` unless ``force`` and it is empty or a Kiln package.
+
+    Raises:
+        PackageError: naming the directory and what to do.
+    """
+    p = Path(out)
+    if not p.exists():
+        return
+    if not force:
+        raise PackageError(f"{p} already exists; pass --force to replace it")
+    if p.is_file() or (any(p.iterdir()) and not (p / MANIFEST).exists()):
+        raise PackageError(f"{p} exists and is not a Kiln package; refusing to replace it even with --force")
+
+
+def _io(v, buffer: int) -> dict[str, Any]:
+    return {"name": v.name, "dtype": v.dtype, "shape": list(v.shape),
+            "symbolic_shape": list(v.sym_shape) if v.sym_shape else list(v.shape), "buffer": buffer}
+
+
+def detect_preset(graph) -> str:
+    """``imagenet`` for a model with one [N,3,H,W] float input and one [N,1000] output, else ``none``."""
+    if len(graph.inputs) == 1 and len(graph.outputs) == 1:
+        i, o = graph.inputs[0], graph.outputs[0]
+        if i.dtype == "float32" and len(i.shape) == 4 and i.shape[1] == 3 and len(o.shape) == 2 and o.shape[1] == 1000:
+            return "imagenet"
+    return "none"
+
+
+def write_package(compiled, out: str | os.PathLike, *, force: bool = False, preset: str = "auto",
+                  labels: str | os.PathLike | None = None, source: str = "") -> Path:
+    """Write ``compiled`` (a :class:`kiln.compiler.Compiled`) to directory ``out``; returns its path."""
+    out = Path(out)
+    check_destination(out, force)
+    graph, plan = compiled.graph, compiled.plan
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "kernels").mkdir()
+        # weights, sharded
+        values = {}
+        for g in compiled.groups:
+            for n in g.nodes:
+                for v in n.inputs:
+                    if v.is_const and id(v) in plan.of:
+                        values[plan.of[id(v)]] = v
+        files: list[dict[str, Any]] = []
+        shard: dict[str, np.ndarray] = {}
+        shard_bytes = 0
+        where: dict[int, str] = {}
+
+        def flush():
+            nonlocal shard, shard_bytes
+            if not shard and files:
+                return
+            name = "weights.safetensors" if not files else f"weights-{len(files):05d}.safetensors"
+            save_file(shard, str(tmp / name))
+            files.append({"path": name, "bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)})
+            shard, shard_bytes = {}, 0
+
+        for bid in sorted(values):
+            v = values[bid]
+            if shard and shard_bytes + v.nbytes > SHARD_BYTES:
+                flush()
+            shard[v.name] = np.ascontiguousarray(v.const)
+            shard_bytes += v.nbytes
+            where[bid] = f"weights.safetensors" if not files else f"weights-{len(files):05d}.safetensors"
+        flush()
+        buffers = []
+        for b in plan.buffers:
+            entry: dict[str, Any] = {"id": b.id, "kind": b.kind, "bytes": b.nbytes, "values": b.values}
+            if b.kind == "weight":
+                v = values[b.id]
+                entry.update(tensor=v.name, file=where[b.id], dtype=v.dtype, shape=list(v.shape))
+            buffers.append(entry)
+        kernels = []
+        for k in compiled.kernels:
+            path = f"kernels/{k.name}.wgsl"
+            (tmp / path).write_text(k.source)
+            kernels.append({"name": k.name, "source": path, "entry_point": "main",
+                            "workgroup_size": [k.workgroup_size, 1, 1],
+                            "bindings": [{"binding": i, "access": a} for i, a in enumerate(k.access)],
+                            "ops": k.ops})
+        plan_steps = [{"kernel": s.kernel, "dispatch": list(s.dispatch), "buffers": s.buffers, "node": s.name}
+                      for s in compiled.steps]
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "generator": f"kiln {__version__}",
+            "name": graph.name,
+            "source": source,
+            "dims": graph.dims,
+            "inputs": [_io(v, plan.of[id(v)]) for v in graph.inputs],
+            "outputs": [_io(v, plan.of[id(v)]) for v in graph.outputs],
+            "buffers": buffers,
+            "memory": {
+                "weight_bytes": plan.bytes("weight"),
+                "activation_bytes": plan.bytes("activation"),
+                "activation_bytes_unshared": plan.unshared_bytes,
+                "io_bytes": plan.bytes("input") + plan.bytes("output"),
+            },
+            "weights": {"files": files},
+            "targets": {
+                compiled.target.name: {
+                    "features": list(compiled.target.features),
+                    "limits": compiled.target.limits,
+                    "kernels": kernels,
+                    "plan": plan_steps,
+                }
+            },
+        }
+        chosen = detect_preset(graph) if preset == "auto" else preset
+        if chosen == "imagenet":
+            pre = json.loads(json.dumps(IMAGENET))
+            pre["preprocess"]["input"] = graph.inputs[0].name
+            pre["postprocess"]["output"] = graph.outputs[0].name
+            manifest.update(pre)
+            src = Path(labels) if labels else resources.files("kiln") / "data" / "imagenet_classes.txt"
+            (tmp / "labels.txt").write_text(Path(src).read_text() if labels else src.read_text())
+        elif labels:
+            (tmp / "labels.txt").write_text(Path(labels).read_text())
+            manifest["postprocess"] = {"type": "classification", "output": graph.outputs[0].name,
+                                       "softmax": True, "labels": "labels.txt"}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        from kiln.ir.printer import format_graph
+
+        (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
+        js = resources.files("kiln") / "js"
+        for name in ("kiln.js", "index.html"):
+            f = js / name
+            if f.is_file():
+                (tmp / name).write_text(f.read_text())
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

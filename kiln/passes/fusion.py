@@ -1,0 +1,91 @@
+"""Operator fusion: partition the graph into kernels.
+
+Each kernel is an *anchor* node (any op) followed by a chain of elementwise or
+broadcasting binary consumers of the same output shape, each reading the
+previous one's result and nothing else reading it (for example
+Conv → Add(bias) → Clip, or Conv → Add(bias) → Add(residual)). The chain becomes
+one tensor expression, so intermediate values never reach memory.
+
+Reshapes (``view`` ops) make no kernel at all: their output aliases the input's
+buffer (see :mod:`kiln.passes.memory_plan`) unless it is a graph output fed
+straight by a graph input, which gets a copy kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln.ir import ops
+from kiln.ir.graph import Graph, Node, Value
+
+#: kinds of ops that can be fused into the kernel of their producer
+FUSIBLE = ("elementwise", "binary")
+
+
+@dataclass(eq=False)
+class Group:
+    """A fused kernel: ``nodes`` in order; ``nodes[-1]`` defines ``output``.
+
+    Attributes:
+        inputs: values read from outside the group (activations, weights; scalar constants included).
+        alias: True for a view (reshape) that needs no kernel.
+    """
+
+    nodes: list[Node]
+    inputs: list[Value] = field(default_factory=list)
+    alias: bool = False
+
+    @property
+    def output(self) -> Value:
+        """The one value the group writes."""
+        return self.nodes[-1].outputs[0]
+
+    @property
+    def name(self) -> str:
+        """Readable kernel name: the ops joined by ``_``."""
+        return "_".join(n.op.lower() for n in self.nodes)
+
+
+def fuse(graph: Graph, max_inputs: int = 7) -> list[Group]:
+    """Partition ``graph.nodes`` into groups in execution order.
+
+    Args:
+        max_inputs: most buffers a kernel may read (WebGPU's default
+            ``maxStorageBuffersPerShaderStage`` is 8, one of which is the output).
+    """
+    uses = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    ins = {id(v) for v in graph.inputs}
+    assigned: set[int] = set()
+    groups: list[tuple[int, Group]] = []
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        if id(node) in assigned:
+            continue
+        assigned.add(id(node))
+        if ops.kind(node.op) == "view":
+            src = node.inputs[0]
+            alias = not (id(node.outputs[0]) in outputs and (id(src) in ins or src.is_const))
+            groups.append((position[id(node)], Group([node], [src], alias=alias)))
+            continue
+        chain = [node]
+        external = list(dict.fromkeys(node.inputs))
+        while len(node.outputs) == 1:
+            out = chain[-1].outputs[0]
+            readers = uses.get(id(out), [])
+            if len(readers) != 1 or id(out) in outputs:
+                break
+            nxt = readers[0]
+            if ops.kind(nxt.op) not in FUSIBLE or nxt.outputs[0].shape != out.shape or id(nxt) in assigned:
+                break
+            if sum(1 for v in nxt.inputs if v is out) != 1:
+                break
+            extra = [v for v in nxt.inputs if v is not out and v not in external]
+            if len([v for v in external + extra if not (v.is_const and v.size == 1)]) > max_inputs:
+                break
+            chain.append(nxt)
+            external += extra
+            assigned.add(id(nxt))
+        groups.append((position[id(chain[-1])], Group(chain, external)))
+    groups.sort(key=lambda g: g[0])
+    return [g for _, g in groups]

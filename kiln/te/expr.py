@@ -1,0 +1,286 @@
+"""Tensor expressions: the index-expression language every kernel is written in.
+
+A kernel is defined once as a :class:`Tensor` whose ``body`` is an :class:`Expr`
+over its output axes (:func:`kiln.te.compute.compute`), with reductions written as
+:class:`Reduce` over reduction axes. Expressions are immutable and compare
+structurally, so equal sub-expressions (for example a reduction inlined twice)
+are recognised. Builders fold constants and trivial identities as they go
+(``x * 1 -> x``, ``i + 0 -> i``), which keeps generated index arithmetic short.
+
+Dtypes: ``float32``, ``int32`` (index arithmetic) and ``bool`` (conditions).
+Integer ``//`` and ``%`` are only used on non-negative operands.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Union
+
+_ids = itertools.count()
+
+#: math functions an expression may call; each target renders them (WGSL builtins, C, GLSL)
+CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "max", "min", "pow", "clamp"}
+
+
+class Expr:
+    """Base of all expressions; arithmetic operators build :class:`Bin` nodes."""
+
+    dtype: str
+
+    def __add__(self, o): return binop("+", self, o)
+    def __radd__(self, o): return binop("+", o, self)
+    def __sub__(self, o): return binop("-", self, o)
+    def __rsub__(self, o): return binop("-", o, self)
+    def __mul__(self, o): return binop("*", self, o)
+    def __rmul__(self, o): return binop("*", o, self)
+    def __truediv__(self, o): return binop("/", self, o)
+    def __rtruediv__(self, o): return binop("/", o, self)
+    def __floordiv__(self, o): return binop("//", self, o)
+    def __mod__(self, o): return binop("%", self, o)
+    def __neg__(self): return binop("-", const(0, self.dtype), self)
+    def __and__(self, o): return binop("&&", self, o)
+
+
+@dataclass(frozen=True, eq=True)
+class Var(Expr):
+    """An integer loop or axis variable; ``extent`` is set for reduction axes."""
+
+    name: str
+    extent: int = 0
+    dtype: str = "int32"
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Expr):
+    """A literal (``value`` is a Python float, int or bool)."""
+
+    value: Union[float, int, bool]
+    dtype: str
+
+
+@dataclass(frozen=True, eq=True)
+class Bin(Expr):
+    """A binary arithmetic, comparison or logical operation."""
+
+    op: str
+    a: Expr
+    b: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, eq=True)
+class Call(Expr):
+    """A math function from :data:`CALLS` applied to ``args``."""
+
+    fn: str
+    args: tuple[Expr, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, eq=True)
+class Select(Expr):
+    """``t if cond else f``. Loads inside ``t`` may be out of bounds when ``cond`` is false; lowering guards them."""
+
+    cond: Expr
+    t: Expr
+    f: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, eq=True)
+class Cast(Expr):
+    """Numeric conversion of ``x`` to ``dtype``."""
+
+    x: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, eq=True)
+class Load(Expr):
+    """Element ``indices`` of ``tensor`` (one index per dim)."""
+
+    tensor: "Tensor"  # noqa: F821  (kiln.te.compute.Tensor; hashed by identity)
+    indices: tuple[Expr, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, eq=True)
+class Reduce(Expr):
+    """``op`` (``sum``, ``max``, ``min``) of ``body`` over the reduction ``axes``."""
+
+    op: str
+    body: Expr
+    axes: tuple[Var, ...]
+    dtype: str
+
+
+ExprLike = Union[Expr, int, float, bool]
+
+_CMP = {"<", "<=", ">", ">=", "==", "!="}
+_PY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+       "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+       "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "&&": lambda a, b: a and b, "||": lambda a, b: a or b,
+       "max": max, "min": min}
+
+
+def const(value: float | int | bool, dtype: str) -> Const:
+    """A literal of ``dtype``."""
+    if dtype == "bool":
+        return Const(bool(value), dtype)
+    if dtype == "int32":
+        return Const(int(value), dtype)
+    return Const(float(value), dtype)
+
+
+def as_expr(x: ExprLike, like: str = "float32") -> Expr:
+    """Wrap a Python number as a :class:`Const` (int -> int32 unless ``like`` is a float type)."""
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, bool):
+        return const(x, "bool")
+    if isinstance(x, int) and like != "float32":
+        return const(x, "int32")
+    return const(x, like if like != "bool" else "float32")
+
+
+def binop(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    """Build ``a op b`` with constant folding and algebraic identities."""
+    if not isinstance(a, Expr):
+        a = as_expr(a, b.dtype if isinstance(b, Expr) else "float32")
+    if not isinstance(b, Expr):
+        b = as_expr(b, a.dtype)
+    if a.dtype != b.dtype:
+        raise TypeError(f"expression operands differ in dtype: {a.dtype} {op} {b.dtype}")
+    dtype = "bool" if op in _CMP else a.dtype
+    ca = a.value if isinstance(a, Const) else None
+    cb = b.value if isinstance(b, Const) else None
+    if ca is not None and cb is not None:
+        if op in _PY:
+            return const(_PY[op](ca, cb), dtype)
+        if op == "//" and cb:
+            return const(ca // cb, dtype)
+        if op == "%" and cb:
+            return const(ca % cb, dtype)
+        if op == "/" and a.dtype == "float32" and cb:
+            return const(ca / cb, dtype)
+    is_int = a.dtype == "int32"
+    if op == "+":
+        if cb == 0:
+            return a
+        if ca == 0:
+            return b
+    elif op == "-":
+        if cb == 0:
+            return a
+    elif op == "*":
+        if cb == 1:
+            return a
+        if ca == 1:
+            return b
+        if is_int and (ca == 0 or cb == 0):
+            return const(0, dtype)
+    elif op in ("/", "//"):
+        if cb == 1:
+            return a
+    elif op == "%":
+        if is_int and cb == 1:
+            return const(0, dtype)
+    elif op == "&&":
+        if cb is True:
+            return a
+        if ca is True:
+            return b
+    return Bin(op, a, b, dtype)
+
+
+def call(fn: str, *args: ExprLike) -> Expr:
+    """Apply math function ``fn`` (from :data:`CALLS`); folds constant ``max``/``min``."""
+    if fn not in CALLS:
+        raise ValueError(f"unknown expression function {fn!r}")
+    xs = [as_expr(a) for a in args]
+    like = next((x.dtype for x in xs if not isinstance(x, Const)), xs[0].dtype)
+    xs = tuple(as_expr(a, like) if not isinstance(a, Expr) else a for a in args)
+    if fn in ("max", "min") and all(isinstance(x, Const) for x in xs):
+        return const(_PY[fn](*(x.value for x in xs)), like)
+    return Call(fn, xs, like)
+
+
+def select(cond: Expr, t: ExprLike, f: ExprLike) -> Expr:
+    """``t if cond else f`` (folded when ``cond`` is a constant)."""
+    t = as_expr(t, f.dtype if isinstance(f, Expr) else "float32")
+    f = as_expr(f, t.dtype)
+    if isinstance(cond, Const):
+        return t if cond.value else f
+    return Select(cond, t, f, t.dtype)
+
+
+def cast(x: Expr, dtype: str) -> Expr:
+    """Convert ``x`` to ``dtype`` (no-op if it already is)."""
+    if x.dtype == dtype:
+        return x
+    if isinstance(x, Const):
+        return const(x.value, dtype)
+    return Cast(x, dtype)
+
+
+def reduce_axis(extent: int, name: str = "r") -> Var:
+    """A fresh reduction axis ranging over ``[0, extent)``."""
+    return Var(f"{name}{next(_ids)}", int(extent))
+
+
+def reduce(op: str, body: Expr, axes: list[Var] | tuple[Var, ...]) -> Expr:
+    """``op`` (``sum``/``max``/``min``) of ``body`` over ``axes``; axes of extent 1 are substituted by 0."""
+    keep = tuple(a for a in axes if a.extent != 1)
+    drop = {a: const(0, "int32") for a in axes if a.extent == 1}
+    if drop:
+        body = substitute(body, drop)
+    if not keep:
+        return body
+    return Reduce(op, body, keep, body.dtype)
+
+
+def lowest(dtype: str) -> float:
+    """The identity of ``max``: -inf for floats."""
+    return -math.inf if dtype == "float32" else -(2**31)
+
+
+def highest(dtype: str) -> float:
+    """The identity of ``min``: +inf for floats."""
+    return math.inf if dtype == "float32" else 2**31 - 1
+
+
+def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
+    """Replace variables in ``e`` by expressions, rebuilding with simplification."""
+    return transform(e, lambda x: mapping.get(x) if isinstance(x, Var) else None)
+
+
+def transform(e: Expr, fn) -> Expr:
+    """Rebuild ``e`` bottom-up; ``fn(node)`` may return a replacement for a node (before its children are visited)."""
+    memo: dict[int, Expr] = {}
+
+    def go(x: Expr) -> Expr:
+        key = id(x)
+        if key in memo:
+            return memo[key]
+        r = fn(x)
+        if r is None:
+            if isinstance(x, Bin):
+                r = binop(x.op, go(x.a), go(x.b))
+            elif isinstance(x, Call):
+                r = call(x.fn, *(go(a) for a in x.args))
+            elif isinstance(x, Select):
+                r = select(go(x.cond), go(x.t), go(x.f))
+            elif isinstance(x, Cast):
+                r = cast(go(x.x), x.dtype)
+            elif isinstance(x, Load):
+                r = Load(x.tensor, tuple(go(i) for i in x.indices), x.dtype)
+            elif isinstance(x, Reduce):
+                r = reduce(x.op, go(x.body), x.axes)
+            else:
+                r = x
+        memo[key] = r
+        return r
+
+    return go(e)
