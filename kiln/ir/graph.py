@@ -110,7 +110,16 @@ class Graph:
         return list(seen.values())
 
     def replace_uses(self, old: Value, new: Value) -> None:
-        """Make every reader of ``old`` (nodes and graph outputs) read ``new`` instead."""
+        """Make every reader of ``old`` (nodes and graph outputs) read ``new`` instead.
+
+        If ``old`` is a graph output, ``new`` takes over its name and symbolic shape, so the
+        model's interface never changes; ``new`` must then be computed by a node and not
+        already be an output (ValueError otherwise: callers keep an Identity instead).
+        """
+        if any(v is old for v in self.outputs):
+            if new.producer is None or any(v is new for v in self.outputs):
+                raise ValueError(f"cannot replace graph output %{old.name} by %{new.name}")
+            new.name, new.sym_shape = old.name, old.sym_shape
         for node in self.nodes:
             node.inputs = [new if v is old else v for v in node.inputs]
         self.outputs = [new if v is old else v for v in self.outputs]

@@ -50,13 +50,15 @@ class Session:
         package: package directory (made by ``kiln compile``).
         target: the target to run (only ``webgpu`` natively).
         verify: check the weights' SHA-256 against the manifest.
+        poison: fill activation and output buffers with NaN at load and before every run, so an
+            element a kernel forgets to write shows up as NaN (for tests).
 
     Raises:
         PackageError: missing, malformed, corrupted, or newer-format package.
         DeviceError: no adapter, or it lacks a limit or feature the package needs.
     """
 
-    def __init__(self, package: str | os.PathLike, target: str = "webgpu", verify: bool = True):
+    def __init__(self, package: str | os.PathLike, target: str = "webgpu", verify: bool = True, poison: bool = False):
         import wgpu
         from safetensors import safe_open
 
@@ -106,9 +108,18 @@ class Session:
                 {"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0, "size": self.buffers[bid].size}}
                 for i, bid in enumerate(s["buffers"])])
             self.steps.append((pipeline, group, tuple(s["dispatch"])))
+        self.poison = poison
+        if poison:
+            for b in self.manifest["buffers"]:
+                if b["kind"] in ("activation", "output"):
+                    self._fill_nan(b["id"])
         self.staging = {o["name"]: dev.create_buffer(size=self.buffers[o["buffer"]].size,
                                                      usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
                         for o in self.manifest["outputs"]}
+
+    def _fill_nan(self, buffer_id: int) -> None:
+        self.device.queue.write_buffer(self.buffers[buffer_id], 0,
+                                       np.full(self.buffers[buffer_id].size // 4, np.nan, np.float32).tobytes())
 
     @property
     def inputs(self) -> list[dict[str, Any]]:
@@ -158,6 +169,9 @@ class Session:
         dev = self.device
         for spec, a in checked:
             dev.queue.write_buffer(self.buffers[spec["buffer"]], 0, a.tobytes())
+        if self.poison:
+            for o in self.outputs:
+                self._fill_nan(o["buffer"])
         enc = dev.create_command_encoder()
         cpass = enc.begin_compute_pass()
         last = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from kiln.te.compute import Tensor, placeholders
 from kiln.te.expr import (Bin, Call, Cast, Const, Expr, Load, Reduce, Select, Var, binop, call, cast, const,
-                          highest, lowest, select)
+                          highest, lowest, select, transform)
 from kiln.te.schedule import Schedule
 
 
@@ -121,8 +121,30 @@ def _ravel(indices, shape) -> Expr:
     return flat
 
 
+def canonical(out: Tensor) -> Tensor:
+    """``out`` with its axes renamed ``i0, i1, ...`` and reduction axes ``r0, r1, ...`` in first-use order.
+
+    Two kernels that differ only in variable names then render to the same source and
+    are deduplicated.
+    """
+    names: dict[Var, Var] = {a: Var(f"i{k}") for k, a in enumerate(out.axes)}
+
+    def rename(x):
+        if isinstance(x, Var):
+            return names.get(x)
+        if isinstance(x, Reduce):
+            for a in x.axes:
+                names.setdefault(a, Var(f"r{len(names) - len(out.axes)}", a.extent))
+            return Reduce(x.op, transform(x.body, rename), tuple(names[a] for a in x.axes), x.dtype)
+        return None
+
+    body = transform(out.body, rename)
+    return Tensor(out.name, out.shape, out.dtype, tuple(names[a] for a in out.axes), body, out.attrs)
+
+
 def lower(out: Tensor, schedule: Schedule = Schedule(), name: str | None = None) -> LoweredKernel:
     """Lower computed tensor ``out`` (producers already inlined) under ``schedule``."""
+    out = canonical(out)
     ins = placeholders(out)
     pname = {id(t): f"in{k}" for k, t in enumerate(ins)}
     params = [Param(pname[id(t)], t.dtype, t.size, "read") for t in ins]

@@ -36,7 +36,10 @@ def reshape(b: Builder, x: Value, shape: Value, *, allowzero: int = 0) -> Value:
 @onnx_op("Flatten", since=1)
 def flatten(b: Builder, x: Value, *, axis: int = 1) -> Value:
     """ONNX Flatten-1/9/11/13: 2-D view [prod(dims[:axis]), prod(dims[axis:])]."""
-    ax = norm_axis(axis, len(x.shape) + 1) if axis != len(x.shape) else axis
+    rank = len(x.shape)
+    if not -rank <= axis <= rank:
+        raise ShapeError(f"Flatten: axis {axis} is out of range for rank {rank}")
+    ax = axis + rank if axis < 0 else axis
     return _reshape(b, x, (int(np.prod(x.shape[:ax], dtype=np.int64)), int(np.prod(x.shape[ax:], dtype=np.int64))))
 
 

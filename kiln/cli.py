@@ -1,0 +1,241 @@
+"""The ``kiln`` command line: compile, run, serve, info.
+
+Errors a user can cause print one line (``error: ...``) and exit with status 1;
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from kiln.errors import KilnError
+
+
+def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
+    dims = {}
+    for item in values:
+        name, sep, val = item.partition("=")
+        if not sep or not val.strip().isdigit() or int(val) < 1:
+            raise click.BadParameter(f"{item!r}: expected NAME=SIZE with SIZE >= 1", param_hint="--dim")
+        dims[name.strip()] = int(val)
+    return dims
+
+
+class KilnGroup(click.Group):
+    """A click group that turns :class:`KilnError` (and unexpected errors) into one-line messages."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, BrokenPipeError):
+            raise
+        except KilnError as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+        except Exception as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback; "
+                       "please report it)", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=KilnGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.version_option(package_name="kiln", prog_name="kiln")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Kiln: compile ONNX models to WebGPU packages that run natively and in any browser."""
+    ctx.obj = {"debug": debug}
+
+
+@main.command("compile")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Package directory to write.")
+@click.option("--target", type=click.Choice(["webgpu"]), default="webgpu", show_default=True, help="Code generation target.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
+@click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,
+              help="Pre/post-processing for the demo page and `kiln run --image`.")
+@click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Class names, one a line.")
+@click.option("--no-validate", is_flag=True, help="Skip naga validation of the generated WGSL.")
+@click.option("--print-ir", is_flag=True, help="Print the optimised graph IR.")
+def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: str, labels, no_validate: bool,
+                print_ir: bool) -> None:
+    """Compile an ONNX MODEL into a package directory."""
+    import time
+
+    from kiln.compiler import compile_model
+    from kiln.package.format import read_manifest
+
+    t0 = time.perf_counter()
+    path = compile_model(model, out, target=target, dims=_parse_dims(dims), force=force, preset=preset,
+                         labels=labels, validate=not no_validate, progress=sys.stderr.isatty())
+    m = read_manifest(path)
+    tgt = m["targets"][target]
+    click.echo(f"compiled {model} -> {path} ({len(tgt['plan'])} dispatches, {len(tgt['kernels'])} kernels, "
+               f"{m['memory']['weight_bytes'] / 1e6:.1f} MB weights, {time.perf_counter() - t0:.1f} s)")
+    if print_ir:
+        click.echo((path / "graph.txt").read_text())
+
+
+def _load_npz(path: Path) -> dict:
+    import numpy as np
+
+    if not path.exists():
+        raise KilnError(f"{path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError) as e:
+        raise KilnError(f"{path}: not a readable .npz file ({e})") from None
+
+
+@main.command("run")
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("--image", type=click.Path(path_type=Path), help="Classify an image (packages with an image preset).")
+@click.option("--inputs", "inputs", type=click.Path(path_type=Path), help=".npz of named inputs.")
+@click.option("--outputs", "outputs", type=click.Path(path_type=Path), help="Write every output to this .npz.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --outputs file.")
+@click.option("--repeat", type=click.IntRange(1), default=20, show_default=True, help="Timed runs (median printed).")
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
+@click.option("--top", type=click.IntRange(1), default=5, show_default=True, help="Classes to show with --image.")
+def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, warmup: int, top: int) -> None:
+    """Run PACKAGE natively (wgpu-py) on an image or on named inputs, and time it."""
+    import numpy as np
+
+    from kiln.runtime.native import Session
+
+    if image and inputs:
+        raise click.UsageError("give either --image or --inputs, not both")
+    if outputs and outputs.exists() and not force:
+        raise KilnError(f"{outputs} already exists; pass --force to overwrite it")
+    session = Session(package)
+    m = session.manifest
+    if image:
+        pre = m.get("preprocess")
+        if not pre or pre.get("type") != "image":
+            raise KilnError(f"{package}: package has no image preprocessing; use --inputs (or compile with --preset)")
+        from kiln.runtime.imaging import load_image
+
+        x = load_image(image, pre)
+        spec = next(i for i in session.inputs if i["name"] == pre["input"])
+        if x.shape[0] != spec["shape"][0]:
+            x = np.repeat(x, spec["shape"][0], axis=0)
+        feeds = {pre["input"]: x}
+    elif inputs:
+        feeds = _load_npz(inputs)
+    else:
+        rng = np.random.default_rng(0)
+        feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in session.inputs}
+        click.echo("no --image or --inputs: running on random normal inputs")
+    result = session.run(feeds)
+    times = session.benchmark(feeds, repeat=repeat, warmup=warmup)
+    post = m.get("postprocess")
+    if image and post and post.get("type") == "classification":
+        from kiln.runtime.imaging import top_k
+
+        labels = (session.path / post["labels"]).read_text().splitlines() if post.get("labels") else []
+        logits = result[post["output"]][0]
+        for idx, label, p in top_k(logits, labels, top, post.get("softmax", True)):
+            click.echo(f"{p:8.4f}  {idx:5d}  {label}")
+    else:
+        for name, arr in result.items():
+            click.echo(f"{name}: {arr.dtype}{list(arr.shape)} min {arr.min():.6g} max {arr.max():.6g} "
+                       f"mean {arr.mean():.6g}")
+    if outputs:
+        np.savez(outputs, **result)
+        click.echo(f"wrote {', '.join(result)} to {outputs}")
+    info = session.adapter_info()
+    click.echo(f"median {np.median(times):.2f} ms per run over {repeat} runs "
+               f"({info.get('device', '?')}, {info.get('backend_type', '?')})")
+
+
+@main.command("serve")
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free port).")
+def serve_cmd(package: Path, host: str, port: int) -> None:
+    """Serve PACKAGE over HTTP; its index.html runs the model in the browser on WebGPU."""
+    from kiln.runtime.serve import serve
+
+    serve(package, host=host, port=port)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)
+
+
+@main.command("info")
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
+def info_cmd(package: Path, as_json: bool) -> None:
+    """Print a package's inputs, outputs, kernels, and weight and activation bytes."""
+    from kiln.package.format import read_manifest
+
+    m = read_manifest(package)
+    mem = m["memory"]
+    if as_json:
+        click.echo(json.dumps({k: m[k] for k in ("name", "version", "inputs", "outputs", "memory", "dims")}, indent=1))
+        return
+    click.echo(f"package {package}: {m.get('name')} (format {m['version']}, {m.get('generator', '?')})")
+    for kind in ("inputs", "outputs"):
+        click.echo(f"{kind}:")
+        for io in m[kind]:
+            sym = io["symbolic_shape"]
+            click.echo(f"  {io['name']}: {io['dtype']}{io['shape']}" + (f"  (symbolic {sym})" if sym != io["shape"] else ""))
+    if m.get("dims"):
+        click.echo("dims: " + ", ".join(f"{k}={v}" for k, v in m["dims"].items()))
+    for name, tgt in m["targets"].items():
+        uses: dict[int, int] = {}
+        for s in tgt["plan"]:
+            uses[s["kernel"]] = uses.get(s["kernel"], 0) + 1
+        click.echo(f"target {name}: {len(tgt['kernels'])} kernels, {len(tgt['plan'])} dispatches"
+                   + (f", features {tgt['features']}" if tgt["features"] else ""))
+        for i, k in enumerate(tgt["kernels"]):
+            click.echo(f"  {k['name']:<40} {'+'.join(k['ops']):<28} x{uses.get(i, 0)}")
+    nweights = sum(1 for b in m["buffers"] if b["kind"] == "weight")
+    nact = sum(1 for b in m["buffers"] if b["kind"] == "activation")
+    click.echo(f"weights: {_fmt_bytes(mem['weight_bytes'])} in {nweights} tensors")
+    saved = 1 - mem["activation_bytes"] / mem["activation_bytes_unshared"] if mem["activation_bytes_unshared"] else 0
+    click.echo(f"activations: {_fmt_bytes(mem['activation_bytes'])} planned in {nact} shared buffers "
+               f"(unshared: {_fmt_bytes(mem['activation_bytes_unshared'])}, {saved:.0%} saved)")
+    click.echo(f"inputs+outputs: {_fmt_bytes(mem['io_bytes'])}")
+
+
+def run() -> None:
+    """Console entry point: :func:`main` with quiet handling of closed pipes (``kiln info | head``)."""
+    os.environ.setdefault("XDG_RUNTIME_DIR", _runtime_dir())
+    try:
+        main()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
+
+
+def _runtime_dir() -> str:
+    """A private directory for XDG_RUNTIME_DIR (Mesa's Vulkan drivers complain on stderr when it is unset)."""
+    import tempfile
+
+    d = Path(tempfile.gettempdir()) / f"kiln-runtime-{os.getuid()}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return str(d)
+
+
+if __name__ == "__main__":
+    run()

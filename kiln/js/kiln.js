@@ -1,0 +1,687 @@
+// Kiln browser runtime: runs a Kiln package (made by `kiln compile`) on WebGPU.
+// Zero dependencies, no build step; types are given as JSDoc.
+//
+//   import * as kiln from './kiln.js';
+//   const session = await kiln.load('./');                       // package directory URL
+//   const x = new kiln.Tensor('float32', new Float32Array(3 * 224 * 224), [1, 3, 224, 224]);
+//   const {logits} = await session.run({input: x});              // {name: kiln.Tensor}
+//
+// Execution matches the native runtime (kiln/runtime/native.py): one GPUBuffer per
+// manifest buffer, weights uploaded once at load, one compute pipeline per kernel and one
+// bind group per plan step; each run writes the inputs, records every dispatch in one
+// compute pass, copies the outputs to mappable staging buffers, submits once and maps them.
+
+/** Package format name that `manifest.json` must declare. */
+export const FORMAT = 'kiln-package';
+/** Highest package format major version this runtime reads. */
+export const FORMAT_MAJOR = 1;
+
+/** Base class of the errors this runtime raises for bad packages, devices or inputs. */
+export class KilnError extends Error {
+  /** @param {string} message */
+  constructor(message) {
+    super(message);
+    this.name = new.target.name;
+  }
+}
+
+/** The package is missing, malformed, corrupted, or of a newer format version. */
+export class PackageError extends KilnError {}
+
+/** No WebGPU, no adapter, or the adapter lacks a limit or feature the package needs. */
+export class DeviceError extends KilnError {}
+
+/** An input is unknown, missing, or of the wrong dtype or shape. */
+export class ShapeError extends KilnError {}
+
+/**
+ * @typedef {Float32Array | Int32Array | Uint32Array | Uint16Array} TensorData
+ * Element storage; `float16` tensors hold raw IEEE half bits in a `Uint16Array`
+ * (or a `Float16Array` where the browser has one).
+ */
+
+/** @type {Record<string, {array: Function, bytes: number, safetensors: string}>} */
+const DTYPES = {
+  float32: {array: Float32Array, bytes: 4, safetensors: 'F32'},
+  float16: {array: globalThis.Float16Array ?? Uint16Array, bytes: 2, safetensors: 'F16'},
+  int32: {array: Int32Array, bytes: 4, safetensors: 'I32'},
+  uint32: {array: Uint32Array, bytes: 4, safetensors: 'U32'},
+};
+
+/** @param {readonly number[]} dims @returns {number} */
+function product(dims) {
+  return dims.reduce((a, b) => a * b, 1);
+}
+
+/** @param {readonly (number|string)[]} dims @returns {string} */
+function shapeText(dims) {
+  return `[${dims.join(', ')}]`;
+}
+
+/** A dense n-dimensional array: element type, flat row-major data and dimensions. */
+export class Tensor {
+  /**
+   * @param {string} type element type: 'float32', 'float16', 'int32' or 'uint32'.
+   * @param {TensorData} data row-major elements, a typed array matching `type`.
+   * @param {readonly number[]} dims dimensions; their product must equal `data.length`.
+   * @throws {ShapeError} unknown type, data of another array type, or a size mismatch.
+   */
+  constructor(type, data, dims) {
+    const dtype = DTYPES[type];
+    if (!dtype) {
+      throw new ShapeError(`Tensor: unknown type '${type}' (supported: ${Object.keys(DTYPES).join(', ')})`);
+    }
+    if (!(data instanceof dtype.array)) {
+      throw new ShapeError(`Tensor: ${type} data must be a ${dtype.array.name}, got ${data?.constructor?.name ?? typeof data}`);
+    }
+    if (!Array.isArray(dims) || !dims.every((d) => Number.isInteger(d) && d >= 0)) {
+      throw new ShapeError(`Tensor: dims must be an array of non-negative integers, got ${JSON.stringify(dims)}`);
+    }
+    if (product(dims) !== data.length) {
+      throw new ShapeError(`Tensor: dims ${shapeText(dims)} need ${product(dims)} elements, data has ${data.length}`);
+    }
+    /** @readonly */ this.type = type;
+    /** @readonly */ this.data = data;
+    /** @readonly @type {number[]} */ this.dims = [...dims];
+  }
+
+  /** Number of elements. */
+  get size() {
+    return this.data.length;
+  }
+}
+
+/**
+ * @typedef {object} TensorSpec  an entry of the manifest's `inputs` or `outputs`
+ * @property {string} name
+ * @property {string} dtype
+ * @property {number[]} shape  concrete dimensions
+ * @property {(number|string)[]} symbolic_shape  dimensions with symbolic names (e.g. 'N')
+ * @property {number} buffer  id of the manifest buffer holding the tensor
+ */
+
+/**
+ * @typedef {object} LoadOptions
+ * @property {boolean} [verify=true] check each weights file's SHA-256 against the manifest.
+ * @property {string} [target='webgpu'] the manifest target to run (only 'webgpu' in browsers).
+ * @property {GPUPowerPreference} [powerPreference='high-performance'] adapter preference.
+ */
+
+/**
+ * Load a package and prepare it to run: read and check the manifest, get a WebGPU device,
+ * download (and verify) the weights into GPU buffers, and compile every kernel.
+ *
+ * @param {string | URL} url URL of the package directory (relative URLs resolve against the page).
+ * @param {LoadOptions} [options]
+ * @returns {Promise<Session>}
+ * @throws {PackageError} unreachable, malformed, corrupted or newer-format package.
+ * @throws {DeviceError} no WebGPU, no adapter, or a missing limit or feature.
+ */
+export async function load(url, options = {}) {
+  const {verify = true, target = 'webgpu', powerPreference = 'high-performance'} = options;
+  const root = new URL(url, globalThis.location?.href);
+  if (!root.pathname.endsWith('/')) root.pathname += '/';
+  const manifest = await fetchManifest(root);
+  const spec = manifest.targets[target];
+  if (target !== 'webgpu' || !spec) {
+    throw new PackageError(`${root}: this runtime runs the 'webgpu' target; asked for '${target}', ` +
+      `the package has: ${Object.keys(manifest.targets).join(', ') || 'none'}`);
+  }
+  const {adapter, device} = await requestDevice(spec, manifest.buffers, powerPreference);
+  try {
+    return await Session.create(root, manifest, adapter, device, verify);
+  } catch (error) {
+    device.destroy();
+    throw error;
+  }
+}
+
+/**
+ * @param {URL} url
+ * @param {string} what description of the file for error messages
+ * @returns {Promise<Response>}
+ */
+async function fetchOk(url, what) {
+  let response;
+  try {
+    response = await fetch(url);
+  } catch (error) {
+    throw new PackageError(`cannot fetch ${what} ${url}: ${error.message}`);
+  }
+  if (!response.ok) {
+    throw new PackageError(`cannot fetch ${what} ${url}: HTTP ${response.status} ${response.statusText}`);
+  }
+  return response;
+}
+
+/**
+ * Fetch `manifest.json` and check its format, version and required sections.
+ * @param {URL} root package directory URL
+ * @returns {Promise<any>} the manifest
+ */
+async function fetchManifest(root) {
+  const url = new URL('manifest.json', root);
+  const response = await fetchOk(url, 'package manifest');
+  let manifest;
+  try {
+    manifest = await response.json();
+  } catch (error) {
+    throw new PackageError(`${url}: malformed JSON (${error.message})`);
+  }
+  if (manifest === null || typeof manifest !== 'object' || manifest.format !== FORMAT) {
+    throw new PackageError(`${url}: not a Kiln package manifest (format is not '${FORMAT}')`);
+  }
+  const version = String(manifest.version ?? '');
+  const major = Number.parseInt(version.split('.')[0], 10);
+  if (!/^\d+(\.\d+)*$/.test(version) || Number.isNaN(major)) {
+    throw new PackageError(`${url}: bad format version '${version}'`);
+  }
+  if (major > FORMAT_MAJOR) {
+    throw new PackageError(`${root}: package format ${version} is newer than this kiln.js reads ` +
+      `(${FORMAT_MAJOR}.x); use the kiln.js that came with the package or upgrade Kiln`);
+  }
+  for (const key of ['inputs', 'outputs', 'buffers', 'targets', 'weights']) {
+    if (!(key in manifest)) throw new PackageError(`${url}: manifest lacks '${key}'`);
+  }
+  return manifest;
+}
+
+/**
+ * What the plan needs from the device, measured from the package itself; the manifest's
+ * `limits` are the compile target's ceilings, which a package may stay well below.
+ * @param {any} spec the manifest's target entry
+ * @param {any[]} buffers the manifest's buffers
+ * @returns {Record<string, number>} limit name -> smallest acceptable value
+ */
+function measuredNeeds(spec, buffers) {
+  const largestBuffer = Math.max(0, ...buffers.map((b) => b.bytes));
+  const wg = spec.kernels.map((k) => k.workgroup_size);
+  return {
+    maxBufferSize: largestBuffer,
+    maxStorageBufferBindingSize: largestBuffer,
+    maxStorageBuffersPerShaderStage: Math.max(0, ...spec.kernels.map((k) => k.bindings.length)),
+    maxComputeWorkgroupsPerDimension: Math.max(0, ...spec.plan.flatMap((s) => s.dispatch)),
+    maxComputeWorkgroupSizeX: Math.max(0, ...wg.map((w) => w[0])),
+    maxComputeWorkgroupSizeY: Math.max(0, ...wg.map((w) => w[1] ?? 1)),
+    maxComputeWorkgroupSizeZ: Math.max(0, ...wg.map((w) => w[2] ?? 1)),
+    maxComputeInvocationsPerWorkgroup: Math.max(0, ...wg.map((w) => product(w))),
+  };
+}
+
+/**
+ * Request an adapter and a device with the package's features and limits.
+ *
+ * Each manifest limit is asked for only up to what the adapter has (and `min*` limits only
+ * down to it); the device must still meet what the plan really uses (largest buffer,
+ * bindings per kernel, workgroup sizes, dispatch sizes), or a DeviceError names the limit.
+ *
+ * @param {any} spec the manifest's target entry (features, limits, kernels, plan)
+ * @param {any[]} buffers the manifest's buffers
+ * @param {GPUPowerPreference} powerPreference
+ * @returns {Promise<{adapter: GPUAdapter, device: GPUDevice}>}
+ */
+async function requestDevice(spec, buffers, powerPreference) {
+  const gpu = globalThis.navigator?.gpu;
+  if (!gpu) {
+    throw new DeviceError('WebGPU is not available in this browser (navigator.gpu is missing); use a recent ' +
+      'Chrome, Edge or Safari, or Firefox with WebGPU enabled, and serve the page from https:// or localhost');
+  }
+  const adapter = await gpu.requestAdapter({powerPreference});
+  if (!adapter) {
+    throw new DeviceError('no WebGPU adapter available (navigator.gpu.requestAdapter() returned null); ' +
+      'the GPU may be blocklisted or WebGPU disabled in this browser');
+  }
+  const name = describeAdapter(adapter.info);
+  const features = spec.features ?? [];
+  const missing = features.filter((f) => !adapter.features.has(f));
+  if (missing.length) {
+    throw new DeviceError(`adapter ${name} lacks WebGPU features ${missing.join(', ')}, which the package needs`);
+  }
+  /** @type {Record<string, number>} */
+  const requiredLimits = {};
+  for (const [limit, wanted] of Object.entries(spec.limits ?? {})) {
+    if (!(limit in adapter.limits)) continue;  // a limit this browser does not know
+    const have = adapter.limits[limit];
+    requiredLimits[limit] = limit.startsWith('min') ? Math.max(wanted, have) : Math.min(wanted, have);
+  }
+  for (const [limit, needed] of Object.entries(measuredNeeds(spec, buffers))) {
+    const have = adapter.limits[limit];
+    if (have === undefined) continue;
+    if (have < needed) {
+      throw new DeviceError(`adapter ${name} has ${limit}=${have}, the package needs ${needed}`);
+    }
+    requiredLimits[limit] = Math.max(requiredLimits[limit] ?? 0, needed);
+  }
+  let device;
+  try {
+    device = await adapter.requestDevice({requiredFeatures: features, requiredLimits});
+  } catch (error) {
+    throw new DeviceError(`cannot create a WebGPU device on adapter ${name}: ${error.message}`);
+  }
+  return {adapter, device};
+}
+
+/** @param {GPUAdapterInfo | undefined} info @returns {string} */
+function describeAdapter(info) {
+  if (!info) return '(unknown)';
+  const parts = [info.vendor, info.architecture, info.device, info.description].filter(Boolean);
+  return parts.length ? `'${parts.join(' ')}'` : '(unnamed)';
+}
+
+/** @param {ArrayBuffer} bytes @returns {Promise<string>} lowercase hex SHA-256 */
+async function sha256Hex(bytes) {
+  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+/**
+ * Parse a safetensors file: 8-byte little-endian header length N, N bytes of JSON header
+ * ({name: {dtype, shape, data_offsets: [begin, end]}}, offsets relative to the end of the
+ * header), then the tensor data.
+ * @param {ArrayBuffer} bytes the whole file
+ * @param {string} path the file's path in the package, for error messages
+ * @returns {{header: Record<string, {dtype: string, shape: number[], data_offsets: [number, number]}>, dataStart: number}}
+ */
+function parseSafetensors(bytes, path) {
+  if (bytes.byteLength < 8) throw new PackageError(`weights file ${path}: too short to be safetensors`);
+  const headerBytes = new DataView(bytes).getBigUint64(0, true);
+  if (headerBytes > BigInt(bytes.byteLength - 8)) {
+    throw new PackageError(`weights file ${path}: safetensors header length ${headerBytes} exceeds the file`);
+  }
+  const dataStart = 8 + Number(headerBytes);
+  let header;
+  try {
+    header = JSON.parse(new TextDecoder().decode(new Uint8Array(bytes, 8, Number(headerBytes))));
+  } catch (error) {
+    throw new PackageError(`weights file ${path}: malformed safetensors header (${error.message})`);
+  }
+  return {header, dataStart};
+}
+
+/**
+ * Write `byteLength` bytes of `source` from `sourceOffset` to the start of `buffer`,
+ * padding to WebGPU's 4-byte write granularity.
+ * @param {GPUQueue} queue
+ * @param {GPUBuffer} buffer
+ * @param {ArrayBuffer} source
+ * @param {number} sourceOffset
+ * @param {number} byteLength
+ */
+function writePadded(queue, buffer, source, sourceOffset, byteLength) {
+  if (byteLength % 4 === 0) {
+    queue.writeBuffer(buffer, 0, source, sourceOffset, byteLength);
+  } else {
+    const padded = new Uint8Array(Math.ceil(byteLength / 4) * 4);
+    padded.set(new Uint8Array(source, sourceOffset, byteLength));
+    queue.writeBuffer(buffer, 0, padded);
+  }
+}
+
+/**
+ * Pop a WebGPU error scope and throw it as `ErrorType` with `context`, if there was an error.
+ * @param {GPUDevice} device
+ * @param {typeof KilnError} ErrorType
+ * @param {string} context
+ */
+async function throwScopeError(device, ErrorType, context) {
+  const error = await device.popErrorScope();
+  if (error) throw new ErrorType(`${context}: ${error.message}`);
+}
+
+/**
+ * A loaded package on a WebGPU device. Create it with {@link load}.
+ */
+export class Session {
+  /**
+   * @param {URL} root
+   * @param {any} manifest
+   * @param {GPUAdapter} adapter
+   * @param {GPUDevice} device
+   * @param {GPUBuffer[]} buffers one per manifest buffer, indexed by buffer id
+   * @param {{pipeline: GPUComputePipeline, bindGroup: GPUBindGroup, dispatch: number[]}[]} steps
+   * @param {Map<string, GPUBuffer>} staging mappable copy of each output, by output name
+   * @private
+   */
+  constructor(root, manifest, adapter, device, buffers, steps, staging) {
+    /** URL of the package directory. */
+    this.url = root.href;
+    /** The package's `manifest.json`, parsed (preprocess and postprocess hints included). */
+    this.manifest = manifest;
+    /** The target being run. */
+    this.target = 'webgpu';
+    /** @type {TensorSpec[]} input descriptions from the manifest */
+    this.inputs = manifest.inputs;
+    /** @type {TensorSpec[]} output descriptions from the manifest */
+    this.outputs = manifest.outputs;
+    const info = adapter.info ?? {};
+    /** The adapter's vendor, architecture, device and description as the browser reports them. */
+    this.adapterInfo = {
+      vendor: info.vendor ?? '', architecture: info.architecture ?? '',
+      device: info.device ?? '', description: info.description ?? '',
+    };
+    /** @private */ this.device = device;
+    /** @private */ this.buffers = buffers;
+    /** @private */ this.steps = steps;
+    /** @private */ this.staging = staging;
+    /** @private @type {Promise<unknown>} runs are serialised: the staging buffers are shared */
+    this.queue = Promise.resolve();
+    /** @private @type {GPUDeviceLostInfo | null} */
+    this.lost = null;
+    device.lost.then((info) => { this.lost = info; });
+  }
+
+  /**
+   * Build the session's GPU objects; see {@link load}.
+   * @param {URL} root @param {any} manifest @param {GPUAdapter} adapter @param {GPUDevice} device
+   * @param {boolean} verify
+   * @returns {Promise<Session>}
+   * @private
+   */
+  static async create(root, manifest, adapter, device, verify) {
+    const spec = manifest.targets.webgpu;
+    const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
+    device.pushErrorScope('out-of-memory');
+    device.pushErrorScope('validation');
+    const buffers = [];
+    for (const b of manifest.buffers) {
+      if (b.id !== buffers.length) throw new PackageError(`${root}: manifest buffer ids must be 0, 1, 2, ... in order`);
+      buffers.push(device.createBuffer({label: `b${b.id}_${b.kind}`, size: b.bytes, usage}));
+    }
+    await throwScopeError(device, PackageError, `${root}: cannot create the package's buffers`);
+    await throwScopeError(device, DeviceError, 'out of GPU memory creating the package\'s buffers');
+
+    const [pipelines] = await Promise.all([
+      createPipelines(root, device, spec.kernels),
+      uploadWeights(root, manifest, device, buffers, verify),
+    ]);
+
+    device.pushErrorScope('validation');
+    const steps = spec.plan.map((step, index) => {
+      const {pipeline, layout} = pipelines[step.kernel] ?? {};
+      if (!pipeline) throw new PackageError(`${root}: plan step ${index} names kernel ${step.kernel}, which does not exist`);
+      const bindGroup = device.createBindGroup({
+        label: step.node,
+        layout,
+        entries: step.buffers.map((id, binding) => ({binding, resource: {buffer: buffers[id]}})),
+      });
+      return {pipeline, bindGroup, dispatch: step.dispatch};
+    });
+    const staging = new Map(manifest.outputs.map((o) => [o.name, device.createBuffer({
+      label: `staging_${o.name}`,
+      size: manifest.buffers[o.buffer].bytes,
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    })]));
+    await throwScopeError(device, PackageError, `${root}: invalid execution plan`);
+    return new Session(root, manifest, adapter, device, buffers, steps, staging);
+  }
+
+  /**
+   * Run the model.
+   *
+   * @param {Record<string, Tensor>} feeds input name -> tensor of the manifest's dtype and shape.
+   * @returns {Promise<Record<string, Tensor>>} output name -> new tensor (copied out of GPU memory).
+   * @throws {ShapeError} unknown, missing, wrongly typed or wrongly shaped input.
+   * @throws {DeviceError} the device was lost or rejected the work.
+   */
+  async run(feeds) {
+    const checked = this.checkFeeds(feeds);
+    const result = this.queue.then(() => this.execute(checked));
+    this.queue = result.catch(() => undefined);
+    return result;
+  }
+
+  /** Free the session's GPU buffers and device; the session cannot run afterwards. */
+  destroy() {
+    this.device.destroy();
+  }
+
+  /**
+   * @param {Record<string, Tensor>} feeds
+   * @returns {{spec: TensorSpec, tensor: Tensor}[]} one per manifest input, in manifest order
+   * @private
+   */
+  checkFeeds(feeds) {
+    if (feeds === null || typeof feeds !== 'object') {
+      throw new ShapeError(`run() takes an object {inputName: Tensor}, got ${feeds === null ? 'null' : typeof feeds}`);
+    }
+    const names = this.inputs.map((i) => i.name);
+    const quoted = names.map((n) => `'${n}'`).join(', ');
+    const unknown = Object.keys(feeds).filter((n) => !names.includes(n));
+    if (unknown.length) {
+      throw new ShapeError(`unknown input${unknown.length > 1 ? 's' : ''} ${unknown.map((n) => `'${n}'`).join(', ')}; ` +
+        `the model's inputs are ${quoted}`);
+    }
+    return this.inputs.map((spec) => {
+      const expected = `${spec.dtype}${shapeText(spec.shape)}`;
+      const tensor = feeds[spec.name];
+      if (tensor === undefined) throw new ShapeError(`missing input '${spec.name}' (${expected})`);
+      if (!(tensor instanceof Tensor)) {
+        throw new ShapeError(`input '${spec.name}': expected a kiln.Tensor (${expected}), got ${tensor?.constructor?.name ?? typeof tensor}`);
+      }
+      if (tensor.type !== spec.dtype) {
+        throw new ShapeError(`input '${spec.name}': expected dtype ${spec.dtype}, got ${tensor.type}`);
+      }
+      if (tensor.dims.length !== spec.shape.length || tensor.dims.some((d, i) => d !== spec.shape[i])) {
+        throw new ShapeError(`input '${spec.name}': expected shape ${shapeText(spec.shape)} ` +
+          `(symbolic ${shapeText(spec.symbolic_shape ?? spec.shape)}), got ${shapeText(tensor.dims)}`);
+      }
+      return {spec, tensor};
+    });
+  }
+
+  /**
+   * @param {{spec: TensorSpec, tensor: Tensor}[]} checked
+   * @returns {Promise<Record<string, Tensor>>}
+   * @private
+   */
+  async execute(checked) {
+    if (this.lost) throw new DeviceError(`the WebGPU device was lost (${this.lost.reason}): ${this.lost.message}`);
+    const {device} = this;
+    device.pushErrorScope('validation');
+    for (const {spec, tensor} of checked) {
+      const {data} = tensor;
+      writePadded(device.queue, this.buffers[spec.buffer], data.buffer, data.byteOffset, data.byteLength);
+    }
+    const encoder = device.createCommandEncoder();
+    const pass = encoder.beginComputePass();
+    let current = null;
+    for (const {pipeline, bindGroup, dispatch} of this.steps) {
+      if (pipeline !== current) {
+        pass.setPipeline(pipeline);
+        current = pipeline;
+      }
+      pass.setBindGroup(0, bindGroup);
+      pass.dispatchWorkgroups(dispatch[0], dispatch[1] ?? 1, dispatch[2] ?? 1);
+    }
+    pass.end();
+    for (const output of this.outputs) {
+      const staging = this.staging.get(output.name);
+      encoder.copyBufferToBuffer(this.buffers[output.buffer], 0, staging, 0, staging.size);
+    }
+    device.queue.submit([encoder.finish()]);
+    await throwScopeError(device, DeviceError, 'WebGPU rejected the run');
+    const results = {};
+    await Promise.all(this.outputs.map(async (output) => {
+      const staging = this.staging.get(output.name);
+      await staging.mapAsync(GPUMapMode.READ);
+      try {
+        const dtype = DTYPES[output.dtype];
+        const count = product(output.shape);
+        const bytes = staging.getMappedRange(0, staging.size).slice(0, count * dtype.bytes);
+        results[output.name] = new Tensor(output.dtype, new dtype.array(bytes), output.shape);
+      } finally {
+        staging.unmap();
+      }
+    }));
+    return results;
+  }
+}
+
+/**
+ * Fetch every kernel's WGSL and compile its pipeline (in parallel).
+ * @param {URL} root
+ * @param {GPUDevice} device
+ * @param {any[]} kernels the target's kernels
+ * @returns {Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}[]>}
+ */
+function createPipelines(root, device, kernels) {
+  return Promise.all(kernels.map(async (kernel) => {
+    const response = await fetchOk(new URL(kernel.source, root), `kernel ${kernel.name}`);
+    const code = await response.text();
+    const module = device.createShaderModule({label: kernel.name, code});
+    const layout = device.createBindGroupLayout({
+      label: kernel.name,
+      entries: kernel.bindings.map((b) => ({
+        binding: b.binding,
+        visibility: GPUShaderStage.COMPUTE,
+        buffer: {type: b.access === 'read' ? 'read-only-storage' : 'storage'},
+      })),
+    });
+    try {
+      const pipeline = await device.createComputePipelineAsync({
+        label: kernel.name,
+        layout: device.createPipelineLayout({bindGroupLayouts: [layout]}),
+        compute: {module, entryPoint: kernel.entry_point},
+      });
+      return {pipeline, layout};
+    } catch (error) {
+      const info = await module.getCompilationInfo();
+      const details = info.messages.filter((m) => m.type === 'error')
+        .map((m) => `${kernel.source}:${m.lineNum}:${m.linePos}: ${m.message}`).join('\n');
+      throw new PackageError(`kernel ${kernel.name} does not compile on this device: ${error.message}` +
+        (details ? `\n${details}` : ''));
+    }
+  }));
+}
+
+/**
+ * Download each weights file, check its size and (with `verify`) SHA-256, and upload its
+ * tensors into their buffers. Files are processed one at a time to bound memory use.
+ * @param {URL} root
+ * @param {any} manifest
+ * @param {GPUDevice} device
+ * @param {GPUBuffer[]} buffers
+ * @param {boolean} verify
+ */
+async function uploadWeights(root, manifest, device, buffers, verify) {
+  if (verify && !globalThis.crypto?.subtle) {
+    throw new PackageError('cannot verify the weights: crypto.subtle needs a secure context ' +
+      '(https:// or localhost); serve the package from one, or load with {verify: false}');
+  }
+  const files = manifest.weights.files;
+  const byFile = new Map(files.map((f) => [f.path, []]));
+  for (const b of manifest.buffers) {
+    if (b.kind !== 'weight') continue;
+    if (!byFile.has(b.file)) throw new PackageError(`${root}: weight ${b.tensor} is in ${b.file}, which the manifest does not list`);
+    byFile.get(b.file).push(b);
+  }
+  for (const file of files) {
+    const response = await fetchOk(new URL(file.path, root), 'weights file');
+    const bytes = await response.arrayBuffer();
+    if (bytes.byteLength !== file.bytes) {
+      throw new PackageError(`weights file ${file.path}: size mismatch (expected ${file.bytes} bytes, ` +
+        `got ${bytes.byteLength}); the package is corrupted or incomplete`);
+    }
+    if (verify) {
+      const digest = await sha256Hex(bytes);
+      if (digest !== file.sha256) {
+        throw new PackageError(`weights file ${file.path}: SHA-256 checksum mismatch (expected ${file.sha256}, ` +
+          `got ${digest}); the package is corrupted or was edited`);
+      }
+    }
+    const {header, dataStart} = parseSafetensors(bytes, file.path);
+    device.pushErrorScope('validation');
+    for (const b of byFile.get(file.path)) {
+      const entry = header[b.tensor];
+      if (!entry) throw new PackageError(`weights file ${file.path}: no tensor '${b.tensor}'`);
+      const dtype = DTYPES[b.dtype];
+      if (!dtype || entry.dtype !== dtype.safetensors) {
+        throw new PackageError(`weights file ${file.path}: tensor '${b.tensor}' is ${entry.dtype}, the manifest says ${b.dtype}`);
+      }
+      const [begin, end] = entry.data_offsets;
+      if (!(begin >= 0 && begin <= end && dataStart + end <= bytes.byteLength && end - begin <= b.bytes)) {
+        throw new PackageError(`weights file ${file.path}: tensor '${b.tensor}' has bad data offsets [${begin}, ${end}] ` +
+          `(buffer ${b.id} holds ${b.bytes} bytes)`);
+      }
+      writePadded(device.queue, buffers[b.id], bytes, dataStart + begin, end - begin);
+    }
+    await throwScopeError(device, PackageError, `weights file ${file.path}: cannot upload`);
+  }
+}
+
+/**
+ * @typedef {object} ImagePreprocess  the manifest's `preprocess` entry for images
+ * @property {'image'} type
+ * @property {number} resize  the shorter side is resized to this many pixels (bilinear)
+ * @property {number} crop  then a centred square of this many pixels is cut out
+ * @property {number} scale  pixel values (0..255) are multiplied by this, e.g. 1/255
+ * @property {number[]} mean  per-channel (RGB) mean subtracted after scaling
+ * @property {number[]} std  per-channel (RGB) standard deviation divided by last
+ * @property {'NCHW'} layout
+ */
+
+/**
+ * Turn an image into a model input as the package's `preprocess` entry describes: resize the
+ * shorter side to `resize` pixels (bilinear, through a 2D canvas), cut out the centred
+ * `crop` x `crop` square, multiply by `scale`, subtract `mean` and divide by `std` per RGB
+ * channel. Resized sizes round to the nearest pixel and the crop offset rounds down, as
+ * PIL-based reference pipelines do.
+ *
+ * @param {ImageBitmap | HTMLImageElement | HTMLCanvasElement | OffscreenCanvas | HTMLVideoElement | VideoFrame} image
+ *   a decoded image (for an `<img>`, wait for `img.decode()` first).
+ * @param {ImagePreprocess} preprocess the manifest's `preprocess` entry.
+ * @returns {Tensor} float32 tensor of shape [1, 3, crop, crop] (NCHW).
+ * @throws {KilnError} an unsupported preprocess entry or an image without pixels.
+ */
+export function preprocessImage(image, preprocess) {
+  const {type, resize, crop, scale = 1, mean = [0, 0, 0], std = [1, 1, 1], layout = 'NCHW'} = preprocess ?? {};
+  if (type !== 'image' || layout !== 'NCHW' || !(resize > 0) || !(crop > 0)) {
+    throw new KilnError(`preprocessImage: unsupported preprocess entry ${JSON.stringify(preprocess)} ` +
+      `(need type 'image', layout 'NCHW', positive resize and crop)`);
+  }
+  const width = image.naturalWidth || image.videoWidth || image.displayWidth || image.width;
+  const height = image.naturalHeight || image.videoHeight || image.displayHeight || image.height;
+  if (!(width > 0 && height > 0)) throw new KilnError('preprocessImage: the image has no pixels (not decoded yet?)');
+  const ratio = resize / Math.min(width, height);
+  const resizedWidth = Math.round(width * ratio);
+  const resizedHeight = Math.round(height * ratio);
+  const left = Math.floor((resizedWidth - crop) / 2);
+  const top = Math.floor((resizedHeight - crop) / 2);
+  const canvas = typeof OffscreenCanvas === 'function'
+    ? new OffscreenCanvas(crop, crop)
+    : Object.assign(document.createElement('canvas'), {width: crop, height: crop});
+  const context = canvas.getContext('2d', {willReadFrequently: true});
+  context.imageSmoothingEnabled = true;
+  context.imageSmoothingQuality = 'low';  // bilinear in browsers
+  context.drawImage(image, -left, -top, resizedWidth, resizedHeight);
+  const rgba = context.getImageData(0, 0, crop, crop).data;
+  const plane = crop * crop;
+  const data = new Float32Array(3 * plane);
+  for (let c = 0; c < 3; c++) {
+    const offset = c * plane;
+    const m = mean[c];
+    const s = std[c];
+    for (let i = 0; i < plane; i++) data[offset + i] = (rgba[4 * i + c] * scale - m) / s;
+  }
+  return new Tensor('float32', data, [1, 3, crop, crop]);
+}
+
+/**
+ * The `k` highest-scoring classes of a logits vector, best first.
+ * @param {Float32Array | number[]} logits class scores (one row).
+ * @param {number} [k=5] how many classes to return (at most `logits.length`).
+ * @param {boolean} [softmax=true] turn logits into probabilities first; otherwise `prob` is the raw score.
+ * @returns {{index: number, prob: number}[]}
+ */
+export function topK(logits, k = 5, softmax = true) {
+  const n = logits.length;
+  let probs = Array.from(logits);
+  if (softmax) {
+    const max = probs.reduce((a, b) => Math.max(a, b), -Infinity);
+    const exps = probs.map((x) => Math.exp(x - max));
+    const sum = exps.reduce((a, b) => a + b, 0);
+    probs = exps.map((e) => e / sum);
+  }
+  const order = Array.from({length: n}, (_, i) => i).sort((a, b) => probs[b] - probs[a]);
+  return order.slice(0, Math.max(0, Math.min(k, n))).map((index) => ({index, prob: probs[index]}));
+}

@@ -1,0 +1,51 @@
+"""Shared test fixtures: paths to the repo's and the shared real models, fresh random generators."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_MODELS = (ROOT / ".." / "shared" / "models").resolve()
+MOBILENET = ROOT / "models" / "mobilenet_v2_imagenet.onnx"
+CHELSEA = ROOT / "models" / "chelsea.png"
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+
+def pytest_report_header(config):
+    return f"kiln test seed base: {SEED} (set KILN_TEST_SEED to replay)"
+
+
+#: a fresh seed per session unless KILN_TEST_SEED pins one; failures print it
+SEED = int(os.environ.get("KILN_TEST_SEED", secrets.randbits(32)))
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A random generator freshly seeded per test (seed = session seed + test name), reported on failure."""
+    seed = (SEED + sum(map(ord, request.node.nodeid))) % 2**32
+    request.node.user_properties.append(("seed", seed))
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def reference_npz() -> dict[str, np.ndarray]:
+    """onnxruntime's MobileNetV2 logits for four real images (from ../shared/models/reference)."""
+    path = SHARED_MODELS / "reference" / "mobilenet_v2_imagenet.npz"
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed:
+        seeds = [v for k, v in item.user_properties if k == "seed"]
+        if seeds:
+            rep.sections.append(("random seed", f"test seed {seeds[0]} (session KILN_TEST_SEED={SEED})"))
