@@ -12,8 +12,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from kiln.errors import (DeviceError, KilnError, ModelFormatError, PackageError, ShapeError,  # noqa: E402
-                         UnsupportedOpError)
+from kiln.errors import DeviceError, KilnError, ModelFormatError, PackageError, ShapeError, UnsupportedOpError
 
 
 def compile(model, out, **options):
@@ -30,5 +29,14 @@ def load(package, **options):
     return Session(package, **options)
 
 
-__all__ = ["compile", "load", "KilnError", "ModelFormatError", "UnsupportedOpError", "ShapeError",
-           "PackageError", "DeviceError", "__version__"]
+__all__ = [
+    "DeviceError",
+    "KilnError",
+    "ModelFormatError",
+    "PackageError",
+    "ShapeError",
+    "UnsupportedOpError",
+    "__version__",
+    "compile",
+    "load",
+]

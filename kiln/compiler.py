@@ -13,9 +13,8 @@ from typing import Any
 
 from kiln.codegen import wgsl
 from kiln.codegen.target import WebGPUTarget, get_target
-from kiln.errors import KilnError
+from kiln.errors import KilnError, UnsupportedOpError
 from kiln.frontend.onnx.importer import import_model, load_model, unsupported_ops
-from kiln.errors import UnsupportedOpError
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
 from kiln.kernels import library

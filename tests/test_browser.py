@@ -9,13 +9,19 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from browser import CHROMIUM, ConsoleLog, launch_chromium, serving
+from onnx import TensorProto, helper, numpy_helper
 
 import kiln
-from browser import CHROMIUM, ConsoleLog, launch_chromium, serving
 
 pytestmark = [
     pytest.mark.browser,
@@ -36,14 +42,14 @@ LOAD_SESSION = """async () => {
   return session.adapterInfo;
 }"""
 
-#: runs the loaded session on base64 float32 inputs [1,3,224,224]; returns {name: logits as a list}
+#: runs the loaded session on base64 float32 inputs [1,3,224,224]; returns {name: {dims, data, top5}}
 RUN_IMAGES = """async (inputs) => {
   const results = {};
   for (const [name, encoded] of Object.entries(inputs)) {
     const bytes = Uint8Array.from(atob(encoded), (c) => c.charCodeAt(0));
     const input = new kiln.Tensor('float32', new Float32Array(bytes.buffer), [1, 3, 224, 224]);
     const {logits} = await session.run({input});
-    results[name] = {dims: logits.dims, data: Array.from(logits.data)};
+    results[name] = {dims: logits.dims, data: Array.from(logits.data), top5: kiln.topK(logits.data, 5)};
   }
   return results;
 }"""
@@ -121,7 +127,36 @@ def test_mobilenet_matches_onnxruntime(session_page):
         got = np.array(results[name]["data"], dtype=np.float32).reshape(expected.shape)
         error = float(np.abs(got - expected).max())
         assert error <= 1e-3, f"{name}: max abs error {error:.3g} against onnxruntime"
-        assert got.argmax() == expected.argmax(), name
+        exp = np.exp(expected[0].astype(np.float64) - expected.max())
+        probs = exp / exp.sum()
+        top5 = results[name]["top5"]
+        assert [t["index"] for t in top5] == list(np.argsort(-probs)[:5]), name
+        np.testing.assert_allclose([t["prob"] for t in top5], np.sort(probs)[::-1][:5], atol=1e-4, err_msg=name)
+
+
+#: preprocesses a base64 PNG with the manifest's preprocess entry; returns {dims, data: base64 float32}
+PREPROCESS_PNG = """async (png) => {
+  const bytes = Uint8Array.from(atob(png), (c) => c.charCodeAt(0));
+  const bitmap = await createImageBitmap(new Blob([bytes], {type: 'image/png'}));
+  const tensor = kiln.preprocessImage(bitmap, session.manifest.preprocess);
+  const raw = new Uint8Array(tensor.data.buffer);
+  let text = '';
+  for (let i = 0; i < raw.length; i += 8192) text += String.fromCharCode(...raw.subarray(i, i + 8192));
+  return {dims: tensor.dims, data: btoa(text)};
+}"""
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_preprocess_image_matches_reference_pipeline(session_page, name):
+    # the reference inputs come from PIL (bilinear resize of the shorter side to 256, centre crop 224);
+    # the canvas resamples slightly differently, so compare on average: 0.05 is about 3 levels of 255
+    png = base64.b64encode((MODELS / "samples" / f"{name}.png").read_bytes()).decode()
+    result = session_page.evaluate(PREPROCESS_PNG, png)
+    expected = np.load(REFERENCE)[f"{name}_input"]
+    assert result["dims"] == list(expected.shape)
+    got = np.frombuffer(base64.b64decode(result["data"]), dtype=np.float32).reshape(expected.shape)
+    error = float(np.abs(got - expected).mean())
+    assert error < 0.05, f"{name}: mean abs difference {error:.3g} from the reference preprocessing"
 
 
 @pytest.mark.parametrize("feed, message", [
@@ -157,13 +192,9 @@ def test_demo_page_classifies_an_image(browser, package_url):
         page.close()
 
 
-def _copy_package(package: Path, destination: Path) -> Path:
-    shutil.copytree(package, destination)
-    return destination
-
-
 def test_corrupted_weights_are_refused(browser, package, tmp_path):
-    broken = _copy_package(package, tmp_path / "corrupted")
+    broken = tmp_path / "corrupted"
+    shutil.copytree(package, broken)
     weights = broken / "weights.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # same size, different bytes
@@ -195,3 +226,80 @@ def test_newer_format_version_is_refused(browser, package, package_url):
         assert "package format 2.0 is newer" in page.text_content("#status")
     finally:
         page.close()
+
+
+def test_demo_page_reports_missing_webgpu(browser, package_url):
+    page = browser.new_page()
+    log = ConsoleLog(page)
+    try:
+        page.add_init_script("delete Navigator.prototype.gpu")
+        page.goto(package_url + "index.html")
+        log.wait_for("#status.error")
+        assert "WebGPU is not available in this browser" in page.text_content("#status")
+    finally:
+        page.close()
+
+
+def test_demo_page_runs_other_models_on_random_input(browser, tmp_path):
+    # y = relu(x @ w): a model without image preprocessing gets the generic page
+    weight = np.array([[1, -2, 3, -4], [-5, 6, -7, 8]], dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(weight, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "tiny.onnx")
+    package = kiln.compile(str(tmp_path / "tiny.onnx"), str(tmp_path / "tiny"), force=True)
+    page = browser.new_page()
+    log = ConsoleLog(page)
+    try:
+        with serving(package) as url:
+            page.goto(url + "index.html")
+            log.wait_for("#status:text-is('ready')")
+            assert "[N, 2] = [1, 2]" in page.text_content("#io")
+            page.click("#random")
+            log.wait_for("#outputs")
+            assert page.text_content("#outputs").startswith("y: float32[1, 4]")
+            x = np.array([[0.5, -1.5]], dtype=np.float32)
+            y = log.evaluate("""async (x) => {
+              const kiln = await import('./kiln.js');
+              const session = await kiln.load('./');
+              const {y} = await session.run({x: new kiln.Tensor('float32', Float32Array.from(x), [1, 2])});
+              session.destroy();
+              return Array.from(y.data);
+            }""", x[0].tolist())
+        np.testing.assert_allclose(y, np.maximum(x @ weight, 0)[0], rtol=1e-6)
+    finally:
+        page.close()
+
+
+def test_server_types_and_headers(package, package_url):
+    kernel = json.loads((package / "manifest.json").read_text())["targets"]["webgpu"]["kernels"][0]["source"]
+    expected = {
+        "kiln.js": "text/javascript; charset=utf-8",
+        "index.html": "text/html; charset=utf-8",
+        "manifest.json": "application/json",
+        "weights.safetensors": "application/octet-stream",
+        kernel: "text/plain; charset=utf-8",
+    }
+    for path, content_type in expected.items():
+        with urllib.request.urlopen(package_url + path) as response:
+            assert response.headers["Content-Type"] == content_type, path
+            assert response.headers["Cross-Origin-Opener-Policy"] == "same-origin", path
+            assert response.headers["Cross-Origin-Embedder-Policy"] == "require-corp", path
+            assert response.headers["Cache-Control"] == "no-cache", path
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(package_url + "no-such-file.bin")
+
+
+def test_server_refuses_a_directory_that_is_not_a_package(tmp_path):
+    with pytest.raises(kiln.PackageError, match="not a Kiln package"), serving(tmp_path):
+        pass
+
+
+def test_server_does_not_import_the_compiler():
+    compiler = ("kiln.frontend", "kiln.passes", "kiln.codegen", "kiln.te", "kiln.compiler")
+    script = (f"import sys, kiln.runtime.serve; "
+              f"print([m for m in sys.modules if m.startswith({compiler!r})])")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert result.stdout.strip() == "[]", result.stdout

@@ -17,7 +17,7 @@ def kiln(*args, check=False, timeout=600) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess (as a user would)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", "from kiln.cli import run; run()", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          check=False, capture_output=True, text=True, timeout=timeout, env=env)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc

@@ -146,7 +146,7 @@ class Builder:
         self._names.add(name)
         return name
 
-    def const(self, array: np.ndarray | float | int, name: str = "const", dtype: str | None = None) -> Value:
+    def const(self, array: np.ndarray | float, name: str = "const", dtype: str | None = None) -> Value:
         """A constant value holding ``array`` (copied; ``dtype`` overrides the array's)."""
         arr = np.asarray(array)
         if dtype is not None:

@@ -14,8 +14,9 @@ Kinds group ops for the passes and kernel library:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -148,7 +149,7 @@ def conv_out_dim(size: int, k: int, stride: int, dilation: int, pad_begin: int, 
 
 
 def _conv_infer(ts, a):
-    (dx, sx), (dw, sw) = ts[:2]
+    (dx, sx), (_, sw) = ts[:2]
     nsp = len(sx) - 2
     if len(sw) != len(sx) or nsp < 1:
         raise ShapeError(f"Conv: input {list(sx)} and weight {list(sw)} ranks do not fit")
@@ -190,7 +191,7 @@ _register("Conv", "conv", _conv_infer, _conv_eval)
 
 # ----------------------------------------------------------------------------- matmul
 def _matmul_infer(ts, a):
-    (da, sa), (db, sb) = ts
+    (da, sa), (_, sb) = ts
     if len(sa) < 2 or len(sb) < 2:
         raise ShapeError(f"MatMul needs rank >= 2 operands (1-D is expanded by the frontend), got {list(sa)}, {list(sb)}")
     if sa[-1] != sb[-2]:

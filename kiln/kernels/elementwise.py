@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 from kiln.te.compute import Tensor, compute
 from kiln.te.expr import Const, Expr, binop, call, cast, const, select
 
 #: an operand: a tensor read with broadcasting, or a scalar literal baked into the kernel
-Operand = Union[Tensor, float, int]
+Operand = Tensor | float | int
 
 
 def bcast_load(x: Operand, axes: tuple, dtype: str = "float32") -> Expr:

@@ -98,7 +98,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                 flush()
             shard[v.name] = np.ascontiguousarray(v.const)
             shard_bytes += v.nbytes
-            where[bid] = f"weights.safetensors" if not files else f"weights-{len(files):05d}.safetensors"
+            where[bid] = "weights.safetensors" if not files else f"weights-{len(files):05d}.safetensors"
         flush()
         buffers = []
         for b in plan.buffers:

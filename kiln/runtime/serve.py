@@ -66,7 +66,7 @@ class PackageRequestHandler(SimpleHTTPRequestHandler):
         if isinstance(status, int) and status >= 400:
             super().log_request(code, size)
 
-    def log_error(self, format: str, *args) -> None:  # noqa: A002 (the base class's parameter name)
+    def log_error(self, format: str, *args) -> None:
         """Drop the handler's own error lines; :meth:`log_request` already reports failed requests."""
 
 

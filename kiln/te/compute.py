@@ -10,8 +10,8 @@ reduction lowering hoists into a loop.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from kiln.te.expr import Expr, Load, Var, as_expr, transform
 
@@ -96,7 +96,6 @@ def placeholders(t: Tensor) -> list[Tensor]:
     def visit(x):
         if isinstance(x, Load) and x.tensor.is_placeholder:
             seen.setdefault(id(x.tensor), x.tensor)
-        return None
 
     transform(t.body, visit)
     return list(seen.values())

@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Union
 
 _ids = itertools.count()
 
@@ -56,7 +55,7 @@ class Var(Expr):
 class Const(Expr):
     """A literal (``value`` is a Python float, int or bool)."""
 
-    value: Union[float, int, bool]
+    value: float | int | bool
     dtype: str
 
 
@@ -101,7 +100,7 @@ class Cast(Expr):
 class Load(Expr):
     """Element ``indices`` of ``tensor`` (one index per dim)."""
 
-    tensor: "Tensor"  # noqa: F821  (kiln.te.compute.Tensor; hashed by identity)
+    tensor: Tensor  # noqa: F821  (kiln.te.compute.Tensor; hashed by identity)
     indices: tuple[Expr, ...]
     dtype: str
 
@@ -116,7 +115,7 @@ class Reduce(Expr):
     dtype: str
 
 
-ExprLike = Union[Expr, int, float, bool]
+ExprLike = Expr | int | float | bool
 
 _CMP = {"<", "<=", ">", ">=", "==", "!="}
 _PY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
@@ -125,7 +124,7 @@ _PY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b
        "max": max, "min": min}
 
 
-def const(value: float | int | bool, dtype: str) -> Const:
+def const(value: float | bool, dtype: str) -> Const:
     """A literal of ``dtype``."""
     if dtype == "bool":
         return Const(bool(value), dtype)

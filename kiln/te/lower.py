@@ -18,8 +18,25 @@ import itertools
 from dataclasses import dataclass, field
 
 from kiln.te.compute import Tensor, placeholders
-from kiln.te.expr import (Bin, Call, Cast, Const, Expr, Load, Reduce, Select, Var, binop, call, cast, const,
-                          highest, lowest, select, transform)
+from kiln.te.expr import (
+    Bin,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    Load,
+    Reduce,
+    Select,
+    Var,
+    binop,
+    call,
+    cast,
+    const,
+    highest,
+    lowest,
+    select,
+    transform,
+)
 from kiln.te.schedule import Schedule
 
 
@@ -142,8 +159,9 @@ def canonical(out: Tensor) -> Tensor:
     return Tensor(out.name, out.shape, out.dtype, tuple(names[a] for a in out.axes), body, out.attrs)
 
 
-def lower(out: Tensor, schedule: Schedule = Schedule(), name: str | None = None) -> LoweredKernel:
-    """Lower computed tensor ``out`` (producers already inlined) under ``schedule``."""
+def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None) -> LoweredKernel:
+    """Lower computed tensor ``out`` (producers already inlined) under ``schedule`` (default :class:`Schedule`)."""
+    schedule = schedule or Schedule()
     out = canonical(out)
     ins = placeholders(out)
     pname = {id(t): f"in{k}" for k, t in enumerate(ins)}
@@ -177,7 +195,7 @@ def lower(out: Tensor, schedule: Schedule = Schedule(), name: str | None = None)
         if isinstance(e, Cast):
             return cast(flat(e.x, guarded), e.dtype)
         if isinstance(e, Reduce):
-            raise AssertionError("reductions are hoisted before flattening")
+            raise TypeError("reductions are hoisted before flattening")
         return e
 
     def hoist(e: Expr, block: list, memo: dict) -> Expr:
@@ -215,4 +233,4 @@ def lower(out: Tensor, schedule: Schedule = Schedule(), name: str | None = None)
     return LoweredKernel(name or out.name, params, ins, out.size, gid, body, schedule)
 
 
-__all__ = ["BufLoad", "Let", "Decl", "Assign", "For", "Store", "Param", "LoweredKernel", "lower", "Const", "Var"]
+__all__ = ["Assign", "BufLoad", "Const", "Decl", "For", "Let", "LoweredKernel", "Param", "Store", "Var", "lower"]

@@ -13,7 +13,6 @@ import inspect
 import os
 from typing import Any
 
-import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -37,7 +36,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelFormatError(f"{path}: is a directory, not an ONNX file")
     try:
         model = onnx.load(path)
-    except Exception as e:  # onnx raises DecodeError, google.protobuf errors, ...
+    except Exception as e:  # noqa: BLE001  (onnx raises DecodeError, protobuf errors, ...)
         raise ModelFormatError(f"{path}: not an ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'parse failed'})") from None
     if not model.graph.node and not model.graph.output:
         raise ModelFormatError(f"{path}: not an ONNX model (no graph)")
@@ -53,7 +52,7 @@ def opset_of(model: onnx.ModelProto, domain: str = "") -> int:
     for imp in model.opset_import:
         if imp.domain in (domain, "ai.onnx" if domain == "" else domain):
             return imp.version
-    return 1 if domain else 1
+    return 1
 
 
 def unsupported_ops(model: onnx.ModelProto) -> list[tuple[str, str, int, str]]:
@@ -130,7 +129,7 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         raise UnsupportedOpError(missing)
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # shape inference is a cross-check only; our own rules decide
+    except Exception:  # noqa: BLE001, S110  (ONNX's inference is advisory; Kiln's own shape rules decide)
         pass
     g = model.graph
     dims = dict(dims or {})

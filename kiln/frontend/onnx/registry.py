@@ -15,7 +15,7 @@ as keyword arguments with Python values; defaults come from the signature.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 Converter = Callable[..., object]
 

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian machine for Kiln: system packages, then a virtual environment in .venv
+# with Kiln and its test dependencies. Safe to run again.
+#   apt: chromium (browser tests and `kiln serve`), mesa-vulkan-drivers (lavapipe: WebGPU on the CPU
+#   through wgpu-py when there is no GPU), python3-venv.
+set -euo pipefail
+cd "$(dirname "$0")"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+need=()
+[ -x /usr/bin/chromium ] || need+=(chromium)
+dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
+dpkg -s libvulkan1 >/dev/null 2>&1 || need+=(libvulkan1)
+python3 -c "import ensurepip, venv" 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]} with apt"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"
+echo "setup: done ($(.venv/bin/kiln --version))"
