@@ -165,11 +165,12 @@ def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, war
 @click.argument("package", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free port).")
-def serve_cmd(package: Path, host: str, port: int) -> None:
+@click.option("--open", "open_browser", is_flag=True, help="Open the page in the default web browser.")
+def serve_cmd(package: Path, host: str, port: int, open_browser: bool) -> None:
     """Serve PACKAGE over HTTP; its index.html runs the model in the browser on WebGPU."""
     from kiln.runtime.serve import serve
 
-    serve(package, host=host, port=port)
+    serve(package, host=host, port=port, open_browser=open_browser)
 
 
 def _fmt_bytes(n: int) -> str:

@@ -20,7 +20,9 @@ from kiln.runtime.serve import make_server, server_url
 #: Debian's Chromium (package ``chromium``)
 CHROMIUM = Path("/usr/bin/chromium")
 
-#: flags that give headless Chromium a WebGPU adapter on SwiftShader, and keep it off the network
+#: flags that give headless Chromium a WebGPU adapter on SwiftShader, and keep it off the network;
+#: with Chromium 156 only ``--enable-unsafe-webgpu`` is strictly needed (headless=True and
+#: ``--headless=new`` both work), the SwiftShader flags keep older and newer builds on the same path
 CHROMIUM_ARGS = [
     "--enable-unsafe-webgpu",
     "--enable-unsafe-swiftshader",

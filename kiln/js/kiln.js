@@ -187,33 +187,11 @@ async function fetchManifest(root) {
 }
 
 /**
- * What the plan needs from the device, measured from the package itself; the manifest's
- * `limits` are the compile target's ceilings, which a package may stay well below.
- * @param {any} spec the manifest's target entry
- * @param {any[]} buffers the manifest's buffers
- * @returns {Record<string, number>} limit name -> smallest acceptable value
- */
-function measuredNeeds(spec, buffers) {
-  const largestBuffer = Math.max(0, ...buffers.map((b) => b.bytes));
-  const wg = spec.kernels.map((k) => k.workgroup_size);
-  return {
-    maxBufferSize: largestBuffer,
-    maxStorageBufferBindingSize: largestBuffer,
-    maxStorageBuffersPerShaderStage: Math.max(0, ...spec.kernels.map((k) => k.bindings.length)),
-    maxComputeWorkgroupsPerDimension: Math.max(0, ...spec.plan.flatMap((s) => s.dispatch)),
-    maxComputeWorkgroupSizeX: Math.max(0, ...wg.map((w) => w[0])),
-    maxComputeWorkgroupSizeY: Math.max(0, ...wg.map((w) => w[1] ?? 1)),
-    maxComputeWorkgroupSizeZ: Math.max(0, ...wg.map((w) => w[2] ?? 1)),
-    maxComputeInvocationsPerWorkgroup: Math.max(0, ...wg.map((w) => product(w))),
-  };
-}
-
-/**
  * Request an adapter and a device with the package's features and limits.
  *
- * Each manifest limit is asked for only up to what the adapter has (and `min*` limits only
- * down to it); the device must still meet what the plan really uses (largest buffer,
- * bindings per kernel, workgroup sizes, dispatch sizes), or a DeviceError names the limit.
+ * The manifest's `limits` are what the plan uses (largest buffer, bindings per kernel,
+ * workgroup and dispatch sizes); each must be within the adapter's, or a DeviceError names
+ * the limit. They are requested as they are, so the device offers exactly what the plan needs.
  *
  * @param {any} spec the manifest's target entry (features, limits, kernels, plan)
  * @param {any[]} buffers the manifest's buffers
@@ -239,18 +217,13 @@ async function requestDevice(spec, buffers, powerPreference) {
   }
   /** @type {Record<string, number>} */
   const requiredLimits = {};
-  for (const [limit, wanted] of Object.entries(spec.limits ?? {})) {
-    if (!(limit in adapter.limits)) continue;  // a limit this browser does not know
+  for (const [limit, needed] of Object.entries(spec.limits ?? {})) {
     const have = adapter.limits[limit];
-    requiredLimits[limit] = limit.startsWith('min') ? Math.max(wanted, have) : Math.min(wanted, have);
-  }
-  for (const [limit, needed] of Object.entries(measuredNeeds(spec, buffers))) {
-    const have = adapter.limits[limit];
-    if (have === undefined) continue;
+    if (have === undefined) continue;  // a limit this browser does not know
     if (have < needed) {
       throw new DeviceError(`adapter ${name} has ${limit}=${have}, the package needs ${needed}`);
     }
-    requiredLimits[limit] = Math.max(requiredLimits[limit] ?? 0, needed);
+    requiredLimits[limit] = needed;
   }
   let device;
   try {
@@ -614,9 +587,9 @@ async function uploadWeights(root, manifest, device, buffers, verify) {
  * @property {'image'} type
  * @property {number} resize  the shorter side is resized to this many pixels (bilinear)
  * @property {number} crop  then a centred square of this many pixels is cut out
- * @property {number} scale  pixel values (0..255) are multiplied by this, e.g. 1/255
- * @property {number[]} mean  per-channel (RGB) mean subtracted after scaling
- * @property {number[]} std  per-channel (RGB) standard deviation divided by last
+ * @property {number} [scale=1/255]  pixel values (0..255) are multiplied by this
+ * @property {number[]} [mean=[0, 0, 0]]  per-channel (RGB) mean subtracted after scaling
+ * @property {number[]} [std=[1, 1, 1]]  per-channel (RGB) standard deviation divided by last
  * @property {'NCHW'} layout
  */
 
@@ -635,7 +608,7 @@ async function uploadWeights(root, manifest, device, buffers, verify) {
  * @throws {KilnError} an unsupported preprocess entry or an image without pixels.
  */
 export function preprocessImage(image, preprocess) {
-  const {type, resize, crop, scale = 1, mean = [0, 0, 0], std = [1, 1, 1], layout = 'NCHW'} = preprocess ?? {};
+  const {type, resize, crop, scale = 1 / 255, mean = [0, 0, 0], std = [1, 1, 1], layout = 'NCHW'} = preprocess ?? {};
   if (type !== 'image' || layout !== 'NCHW' || !(resize > 0) || !(crop > 0)) {
     throw new KilnError(`preprocessImage: unsupported preprocess entry ${JSON.stringify(preprocess)} ` +
       `(need type 'image', layout 'NCHW', positive resize and crop)`);

@@ -52,6 +52,20 @@ def _io(v, buffer: int) -> dict[str, Any]:
             "symbolic_shape": list(v.sym_shape) if v.sym_shape else list(v.shape), "buffer": buffer}
 
 
+def needed_limits(compiled) -> dict[str, int]:
+    """The WebGPU limits (spec names) the package's plan actually uses: a runtime asks the device for these."""
+    kernels, steps = compiled.kernels, compiled.steps
+    biggest = max((b.nbytes for b in compiled.plan.buffers), default=4)
+    return {
+        "maxStorageBuffersPerShaderStage": max((len(k.access) for k in kernels), default=1),
+        "maxStorageBufferBindingSize": biggest,
+        "maxBufferSize": biggest,
+        "maxComputeWorkgroupsPerDimension": max((max(s.dispatch) for s in steps), default=1),
+        "maxComputeInvocationsPerWorkgroup": max((k.workgroup_size for k in kernels), default=1),
+        "maxComputeWorkgroupSizeX": max((k.workgroup_size for k in kernels), default=1),
+    }
+
+
 def detect_preset(graph) -> str:
     """``imagenet`` for a model with one [N,3,H,W] float input and one [N,1000] output, else ``none``."""
     if len(graph.inputs) == 1 and len(graph.outputs) == 1:
@@ -137,7 +151,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "targets": {
                 compiled.target.name: {
                     "features": list(compiled.target.features),
-                    "limits": compiled.target.limits,
+                    "limits": needed_limits(compiled),
                     "kernels": kernels,
                     "plan": plan_steps,
                 }
@@ -149,10 +163,10 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             pre["preprocess"]["input"] = graph.inputs[0].name
             pre["postprocess"]["output"] = graph.outputs[0].name
             manifest.update(pre)
-            src = Path(labels) if labels else resources.files("kiln") / "data" / "imagenet_classes.txt"
-            (tmp / "labels.txt").write_text(Path(src).read_text() if labels else src.read_text())
+            with resources.as_file(resources.files("kiln") / "data" / "imagenet_classes.txt") as default:
+                shutil.copyfile(labels or default, tmp / "labels.txt")
         elif labels:
-            (tmp / "labels.txt").write_text(Path(labels).read_text())
+            shutil.copyfile(labels, tmp / "labels.txt")
             manifest["postprocess"] = {"type": "classification", "output": graph.outputs[0].name,
                                        "softmax": True, "labels": "labels.txt"}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -161,9 +175,8 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
         js = resources.files("kiln") / "js"
         for name in ("kiln.js", "index.html"):
-            f = js / name
-            if f.is_file():
-                (tmp / name).write_text(f.read_text())
+            with resources.as_file(js / name) as f:
+                shutil.copyfile(f, tmp / name)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -22,7 +22,22 @@ from kiln.package.format import read_manifest, verify_weights
 _DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
 
 
+#: WebGPU's default limits (WebGPU spec, "Limits"): every adapter offers at least these
+DEFAULT_LIMITS = {
+    "maxStorageBuffersPerShaderStage": 8,
+    "maxStorageBufferBindingSize": 134217728,
+    "maxBufferSize": 268435456,
+    "maxComputeWorkgroupsPerDimension": 65535,
+    "maxComputeInvocationsPerWorkgroup": 256,
+    "maxComputeWorkgroupSizeX": 256,
+}
+
+
 def _request_device(limits: dict[str, int], features: list[str]):
+    """An adapter and a device with the ``limits`` (package needs, spec names) and ``features`` the package uses.
+
+    Only limits above WebGPU's defaults are requested. Raises DeviceError if the adapter falls short.
+    """
     import wgpu
 
     adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
@@ -32,14 +47,16 @@ def _request_device(limits: dict[str, int], features: list[str]):
     required = {}
     for name, value in limits.items():
         key = "".join("-" + c.lower() if c.isupper() else c for c in name)
-        if key in have:
-            if have[key] < value and not key.startswith("max-compute-workgroups"):
-                raise DeviceError(f"adapter {adapter.info.get('device', '?')} has {name}={have[key]}, "
-                                  f"package needs {value}")
-            required[key] = max(value, 0) if have[key] >= value else have[key]
+        if key not in have:
+            continue
+        if have[key] < value:
+            raise DeviceError(f"adapter {adapter.info.get('device', '?')} has {name}={have[key]}, the package "
+                              f"needs {value}")
+        if value > DEFAULT_LIMITS.get(name, 0):
+            required[key] = value
     missing = [f for f in features if f not in adapter.features]
     if missing:
-        raise DeviceError(f"adapter lacks WebGPU features {missing}")
+        raise DeviceError(f"adapter {adapter.info.get('device', '?')} lacks WebGPU features {missing}")
     return adapter, adapter.request_device_sync(required_features=features, required_limits=required)
 
 

@@ -21,6 +21,7 @@ import webbrowser
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 from kiln.package.format import read_manifest
 
@@ -52,7 +53,9 @@ class PackageRequestHandler(SimpleHTTPRequestHandler):
     Bind the directory with ``functools.partial(PackageRequestHandler, directory=...)``.
     """
 
-    extensions_map = {**SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}
+    extensions_map: ClassVar[dict[str, str]] = {**SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}
+    #: keep connections open: a page loads the manifest, every kernel and the weights in a burst
+    protocol_version = "HTTP/1.1"
 
     def end_headers(self) -> None:
         """Add the cross-origin isolation and caching headers, then end the header block."""
