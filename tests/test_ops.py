@@ -227,3 +227,51 @@ def test_reshape_squeeze_unsqueeze(rng):
     check_op("Reshape", {"x": f32(rng, 2, 3, 4)}, {}, {"shape": np.array([0, -1, 2], np.int64)})
     check_op("Squeeze", {"x": f32(rng, 2, 1, 4, 1)}, {}, {"axes": np.array([1, 3], np.int64)})
     check_op("Unsqueeze", {"x": f32(rng, 2, 4)}, {}, {"axes": np.array([0, -1], np.int64)})
+
+
+# ----------------------------------------------------------------------------- pooling windows
+POOL_CASES = [
+    # (name, op, kernel, strides, pads, dilations, ceil_mode, count_include_pad)
+    ("resnet_stem_3x3_s2_p1", "MaxPool", [3, 3], [2, 2], [1, 1, 1, 1], None, 0, 0),
+    ("2x2_s2", "MaxPool", [2, 2], [2, 2], [0, 0, 0, 0], None, 0, 0),
+    ("ceil_mode", "MaxPool", [3, 3], [2, 2], [0, 0, 0, 0], None, 1, 0),
+    ("dilated", "MaxPool", [2, 3], [1, 2], [1, 0, 0, 1], [2, 1], 0, 0),
+    ("avg_3x3_p1_exclude_pad", "AveragePool", [3, 3], [1, 1], [1, 1, 1, 1], None, 0, 0),
+    ("avg_include_pad", "AveragePool", [3, 3], [2, 2], [1, 1, 1, 1], None, 0, 1),
+    ("avg_ceil_include_pad", "AveragePool", [2, 2], [2, 2], [0, 0, 1, 1], None, 1, 1),
+    ("avg_7x7_global", "AveragePool", [7, 7], [1, 1], [0, 0, 0, 0], None, 0, 0),
+]
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=[c[0] for c in POOL_CASES])
+def test_pool2d(rng, case):
+    _, op, k, s, p, d, ceil, cip = case
+    h, w = int(rng.integers(7, 14)), int(rng.integers(7, 14))
+    attrs = {"kernel_shape": k, "strides": s, "pads": p, "ceil_mode": ceil}
+    if d:
+        attrs["dilations"] = d
+    if op == "AveragePool":
+        attrs["count_include_pad"] = cip
+    check_op(op, {"x": f32(rng, int(rng.integers(1, 3)), 3, h, w)}, attrs, opset=19, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_pool_auto_pad_and_1d(rng, op):
+    check_op(op, {"x": f32(rng, 1, 2, 9, 8)}, {"kernel_shape": [3, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+             opset=19)
+    check_op(op, {"x": f32(rng, 2, 3, 15)}, {"kernel_shape": [4], "strides": [3], "pads": [1, 2]}, opset=19)
+
+
+def test_maxpool_indices_output_is_refused_by_name():
+    from onnx import TensorProto, helper
+
+    from kiln.errors import UnsupportedOpError
+    from kiln.frontend.onnx.importer import import_model
+
+    node = helper.make_node("MaxPool", ["x"], ["y", "idx"], name="pool", kernel_shape=[2, 2])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("idx", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    with pytest.raises(UnsupportedOpError, match=r"MaxPool\[output 'idx'\].*'pool'"):
+        import_model(model)

@@ -254,3 +254,66 @@ def _concat_infer(ts, a):
 
 
 _register("Concat", "layout", _concat_infer, lambda xs, a: [np.concatenate(xs, axis=a["axis"])])
+
+
+# ----------------------------------------------------------------------------- pooling
+def pool_out_dim(size: int, k: int, stride: int, dilation: int, pad_begin: int, pad_end: int, ceil_mode: int) -> int:
+    """Output extent of one pooled axis (ONNX MaxPool-12 / AveragePool-19 formula, floor or ceil mode).
+
+    In ceil mode a last window that would start in the end padding is dropped.
+    """
+    span = size + pad_begin + pad_end - ((k - 1) * dilation + 1)
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + pad_begin:
+        out -= 1
+    return out
+
+
+def _pool_infer(ts, a):
+    (dt, sh), = ts
+    nsp = len(sh) - 2
+    k, s, d, p = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
+    out = [pool_out_dim(sh[2 + i], k[i], s[i], d[i], p[i], p[nsp + i], a["ceil_mode"]) for i in range(nsp)]
+    if nsp < 1 or min(out) < 1:
+        raise ShapeError(f"pooling window {list(k)} does not fit input {list(sh)}")
+    return [(dt, (*sh[:2], *out))]
+
+
+def _pool_windows(x: np.ndarray, a, fill: float):
+    """Yield ``(window values, inside-input mask, inside-padding mask)`` per kernel offset, shaped like the output."""
+    nsp = x.ndim - 2
+    out = _pool_infer([(x.dtype, x.shape)], a)[0][1][2:]
+    k, s, d, p = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
+    for offs in np.ndindex(*k):
+        idx = [np.arange(out[i]) * s[i] - p[i] + offs[i] * d[i] for i in range(nsp)]
+        inside = np.ones(out, bool)
+        padded = np.ones(out, bool)
+        for i in range(nsp):
+            shape = [1] * nsp
+            shape[i] = -1
+            inside = inside & ((idx[i] >= 0) & (idx[i] < x.shape[2 + i])).reshape(shape)
+            padded = padded & (idx[i] < x.shape[2 + i] + p[nsp + i]).reshape(shape)
+        grid = np.ix_(*[np.clip(i, 0, x.shape[2 + n] - 1) for n, i in enumerate(idx)])
+        vals = x[(slice(None), slice(None)) + grid]
+        yield np.where(inside, vals, fill), inside, padded
+
+
+def _maxpool_eval(xs, a):
+    x, = xs
+    out = None
+    for vals, _, _ in _pool_windows(x, a, -np.inf):
+        out = vals if out is None else np.maximum(out, vals)
+    return [out.astype(x.dtype)]
+
+
+def _avgpool_eval(xs, a):
+    x, = xs
+    total, count = 0.0, 0
+    for vals, inside, padded in _pool_windows(x, a, 0.0):
+        total = total + vals
+        count = count + (padded if a["count_include_pad"] else inside)
+    return [(total / np.maximum(count, 1)).astype(x.dtype)]
+
+
+_register("MaxPool", "pool", _pool_infer, _maxpool_eval)
+_register("AveragePool", "pool", _pool_infer, _avgpool_eval)

@@ -26,6 +26,9 @@ def build(op: str, inputs: list[Operand], attrs: dict[str, Any], out_shape: tupl
                        out_shape, name)
     if op == "MatMul":
         return nn.matmul(inputs[0], inputs[1], out_shape, name)
+    if k == "pool":
+        return nn.pool(op, inputs[0], attrs["kernel_shape"], attrs["strides"], attrs["dilations"], attrs["pads"],
+                       attrs.get("count_include_pad", 0), out_shape, name)
     if k == "reduce":
         return nn.reduction(op, inputs[0], attrs["axes"], attrs["keepdims"], out_shape, name)
     if op == "Reshape":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, const, highest, lowest, reduce, reduce_axis, select
+from kiln.te.expr import Expr, binop, call, const, highest, lowest, reduce, reduce_axis, select
 
 
 def conv(x: Tensor, w: Tensor, strides, dilations, pads, group: int, out_shape: tuple[int, ...],
@@ -72,5 +72,32 @@ def reduction(op: str, x: Tensor, axes: tuple[int, ...], keepdims: int, out_shap
         if count == 0:
             return const({"sum": 0.0, "max": lowest(x.dtype), "min": highest(x.dtype)}[kind], x.dtype)
         return r / float(count) if op == "ReduceMean" else r
+
+    return compute(out_shape, body, name)
+
+
+def pool(op: str, x: Tensor, kernel, strides, dilations, pads, count_include_pad: int, out_shape: tuple[int, ...],
+         name: str = "pool") -> Tensor:
+    """MaxPool / AveragePool over the spatial axes of an NC[spatial] tensor (ONNX MaxPool-12, AveragePool-19).
+
+    Elements outside the input never win a max; an average divides by the number of window
+    elements inside the input, or inside input plus padding when ``count_include_pad``
+    (a ceil-mode window's part beyond the end padding never counts).
+    """
+    nsp = len(x.shape) - 2
+    rk = [reduce_axis(kernel[i], "rk") for i in range(nsp)]
+
+    def body(n, c, *o):
+        pos = [o[i] * strides[i] - pads[i] + rk[i] * dilations[i] for i in range(nsp)]
+        inside: Expr = const(True, "bool")
+        padded: Expr = const(True, "bool")
+        for i in range(nsp):
+            inside = inside & binop(">=", pos[i], 0) & binop("<", pos[i], x.shape[2 + i])
+            padded = padded & binop("<", pos[i], x.shape[2 + i] + pads[nsp + i])
+        if op == "MaxPool":
+            return reduce("max", select(inside, x[(n, c, *pos)], lowest(x.dtype)), rk)
+        total = reduce("sum", select(inside, x[(n, c, *pos)], 0.0), rk)
+        count = reduce("sum", select(padded if count_include_pad else inside, 1.0, 0.0), rk)
+        return total / call("max", count, 1.0)
 
     return compute(out_shape, body, name)

@@ -169,6 +169,9 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
             raise type(e)(f"node {node.name!r} ({node.op_type}): {e}") from None
         if isinstance(outs, Value):
             outs = [outs]
+        extra = [name for name in node.output[len(outs):] if name]
+        if extra:
+            raise UnsupportedOpError([(f"{node.op_type}[output {extra[0]!r}]", node.domain, opset, node.name)])
         for name, v in zip(node.output, outs):
             if name:
                 env[name] = v

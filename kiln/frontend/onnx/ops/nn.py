@@ -118,6 +118,33 @@ def batch_norm(b: Builder, x: Value, scale: Value, bias: Value, mean: Value, var
     return b.op("Add", [b.op("Mul", [x, _reshape(b, s, shape)]), _reshape(b, shift, shape)])
 
 
+def _pool(b: Builder, op: str, x: Value, auto_pad: str, ceil_mode: int, dilations, kernel_shape, pads, strides,
+          count_include_pad: int = 0) -> Value:
+    nsp = len(x.shape) - 2
+    if nsp < 1:
+        raise ShapeError(f"{op}: input {list(x.shape)} has no spatial axes")
+    kernel = list(kernel_shape)
+    strides = list(strides or [1] * nsp)
+    dilations = list(dilations or [1] * nsp)
+    pads = auto_pads(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
+    return b.op(op, [x], kernel_shape=tuple(kernel), strides=tuple(strides), dilations=tuple(dilations),
+                pads=tuple(pads), ceil_mode=int(ceil_mode), count_include_pad=int(count_include_pad))
+
+
+@onnx_op("MaxPool", since=1)
+def max_pool(b: Builder, x: Value, *, kernel_shape, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None,
+             pads=None, storage_order: int = 0, strides=None) -> Value:
+    """ONNX MaxPool-1/8/10/11/12 (the Indices output is not supported)."""
+    return _pool(b, "MaxPool", x, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides)
+
+
+@onnx_op("AveragePool", since=1)
+def average_pool(b: Builder, x: Value, *, kernel_shape, auto_pad: str = "NOTSET", ceil_mode: int = 0,
+                 count_include_pad: int = 0, dilations=None, pads=None, strides=None) -> Value:
+    """ONNX AveragePool-1/7/10/11/19."""
+    return _pool(b, "AveragePool", x, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides, count_include_pad)
+
+
 @onnx_op("GlobalAveragePool", since=1)
 def global_average_pool(b: Builder, x: Value) -> Value:
     """ONNX GlobalAveragePool-1: mean over all spatial axes, kept as size-1 dims."""
