@@ -13,10 +13,7 @@ Outputs are checked against onnxruntime before timing.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import platform
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -26,33 +23,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _times(fn, repeat: int, warmup: int, progress: Progress, label: str) -> tuple[float, list[float]]:
-    task = progress.add_task(label, total=1 + warmup + repeat)
-    t0 = time.perf_counter()
-    fn()
-    cold = (time.perf_counter() - t0) * 1e3
-    progress.advance(task)
-    for _ in range(warmup):
-        fn()
-        progress.advance(task)
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e3)
-        progress.advance(task)
-    return cold, out
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+from bench.common import ROOT, summary, time_runs, write_record
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -82,17 +53,16 @@ def main(argv: list[str] | None = None) -> dict:
         expected = ref.run(None, feeds)
         got = session.run(feeds)
         err = max(float(np.abs(got[o["name"]] - e).max()) for o, e in zip(session.outputs, expected))
-        with Progress(console=console, transient=True) as progress:
-            k_cold, k_times = _times(lambda: session.run(feeds), args.repeat, args.warmup, progress, "kiln native")
-            o_cold, o_times = _times(lambda: ref.run(None, feeds), args.repeat, args.warmup, progress,
-                                     "onnxruntime cpu")
+        rows = {}
         adapter = session.adapter_info()
-    rows = {
-        "kiln-native": {"median_ms": float(np.median(k_times)), "min_ms": min(k_times), "max_ms": max(k_times),
-                        "cold_ms": k_cold, "device": f"{adapter.get('device')} ({adapter.get('backend_type')})"},
-        "onnxruntime-cpu": {"median_ms": float(np.median(o_times)), "min_ms": min(o_times), "max_ms": max(o_times),
-                            "cold_ms": o_cold, "device": platform.processor() or platform.machine()},
-    }
+        kiln_device = f"{adapter.get('device')} ({adapter.get('backend_type')})"
+        contestants = [("kiln-native", lambda: session.run(feeds), kiln_device),
+                       ("onnxruntime-cpu", lambda: ref.run(None, feeds), platform.processor() or platform.machine())]
+        with Progress(console=console, transient=True) as progress:
+            for name, fn, device in contestants:
+                task = progress.add_task(name, total=1 + args.warmup + args.repeat)
+                cold, times = time_runs(fn, args.repeat, args.warmup, lambda t=task: progress.advance(t))
+                rows[name] = {**summary(times, cold), "device": device}
     ratio = rows["kiln-native"]["median_ms"] / rows["onnxruntime-cpu"]["median_ms"]
     table = Table(title=f"{args.model.name}: median of {args.repeat} runs after {args.warmup} warm-up")
     for col in ("contestant", "device", "median ms", "min ms", "max ms", "first run ms"):
@@ -103,14 +73,10 @@ def main(argv: list[str] | None = None) -> dict:
     console.print(table)
     console.print(f"kiln / onnxruntime = {ratio:.2f}x (lower is better); max abs error vs onnxruntime {err:.2e}; "
                   f"compile + load {compile_s:.1f} s")
-    now = datetime.datetime.now(datetime.UTC)
-    record = {"benchmark": "native", "date": now.isoformat(timespec="seconds"), "commit": _commit(),
-              "host": platform.node(), "model": args.model.name, "repeat": args.repeat, "warmup": args.warmup,
+    record = {"benchmark": "native", "model": args.model.name, "repeat": args.repeat, "warmup": args.warmup,
               "results": rows, "ratio_kiln_over_onnxruntime": ratio, "max_abs_error": err,
               "versions": {"kiln": kiln.__version__, "onnxruntime": ort.__version__}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"native-{args.model.stem}-{now:%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(record, indent=1))
+    path = write_record(record, args.out, f"native-{args.model.stem}")
     console.print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return record
 

@@ -1,0 +1,172 @@
+"""Kiln native on an NVIDIA GPU against ONNX Runtime's WebGPU EP and PyTorch CUDA, in one process.
+
+Run on the lent GPU machine (recipe: ../shared/gpu/README.md)::
+
+    source bench/gpu_enter.sh; KILN_COMMIT=<git rev-parse --short HEAD, here> python3 -m bench.gpu --out $OUT
+
+carrying ``.gl`` and ``.whl`` made by ``bash ../shared/gpu/prepare.sh``; copy the JSON from ``$OUT`` into
+``bench/results/``.
+
+Models: MobileNetV2 (``models/``), ResNet-50 (torchvision's architecture, random weights,
+exported to ONNX here). Contestants:
+
+- ``kiln-native``: Kiln's WGSL through wgpu-py on Vulkan; a run includes uploading the input and
+  reading the output back (like onnxruntime's ``run``);
+- ``ort-webgpu``: onnxruntime's WebGPU execution provider (``onnxruntime-webgpu``, Dawn), host copies included;
+- ``torch-eager`` and ``torch-compile``: PyTorch CUDA, strict fp32 (TF32 off), input already on the GPU, synchronised.
+
+Medians over ``--repeat`` runs after ``--warmup``; first-run (cold) time and peak GPU memory
+reported separately; ONNX-based outputs checked against onnxruntime CPU. Prints a table and
+writes JSON (``gpu-<date>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import ROOT, summary, time_runs, write_record
+
+
+def torch_model(name: str):
+    """torchvision's ``name`` with random weights (seeded), in eval mode."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    return {"mobilenet_v2": torchvision.models.mobilenet_v2, "resnet50": torchvision.models.resnet50}[name](
+        weights=None).eval()
+
+
+def export_onnx(module, path: Path) -> Path:
+    """Export ``module`` (input [N,3,224,224], N symbolic) to ONNX opset 17 at ``path``."""
+    import torch
+
+    x = torch.randn(1, 3, 224, 224)
+    kwargs = {"input_names": ["input"], "output_names": ["logits"], "opset_version": 17,
+              "dynamic_axes": {"input": {0: "N"}, "logits": {0: "N"}}}
+    try:
+        torch.onnx.export(module, (x,), str(path), dynamo=False, **kwargs)
+    except TypeError:
+        torch.onnx.export(module, (x,), str(path), **kwargs)
+    return path
+
+
+def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> dict:
+    """All contestants on one model; returns ``{contestant: result or {"error": ...}}``."""
+    import onnxruntime as ort
+    import torch
+
+    import kiln
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    expected = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    rows: dict[str, dict] = {}
+
+    def attempt(contestant: str, fn):
+        console.print(f"[bold]{name}[/] {contestant} ...")
+        try:
+            rows[contestant] = fn()
+        except Exception as e:  # noqa: BLE001  (one failing contestant must not stop the run)
+            rows[contestant] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+            console.print(traceback.format_exc(limit=3))
+
+    def run_kiln():
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            session = kiln.load(kiln.compile(onnx_path, Path(tmp) / "pkg"))
+            load_s = time.perf_counter() - t0
+            err = float(np.abs(session.run({"input": x})["logits"] - expected).max())
+            cold, times = time_runs(lambda: session.run({"input": x}), args.repeat, args.warmup)
+            info = session.adapter_info()
+            mem = sum(b["bytes"] for b in session.manifest["buffers"])
+            return {**summary(times, cold), "compile_load_s": load_s, "max_abs_error": err,
+                    "gpu_bytes": mem, "device": f"{info.get('device')} ({info.get('backend_type')})",
+                    "dispatches": len(session.steps)}
+
+    def run_ort_webgpu():
+        t0 = time.perf_counter()
+        s = ort.InferenceSession(str(onnx_path), providers=["WebGpuExecutionProvider"])
+        load_s = time.perf_counter() - t0
+        err = float(np.abs(s.run(None, {"input": x})[0] - expected).max())
+        cold, times = time_runs(lambda: s.run(None, {"input": x}), args.repeat, args.warmup)
+        return {**summary(times, cold), "compile_load_s": load_s, "max_abs_error": err,
+                "providers": s.get_providers(), "device": "Dawn"}
+
+    def run_torch(compiled: bool):
+        def go():
+            torch.backends.cuda.matmul.allow_tf32 = False  # strict fp32, like the WGSL contestants
+            torch.backends.cudnn.allow_tf32 = False
+            m = module.cuda()
+            xt = torch.from_numpy(x).cuda()
+            fn = torch.compile(m) if compiled else m
+            torch.cuda.reset_peak_memory_stats()
+            with torch.inference_mode():
+                cold, times = time_runs(lambda: fn(xt), args.repeat, args.warmup, sync=torch.cuda.synchronize)
+                out = fn(xt).float().cpu().numpy()
+            res = {**summary(times, cold), "gpu_bytes": int(torch.cuda.max_memory_allocated()),
+                   "device": torch.cuda.get_device_name()}
+            if args.same_weights:
+                res["max_abs_error"] = float(np.abs(out - expected).max())
+            return res
+        return go
+
+    attempt("kiln-native", run_kiln)
+    attempt("ort-webgpu", run_ort_webgpu)
+    attempt("torch-eager", run_torch(False))
+    if not args.no_compile:
+        attempt("torch-compile", run_torch(True))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the GPU benchmark; returns the JSON record."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mobilenet_v2,resnet50")
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args(argv)
+    console = Console(width=140)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            module = torch_model(name)
+            if name == "mobilenet_v2":
+                onnx_path = ROOT / "models" / "mobilenet_v2_imagenet.onnx"
+                args.same_weights = False  # the shipped ONNX has trained weights, the module random ones
+            else:
+                onnx_path = export_onnx(module, Path(tmp) / f"{name}.onnx")
+                args.same_weights = True
+            results[name] = bench_model(name, onnx_path, module, args, console)
+    table = Table(title=f"batch 1 fp32, median ms of {args.repeat} runs after {args.warmup} warm-up")
+    for col in ("model", "contestant", "median ms", "min ms", "cold ms", "GPU MiB", "max err", "kiln / this"):
+        table.add_column(col, justify="left" if col in ("model", "contestant") else "right")
+    for model, rows in results.items():
+        kiln_ms = rows.get("kiln-native", {}).get("median_ms")
+        for contestant, r in rows.items():
+            if "error" in r:
+                table.add_row(model, contestant, "error: " + r["error"][:60], "", "", "", "", "")
+                continue
+            ratio = kiln_ms / r["median_ms"] if kiln_ms else float("nan")
+            table.add_row(model, contestant, f"{r['median_ms']:.3f}", f"{r['min_ms']:.3f}", f"{r['cold_ms']:.1f}",
+                          f"{r['gpu_bytes'] / 2**20:.1f}" if "gpu_bytes" in r else "-",
+                          f"{r['max_abs_error']:.1e}" if "max_abs_error" in r else "-", f"{ratio:.2f}")
+    console.print(table)
+    record = {"benchmark": "gpu", "repeat": args.repeat, "warmup": args.warmup, "results": results}
+    path = write_record(record, args.out, "gpu")
+    console.print(f"wrote {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
