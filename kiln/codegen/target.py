@@ -8,25 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln.package.format import DEFAULT_LIMITS
+
 
 @dataclass(frozen=True)
 class WebGPUTarget:
     """The WebGPU target: WGSL compute shaders.
 
     Attributes:
-        limits: WebGPU limit name -> value the package assumes (manifest ``limits``).
+        limits: WebGPU limit name -> the ceiling generated code keeps within (the package records what it uses).
         features: WebGPU features the package requires (``shader-f16`` for fp16 compute).
     """
 
     name: str = "webgpu"
-    limits: dict[str, int] = field(default_factory=lambda: {
-        "maxStorageBuffersPerShaderStage": 8,
-        "maxStorageBufferBindingSize": 134217728,
-        "maxBufferSize": 268435456,
-        "maxComputeWorkgroupsPerDimension": 65535,
-        "maxComputeInvocationsPerWorkgroup": 256,
-        "maxComputeWorkgroupSizeX": 256,
-    })
+    limits: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     features: tuple[str, ...] = ()
 
 

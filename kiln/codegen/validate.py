@@ -25,14 +25,6 @@ def _device():
     return adapter.request_device_sync()
 
 
-def available() -> bool:
-    """True if a WebGPU adapter (any, lavapipe included) can validate shaders here."""
-    try:
-        return _device() is not None
-    except Exception:  # noqa: BLE001  (any failure to get an adapter means: cannot validate here)
-        return False
-
-
 def validate_wgsl(source: str, name: str) -> None:
     """Compile ``source`` with naga; raise :class:`ShaderError` naming kernel ``name`` if it is invalid."""
     dev = _device()

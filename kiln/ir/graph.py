@@ -101,14 +101,6 @@ class Graph:
                 uses.setdefault(id(v), []).append(node)
         return uses
 
-    def constants(self) -> list[Value]:
-        """Constant values read by some node or returned as outputs, each once, in first-use order."""
-        seen: dict[int, Value] = {}
-        for v in itertools.chain((i for n in self.nodes for i in n.inputs), self.outputs):
-            if v.is_const and id(v) not in seen:
-                seen[id(v)] = v
-        return list(seen.values())
-
     def replace_uses(self, old: Value, new: Value) -> None:
         """Make every reader of ``old`` (nodes and graph outputs) read ``new`` instead.
 

@@ -19,6 +19,17 @@ VERSION = "1.0"
 MAJOR = 1
 MANIFEST = "manifest.json"
 
+#: WebGPU's default limits (WebGPU spec §3.6.2 "Limits"), which every conformant adapter offers:
+#: the compiler stays within them by default, runtimes request only limits above them
+DEFAULT_LIMITS: dict[str, int] = {
+    "maxStorageBuffersPerShaderStage": 8,
+    "maxStorageBufferBindingSize": 134217728,
+    "maxBufferSize": 268435456,
+    "maxComputeWorkgroupsPerDimension": 65535,
+    "maxComputeInvocationsPerWorkgroup": 256,
+    "maxComputeWorkgroupSizeX": 256,
+}
+
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes."""

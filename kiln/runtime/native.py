@@ -17,20 +17,9 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import DeviceError, PackageError, ShapeError
-from kiln.package.format import read_manifest, verify_weights
+from kiln.package.format import DEFAULT_LIMITS, read_manifest, verify_weights
 
 _DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
-
-
-#: WebGPU's default limits (WebGPU spec, "Limits"): every adapter offers at least these
-DEFAULT_LIMITS = {
-    "maxStorageBuffersPerShaderStage": 8,
-    "maxStorageBufferBindingSize": 134217728,
-    "maxBufferSize": 268435456,
-    "maxComputeWorkgroupsPerDimension": 65535,
-    "maxComputeInvocationsPerWorkgroup": 256,
-    "maxComputeWorkgroupSizeX": 256,
-}
 
 
 def _request_device(limits: dict[str, int], features: list[str]):

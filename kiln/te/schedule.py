@@ -16,7 +16,7 @@ class Schedule:
     """Knobs of the flat one-element-per-invocation schedule.
 
     Attributes:
-        workgroup_size: invocations per workgroup (WebGPU ``@workgroup_size``; at most the
+        workgroup_size: invocations per workgroup (the WebGPU workgroup size; at most the
             device's ``maxComputeInvocationsPerWorkgroup``, 256 by default).
         max_groups_x: workgroups along x before the dispatch wraps into y
             (``maxComputeWorkgroupsPerDimension``, 65535 by default).

@@ -45,7 +45,3 @@ def lookup(op_type: str, opset: int, domain: str = "") -> Converter | None:
             best = fn
     return best
 
-
-def supported_ops() -> dict[str, list[int]]:
-    """Operator name -> the opset versions at which Kiln's converter changes (default domain)."""
-    return {op: [s for s, _ in entries] for (dom, op), entries in sorted(_REGISTRY.items()) if dom == ""}
