@@ -22,7 +22,6 @@ from kiln.te.expr import (
     Bin,
     Call,
     Cast,
-    Const,
     Expr,
     Load,
     Reduce,
@@ -233,4 +232,4 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     return LoweredKernel(name or out.name, params, ins, out.size, gid, body, schedule)
 
 
-__all__ = ["Assign", "BufLoad", "Const", "Decl", "For", "Let", "LoweredKernel", "Param", "Store", "Var", "lower"]
+__all__ = ["Assign", "BufLoad", "Decl", "For", "Let", "LoweredKernel", "Param", "Store", "canonical", "lower"]

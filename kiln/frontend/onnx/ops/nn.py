@@ -38,6 +38,18 @@ def auto_pads(auto_pad: str, sizes, kernel, strides, dilations, pads) -> list[in
     return begins + ends
 
 
+def window_attrs(x: Value, kernel, strides, dilations, pads, auto_pad: str) -> dict[str, tuple[int, ...]]:
+    """Explicit ``strides``, ``dilations`` and ``pads`` of a sliding window (Conv, pools) over ``x``'s spatial axes.
+
+    Omitted strides and dilations default to 1; ``auto_pad`` is resolved into pads.
+    """
+    nsp = len(x.shape) - 2
+    strides = list(strides or [1] * nsp)
+    dilations = list(dilations or [1] * nsp)
+    pads = auto_pads(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
+    return {"strides": tuple(strides), "dilations": tuple(dilations), "pads": tuple(pads)}
+
+
 @onnx_op("Conv", since=1)
 def conv(b: Builder, x: Value, w: Value, bias: Value | None = None, *, auto_pad: str = "NOTSET",
          dilations=None, group: int = 1, kernel_shape=None, pads=None, strides=None) -> Value:
@@ -45,11 +57,8 @@ def conv(b: Builder, x: Value, w: Value, bias: Value | None = None, *, auto_pad:
     nsp = len(x.shape) - 2
     if nsp < 1 or len(w.shape) != nsp + 2:
         raise ShapeError(f"Conv: input {list(x.shape)} and weight {list(w.shape)} ranks do not fit")
-    kernel = list(kernel_shape or w.shape[2:])
-    strides = list(strides or [1] * nsp)
-    dilations = list(dilations or [1] * nsp)
-    pads = auto_pads(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
-    y = b.op("Conv", [x, w], strides=tuple(strides), dilations=tuple(dilations), pads=tuple(pads), group=int(group))
+    window = window_attrs(x, list(kernel_shape or w.shape[2:]), strides, dilations, pads, auto_pad)
+    y = b.op("Conv", [x, w], **window, group=int(group))
     if bias is not None:
         y = b.op("Add", [y, _reshape(b, bias, (bias.shape[0],) + (1,) * nsp)])
     return y
@@ -123,12 +132,9 @@ def _pool(b: Builder, op: str, x: Value, auto_pad: str, ceil_mode: int, dilation
     nsp = len(x.shape) - 2
     if nsp < 1:
         raise ShapeError(f"{op}: input {list(x.shape)} has no spatial axes")
-    kernel = list(kernel_shape)
-    strides = list(strides or [1] * nsp)
-    dilations = list(dilations or [1] * nsp)
-    pads = auto_pads(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
-    return b.op(op, [x], kernel_shape=tuple(kernel), strides=tuple(strides), dilations=tuple(dilations),
-                pads=tuple(pads), ceil_mode=int(ceil_mode), count_include_pad=int(count_include_pad))
+    window = window_attrs(x, list(kernel_shape), strides, dilations, pads, auto_pad)
+    return b.op(op, [x], kernel_shape=tuple(kernel_shape), **window, ceil_mode=int(ceil_mode),
+                count_include_pad=int(count_include_pad))
 
 
 @onnx_op("MaxPool", since=1)
