@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,9 @@ from kiln.kernels import library
 from kiln.passes.fusion import Group, fuse
 from kiln.passes.manager import optimize
 from kiln.passes.memory_plan import MemoryPlan, needs_buffer, plan_memory
-from kiln.te.compute import inline, placeholder
+from kiln.te.compute import Tensor, inline, placeholder
 from kiln.te.lower import lower
-from kiln.te.schedule import Schedule
+from kiln.te.schedule import Schedule, default_schedule
 
 #: dtypes the WebGPU target's kernels read and write
 KERNEL_DTYPES = {"float32"}
@@ -63,8 +64,10 @@ class Compiled:
     passes: list[str] = field(default_factory=list)
 
 
-def build_group(group: Group, schedule: Schedule):
-    """Tensor expression of a fused group, lowered: returns ``(LoweredKernel, input values in binding order)``.
+def group_expr(group: Group) -> Tensor:
+    """The tensor expression of a fused group, producers inlined into the group's output.
+
+    Each placeholder's ``attrs["value"]`` is the IR value it binds to.
 
     Raises:
         KilnError: if the group touches a dtype the WebGPU kernels do not support yet.
@@ -90,19 +93,32 @@ def build_group(group: Group, schedule: Schedule):
             raise KilnError(f"node {node.name!r} ({node.op}): {out.dtype} results are not supported by the webgpu "
                             "target yet")
         env[id(out)] = library.build(node.op, operands, node.attrs, out.shape, group.name)
-    final = inline(env[id(group.output)])
-    k = lower(final, schedule, name=group.name)
+    return inline(env[id(group.output)])
+
+
+def build_group(group: Group, schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule):
+    """A fused group lowered under ``schedule`` (or the one ``schedule(expr)`` picks).
+
+    Returns:
+        ``(LoweredKernel, input values in binding order)``.
+    """
+    final = group_expr(group)
+    k = lower(final, schedule if isinstance(schedule, Schedule) else schedule(final), name=group.name)
     return k, [t.attrs["value"] for t in k.inputs]
 
 
-def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, progress: bool = False):
-    """Generate, deduplicate and validate the WGSL of every non-alias group; returns ``(kernels, steps)``."""
+def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, progress: bool = False,
+                  schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule):
+    """Generate, deduplicate and validate the WGSL of every non-alias group; returns ``(kernels, steps)``.
+
+    ``schedule`` is one schedule for every kernel or a function choosing one per kernel
+    expression (default :func:`~kiln.te.schedule.default_schedule`).
+    """
     from kiln.codegen.validate import validate_wgsl
 
     kernels: list[Kernel] = []
     by_source: dict[str, int] = {}
     steps: list[Step] = []
-    schedule = Schedule()
     work = [g for g in groups if not g.alias]
     it = work
     if progress:
@@ -119,7 +135,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
             if validate:
                 validate_wgsl(src, name)
             by_source[digest] = len(kernels)
-            kernels.append(Kernel(name, src, schedule.workgroup_size, [p.access for p in k.params],
+            kernels.append(Kernel(name, src, k.schedule.workgroup_size, [p.access for p in k.params],
                                   [n.op for n in g.nodes]))
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
         steps.append(Step(by_source[digest], k.dispatch, bufs, g.nodes[0].name))

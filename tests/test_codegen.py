@@ -31,7 +31,7 @@ def test_fusion_inlines_elementwise_into_reduction_epilogue():
     k = lower(inline(y), name="conv_add_clip")
     src = wgsl.render(k)
     assert src.count("for (var") == 3  # rc, kh, kw: one accumulation loop nest
-    assert "min(max((acc0 + in2[" in src  # bias and clip fused in the epilogue
+    assert "min(max((acc0 + v" in src and " = in2[i1];" in src  # bias and clip fused in the epilogue
     assert "select(0.0f" in src and "min(u32(" in src  # padding guarded, clamped load
     assert [p.access for p in k.params] == ["read", "read", "read", "read_write"]
     validate_wgsl(src, "conv_add_clip")

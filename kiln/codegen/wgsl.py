@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from kiln.te.expr import Bin, Call, Cast, Const, Expr, Select, Var
-from kiln.te.lower import Assign, BufLoad, Decl, For, Let, LoweredKernel, Store
+from kiln.te.lower import Assign, BufLoad, Decl, For, If, Let, LoweredKernel, Store
 
 #: Kiln dtype -> WGSL scalar type (WGSL §6.2.1); int64 is narrowed to i32 before codegen
 TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "bool": "bool"}
@@ -25,6 +25,11 @@ BUILTINS = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "
             "sin": "sin", "cos": "cos", "tanh": "tanh", "max": "max", "min": "min", "pow": "pow", "clamp": "clamp"}
 
 _BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&&", "||"}
+
+#: logical and/or render as WGSL's non-short-circuiting ``&``/``|`` on bool (WGSL §8.6): expressions
+#: have no side effects, and short-circuit forms become branches, which SwiftShader's compiler
+#: handles in time superlinear in their number (a 4x4-tiled, 3x3-unrolled convolution hung it)
+_LOGICAL = {"&&": "&", "||": "|"}
 
 
 def literal(value, dtype: str) -> str:
@@ -62,7 +67,7 @@ def expr(e: Expr) -> str:
         if e.op == "%":
             return f"({expr(e.a)} % {expr(e.b)})"
         if e.op in _BINOPS:
-            return f"({expr(e.a)} {e.op} {expr(e.b)})"
+            return f"({expr(e.a)} {_LOGICAL.get(e.op, e.op)} {expr(e.b)})"
         raise ValueError(f"WGSL: unknown binary op {e.op!r}")
     if isinstance(e, Call):
         return f"{BUILTINS[e.fn]}({', '.join(expr(a) for a in e.args)})"
@@ -86,6 +91,10 @@ def _stmts(stmts, indent: int) -> list[str]:
         elif isinstance(s, For):
             v = s.var.name
             out.append(f"{pad}for (var {v} = 0i; {v} < {s.extent}i; {v}++) {{")
+            out.extend(_stmts(s.body, indent + 1))
+            out.append(f"{pad}}}")
+        elif isinstance(s, If):
+            out.append(f"{pad}if ({expr(s.cond)}) {{")
             out.extend(_stmts(s.body, indent + 1))
             out.append(f"{pad}}}")
         elif isinstance(s, Store):

@@ -283,3 +283,52 @@ def transform(e: Expr, fn) -> Expr:
         return r
 
     return go(e)
+
+
+def free_vars(e: Expr) -> set[Var]:
+    """The variables ``e`` mentions (axis, reduction and loop variables)."""
+    found: set[Var] = set()
+
+    def visit(x):
+        if isinstance(x, Var):
+            found.add(x)
+
+    transform(e, visit)
+    return found
+
+
+def _affine(e: Expr, terms: dict[Expr, int], scale: int) -> int:
+    """Add ``scale * e`` to ``terms`` (atom -> coefficient); return the constant part."""
+    if isinstance(e, Const):
+        return scale * int(e.value)
+    if isinstance(e, Bin) and e.op in ("+", "-"):
+        c = _affine(e.a, terms, scale)
+        return c + _affine(e.b, terms, scale if e.op == "+" else -scale)
+    if isinstance(e, Bin) and e.op == "*" and (isinstance(e.a, Const) or isinstance(e.b, Const)):
+        k, x = (e.a, e.b) if isinstance(e.a, Const) else (e.b, e.a)
+        return _affine(x, terms, scale * int(k.value))
+    terms[e] = terms.get(e, 0) + scale
+    return 0
+
+
+def linear(e: Expr) -> Expr:
+    """Integer ``e`` rewritten as a canonical sum ``c1*t1 + c2*t2 + ... + c0``.
+
+    Sums and products by constants are distributed and like terms collected, with terms in a
+    deterministic order, so index expressions that are equal as affine forms become equal
+    structurally (``(i*4 + 1) + 2`` and ``i*4 + 3``), which common-subexpression elimination of
+    loads relies on. Non-affine parts (``//``, ``%``, ``min``, products of variables) are atoms.
+    """
+    if e.dtype != "int32":
+        return e
+    terms: dict[Expr, int] = {}
+    c0 = _affine(e, terms, 1)
+    out: Expr = const(0, "int32")
+    for t in sorted((t for t, k in terms.items() if k), key=repr):
+        k = terms[t]
+        out = binop("-", out, binop("*", t, -k)) if k < 0 and not isinstance(out, Const) else out + t * k
+    if c0 > 0:
+        out = binop("+", out, c0)
+    elif c0 < 0:
+        out = binop("-", out, -c0) if not (isinstance(out, Const)) else const(c0, "int32")
+    return out

@@ -22,6 +22,7 @@ from kiln.te.expr import (
     Bin,
     Call,
     Cast,
+    Const,
     Expr,
     Load,
     Reduce,
@@ -32,8 +33,10 @@ from kiln.te.expr import (
     cast,
     const,
     highest,
+    linear,
     lowest,
     select,
+    substitute,
     transform,
 )
 from kiln.te.schedule import Schedule
@@ -80,6 +83,14 @@ class For:
 
     var: Var
     extent: int
+    body: list = field(default_factory=list)
+
+
+@dataclass
+class If:
+    """``if (cond) { body }``."""
+
+    cond: Expr
     body: list = field(default_factory=list)
 
 
@@ -158,35 +169,103 @@ def canonical(out: Tensor) -> Tensor:
     return Tensor(out.name, out.shape, out.dtype, tuple(names[a] for a in out.axes), body, out.attrs)
 
 
+def _unravel(flat_index: Expr, axes, shape, total: int) -> list:
+    """``Let`` statements binding each of ``axes`` to its coordinate in flat ``flat_index`` over ``shape``."""
+    out, stride = [], total
+    for ax, d in zip(axes, shape):
+        stride //= d
+        if d == 1:
+            out.append(Let(ax, const(0, "int32")))
+            continue
+        v = flat_index // stride if stride != 1 else flat_index
+        if stride * d != total:
+            v = v % d
+        out.append(Let(ax, v))
+    return out
+
+
+def _reduces(e: Expr, found: dict) -> None:
+    """Collect the outermost :class:`Reduce` nodes of ``e`` into ``found`` (ordered, deduplicated)."""
+    def visit(x):
+        if isinstance(x, Reduce):
+            found.setdefault(x, None)
+            return x
+        return None
+
+    transform(e, visit)
+
+
+def _cse_loads(values: list[Expr], block: list, counter) -> list[Expr]:
+    """Bind each distinct :class:`BufLoad` of ``values`` to a ``let`` in ``block``; return ``values`` over them.
+
+    Loads shared by several elements of a register tile (the input row a tile of output
+    channels reads, the weight a tile of pixels reads) are then read once.
+    """
+    seen: dict[Expr, Var] = {}
+
+    def visit(x):
+        if isinstance(x, BufLoad):
+            if x not in seen:
+                v = Var(f"v{next(counter)}", 0, x.dtype)
+                block.append(Let(v, x))
+                seen[x] = v
+            return seen[x]
+        return None
+
+    return [transform(v, visit) for v in values]
+
+
 def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None) -> LoweredKernel:
-    """Lower computed tensor ``out`` (producers already inlined) under ``schedule`` (default :class:`Schedule`)."""
+    """Lower computed tensor ``out`` (producers already inlined) under ``schedule`` (default :class:`Schedule`).
+
+    Each invocation computes a register tile: the product of the schedule's splits (one
+    element when there are none). All reductions of a tile share one loop nest whose
+    innermost ``schedule.unroll`` iterations are unrolled, and loads equal across the tile's
+    elements or unrolled iterations are read once.
+    """
     schedule = schedule or Schedule()
     out = canonical(out)
     ins = placeholders(out)
     pname = {id(t): f"in{k}" for k, t in enumerate(ins)}
     params = [Param(pname[id(t)], t.dtype, t.size, "read") for t in ins]
     params.append(Param("out", out.dtype, out.size, "read_write"))
+    splits = {s.axis: s for s in schedule.splits if s.factor > 1 and out.shape[s.axis] > 1}
+    outer_shape = [-(-d // splits[a].factor) if a in splits else d for a, d in enumerate(out.shape)]
+    outer = [Var(f"{ax.name}o") if a in splits else ax for a, ax in enumerate(out.axes)]
+    total = 1
+    for d in outer_shape:
+        total *= d
     gid = Var("gid")
-    body: list = []
-    # unravel the flat invocation index into the output axes
-    stride = out.size
-    for ax, d in zip(out.axes, out.shape):
-        stride //= d
-        if d == 1:
-            body.append(Let(ax, const(0, "int32")))
-            continue
-        v = gid // stride if stride != 1 else gid
-        if stride * d != out.size:
-            v = v % d
-        body.append(Let(ax, v))
+    body: list = _unravel(gid, outer, outer_shape, total)
     counter = itertools.count()
+
+    # the elements of the register tile: axis values, clamped values for loads, in-range condition
+    elements = []
+    split_axes = sorted(splits)
+    for combo in itertools.product(*(range(splits[a].factor) for a in split_axes)):
+        vals, clamped, cond = {}, {}, const(True, "bool")
+        for a, j in zip(split_axes, combo):
+            s, extent, n_outer = splits[a], out.shape[a], outer_shape[a]
+            if s.contiguous:
+                v, top = outer[a] * s.factor + j, (n_outer - 1) * s.factor + j
+            else:
+                v, top = outer[a] + j * n_outer, n_outer - 1 + j * n_outer
+            vals[out.axes[a]] = v
+            clamped[out.axes[a]] = v
+            if top >= extent:
+                cond = cond & binop("<", v, extent)
+                clamped[out.axes[a]] = call("min", v, extent - 1)
+        elements.append((vals, clamped, cond))
 
     def flat(e: Expr, guarded: bool) -> Expr:
         if isinstance(e, Load):
-            idx = _ravel([flat(i, guarded) for i in e.indices], e.tensor.shape)
+            idx = linear(_ravel([flat(i, guarded) for i in e.indices], e.tensor.shape))
             return BufLoad(pname[id(e.tensor)], idx, e.tensor.size, guarded and e.tensor.size > 0, e.dtype)
         if isinstance(e, Bin):
-            return binop(e.op, flat(e.a, guarded), flat(e.b, guarded))
+            a, b = flat(e.a, guarded), flat(e.b, guarded)
+            if e.op in ("<", "<=", ">", ">=", "==", "!=") and a.dtype == "int32":
+                a, b = linear(a), linear(b)
+            return binop(e.op, a, b)
         if isinstance(e, Call):
             return call(e.fn, *(flat(a, guarded) for a in e.args))
         if isinstance(e, Select):
@@ -197,24 +276,15 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             raise TypeError("reductions are hoisted before flattening")
         return e
 
+    def accumulate(r: Reduce, acc: Var, v: Expr) -> Expr:
+        return flat(acc + v if r.op == "sum" else call(r.op, acc, v), False)
+
     def hoist(e: Expr, block: list, memo: dict) -> Expr:
         """Emit statements computing every Reduce in ``e`` into ``block``; return ``e`` over accumulators."""
         if isinstance(e, Reduce):
-            if e in memo:
-                return memo[e]
-            acc = Var(f"acc{next(counter)}", 0, e.dtype)
-            init = {"sum": 0.0 if e.dtype == "float32" else 0, "max": lowest(e.dtype), "min": highest(e.dtype)}[e.op]
-            block.append(Decl(acc, const(init, e.dtype)))
-            inner = block
-            for ax in e.axes:
-                loop = For(ax, ax.extent)
-                inner.append(loop)
-                inner = loop.body
-            v = hoist(e.body, inner, {})
-            comb = acc + v if e.op == "sum" else call(e.op, acc, v)
-            inner.append(Assign(acc, flat(comb, False)))
-            memo[e] = acc
-            return acc
+            if e not in memo:
+                memo[e] = reduction_nest([e], block)[e]
+            return memo[e]
         if isinstance(e, Bin):
             return binop(e.op, hoist(e.a, block, memo), hoist(e.b, block, memo))
         if isinstance(e, Call):
@@ -227,9 +297,54 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             return Load(e.tensor, tuple(hoist(i, block, memo) for i in e.indices), e.dtype)
         return e
 
-    value = hoist(out.body, body, {})
-    body.append(Store("out", gid, flat(value, False)))
-    return LoweredKernel(name or out.name, params, ins, out.size, gid, body, schedule)
+    def reduction_nest(group: list[Reduce], block: list) -> dict:
+        """One loop nest over the shared axes of ``group``, accumulating each; returns Reduce -> accumulator."""
+        accs = {}
+        for r in group:
+            acc = Var(f"acc{next(counter)}", 0, r.dtype)
+            init = {"sum": 0.0 if r.dtype == "float32" else 0, "max": lowest(r.dtype), "min": highest(r.dtype)}[r.op]
+            block.append(Decl(acc, const(init, r.dtype)))
+            accs[r] = acc
+        axes = group[0].axes
+        n_unrolled, product = 0, 1
+        for ax in reversed(axes):
+            if product * ax.extent > schedule.unroll:
+                break
+            product *= ax.extent
+            n_unrolled += 1
+        inner = block
+        for ax in axes[:len(axes) - n_unrolled]:
+            loop = For(ax, ax.extent)
+            inner.append(loop)
+            inner = loop.body
+        unrolled = axes[len(axes) - n_unrolled:]
+        updates: list[tuple[Var, Expr]] = []
+        for combo in itertools.product(*(range(ax.extent) for ax in unrolled)):
+            fixed = {ax: const(c, "int32") for ax, c in zip(unrolled, combo)}
+            for r in group:
+                v = hoist(substitute(r.body, fixed) if fixed else r.body, inner, {})
+                updates.append((accs[r], accumulate(r, accs[r], v)))
+        values = _cse_loads([u for _, u in updates], inner, counter)
+        inner.extend(Assign(acc, v) for (acc, _), v in zip(updates, values))
+        return accs
+
+    bodies = [substitute(out.body, clamped) if clamped else out.body for _, clamped, _ in elements]
+    found: dict = {}
+    for b in bodies:
+        _reduces(b, found)
+    by_axes: dict[tuple, list[Reduce]] = {}
+    for r in found:
+        by_axes.setdefault(r.axes, []).append(r)
+    accs: dict = {}
+    for group in by_axes.values():
+        accs.update(reduction_nest(group, body))
+    results = [flat(transform(b, lambda x: accs.get(x) if isinstance(x, Reduce) else None), False) for b in bodies]
+    results = _cse_loads(results, body, counter)
+    for (vals, _, cond), value in zip(elements, results):
+        index = linear(_ravel([vals.get(ax, ax) for ax in out.axes], out.shape))
+        store = Store("out", index, value)
+        body.append(If(cond, [store]) if not (isinstance(cond, Const) and cond.value) else store)
+    return LoweredKernel(name or out.name, params, ins, total, gid, body, schedule)
 
 
-__all__ = ["Assign", "BufLoad", "Decl", "For", "Let", "LoweredKernel", "Param", "Store", "canonical", "lower"]
+__all__ = ["Assign", "BufLoad", "Decl", "For", "If", "Let", "LoweredKernel", "Param", "Store", "canonical", "lower"]

@@ -1,29 +1,57 @@
 """Schedules: how a tensor expression is mapped onto parallel invocations.
 
-A schedule's fields are its knobs (the auto-tuner's search space). The default
-schedule gives one invocation per output element, ``workgroup_size``
-invocations per workgroup over the flattened output, and runs reductions as
-serial loops inside each invocation.
+A schedule's fields are its knobs (the auto-tuner's search space). Each invocation
+computes a *register tile* of the output: one element by default, or the product of
+the :class:`Split` factors, so loads shared by the tile's elements (an input pixel
+used by several output channels, a weight used by several pixels) are read once and
+reused from registers. The reduction loops of a tile are shared; their innermost
+iterations are unrolled up to ``unroll``. Invocations are grouped ``workgroup_size`` to a
+workgroup over the flattened grid of tiles.
+
+:func:`default_schedule` is the compiler's choice when no tuning record applies.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+from kiln.te.compute import Tensor
+from kiln.te.expr import Load, Reduce, free_vars, transform
+
+
+@dataclass(frozen=True)
+class Split:
+    """Give each invocation ``factor`` elements of output ``axis``.
+
+    ``contiguous`` elements are ``outer*factor + j`` (neighbouring windows of a convolution
+    overlap, so unrolled loads coincide); otherwise they are ``outer + j*ceil(extent/factor)``
+    (strided: neighbouring invocations read neighbouring addresses, which coalesces). An
+    extent that ``factor`` does not divide is handled by clamped loads and guarded stores.
+    """
+
+    axis: int
+    factor: int
+    contiguous: bool = False
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """Knobs of the flat one-element-per-invocation schedule.
+    """Knobs of a kernel's schedule.
 
     Attributes:
         workgroup_size: invocations per workgroup (the WebGPU workgroup size; at most the
             device's ``maxComputeInvocationsPerWorkgroup``, 256 by default).
         max_groups_x: workgroups along x before the dispatch wraps into y
             (``maxComputeWorkgroupsPerDimension``, 65535 by default).
+        splits: the register tile, one :class:`Split` per tiled output axis.
+        unroll: fully unroll the innermost reduction loops while the product of their
+            extents is at most this (1: no unrolling).
     """
 
     workgroup_size: int = 64
     max_groups_x: int = 65535
+    splits: tuple[Split, ...] = ()
+    unroll: int = 1
 
     def dispatch(self, total: int) -> tuple[int, int, int]:
         """Workgroup counts ``(x, y, z)`` covering ``total`` invocations."""
@@ -31,3 +59,96 @@ class Schedule:
         if groups <= self.max_groups_x:
             return (groups, 1, 1)
         return (self.max_groups_x, -(-groups // self.max_groups_x), 1)
+
+    def to_json(self) -> dict:
+        """A JSON-able description (manifests, tuning records)."""
+        return {"workgroup_size": self.workgroup_size, "splits": [asdict(s) for s in self.splits],
+                "unroll": self.unroll}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Schedule:
+        """Inverse of :meth:`to_json`."""
+        return cls(workgroup_size=int(d.get("workgroup_size", 64)),
+                   splits=tuple(Split(**s) for s in d.get("splits", ())), unroll=int(d.get("unroll", 1)))
+
+
+def reuse_axes(t: Tensor) -> dict[int, frozenset[int]]:
+    """Output axes of ``t`` along which some load inside a reduction does not vary.
+
+    Returns axis -> the positions (in first-seen order) of the loads that do not vary along
+    it. Tiling such an axis lets the tile's elements share those loads: for a convolution the
+    output-channel axis shares the input window and the spatial axes share the weights; for a
+    matrix product each output axis shares one operand.
+    """
+    loads: list[Load] = []
+
+    def visit(x):
+        if isinstance(x, Reduce):
+            transform(x.body, lambda y: loads.append(y) if isinstance(y, Load) else None)
+
+    transform(t.body, visit)
+    deps = [set().union(*(free_vars(i) for i in ld.indices)) for ld in loads]
+    out = {}
+    for a, ax in enumerate(t.axes):
+        shared = frozenset(k for k, d in enumerate(deps) if ax not in d)
+        if t.shape[a] > 1 and shared:
+            out[a] = shared
+    return out
+
+
+def tile_axes(t: Tensor) -> list[int]:
+    """Up to two output axes to tile: the innermost with reuse, then the one sharing the most
+    loads the first does not (complementary reuse, as rows and columns of a matrix product)."""
+    reuse = reuse_axes(t)
+    if not reuse:
+        return []
+    first = max(reuse)
+    rest = [a for a in reuse if a != first]
+    if not rest:
+        return [first]
+    second = max(rest, key=lambda a: (len(reuse[a] - reuse[first]), a))
+    return sorted([second, first])
+
+
+def reduction_size(t: Tensor) -> int:
+    """Iterations of the largest reduction in ``t`` (0 if it has none)."""
+    sizes = [0]
+
+    def visit(x):
+        if isinstance(x, Reduce):
+            n = 1
+            for ax in x.axes:
+                n *= ax.extent
+            sizes.append(n)
+
+    transform(t.body, visit)
+    return max(sizes)
+
+
+def default_schedule(t: Tensor, min_invocations: int = 4096) -> Schedule:
+    """The schedule the compiler uses for ``t`` (inlined, any axis names) without tuning.
+
+    Elementwise and layout kernels and reductions of fewer than 9 iterations run one element
+    per invocation. Larger reductions (a 3x3 depthwise window and up) get a register tile of up to 4 x 4 over the two
+    innermost axes with load reuse (the innermost strided for coalescing), shrunk while
+    fewer than ``min_invocations`` invocations would remain, and unroll up to 9 innermost
+    reduction iterations (a 3x3 window).
+    """
+    if reduction_size(t) < 9:
+        return Schedule()
+    axes = tile_axes(t)
+    size = t.size
+    factors = {a: 4 for a in axes}
+    for a in sorted(axes, key=lambda a: t.shape[a]):
+        while factors[a] > 1 and (factors[a] > t.shape[a] or size // _prod(factors.values()) < min_invocations):
+            factors[a] //= 2
+    last = len(t.shape) - 1
+    splits = tuple(Split(a, f, contiguous=a != last) for a, f in sorted(factors.items()) if f > 1)
+    return Schedule(splits=splits, unroll=9)
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n

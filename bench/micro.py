@@ -1,0 +1,157 @@
+"""Micro-benchmarks against the roofline: a 4096^3 fp32 matmul and a copy, Kiln kernels vs PyTorch CUDA.
+
+Run on the lent GPU machine (recipe: ../shared/gpu/README.md)::
+
+    source bench/gpu_enter.sh; KILN_COMMIT=<sha> python3 -m bench.micro --out $OUT
+
+or here (lavapipe) with a small size: ``python -m bench.micro --size 256 --no-torch``.
+
+- ``matmul``: ``C = A @ B`` on N x N fp32 matrices. Kiln's kernel is the MatMul tensor expression
+  lowered under each schedule of a small sweep (the default schedule first); TFLOP/s = 2 N^3 / time.
+  PyTorch runs strict fp32 (TF32 off) on the same GPU.
+- ``copy``: a 256 MiB fp32 copy (an identity elementwise kernel); GB/s counts bytes read plus
+  written. PyTorch's ``copy_`` is the peer.
+
+Times are medians of ``--repeat`` samples, each ``--batch`` back-to-back dispatches in one
+submit divided by the batch (so launch overhead is amortised), after warm-up. The best
+Kiln schedule's output is checked against numpy. Prints a table and writes JSON (``micro-<date>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from bench.common import ROOT, write_record
+from kiln.codegen import wgsl
+from kiln.kernels import library
+from kiln.runtime.kernel import KernelRunner
+from kiln.te.compute import compute, inline, placeholder
+from kiln.te.lower import lower
+from kiln.te.schedule import Schedule, Split, default_schedule
+
+
+def matmul_schedules(t) -> dict[str, Schedule]:
+    """The default schedule and a sweep of register tiles and workgroup sizes."""
+    out = {"default": default_schedule(t)}
+    for ti, tj in ((4, 4), (4, 8), (8, 4), (8, 8)):
+        for wg in (64, 128, 256):
+            for contiguous in (False, True):
+                name = f"{ti}x{tj} wg{wg}{' contiguous' if contiguous else ''}"
+                out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, True), Split(1, tj, contiguous)))
+    return out
+
+
+def kiln_matmul(n: int, args, console: Console) -> dict:
+    """Every schedule of the sweep on an n x n x n matmul."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(np.float32)
+    b = rng.standard_normal((n, n)).astype(np.float32)
+    t = inline(library.build("MatMul", [placeholder((n, n)), placeholder((n, n))], {}, (n, n), "matmul"))
+    rows = {}
+    for name, sched in track(list(matmul_schedules(t).items()), description="matmul schedules", console=console):
+        k = lower(t, sched)
+        runner = KernelRunner(wgsl.render(k), [a, b], n * n, k.dispatch)
+        ms = statistics.median(runner.time(args.repeat, args.batch))
+        rows[name] = {"schedule": sched.to_json(), "median_ms": ms, "tflops": 2 * n**3 / ms / 1e9}
+        del runner
+    best = min(rows, key=lambda r: rows[r]["median_ms"])
+    k = lower(t, Schedule.from_json(rows[best]["schedule"]))
+    got = KernelRunner(wgsl.render(k), [a, b], n * n, k.dispatch).run().reshape(n, n)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    rows[best]["max_rel_error"] = float(np.abs(got - ref).max() / np.abs(ref).max())
+    return {"best": best, "schedules": rows}
+
+
+def kiln_copy(elements: int, args) -> dict:
+    """An identity kernel over ``elements`` fp32 values."""
+    x = placeholder((elements,))
+    t = compute(x.shape, lambda i: x[i], "copy")
+    k = lower(t, Schedule(workgroup_size=256))
+    data = np.arange(elements, dtype=np.float32)
+    runner = KernelRunner(wgsl.render(k), [data], elements, k.dispatch)
+    assert np.array_equal(runner.run(), data)
+    ms = statistics.median(runner.time(args.repeat, args.batch))
+    return {"median_ms": ms, "gb_per_s": 2 * 4 * elements / ms / 1e6}
+
+
+def torch_rows(n: int, elements: int, args) -> dict:
+    """PyTorch CUDA strict fp32 matmul and copy, timed with CUDA events."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.randn(n, n, device="cuda")
+    b = torch.randn(n, n, device="cuda")
+    src = torch.randn(elements, device="cuda")
+    dst = torch.empty_like(src)
+
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn()
+        samples = []
+        for _ in range(args.repeat):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(args.batch):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / args.batch)
+        return statistics.median(samples)
+
+    mm = timed(lambda: torch.matmul(a, b))
+    cp = timed(lambda: dst.copy_(src))
+    return {"device": torch.cuda.get_device_name(), "matmul": {"median_ms": mm, "tflops": 2 * n**3 / mm / 1e9},
+            "copy": {"median_ms": cp, "gb_per_s": 2 * 4 * elements / cp / 1e6}}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the micro-benchmarks; returns the JSON record."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=int, default=4096, help="matmul N (N x N x N)")
+    ap.add_argument("--copy-mib", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=5, help="dispatches per timed submit")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args(argv)
+    console = Console(width=140)
+    from kiln.runtime.kernel import device
+
+    info = device().adapter.info
+    elements = args.copy_mib * 2**20 // 4
+    record = {"benchmark": "micro", "size": args.size, "copy_mib": args.copy_mib, "repeat": args.repeat,
+              "batch": args.batch, "adapter": {k: info.get(k) for k in ("vendor", "device", "backend_type")},
+              "kiln": {"matmul": kiln_matmul(args.size, args, console), "copy": kiln_copy(elements, args)}}
+    if not args.no_torch:
+        record["torch"] = torch_rows(args.size, elements, args)
+    mm = record["kiln"]["matmul"]
+    table = Table(title=f"matmul {args.size}^3 fp32 and {args.copy_mib} MiB copy, median of {args.repeat}")
+    for col in ("kernel", "contestant", "median ms", "rate", "kiln / torch rate"):
+        table.add_column(col)
+    peer = record.get("torch", {})
+    for name, r in sorted(mm["schedules"].items(), key=lambda kv: kv[1]["median_ms"]):
+        ratio = r["tflops"] / peer["matmul"]["tflops"] if peer else float("nan")
+        table.add_row("matmul", f"kiln {name}", f"{r['median_ms']:.3f}", f"{r['tflops']:.3g} TFLOP/s", f"{ratio:.1%}")
+    if peer:
+        table.add_row("matmul", "torch", f"{peer['matmul']['median_ms']:.3f}", f"{peer['matmul']['tflops']:.3g} TFLOP/s",
+                      "")
+    cp = record["kiln"]["copy"]
+    ratio = cp["gb_per_s"] / peer["copy"]["gb_per_s"] if peer else float("nan")
+    table.add_row("copy", "kiln", f"{cp['median_ms']:.3f}", f"{cp['gb_per_s']:.0f} GB/s", f"{ratio:.1%}")
+    if peer:
+        table.add_row("copy", "torch", f"{peer['copy']['median_ms']:.3f}", f"{peer['copy']['gb_per_s']:.0f} GB/s", "")
+    console.print(table)
+    path = write_record(record, args.out, "micro")
+    console.print(f"wrote {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()

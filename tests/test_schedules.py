@@ -1,0 +1,105 @@
+"""Every schedule the compiler or the tuner can choose computes the same numbers.
+
+Kernels of the reduction primitives (and a fused epilogue) are lowered under a spread of
+schedules: register tiles over one or two axes, factors that do and do not divide the
+extent, contiguous and strided splits, unrolled reduction loops, other workgroup sizes,
+and :func:`~kiln.te.schedule.default_schedule`. Each runs natively with a NaN-poisoned
+output and is compared with the primitive's numpy semantics (:mod:`kiln.ir.ops`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kiln.codegen import wgsl
+from kiln.codegen.validate import validate_wgsl
+from kiln.ir import ops
+from kiln.kernels import elementwise, library
+from kiln.runtime.kernel import KernelRunner
+from kiln.te.compute import inline, placeholder
+from kiln.te.lower import lower
+from kiln.te.schedule import Schedule, Split, default_schedule
+
+CONV = {"strides": (1, 1), "dilations": (1, 1), "pads": (1, 1, 1, 1), "group": 1}
+POOL = {"kernel_shape": (3, 3), "strides": (2, 2), "dilations": (1, 1), "pads": (1, 1, 1, 1), "ceil_mode": 0,
+        "count_include_pad": 0}
+
+#: name -> (primitive, input shapes, attrs)
+CASES = {
+    "conv3x3": ("Conv", [(1, 6, 9, 7), (10, 6, 3, 3)], CONV),
+    "conv_stride2_asym_pad": ("Conv", [(2, 3, 11, 10), (8, 3, 3, 3)],
+                              {**CONV, "strides": (2, 2), "pads": (0, 0, 1, 1)}),
+    "conv1x1": ("Conv", [(1, 12, 5, 6), (7, 12, 1, 1)], {**CONV, "pads": (0, 0, 0, 0)}),
+    "conv_depthwise": ("Conv", [(1, 9, 8, 7), (9, 1, 3, 3)], {**CONV, "group": 9}),
+    "conv_grouped_dilated": ("Conv", [(1, 8, 9, 9), (6, 4, 3, 3)], {**CONV, "group": 2, "dilations": (2, 2)}),
+    "conv1d": ("Conv", [(1, 5, 17), (6, 5, 5)], {"strides": (1,), "dilations": (1,), "pads": (2, 2), "group": 1}),
+    "conv3d": ("Conv", [(1, 3, 5, 4, 6), (4, 3, 3, 3, 3)],
+               {"strides": (1, 1, 1), "dilations": (1, 1, 1), "pads": (1, 1, 1, 1, 1, 1), "group": 1}),
+    "matmul": ("MatMul", [(13, 21), (21, 19)], {}),
+    "matmul_batched_broadcast": ("MatMul", [(2, 1, 5, 17), (3, 17, 9)], {}),
+    "maxpool": ("MaxPool", [(1, 5, 9, 8)], POOL),
+    "avgpool": ("AveragePool", [(1, 5, 9, 8)], POOL),
+    "reducesum": ("ReduceSum", [(3, 37, 5)], {"axes": (1,), "keepdims": 1}),
+    "reducemax_two_axes": ("ReduceMax", [(6, 7, 8)], {"axes": (0, 2), "keepdims": 0}),
+}
+
+
+def schedules(rank: int) -> dict[str, Schedule]:
+    """Schedules worth checking for an output of ``rank`` (axis 1 is channels, the last is innermost)."""
+    last = rank - 1
+    return {
+        "flat": Schedule(),
+        "unroll9": Schedule(unroll=9),
+        "channels4": Schedule(splits=(Split(min(1, last), 4, contiguous=True),)),
+        "inner3_strided_unroll4": Schedule(splits=(Split(last, 3),), unroll=4),
+        "tile2x4_contiguous_wg32": Schedule(workgroup_size=32, splits=(Split(min(1, last), 2), Split(last, 4, True)),
+                                            unroll=16),
+        "tile4x4_unroll27_wg128": Schedule(workgroup_size=128, splits=(Split(0, 4, True), Split(last, 4)), unroll=27),
+    }
+
+
+def _kernel(name: str, rng):
+    op, shapes, attrs = CASES[name]
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    (_, out_shape), = ops.get(op).infer([("float32", s) for s in shapes], attrs)
+    tensors = [placeholder(s, name=f"x{i}") for i, s in enumerate(shapes)]
+    expected = ops.get(op).evaluate(arrays, attrs)[0]
+    t = library.build(op, tensors, attrs, out_shape, name)
+    if op == "Conv":  # a fused epilogue: per-channel bias and ReLU, as fusion makes them
+        bias = rng.standard_normal((out_shape[1],) + (1,) * (len(out_shape) - 2)).astype(np.float32)
+        t = elementwise.unary("Relu", elementwise.binary("Add", t, placeholder(bias.shape, name="b"), out_shape), {})
+        arrays.append(bias)
+        expected = np.maximum(expected + bias, 0)
+    return inline(t), arrays, expected
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_schedule_matches_numpy(case, rng):
+    t, arrays, expected = _kernel(case, rng)
+    candidates = {**schedules(len(t.shape)), "default": default_schedule(t, min_invocations=1)}
+    for sname, sched in candidates.items():
+        k = lower(t, sched, name=case)
+        src = wgsl.render(k)
+        validate_wgsl(src, f"{case}/{sname}")
+        got = KernelRunner(src, arrays, k.params[-1].size, k.dispatch).run().reshape(expected.shape)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=f"{case} under {sname}: {sched}")
+
+
+def test_default_schedule_tiles_reuse_axes():
+    x, w = placeholder((1, 64, 28, 28)), placeholder((128, 64, 1, 1))
+    t = inline(library.build("Conv", [x, w], {**CONV, "pads": (0, 0, 0, 0)}, (1, 128, 28, 28), "pw"))
+    s = default_schedule(t)
+    assert {sp.axis: sp.factor for sp in s.splits} == {1: 4, 3: 4}  # output channels x columns
+    k = lower(t, s)
+    loads = wgsl.render(k).count("= in")
+    assert loads == 8  # 4 input pixels + 4 weights feed 16 accumulators per reduction step
+    dw = inline(library.build("Conv", [placeholder((1, 32, 56, 56)), placeholder((32, 1, 3, 3))],
+                              {**CONV, "group": 32}, (1, 32, 56, 56), "dw"))
+    assert [sp.axis for sp in default_schedule(dw).splits] == [2, 3]  # depthwise: no reuse across channels
+    assert default_schedule(inline(elementwise.unary("Relu", x, {}))) == Schedule()
+
+
+def test_schedule_json_round_trip():
+    s = Schedule(workgroup_size=128, splits=(Split(1, 4, True), Split(3, 2)), unroll=9)
+    assert Schedule.from_json(s.to_json()) == s
