@@ -296,10 +296,13 @@ class Remote:
         Raises:
             RpcError: no such device is joined.
         """
+        self._selected = self._find(device)
+        return self._selected
+
+    def _find(self, device: int | Device) -> Device:
         wanted = device.id if isinstance(device, Device) else int(device)
         for d in self.devices():
             if d.id == wanted:
-                self._selected = d
                 return d
         raise RpcError(f"no device {wanted} is joined to {self.url}")
 
@@ -338,7 +341,8 @@ class Remote:
 
         Args:
             package: a package directory made by ``kiln compile``.
-            device: where to load it (default: :attr:`selected`).
+            device: where to load it (an id or a :class:`Device`; default: :attr:`selected`, which this
+                does not change).
             verify: check the weights' SHA-256 against the manifest before sending.
 
         Returns:
@@ -367,7 +371,7 @@ class Remote:
                 raise PackageError(f"{root}: cannot read {path} ({e.strerror})") from None
             files.append({"path": path, "sha256": sha256_file(file)})
             blobs.append(data)
-        target_device = self.select(device) if device is not None else self.selected
+        target_device = self._find(device) if device is not None else self.selected
         reply = self._request({"type": "load", "device": target_device.id, "files": files}, blobs, "loaded")
         package_id = protocol.integer(reply.header, "package", 1, 2**53 - 1)
         self._current = RemotePackage(self, package_id, target_device, manifest,

@@ -208,6 +208,7 @@ class RpcServer:
         self._request_ids = itertools.count(1)
         self._package_ids = itertools.count(1)
         self._last_request = 0
+        self._tasks: set[asyncio.Task] = set()  # unloads after a client leaves (kept referenced until done)
         self._server: Server | None = None
         self._stopped: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -439,7 +440,9 @@ class RpcServer:
                 device = self._devices.get(device_id)
                 if device is not None:
                     device.packages.pop(package, None)
-                    asyncio.ensure_future(self._unload_quietly(device, package))
+                    task = asyncio.ensure_future(self._unload_quietly(device, package))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
             log.info("client %d left (%s)", client.id, _close_text(conn))
 
     async def _unload_quietly(self, device: _Device, package: int) -> None:
