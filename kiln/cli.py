@@ -1,4 +1,4 @@
-"""The ``kiln`` command line: compile, run, serve, info.
+"""The ``kiln`` command line: compile, run, serve (a package, or the RPC server), info.
 
 Errors a user can cause print one line (``error: ...``) and exit with status 1;
 ``--debug`` shows the traceback instead.
@@ -162,15 +162,66 @@ def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, war
 
 
 @main.command("serve")
-@click.argument("package", type=click.Path(path_type=Path))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free port).")
+@click.argument("package", type=click.Path(path_type=Path), required=False)
+@click.option("--rpc", is_flag=True, help="Start the RPC server instead: browser tabs join it, Python drives them.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind (loopback by default; browsers give WebGPU only to https:// or loopback pages).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port (0: any free port)  [default: 8000, or 9090 with --rpc]")
 @click.option("--open", "open_browser", is_flag=True, help="Open the page in the default web browser.")
-def serve_cmd(package: Path, host: str, port: int, open_browser: bool) -> None:
-    """Serve PACKAGE over HTTP; its index.html runs the model in the browser on WebGPU."""
+@click.option("--max-message-mib", type=click.IntRange(1, 4096), default=256, show_default=True,
+              help="With --rpc: the largest message (a package upload is one) in MiB.")
+def serve_cmd(package: Path | None, rpc: bool, host: str, port: int | None, open_browser: bool,
+              max_message_mib: int) -> None:
+    """Serve PACKAGE over HTTP; its index.html runs the model in the browser on WebGPU.
+
+    With --rpc (and no PACKAGE), start the RPC server: it prints a token and a join URL; browser
+    tabs that open the URL become devices that Python programs drive with kiln.rpc.connect().
+    """
+    if rpc:
+        if package is not None:
+            raise click.UsageError("--rpc serves no package; upload packages from Python (kiln.rpc.connect(...).load)")
+        _serve_rpc(host, 9090 if port is None else port, open_browser, max_message_mib << 20)
+        return
+    if package is None:
+        raise click.UsageError("give a PACKAGE to serve, or --rpc to start the RPC server")
     from kiln.runtime.serve import serve
 
-    serve(package, host=host, port=port, open_browser=open_browser)
+    serve(package, host=host, port=8000 if port is None else port, open_browser=open_browser)
+
+
+def _serve_rpc(host: str, port: int, open_browser: bool, max_message_bytes: int) -> None:
+    """Run the RPC server until Ctrl-C, logging joins, departures and refused or closed connections."""
+    import asyncio
+    import logging
+    import threading
+    import webbrowser
+
+    from kiln.rpc.server import RpcServer, _is_loopback
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.getLogger("kiln.rpc.websockets").setLevel(logging.WARNING)
+    server = RpcServer(host, port, max_message_bytes=max_message_bytes)
+
+    async def main() -> None:
+        await server.start()
+        click.echo(f"Kiln RPC server at {server.url} (Ctrl-C to stop)\n"
+                   f"token: {server.token}\n"
+                   f"join:  {server.join_url}   (open in a browser with WebGPU; one tab = one device)\n"
+                   f"drive: kiln.rpc.connect({server.url!r}, {server.token!r})")
+        sys.stdout.flush()
+        if not _is_loopback(host):
+            click.echo(f"note: bound to {host}: browsers on other machines get WebGPU only from https:// or "
+                       "loopback pages; reach this server through a tunnel (ssh -L, adb reverse) and open "
+                       "http://127.0.0.1:PORT/ there", err=True)
+        if open_browser:
+            threading.Thread(target=webbrowser.open, args=(server.join_url,), daemon=True).start()
+        await server.serve_forever()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
 
 
 def _fmt_bytes(n: int) -> str:

@@ -45,3 +45,29 @@ class PackageError(KilnError):
 
 class DeviceError(KilnError):
     """No suitable WebGPU adapter, or a device limit the package needs is exceeded."""
+
+
+class RpcError(KilnError):
+    """An RPC connection failed or was closed, or the RPC server refused a request."""
+
+
+class AuthError(RpcError):
+    """The RPC server refused the connection's token (HTTP 403 at the WebSocket handshake)."""
+
+
+class ProtocolError(RpcError):
+    """An RPC message is malformed or exceeds a limit (see docs/rpc-protocol.md)."""
+
+
+class RemoteError(RpcError):
+    """A remote device raised an error while handling a request.
+
+    Attributes:
+        kind: the error's class name on the device (``ShapeError``, ``PackageError``, ``DeviceError``, ...).
+        device: the id of the device that raised it.
+    """
+
+    def __init__(self, message: str, kind: str = "Error", device: int | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.device = device

@@ -41,6 +41,14 @@ def reference_npz() -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
+@pytest.fixture(scope="session")
+def mobilenet_package(tmp_path_factory) -> Path:
+    """MobileNetV2 compiled once per test session (with kiln.js and index.html); tests must not modify it."""
+    import kiln
+
+    return kiln.compile(str(MOBILENET), str(tmp_path_factory.mktemp("mobilenet") / "mobilenet_v2"), force=True)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -6,6 +6,9 @@
 //   const x = new kiln.Tensor('float32', new Float32Array(3 * 224 * 224), [1, 3, 224, 224]);
 //   const {logits} = await session.run({input: x});              // {name: kiln.Tensor}
 //
+// `loadFiles` loads a package from memory ({path: ArrayBuffer}) instead of a URL (the RPC
+// runtime, rpc.js, uses it), and `Session.time` measures runs on the device.
+//
 // Execution matches the native runtime (kiln/runtime/native.py): one GPUBuffer per
 // manifest buffer, weights uploaded once at load, one compute pipeline per kernel and one
 // bind group per plan step; each run writes the inputs, records every dispatch in one
@@ -105,7 +108,61 @@ export class Tensor {
  * @property {boolean} [verify=true] check each weights file's SHA-256 against the manifest.
  * @property {string} [target='webgpu'] the manifest target to run (only 'webgpu' in browsers).
  * @property {GPUPowerPreference} [powerPreference='high-performance'] adapter preference.
+ * @property {boolean} [timing=false] also request the adapter's 'timestamp-query' feature, where it
+ *   has one, so that {@link Session#time} measures with GPU timestamps rather than the wall clock.
  */
+
+/**
+ * Where a package's files come from: a URL (fetched) or memory ({@link loadFiles}).
+ * @typedef {object} PackageSource
+ * @property {string} name  the package in messages: its directory URL, or 'in-memory package'
+ * @property {string | null} url  the package directory URL; null for in-memory packages
+ * @property {(path: string, what: string) => Promise<ArrayBuffer>} bytes  a file's bytes
+ * @property {(path: string, what: string) => string} where  a file's name in messages
+ */
+
+/** @param {URL} root package directory URL @returns {PackageSource} */
+function urlSource(root) {
+  return {
+    name: root.href,
+    url: root.href,
+    async bytes(path, what) {
+      const url = new URL(path, root);
+      return (await fetchOk(url, what)).arrayBuffer();
+    },
+    where: (path) => new URL(path, root).href,
+  };
+}
+
+/**
+ * @param {Map<string, ArrayBuffer | ArrayBufferView> | Record<string, ArrayBuffer | ArrayBufferView>} files
+ * @returns {PackageSource}
+ */
+function memorySource(files) {
+  const entries = files instanceof Map ? [...files] : Object.entries(files ?? {});
+  /** @type {Map<string, ArrayBuffer>} */
+  const byPath = new Map();
+  for (const [path, data] of entries) {
+    if (data instanceof ArrayBuffer) {
+      byPath.set(path, data);
+    } else if (ArrayBuffer.isView(data)) {
+      byPath.set(path, data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength));
+    } else {
+      throw new PackageError(`in-memory package: file ${path} must be an ArrayBuffer or a typed array, ` +
+        `got ${data?.constructor?.name ?? typeof data}`);
+    }
+  }
+  return {
+    name: 'in-memory package',
+    url: null,
+    async bytes(path, what) {
+      const data = byPath.get(path);
+      if (data === undefined) throw new PackageError(`in-memory package: no ${what} ${path}`);
+      return data;
+    },
+    where: (path) => `${path} (in memory)`,
+  };
+}
 
 /**
  * Load a package and prepare it to run: read and check the manifest, get a WebGPU device,
@@ -118,18 +175,43 @@ export class Tensor {
  * @throws {DeviceError} no WebGPU, no adapter, or a missing limit or feature.
  */
 export async function load(url, options = {}) {
-  const {verify = true, target = 'webgpu', powerPreference = 'high-performance'} = options;
   const root = new URL(url, globalThis.location?.href);
   if (!root.pathname.endsWith('/')) root.pathname += '/';
-  const manifest = await fetchManifest(root);
+  return loadFrom(urlSource(root), options);
+}
+
+/**
+ * Load a package from memory instead of a URL: the same checks and steps as {@link load}
+ * (the weights' sizes and SHA-256 are verified unless `verify` is false).
+ *
+ * @param {Map<string, ArrayBuffer | ArrayBufferView> | Record<string, ArrayBuffer | ArrayBufferView>} files
+ *   package path ('manifest.json', 'weights.safetensors', 'kernels/k0.wgsl', ...) -> the file's bytes.
+ *   Typed arrays are copied; ArrayBuffers are used as they are.
+ * @param {LoadOptions} [options]
+ * @returns {Promise<Session>} a session whose `url` is null.
+ * @throws {PackageError} a missing, malformed or corrupted file, or a newer-format package.
+ * @throws {DeviceError} no WebGPU, no adapter, or a missing limit or feature.
+ */
+export async function loadFiles(files, options = {}) {
+  return loadFrom(memorySource(files), options);
+}
+
+/**
+ * @param {PackageSource} source
+ * @param {LoadOptions} options
+ * @returns {Promise<Session>}
+ */
+async function loadFrom(source, options) {
+  const {verify = true, target = 'webgpu', powerPreference = 'high-performance', timing = false} = options;
+  const manifest = await readManifest(source);
   const spec = manifest.targets[target];
   if (target !== 'webgpu' || !spec) {
-    throw new PackageError(`${root}: this runtime runs the 'webgpu' target; asked for '${target}', ` +
+    throw new PackageError(`${source.name}: this runtime runs the 'webgpu' target; asked for '${target}', ` +
       `the package has: ${Object.keys(manifest.targets).join(', ') || 'none'}`);
   }
-  const {adapter, device} = await requestDevice(spec, manifest.buffers, powerPreference);
+  const {adapter, device} = await requestDevice(spec, manifest.buffers, powerPreference, timing);
   try {
-    return await Session.create(root, manifest, adapter, device, verify);
+    return await Session.create(source, manifest, adapter, device, verify);
   } catch (error) {
     device.destroy();
     throw error;
@@ -155,16 +237,17 @@ async function fetchOk(url, what) {
 }
 
 /**
- * Fetch `manifest.json` and check its format, version and required sections.
- * @param {URL} root package directory URL
+ * Read `manifest.json` and check its format, version and required sections.
+ * @param {PackageSource} source
  * @returns {Promise<any>} the manifest
  */
-async function fetchManifest(root) {
-  const url = new URL('manifest.json', root);
-  const response = await fetchOk(url, 'package manifest');
+async function readManifest(source) {
+  const root = source.name;
+  const url = source.where('manifest.json');
+  const bytes = await source.bytes('manifest.json', 'package manifest');
   let manifest;
   try {
-    manifest = await response.json();
+    manifest = JSON.parse(new TextDecoder().decode(bytes));
   } catch (error) {
     throw new PackageError(`${url}: malformed JSON (${error.message})`);
   }
@@ -196,9 +279,10 @@ async function fetchManifest(root) {
  * @param {any} spec the manifest's target entry (features, limits, kernels, plan)
  * @param {any[]} buffers the manifest's buffers
  * @param {GPUPowerPreference} powerPreference
+ * @param {boolean} timing also request 'timestamp-query' if the adapter has it
  * @returns {Promise<{adapter: GPUAdapter, device: GPUDevice}>}
  */
-async function requestDevice(spec, buffers, powerPreference) {
+async function requestDevice(spec, buffers, powerPreference, timing) {
   const gpu = globalThis.navigator?.gpu;
   if (!gpu) {
     throw new DeviceError('WebGPU is not available in this browser (navigator.gpu is missing); use a recent ' +
@@ -225,9 +309,13 @@ async function requestDevice(spec, buffers, powerPreference) {
     }
     requiredLimits[limit] = needed;
   }
+  const requiredFeatures = [...features];
+  if (timing && adapter.features.has('timestamp-query') && !requiredFeatures.includes('timestamp-query')) {
+    requiredFeatures.push('timestamp-query');
+  }
   let device;
   try {
-    device = await adapter.requestDevice({requiredFeatures: features, requiredLimits});
+    device = await adapter.requestDevice({requiredFeatures, requiredLimits});
   } catch (error) {
     throw new DeviceError(`cannot create a WebGPU device on adapter ${name}: ${error.message}`);
   }
@@ -306,7 +394,7 @@ async function throwScopeError(device, ErrorType, context) {
  */
 export class Session {
   /**
-   * @param {URL} root
+   * @param {PackageSource} source
    * @param {any} manifest
    * @param {GPUAdapter} adapter
    * @param {GPUDevice} device
@@ -315,9 +403,9 @@ export class Session {
    * @param {Map<string, GPUBuffer>} staging mappable copy of each output, by output name
    * @private
    */
-  constructor(root, manifest, adapter, device, buffers, steps, staging) {
-    /** URL of the package directory. */
-    this.url = root.href;
+  constructor(source, manifest, adapter, device, buffers, steps, staging) {
+    /** @type {string | null} URL of the package directory; null for a package loaded with {@link loadFiles}. */
+    this.url = source.url;
     /** The package's `manifest.json`, parsed (preprocess and postprocess hints included). */
     this.manifest = manifest;
     /** The target being run. */
@@ -332,6 +420,8 @@ export class Session {
       vendor: info.vendor ?? '', architecture: info.architecture ?? '',
       device: info.device ?? '', description: info.description ?? '',
     };
+    /** Whether runs can be timed with GPU timestamps ({@link Session#time}). */
+    this.timestampQuery = device.features.has('timestamp-query');
     /** @private */ this.device = device;
     /** @private */ this.buffers = buffers;
     /** @private */ this.steps = steps;
@@ -345,12 +435,13 @@ export class Session {
 
   /**
    * Build the session's GPU objects; see {@link load}.
-   * @param {URL} root @param {any} manifest @param {GPUAdapter} adapter @param {GPUDevice} device
+   * @param {PackageSource} source @param {any} manifest @param {GPUAdapter} adapter @param {GPUDevice} device
    * @param {boolean} verify
    * @returns {Promise<Session>}
    * @private
    */
-  static async create(root, manifest, adapter, device, verify) {
+  static async create(source, manifest, adapter, device, verify) {
+    const root = source.name;
     const spec = manifest.targets.webgpu;
     const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
     device.pushErrorScope('out-of-memory');
@@ -364,8 +455,8 @@ export class Session {
     await throwScopeError(device, DeviceError, 'out of GPU memory creating the package\'s buffers');
 
     const [pipelines] = await Promise.all([
-      createPipelines(root, device, spec.kernels),
-      uploadWeights(root, manifest, device, buffers, verify),
+      createPipelines(source, device, spec.kernels),
+      uploadWeights(source, manifest, device, buffers, verify),
     ]);
 
     device.pushErrorScope('validation');
@@ -385,7 +476,7 @@ export class Session {
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
     })]));
     await throwScopeError(device, PackageError, `${root}: invalid execution plan`);
-    return new Session(root, manifest, adapter, device, buffers, steps, staging);
+    return new Session(source, manifest, adapter, device, buffers, steps, staging);
   }
 
   /**
@@ -399,6 +490,37 @@ export class Session {
   async run(feeds) {
     const checked = this.checkFeeds(feeds);
     const result = this.queue.then(() => this.execute(checked));
+    this.queue = result.catch(() => undefined);
+    return result;
+  }
+
+  /**
+   * Time the model's compute on the device: the inputs are written once, then each of
+   * `warmup + repeat` runs records every dispatch in one compute pass, submits it alone and
+   * waits until the device has finished it (no uploads or readbacks are timed).
+   *
+   * With `clock: 'auto'` and a device that has 'timestamp-query' (load with `{timing: true}`),
+   * each time is the GPU time between the start and the end of the compute pass, from
+   * timestamps written by the device (browsers may round them, Chrome to 0.1 ms).
+   * Otherwise each time is the wall clock from submit until `onSubmittedWorkDone` resolves.
+   *
+   * @param {Record<string, Tensor>} feeds as for {@link Session#run}.
+   * @param {{repeat?: number, warmup?: number, clock?: 'auto' | 'wall'}} [options]
+   *   `repeat` timed runs (integer >= 1, default 10) after `warmup` untimed runs (>= 0, default 1).
+   * @returns {Promise<{clock: 'timestamp-query' | 'wall', times: number[], wall: number[]}>}
+   *   `times`: milliseconds per timed run on `clock`; `wall`: wall-clock milliseconds of the same runs.
+   * @throws {ShapeError} a bad feed (see {@link Session#run}).
+   * @throws {KilnError} `repeat`, `warmup` or `clock` out of range.
+   * @throws {DeviceError} the device was lost or rejected the work.
+   */
+  async time(feeds, options = {}) {
+    const {repeat = 10, warmup = 1, clock = 'auto'} = options;
+    if (!Number.isInteger(repeat) || repeat < 1) throw new KilnError(`time: repeat must be an integer >= 1, got ${repeat}`);
+    if (!Number.isInteger(warmup) || warmup < 0) throw new KilnError(`time: warmup must be an integer >= 0, got ${warmup}`);
+    if (clock !== 'auto' && clock !== 'wall') throw new KilnError(`time: clock must be 'auto' or 'wall', got '${clock}'`);
+    const checked = this.checkFeeds(feeds);
+    const useTimestamps = clock === 'auto' && this.timestampQuery;
+    const result = this.queue.then(() => this.measure(checked, repeat, warmup, useTimestamps));
     this.queue = result.catch(() => undefined);
     return result;
   }
@@ -448,25 +570,12 @@ export class Session {
    * @private
    */
   async execute(checked) {
-    if (this.lost) throw new DeviceError(`the WebGPU device was lost (${this.lost.reason}): ${this.lost.message}`);
+    this.checkLost();
     const {device} = this;
     device.pushErrorScope('validation');
-    for (const {spec, tensor} of checked) {
-      const {data} = tensor;
-      writePadded(device.queue, this.buffers[spec.buffer], data.buffer, data.byteOffset, data.byteLength);
-    }
+    this.writeInputs(checked);
     const encoder = device.createCommandEncoder();
-    const pass = encoder.beginComputePass();
-    let current = null;
-    for (const {pipeline, bindGroup, dispatch} of this.steps) {
-      if (pipeline !== current) {
-        pass.setPipeline(pipeline);
-        current = pipeline;
-      }
-      pass.setBindGroup(0, bindGroup);
-      pass.dispatchWorkgroups(dispatch[0], dispatch[1] ?? 1, dispatch[2] ?? 1);
-    }
-    pass.end();
+    this.encodePass(encoder);
     for (const output of this.outputs) {
       const staging = this.staging.get(output.name);
       encoder.copyBufferToBuffer(this.buffers[output.buffer], 0, staging, 0, staging.size);
@@ -488,19 +597,110 @@ export class Session {
     }));
     return results;
   }
+
+  /** @private @throws {DeviceError} the device was lost */
+  checkLost() {
+    if (this.lost) throw new DeviceError(`the WebGPU device was lost (${this.lost.reason}): ${this.lost.message}`);
+  }
+
+  /** @param {{spec: TensorSpec, tensor: Tensor}[]} checked @private */
+  writeInputs(checked) {
+    for (const {spec, tensor} of checked) {
+      const {data} = tensor;
+      writePadded(this.device.queue, this.buffers[spec.buffer], data.buffer, data.byteOffset, data.byteLength);
+    }
+  }
+
+  /**
+   * Record every plan step in one compute pass.
+   * @param {GPUCommandEncoder} encoder
+   * @param {GPUComputePassTimestampWrites} [timestampWrites]
+   * @private
+   */
+  encodePass(encoder, timestampWrites) {
+    const pass = encoder.beginComputePass(timestampWrites ? {timestampWrites} : {});
+    let current = null;
+    for (const {pipeline, bindGroup, dispatch} of this.steps) {
+      if (pipeline !== current) {
+        pass.setPipeline(pipeline);
+        current = pipeline;
+      }
+      pass.setBindGroup(0, bindGroup);
+      pass.dispatchWorkgroups(dispatch[0], dispatch[1] ?? 1, dispatch[2] ?? 1);
+    }
+    pass.end();
+  }
+
+  /**
+   * @param {{spec: TensorSpec, tensor: Tensor}[]} checked
+   * @param {number} repeat @param {number} warmup @param {boolean} useTimestamps
+   * @returns {Promise<{clock: 'timestamp-query' | 'wall', times: number[], wall: number[]}>}
+   * @private
+   */
+  async measure(checked, repeat, warmup, useTimestamps) {
+    this.checkLost();
+    const {device} = this;
+    device.pushErrorScope('validation');
+    this.writeInputs(checked);
+    let querySet = null, resolve = null, readback = null;
+    if (useTimestamps) {
+      querySet = device.createQuerySet({label: 'kiln_time', type: 'timestamp', count: 2});
+      resolve = device.createBuffer({label: 'kiln_time_resolve', size: 16,
+        usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC});
+      readback = device.createBuffer({label: 'kiln_time_read', size: 16,
+        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
+    }
+    const times = [], wall = [];
+    let scoped = true;
+    try {
+      for (let i = 0; i < warmup + repeat; i++) {
+        const encoder = device.createCommandEncoder();
+        if (querySet) {
+          this.encodePass(encoder, {querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1});
+          encoder.resolveQuerySet(querySet, 0, 2, resolve, 0);
+          encoder.copyBufferToBuffer(resolve, 0, readback, 0, 16);
+        } else {
+          this.encodePass(encoder);
+        }
+        const commands = encoder.finish();
+        const start = performance.now();
+        device.queue.submit([commands]);
+        await device.queue.onSubmittedWorkDone();
+        const elapsed = performance.now() - start;
+        let gpu = elapsed;
+        if (readback) {
+          await readback.mapAsync(GPUMapMode.READ);
+          const [begin, end] = new BigInt64Array(readback.getMappedRange(0, 16));
+          readback.unmap();
+          gpu = Math.max(0, Number(end - begin) / 1e6);
+        }
+        if (i >= warmup) {
+          times.push(gpu);
+          wall.push(elapsed);
+        }
+      }
+      scoped = false;
+      await throwScopeError(device, DeviceError, 'WebGPU rejected the timed runs');
+    } finally {
+      if (scoped) device.popErrorScope().catch(() => undefined);
+      querySet?.destroy();
+      resolve?.destroy();
+      readback?.destroy();
+    }
+    return {clock: querySet ? 'timestamp-query' : 'wall', times, wall};
+  }
 }
 
 /**
- * Fetch every kernel's WGSL and compile its pipeline (in parallel).
- * @param {URL} root
+ * Read every kernel's WGSL and compile its pipeline (in parallel).
+ * @param {PackageSource} source
  * @param {GPUDevice} device
  * @param {any[]} kernels the target's kernels
  * @returns {Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}[]>}
  */
-function createPipelines(root, device, kernels) {
+function createPipelines(source, device, kernels) {
   return Promise.all(kernels.map(async (kernel) => {
-    const response = await fetchOk(new URL(kernel.source, root), `kernel ${kernel.name}`);
-    const code = await response.text();
+    const code = new TextDecoder().decode(await source.bytes(kernel.source, `kernel ${kernel.name}`));
     const module = device.createShaderModule({label: kernel.name, code});
     const layout = device.createBindGroupLayout({
       label: kernel.name,
@@ -528,15 +728,16 @@ function createPipelines(root, device, kernels) {
 }
 
 /**
- * Download each weights file, check its size and (with `verify`) SHA-256, and upload its
+ * Read each weights file, check its size and (with `verify`) SHA-256, and upload its
  * tensors into their buffers. Files are processed one at a time to bound memory use.
- * @param {URL} root
+ * @param {PackageSource} source
  * @param {any} manifest
  * @param {GPUDevice} device
  * @param {GPUBuffer[]} buffers
  * @param {boolean} verify
  */
-async function uploadWeights(root, manifest, device, buffers, verify) {
+async function uploadWeights(source, manifest, device, buffers, verify) {
+  const root = source.name;
   if (verify && !globalThis.crypto?.subtle) {
     throw new PackageError('cannot verify the weights: crypto.subtle needs a secure context ' +
       '(https:// or localhost); serve the package from one, or load with {verify: false}');
@@ -549,8 +750,7 @@ async function uploadWeights(root, manifest, device, buffers, verify) {
     byFile.get(b.file).push(b);
   }
   for (const file of files) {
-    const response = await fetchOk(new URL(file.path, root), 'weights file');
-    const bytes = await response.arrayBuffer();
+    const bytes = await source.bytes(file.path, 'weights file');
     if (bytes.byteLength !== file.bytes) {
       throw new PackageError(`weights file ${file.path}: size mismatch (expected ${file.bytes} bytes, ` +
         `got ${bytes.byteLength}); the package is corrupted or incomplete`);

@@ -55,9 +55,28 @@ def read_manifest(package: str | os.PathLike) -> dict[str, Any]:
     path = root / MANIFEST
     if not path.exists():
         raise PackageError(f"{root}: not a Kiln package (no {MANIFEST})")
+    return parse_manifest(path.read_bytes(), path, root)
+
+
+def parse_manifest(data: bytes | str, path: str | os.PathLike, root: str | os.PathLike) -> dict[str, Any]:
+    """Parse and check the text of a ``manifest.json`` (for packages that are not directories, e.g. uploads).
+
+    Args:
+        data: the file's bytes (UTF-8) or text.
+        path: the manifest's name in error messages.
+        root: the package's name in error messages.
+
+    Returns:
+        The manifest, a dict with at least ``format``, ``version``, ``inputs``, ``outputs``,
+        ``buffers``, ``targets`` and ``weights``.
+
+    Raises:
+        PackageError: malformed JSON, not a Kiln package manifest, a newer major format version
+            than this runtime reads, or a missing section.
+    """
     try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        manifest = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise PackageError(f"{path}: malformed JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise PackageError(f"{path}: not a Kiln package manifest")

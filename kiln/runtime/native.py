@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import DeviceError, PackageError, ShapeError
+from kiln.errors import DeviceError, PackageError
 from kiln.package.format import DEFAULT_LIMITS, read_manifest, verify_weights
+from kiln.runtime.feeds import check_feeds
 
 _DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
 
@@ -142,23 +143,7 @@ class Session:
         return dict(self.adapter.info)
 
     def _check_feeds(self, feeds: dict[str, np.ndarray]) -> list[tuple[dict, np.ndarray]]:
-        names = {i["name"] for i in self.inputs}
-        unknown = sorted(set(feeds) - names)
-        if unknown:
-            raise ShapeError(f"unknown input{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                             f"the model's inputs are {', '.join(map(repr, sorted(names)))}")
-        out = []
-        for spec in self.inputs:
-            if spec["name"] not in feeds:
-                raise ShapeError(f"missing input {spec['name']!r} ({spec['dtype']}{spec['shape']})")
-            a = np.asarray(feeds[spec["name"]])
-            if a.dtype != np.dtype(spec["dtype"]):
-                raise ShapeError(f"input {spec['name']!r}: expected dtype {spec['dtype']}, got {a.dtype}")
-            if list(a.shape) != list(spec["shape"]):
-                raise ShapeError(f"input {spec['name']!r}: expected shape {spec['shape']} "
-                                 f"(symbolic {spec['symbolic_shape']}), got {list(a.shape)}")
-            out.append((spec, np.ascontiguousarray(a)))
-        return out
+        return check_feeds(self.inputs, feeds)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape).
