@@ -88,9 +88,16 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             cold, times = time_runs(lambda: session.run({"input": x}), args.repeat, args.warmup)
             info = session.adapter_info()
             mem = sum(b["bytes"] for b in session.manifest["buffers"])
+            prof = session.profile({"input": x}, repeat=10)
+            by_kernel: dict[str, float] = {}
+            for r in prof:
+                by_kernel[r["kernel"]] = by_kernel.get(r["kernel"], 0.0) + r["ms"]
+            top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]
+            console.print(f"  kiln GPU time {sum(by_kernel.values()):.3f} ms ({prof[0]['clock']}); slowest kernels: "
+                          + ", ".join(f"{k} {ms:.3f}" for k, ms in top))
             return {**summary(times, cold), "compile_load_s": load_s, "max_abs_error": err,
                     "gpu_bytes": mem, "device": f"{info.get('device')} ({info.get('backend_type')})",
-                    "dispatches": len(session.steps)}
+                    "dispatches": len(session.steps), "gpu_ms": sum(by_kernel.values()), "profile": prof}
 
     def run_ort_webgpu():
         t0 = time.perf_counter()

@@ -110,7 +110,9 @@ def _load_npz(path: Path) -> dict:
 @click.option("--repeat", type=click.IntRange(1), default=20, show_default=True, help="Timed runs (median printed).")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
 @click.option("--top", type=click.IntRange(1), default=5, show_default=True, help="Classes to show with --image.")
-def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, warmup: int, top: int) -> None:
+@click.option("--profile", is_flag=True, help="Also print GPU time per kernel (WebGPU timestamp queries).")
+def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, warmup: int, top: int,
+            profile: bool) -> None:
     """Run PACKAGE natively (wgpu-py) on an image or on named inputs, and time it."""
     import numpy as np
 
@@ -159,6 +161,32 @@ def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, war
     info = session.adapter_info()
     click.echo(f"median {np.median(times):.2f} ms per run over {repeat} runs "
                f"({info.get('device', '?')}, {info.get('backend_type', '?')})")
+    if profile:
+        _print_profile(session.profile(feeds, repeat=min(repeat, 10)), m)
+
+
+def _print_profile(rows: list[dict], manifest: dict, limit: int = 15) -> None:
+    """A table of the slowest kernels: total GPU ms over their dispatches, share, schedule."""
+    from rich.console import Console
+    from rich.table import Table
+
+    total = sum(r["ms"] for r in rows) or 1.0
+    by_kernel: dict[str, list[dict]] = {}
+    for r in rows:
+        by_kernel.setdefault(r["kernel"], []).append(r)
+    kernels = {k["name"]: k for k in manifest["targets"]["webgpu"]["kernels"]}
+    table = Table(title=f"GPU time per kernel ({rows[0]['clock'] if rows else '-'}): {total:.3f} ms in "
+                        f"{len(rows)} dispatches")
+    for col in ("kernel", "dispatches", "ms", "share", "schedule"):
+        table.add_column(col, justify="right" if col in ("dispatches", "ms", "share") else "left")
+    ranked = sorted(by_kernel.items(), key=lambda kv: -sum(r["ms"] for r in kv[1]))
+    for name, rs in ranked[:limit]:
+        ms = sum(r["ms"] for r in rs)
+        sched = kernels.get(name, {}).get("schedule", {})
+        tile = "x".join(f"{sp['factor']}@{sp['axis']}" for sp in sched.get("splits", [])) or "1"
+        table.add_row(name, str(len(rs)), f"{ms:.3f}", f"{ms / total:.1%}",
+                      f"tile {tile} u{sched.get('unroll', 1)} wg{sched.get('workgroup_size', '?')}")
+    Console().print(table)
 
 
 @main.command("serve")

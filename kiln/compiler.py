@@ -39,6 +39,7 @@ class Kernel:
     workgroup_size: int
     access: list[str]
     ops: list[str]
+    schedule: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -136,7 +137,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
                 validate_wgsl(src, name)
             by_source[digest] = len(kernels)
             kernels.append(Kernel(name, src, k.schedule.workgroup_size, [p.access for p in k.params],
-                                  [n.op for n in g.nodes]))
+                                  [n.op for n in g.nodes], k.schedule.to_json()))
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
         steps.append(Step(by_source[digest], k.dispatch, bufs, g.nodes[0].name))
     return kernels, steps

@@ -23,10 +23,11 @@ from kiln.runtime.feeds import check_feeds
 _DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
 
 
-def _request_device(limits: dict[str, int], features: list[str]):
+def _request_device(limits: dict[str, int], features: list[str], optional: tuple[str, ...] = ()):
     """An adapter and a device with the ``limits`` (package needs, spec names) and ``features`` the package uses.
 
-    Only limits above WebGPU's defaults are requested. Raises DeviceError if the adapter falls short.
+    Only limits above WebGPU's defaults are requested; ``optional`` features are requested when the
+    adapter has them. Raises DeviceError if the adapter falls short.
     """
     import wgpu
 
@@ -47,6 +48,7 @@ def _request_device(limits: dict[str, int], features: list[str]):
     missing = [f for f in features if f not in adapter.features]
     if missing:
         raise DeviceError(f"adapter {adapter.info.get('device', '?')} lacks WebGPU features {missing}")
+    features = list(features) + [f for f in optional if f in adapter.features and f not in features]
     return adapter, adapter.request_device_sync(required_features=features, required_limits=required)
 
 
@@ -77,7 +79,8 @@ class Session:
         if verify:
             verify_weights(self.path, self.manifest)
         tgt = self.manifest["targets"][target]
-        self.adapter, self.device = _request_device(tgt.get("limits", {}), tgt.get("features", []))
+        self.adapter, self.device = _request_device(tgt.get("limits", {}), tgt.get("features", []),
+                                                    optional=("timestamp-query",))
         dev = self.device
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         self.buffers = [dev.create_buffer(size=b["bytes"], usage=usage, label=f"b{b['id']}_{b['kind']}")
@@ -115,6 +118,7 @@ class Session:
                 {"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0, "size": self.buffers[bid].size}}
                 for i, bid in enumerate(s["buffers"])])
             self.steps.append((pipeline, group, tuple(s["dispatch"])))
+        self.step_names = [f"{tgt['kernels'][s['kernel']]['name']}" for s in tgt["plan"]]
         self.poison = poison
         if poison:
             for b in self.manifest["buffers"]:
@@ -199,3 +203,64 @@ class Session:
             self.run(feeds)
             times.append((time.perf_counter() - t0) * 1e3)
         return times
+
+    def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
+        """GPU milliseconds of every dispatch, median over ``repeat`` runs (after one warm-up run).
+
+        Each dispatch gets its own compute pass with WebGPU timestamp writes (feature
+        ``timestamp-query``, requested at load when the adapter has it; timestamps are read as
+        nanoseconds). Without the feature each dispatch is submitted and waited for alone and
+        timed by the wall clock, which adds submission overhead to every row.
+
+        Returns:
+            One dict per dispatch in plan order: ``step``, ``kernel``, ``dispatch`` (workgroup
+            counts), ``ms``, ``clock`` (``timestamp-query`` or ``wall``).
+        """
+        import wgpu
+
+        self.run(feeds)
+        n = len(self.steps)
+        samples: list[list[float]] = [[] for _ in range(n)]
+        timestamps = "timestamp-query" in self.device.features
+        if timestamps:
+            qs = self.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
+            resolve = self.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE
+                                                | wgpu.BufferUsage.COPY_SRC)
+            staging = self.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.MAP_READ
+                                                | wgpu.BufferUsage.COPY_DST)
+        for _ in range(repeat):
+            if timestamps:
+                enc = self.device.create_command_encoder()
+                for i, (pipeline, group, dispatch) in enumerate(self.steps):
+                    cpass = enc.begin_compute_pass(timestamp_writes={
+                        "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+                    cpass.set_pipeline(pipeline)
+                    cpass.set_bind_group(0, group)
+                    cpass.dispatch_workgroups(*dispatch)
+                    cpass.end()
+                enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+                enc.copy_buffer_to_buffer(resolve, 0, staging, 0, 16 * n)
+                self.device.queue.submit([enc.finish()])
+                staging.map_sync(wgpu.MapMode.READ)
+                try:
+                    ticks = np.frombuffer(staging.read_mapped(copy=True), dtype=np.uint64).reshape(n, 2)
+                finally:
+                    staging.unmap()
+                for i in range(n):
+                    samples[i].append(float(ticks[i, 1] - ticks[i, 0]) / 1e6 if ticks[i, 1] >= ticks[i, 0] else 0.0)
+            else:
+                for i, (pipeline, group, dispatch) in enumerate(self.steps):
+                    t0 = time.perf_counter()
+                    enc = self.device.create_command_encoder()
+                    cpass = enc.begin_compute_pass()
+                    cpass.set_pipeline(pipeline)
+                    cpass.set_bind_group(0, group)
+                    cpass.dispatch_workgroups(*dispatch)
+                    cpass.end()
+                    self.device.queue.submit([enc.finish()])
+                    self.device.queue.read_buffer(self.buffers[0], 0, 4)  # waits for the submission
+                    samples[i].append((time.perf_counter() - t0) * 1e3)
+        plan = self.manifest["targets"]["webgpu"]["plan"]
+        return [{"step": plan[i].get("node", str(i)), "kernel": self.step_names[i], "dispatch": list(self.steps[i][2]),
+                 "ms": float(np.median(samples[i])), "clock": "timestamp-query" if timestamps else "wall"}
+                for i in range(n)]
