@@ -56,6 +56,10 @@ def schedules(rank: int) -> dict[str, Schedule]:
         "tile2x4_contiguous_wg32": Schedule(workgroup_size=32, splits=(Split(min(1, last), 2), Split(last, 4, True)),
                                             unroll=16),
         "tile4x4_unroll27_wg128": Schedule(workgroup_size=128, splits=(Split(0, 4, True), Split(last, 4)), unroll=27),
+        "lanes4": Schedule(reduce_lanes=4),
+        "tile2x2_lanes16_wg32": Schedule(workgroup_size=32, splits=(Split(min(1, last), 2), Split(last, 2)), unroll=9,
+                                         reduce_lanes=16),
+        "lanes64_wg64": Schedule(workgroup_size=64, splits=(Split(last, 3, True),), reduce_lanes=64),
     }
 
 
@@ -101,5 +105,16 @@ def test_default_schedule_tiles_reuse_axes():
 
 
 def test_schedule_json_round_trip():
-    s = Schedule(workgroup_size=128, splits=(Split(1, 4, True), Split(3, 2)), unroll=9)
+    s = Schedule(workgroup_size=128, splits=(Split(1, 4, True), Split(3, 2)), unroll=9, reduce_lanes=8)
     assert Schedule.from_json(s.to_json()) == s
+    with pytest.raises(ValueError, match="power of two"):
+        Schedule(workgroup_size=64, reduce_lanes=3)
+
+
+def test_small_outputs_with_long_reductions_get_reduce_lanes():
+    fc = inline(library.build("MatMul", [placeholder((1, 2048)), placeholder((2048, 1000))], {}, (1, 1000), "fc"))
+    s = default_schedule(fc)
+    assert s.reduce_lanes == 64 and s.workgroup_size % 64 == 0
+    src = wgsl.render(lower(fc, s))
+    assert "var<workgroup> red" in src and src.count("workgroupBarrier()") == 7  # log2(64) steps + final
+    assert "return;" not in src  # every invocation reaches the barriers

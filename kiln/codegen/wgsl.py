@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from kiln.te.expr import Bin, Call, Cast, Const, Expr, Select, Var
-from kiln.te.lower import Assign, BufLoad, Decl, For, If, Let, LoweredKernel, Store
+from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Let, LoweredKernel, Store
 
 #: Kiln dtype -> WGSL scalar type (WGSL §6.2.1); int64 is narrowed to i32 before codegen
 TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "bool": "bool"}
@@ -93,6 +93,8 @@ def _stmts(stmts, indent: int) -> list[str]:
             out.append(f"{pad}for (var {v} = 0i; {v} < {s.extent}i; {v}++) {{")
             out.extend(_stmts(s.body, indent + 1))
             out.append(f"{pad}}}")
+        elif isinstance(s, Barrier):
+            out.append(f"{pad}workgroupBarrier();")
         elif isinstance(s, If):
             out.append(f"{pad}if ({expr(s.cond)}) {{")
             out.extend(_stmts(s.body, indent + 1))
@@ -111,15 +113,24 @@ def render(k: LoweredKernel, comment: str = "") -> str:
     for i, p in enumerate(k.params):
         access = "read" if p.access == "read" else "read_write"
         lines.append(f"@group(0) @binding({i}) var<storage, {access}> {p.name}: array<{TYPES[p.dtype]}>;")
-    lines += [
-        "",
-        f"@compute @workgroup_size({wg})",
-        "fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {",
-        f"    let {k.gid.name} = i32(id.x + id.y * groups.x * {wg}u);",
-        f"    if ({k.gid.name} >= {k.total}i) {{",
-        "        return;",
-        "    }",
-    ]
+    for name, (dtype, size) in k.shared.items():
+        lines.append(f"var<workgroup> {name}: array<{TYPES[dtype]}, {size}>;")
+    lines += ["", f"@compute @workgroup_size({wg})"]
+    if k.lanes > 1:  # no early return: every invocation must reach the workgroup barriers
+        lines += [
+            "fn main(@builtin(local_invocation_index) local: u32, @builtin(workgroup_id) group: vec3<u32>,",
+            "        @builtin(num_workgroups) groups: vec3<u32>) {",
+            "    let lid = i32(local);",
+            "    let wid = i32(group.x + group.y * groups.x);",
+        ]
+    else:
+        lines += [
+            "fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {",
+            f"    let {k.gid.name} = i32(id.x + id.y * groups.x * {wg}u);",
+            f"    if ({k.gid.name} >= {k.total}i) {{",
+            "        return;",
+            "    }",
+        ]
     lines += _stmts(k.body, 1)
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -324,7 +324,7 @@ def linear(e: Expr) -> Expr:
     terms: dict[Expr, int] = {}
     c0 = _affine(e, terms, 1)
     out: Expr = const(0, "int32")
-    for t in sorted((t for t, k in terms.items() if k), key=repr):
+    for t in sorted((t for t, k in terms.items() if k), key=lambda t: (terms[t] < 0, repr(t))):
         k = terms[t]
         out = binop("-", out, binop("*", t, -k)) if k < 0 and not isinstance(out, Const) else out + t * k
     if c0 > 0:

@@ -87,6 +87,12 @@ class For:
 
 
 @dataclass
+class Barrier:
+    """``workgroupBarrier()``: every invocation of the workgroup reaches it before any passes
+    (WGSL §17.11); only emitted at the top level of a kernel body (uniform control flow)."""
+
+
+@dataclass
 class If:
     """``if (cond) { body }``."""
 
@@ -121,10 +127,13 @@ class LoweredKernel:
         name: entry-point-friendly name.
         params: buffers in binding order (inputs first, then the output).
         inputs: the placeholder each input param was made from (same order as ``params[:-1]``).
-        total: invocations that do work (output elements).
-        gid: the variable holding the invocation's flat output index.
-        body: statements run when ``gid < total``.
+        total: register tiles of the output (each one invocation, or ``reduce_lanes`` of them).
+        gid: the variable holding the invocation's flat tile index.
+        body: statements run when ``gid < total`` (every invocation when ``lanes > 1``: then
+            the body binds ``gid`` itself from the builtins ``lid``, the local invocation index,
+            and ``wid``, the flat workgroup index, and guards its stores).
         schedule: the schedule it was lowered with.
+        shared: workgroup-memory arrays, name -> (dtype, elements).
     """
 
     name: str
@@ -134,11 +143,17 @@ class LoweredKernel:
     gid: Var
     body: list
     schedule: Schedule
+    shared: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    @property
+    def lanes(self) -> int:
+        """Invocations cooperating on one tile's reductions."""
+        return self.schedule.reduce_lanes
 
     @property
     def dispatch(self) -> tuple[int, int, int]:
         """Workgroup counts of the dispatch."""
-        return self.schedule.dispatch(self.total)
+        return self.schedule.dispatch(self.total * self.lanes)
 
 
 def _ravel(indices, shape) -> Expr:
@@ -236,8 +251,17 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     for d in outer_shape:
         total *= d
     gid = Var("gid")
-    body: list = _unravel(gid, outer, outer_shape, total)
+    lanes = schedule.reduce_lanes
+    body: list = []
+    if lanes > 1:
+        # lanes of one tile are neighbouring invocations; out-of-range tiles compute a clamped
+        # tile (every invocation must reach the barriers) and do not store
+        lid, wid, lane, tile = Var("lid"), Var("wid"), Var("lane"), Var("tile")
+        body += [Let(lane, lid % lanes), Let(tile, wid * (schedule.workgroup_size // lanes) + lid // lanes),
+                 Let(gid, call("min", tile, total - 1))]
+    body += _unravel(gid, outer, outer_shape, total)
     counter = itertools.count()
+    split_accs: list[tuple[Var, str]] = []
 
     # the elements of the register tile: axis values, clamped values for loads, in-range condition
     elements = []
@@ -297,8 +321,12 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             return Load(e.tensor, tuple(hoist(i, block, memo) for i in e.indices), e.dtype)
         return e
 
-    def reduction_nest(group: list[Reduce], block: list) -> dict:
-        """One loop nest over the shared axes of ``group``, accumulating each; returns Reduce -> accumulator."""
+    def reduction_nest(group: list[Reduce], block: list, split: bool = False) -> dict:
+        """One loop nest over the shared axes of ``group``, accumulating each; returns Reduce -> accumulator.
+
+        With ``split`` the outermost axis is dealt round-robin to the tile's lanes (partial
+        accumulators, combined later through workgroup memory).
+        """
         accs = {}
         for r in group:
             acc = Var(f"acc{next(counter)}", 0, r.dtype)
@@ -306,13 +334,25 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             block.append(Decl(acc, const(init, r.dtype)))
             accs[r] = acc
         axes = group[0].axes
+        inner = block
+        if split:
+            ax0, steps = axes[0], -(-axes[0].extent // lanes)
+            loop = For(Var(f"{ax0.name}s", steps), steps)
+            inner.append(loop)
+            loop.body.append(Let(ax0, loop.var * lanes + lane))
+            inner = loop.body
+            if steps * lanes != ax0.extent:
+                guard = If(binop("<", ax0, ax0.extent))
+                inner.append(guard)
+                inner = guard.body
+            axes = axes[1:]
+            split_accs.extend((accs[r], r.op) for r in group)
         n_unrolled, product = 0, 1
         for ax in reversed(axes):
             if product * ax.extent > schedule.unroll:
                 break
             product *= ax.extent
             n_unrolled += 1
-        inner = block
         for ax in axes[:len(axes) - n_unrolled]:
             loop = For(ax, ax.extent)
             inner.append(loop)
@@ -337,14 +377,51 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         by_axes.setdefault(r.axes, []).append(r)
     accs: dict = {}
     for group in by_axes.values():
-        accs.update(reduction_nest(group, body))
+        accs.update(reduction_nest(group, body, split=lanes > 1))
+    shared: dict[str, tuple[str, int]] = {}
+    if split_accs:
+        shared = _combine_lanes(split_accs, lanes, schedule.workgroup_size, body)
+        tile_ok = binop("==", lane, 0) & binop("<", tile, total)
+        elements = [(vals, clamped, tile_ok & cond) for vals, clamped, cond in elements]
     results = [flat(transform(b, lambda x: accs.get(x) if isinstance(x, Reduce) else None), False) for b in bodies]
     results = _cse_loads(results, body, counter)
     for (vals, _, cond), value in zip(elements, results):
         index = linear(_ravel([vals.get(ax, ax) for ax in out.axes], out.shape))
         store = Store("out", index, value)
         body.append(If(cond, [store]) if not (isinstance(cond, Const) and cond.value) else store)
-    return LoweredKernel(name or out.name, params, ins, total, gid, body, schedule)
+    return LoweredKernel(name or out.name, params, ins, total, gid, body, schedule, shared)
 
 
-__all__ = ["Assign", "BufLoad", "Decl", "For", "If", "Let", "LoweredKernel", "Param", "Store", "canonical", "lower"]
+def _combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: list) -> dict[str, tuple[str, int]]:
+    """Tree-combine each lane's partial accumulators through workgroup memory (log2(lanes) steps).
+
+    Accumulator ``a`` of invocation ``lid`` lives at ``red[a * width + lid]``, so the lanes of
+    a step touch consecutive words. Afterwards every lane holds the tile's full value.
+    Returns the workgroup arrays used.
+    """
+    lid, lane = Var("lid"), Var("lane")
+    dtype = accs[0][0].dtype
+    size = len(accs) * width
+
+    def slot(a: int, offset: int = 0) -> Expr:
+        return linear(lid + (a * width + offset))
+
+    for a, (acc, _) in enumerate(accs):
+        body.append(Store("red", slot(a), acc))
+    stride = lanes // 2
+    while stride >= 1:
+        body.append(Barrier())
+        step = If(binop("<", lane, stride))
+        for a, (_, op) in enumerate(accs):
+            x = BufLoad("red", slot(a), size, False, dtype)
+            y = BufLoad("red", slot(a, stride), size, False, dtype)
+            step.body.append(Store("red", slot(a), x + y if op == "sum" else call(op, x, y)))
+        body.append(step)
+        stride //= 2
+    body.append(Barrier())
+    for a, (acc, _) in enumerate(accs):
+        body.append(Assign(acc, BufLoad("red", linear(lid - lane + a * width), size, False, dtype)))
+    return {"red": (dtype, size)}
+
+
+__all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Let", "LoweredKernel", "Param", "Store", "canonical", "lower"]

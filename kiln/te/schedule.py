@@ -46,12 +46,22 @@ class Schedule:
         splits: the register tile, one :class:`Split` per tiled output axis.
         unroll: fully unroll the innermost reduction loops while the product of their
             extents is at most this (1: no unrolling).
+        reduce_lanes: invocations sharing one tile's reductions (a power of two dividing
+            ``workgroup_size``): each takes every ``reduce_lanes``-th iteration of the outermost
+            reduction axis, and the partial results are combined in workgroup memory. More
+            parallelism for outputs too small to fill the GPU (batch-1 late layers, a classifier).
     """
 
     workgroup_size: int = 64
     max_groups_x: int = 65535
     splits: tuple[Split, ...] = ()
     unroll: int = 1
+    reduce_lanes: int = 1
+
+    def __post_init__(self):
+        r = self.reduce_lanes
+        if r < 1 or r & (r - 1) or self.workgroup_size % r:
+            raise ValueError(f"reduce_lanes={r} must be a power of two dividing workgroup_size={self.workgroup_size}")
 
     def dispatch(self, total: int) -> tuple[int, int, int]:
         """Workgroup counts ``(x, y, z)`` covering ``total`` invocations."""
@@ -63,13 +73,14 @@ class Schedule:
     def to_json(self) -> dict:
         """A JSON-able description (manifests, tuning records)."""
         return {"workgroup_size": self.workgroup_size, "splits": [asdict(s) for s in self.splits],
-                "unroll": self.unroll}
+                "unroll": self.unroll, "reduce_lanes": self.reduce_lanes}
 
     @classmethod
     def from_json(cls, d: dict) -> Schedule:
         """Inverse of :meth:`to_json`."""
         return cls(workgroup_size=int(d.get("workgroup_size", 64)),
-                   splits=tuple(Split(**s) for s in d.get("splits", ())), unroll=int(d.get("unroll", 1)))
+                   splits=tuple(Split(**s) for s in d.get("splits", ())), unroll=int(d.get("unroll", 1)),
+                   reduce_lanes=int(d.get("reduce_lanes", 1)))
 
 
 def reuse_axes(t: Tensor) -> dict[int, frozenset[int]]:
@@ -110,30 +121,37 @@ def tile_axes(t: Tensor) -> list[int]:
     return sorted([second, first])
 
 
-def reduction_size(t: Tensor) -> int:
-    """Iterations of the largest reduction in ``t`` (0 if it has none)."""
-    sizes = [0]
+def reductions(t: Tensor) -> list[Reduce]:
+    """The distinct :class:`Reduce` nodes of ``t`` (outermost first)."""
+    found: dict[Reduce, None] = {}
 
     def visit(x):
         if isinstance(x, Reduce):
-            n = 1
-            for ax in x.axes:
-                n *= ax.extent
-            sizes.append(n)
+            found.setdefault(x, None)
 
     transform(t.body, visit)
-    return max(sizes)
+    return list(found)
 
 
-def default_schedule(t: Tensor, min_invocations: int = 4096) -> Schedule:
+def reduction_size(t: Tensor) -> int:
+    """Iterations of the largest reduction in ``t`` (0 if it has none)."""
+    return max((_prod(ax.extent for ax in r.axes) for r in reductions(t)), default=0)
+
+
+def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations: int = 65536,
+                     shared_bytes: int = 16384) -> Schedule:
     """The schedule the compiler uses for ``t`` (inlined, any axis names) without tuning.
 
     Elementwise and layout kernels and reductions of fewer than 9 iterations run one element
-    per invocation. Larger reductions (a 3x3 depthwise window and up) get a register tile of up to 4 x 4 over the two
-    innermost axes with load reuse (the innermost strided for coalescing), shrunk while
-    fewer than ``min_invocations`` invocations would remain, and unroll up to 9 innermost
-    reduction iterations (a 3x3 window).
+    per invocation. Larger reductions (a 3x3 depthwise window and up) get a register tile of up
+    to 4 x 4 over the two axes with complementary load reuse (:func:`tile_axes`; the innermost
+    strided for coalescing), shrunk while fewer than ``min_invocations`` tiles would remain, and
+    unroll up to 9 innermost reduction iterations (a 3x3 window). When there are still fewer
+    than ``target_invocations`` invocations, up to 64 ``reduce_lanes`` share each tile's
+    reduction (each lane keeping at least 4 iterations of the outermost axis), in workgroups
+    whose partial sums fit ``shared_bytes`` of workgroup memory (the WebGPU default limit).
     """
+    reds = reductions(t)
     if reduction_size(t) < 9:
         return Schedule()
     axes = tile_axes(t)
@@ -144,7 +162,22 @@ def default_schedule(t: Tensor, min_invocations: int = 4096) -> Schedule:
             factors[a] //= 2
     last = len(t.shape) - 1
     splits = tuple(Split(a, f, contiguous=a != last) for a, f in sorted(factors.items()) if f > 1)
-    return Schedule(splits=splits, unroll=9)
+    tiles = 1
+    for a, d in enumerate(t.shape):
+        tiles *= -(-d // factors.get(a, 1))
+    outer = min(r.axes[0].extent for r in reds)
+    lanes = 1
+    while lanes < 64 and tiles * lanes < target_invocations and lanes * 2 * 4 <= outer:
+        lanes *= 2
+    if lanes == 1:
+        return Schedule(splits=splits, unroll=9)
+    accs = _prod(factors.values()) * len(reds)
+    width = 256
+    while width > lanes and width * accs * 4 > shared_bytes:
+        width //= 2
+    if width * accs * 4 > shared_bytes:
+        return Schedule(splits=splits, unroll=9)
+    return Schedule(workgroup_size=width, splits=splits, unroll=9, reduce_lanes=lanes)
 
 
 def _prod(xs) -> int:
