@@ -41,10 +41,10 @@ def matmul_schedules(t) -> dict[str, Schedule]:
     """The default schedule and a sweep of register tiles and workgroup sizes."""
     out = {"default": default_schedule(t)}
     for ti, tj in ((4, 4), (4, 8), (8, 4), (8, 8)):
-        for wg in (64, 128, 256):
-            for contiguous in (False, True):
-                name = f"{ti}x{tj} wg{wg}{' contiguous' if contiguous else ''}"
-                out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, True), Split(1, tj, contiguous)))
+        for wg in (64, 256):
+            for unroll in (1, 4, 8, 16):
+                name = f"{ti}x{tj} wg{wg} unroll{unroll}"
+                out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, True), Split(1, tj)), unroll=unroll)
     return out
 
 

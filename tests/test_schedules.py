@@ -57,6 +57,7 @@ def schedules(rank: int) -> dict[str, Schedule]:
                                             unroll=16),
         "tile4x4_unroll27_wg128": Schedule(workgroup_size=128, splits=(Split(0, 4, True), Split(last, 4)), unroll=27),
         "lanes4": Schedule(reduce_lanes=4),
+        "partial_unroll4": Schedule(splits=(Split(last, 2),), unroll=4),
         "tile2x2_lanes16_wg32": Schedule(workgroup_size=32, splits=(Split(min(1, last), 2), Split(last, 2)), unroll=9,
                                          reduce_lanes=16),
         "lanes64_wg64": Schedule(workgroup_size=64, splits=(Split(last, 3, True),), reduce_lanes=64),

@@ -353,14 +353,29 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
                 break
             product *= ax.extent
             n_unrolled += 1
-        for ax in axes[:len(axes) - n_unrolled]:
+        # the innermost axis too long to unroll whole: unroll it partially by its largest divisor
+        # within the budget (``ax = outer * f + c`` for constant ``c``)
+        partial = None
+        if n_unrolled == 0 and axes and schedule.unroll > 1:
+            ax = axes[-1]
+            f = max((d for d in range(2, schedule.unroll + 1) if ax.extent % d == 0), default=0)
+            if f:
+                partial = (ax, Var(f"{ax.name}u", ax.extent // f), f)
+        looped = list(axes[:len(axes) - n_unrolled])
+        if partial:
+            looped[-1] = partial[1]
+        for ax in looped:
             loop = For(ax, ax.extent)
             inner.append(loop)
             inner = loop.body
         unrolled = axes[len(axes) - n_unrolled:]
+        combos = [{ax: const(c, "int32") for ax, c in zip(unrolled, combo)}
+                  for combo in itertools.product(*(range(ax.extent) for ax in unrolled))]
+        if partial:
+            ax, outer_ax, f = partial
+            combos = [{ax: outer_ax * f + c} for c in range(f)]
         updates: list[tuple[Var, Expr]] = []
-        for combo in itertools.product(*(range(ax.extent) for ax in unrolled)):
-            fixed = {ax: const(c, "int32") for ax, c in zip(unrolled, combo)}
+        for fixed in combos:
             for r in group:
                 v = hoist(substitute(r.body, fixed) if fixed else r.body, inner, {})
                 updates.append((accs[r], accumulate(r, accs[r], v)))

@@ -45,7 +45,8 @@ class Schedule:
             (``maxComputeWorkgroupsPerDimension``, 65535 by default).
         splits: the register tile, one :class:`Split` per tiled output axis.
         unroll: fully unroll the innermost reduction loops while the product of their
-            extents is at most this (1: no unrolling).
+            extents is at most this (1: no unrolling); an innermost axis longer than that is
+            unrolled partially, by its largest divisor up to ``unroll``.
         reduce_lanes: invocations sharing one tile's reductions (a power of two dividing
             ``workgroup_size``): each takes every ``reduce_lanes``-th iteration of the outermost
             reduction axis, and the partial results are combined in workgroup memory. More
