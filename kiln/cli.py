@@ -70,8 +70,10 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Class names, one a line.")
 @click.option("--no-validate", is_flag=True, help="Skip naga validation of the generated WGSL.")
 @click.option("--print-ir", is_flag=True, help="Print the optimised graph IR.")
+@click.option("--device-class", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True,
+              help="Make the default schedules for GPUs, or for WebGPU on a CPU (SwiftShader, lavapipe).")
 def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: str, labels, no_validate: bool,
-                print_ir: bool) -> None:
+                print_ir: bool, device_class: str) -> None:
     """Compile an ONNX MODEL into a package directory."""
     import time
 
@@ -80,7 +82,8 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
 
     t0 = time.perf_counter()
     path = compile_model(model, out, target=target, dims=_parse_dims(dims), force=force, preset=preset,
-                         labels=labels, validate=not no_validate, progress=sys.stderr.isatty())
+                         labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
+                         device_class=device_class)
     m = read_manifest(path)
     tgt = m["targets"][target]
     click.echo(f"compiled {model} -> {path} ({len(tgt['plan'])} dispatches, {len(tgt['kernels'])} kernels, "

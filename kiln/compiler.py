@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from kiln.passes.manager import optimize
 from kiln.passes.memory_plan import MemoryPlan, needs_buffer, plan_memory
 from kiln.te.compute import Tensor, inline, placeholder
 from kiln.te.lower import lower
-from kiln.te.schedule import Schedule, default_schedule
+from kiln.te.schedule import DEVICE_CLASSES, Schedule, default_schedule
 
 #: dtypes the WebGPU target's kernels read and write
 KERNEL_DTYPES = {"float32"}
@@ -63,6 +64,7 @@ class Compiled:
     steps: list[Step]
     target: WebGPUTarget
     passes: list[str] = field(default_factory=list)
+    device_class: str = "gpu"
 
 
 def group_expr(group: Group) -> Tensor:
@@ -143,20 +145,24 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     return kernels, steps
 
 
-def compile_graph(graph: Graph, target: str = "webgpu", validate: bool = True, progress: bool = False) -> Compiled:
-    """Optimise ``graph`` in place and generate its kernels and memory plan."""
+def compile_graph(graph: Graph, target: str = "webgpu", validate: bool = True, progress: bool = False,
+                  device_class: str = "gpu") -> Compiled:
+    """Optimise ``graph`` in place and generate its kernels (default schedules for ``device_class``)
+    and memory plan."""
     tgt = get_target(target)
     verify(graph)
     fired = optimize(graph)
     groups = fuse(graph, max_inputs=tgt.limits["maxStorageBuffersPerShaderStage"] - 1)
     plan = plan_memory(graph, groups)
-    kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress)
-    return Compiled(graph, groups, plan, kernels, steps, tgt, fired)
+    kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
+                                   schedule=functools.partial(default_schedule, device_class=device_class))
+    return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class)
 
 
 def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str = "webgpu",
                   dims: dict[str, int] | None = None, force: bool = False, preset: str = "auto",
-                  labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False) -> Path:
+                  labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
+                  device_class: str = "gpu") -> Path:
     """Compile an ONNX model into a package directory.
 
     Args:
@@ -170,6 +176,9 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         labels: a text file of class names, one a line (overrides the preset's).
         validate: validate every shader with naga.
         progress: show progress bars on stderr.
+        device_class: ``gpu`` (discrete or integrated GPUs) or ``cpu`` (WebGPU on a CPU:
+            SwiftShader, lavapipe): the kind of device the default schedules are made for
+            (see :func:`~kiln.te.schedule.default_schedule`); the package runs on both.
 
     Returns:
         The package directory.
@@ -188,5 +197,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     graph = import_model(onnx_model, dims)
     if graph.name in ("", "main_graph", "model", "torch_jit"):
         graph.name = Path(model).stem
-    compiled = compile_graph(graph, target, validate=validate, progress=progress)
+    if device_class not in DEVICE_CLASSES:
+        raise KilnError(f"device class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
+    compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class)
     return write_package(compiled, out, force=force, preset=preset, labels=labels, source=Path(model).name)

@@ -46,7 +46,8 @@ def mobilenet_package(tmp_path_factory) -> Path:
     """MobileNetV2 compiled once per test session (with kiln.js and index.html); tests must not modify it."""
     import kiln
 
-    return kiln.compile(str(MOBILENET), str(tmp_path_factory.mktemp("mobilenet") / "mobilenet_v2"), force=True)
+    return kiln.compile(str(MOBILENET), str(tmp_path_factory.mktemp("mobilenet") / "mobilenet_v2"), force=True,
+                        device_class="cpu")  # run in SwiftShader (RPC tests)
 
 
 @pytest.hookimpl(hookwrapper=True)

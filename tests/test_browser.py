@@ -81,7 +81,7 @@ LOAD_EXPECTING_ERROR = """async () => {
 def package(tmp_path_factory) -> Path:
     """MobileNetV2 compiled once for the module (it carries kiln.js and index.html)."""
     out = tmp_path_factory.mktemp("browser") / "mobilenet_v2"
-    kiln.compile(str(MOBILENET), str(out), force=True)
+    kiln.compile(str(MOBILENET), str(out), force=True, device_class="cpu")  # SwiftShader is a CPU
     return out
 
 

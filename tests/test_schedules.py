@@ -103,6 +103,9 @@ def test_default_schedule_tiles_reuse_axes():
                               {**CONV, "group": 32}, (1, 32, 56, 56), "dw"))
     assert [sp.axis for sp in default_schedule(dw).splits] == [2, 3]  # depthwise: no reuse across channels
     assert default_schedule(inline(elementwise.unary("Relu", x, {}))) == Schedule()
+    gemm = inline(library.build("MatMul", [placeholder((4096, 4096)), placeholder((4096, 4096))], {}, (4096, 4096),
+                                "gemm"))
+    assert default_schedule(gemm) == Schedule(splits=(Split(0, 8, True), Split(1, 8)), unroll=16)
 
 
 def test_schedule_json_round_trip():
@@ -119,3 +122,11 @@ def test_small_outputs_with_long_reductions_get_reduce_lanes():
     src = wgsl.render(lower(fc, s))
     assert "var<workgroup> red" in src and src.count("workgroupBarrier()") == 7  # log2(64) steps + final
     assert "return;" not in src  # every invocation reaches the barriers
+
+
+def test_cpu_device_class_uses_full_tiles_and_no_lanes():
+    fc = inline(library.build("MatMul", [placeholder((1, 2048)), placeholder((2048, 1000))], {}, (1, 1000), "fc"))
+    s = default_schedule(fc, device_class="cpu")
+    assert s.reduce_lanes == 1 and [sp.factor for sp in s.splits] == [4]
+    with pytest.raises(ValueError, match="device_class"):
+        default_schedule(fc, device_class="tpu")

@@ -151,6 +151,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "targets": {
                 compiled.target.name: {
                     "features": list(compiled.target.features),
+                    "device_class": compiled.device_class,
                     "limits": needed_limits(compiled),
                     "kernels": kernels,
                     "plan": plan_steps,
