@@ -121,11 +121,15 @@ class Builder:
     """Appends primitive nodes to a graph, inferring output dtypes and shapes.
 
     Frontends call :meth:`op`; shapes come from :mod:`kiln.ir.ops`, so a converter
-    never states an output shape by hand.
+    never states an output shape by hand. With ``fold=True`` an op whose inputs are all
+    constants is evaluated at once (numpy semantics of :mod:`kiln.ir.ops`) and its result
+    returned as a constant, so shape computations (``Shape -> Gather -> Concat -> Reshape``)
+    are known to later converters that need compile-time values.
     """
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, fold: bool = False):
         self.graph = graph
+        self.fold = fold
         self._names: set[str] = {v.name for v in graph.inputs}
         self._counter = itertools.count()
         self.scope = ""
@@ -157,6 +161,10 @@ class Builder:
         spec = ops.get(op)
         out_types = spec.infer([(v.dtype, v.shape) for v in inputs], attrs)
         node_name = name or self.scope or op
+        if self.fold and inputs and all(v.is_const for v in inputs):
+            results = spec.evaluate([v.const for v in inputs], dict(attrs))
+            outs = [self.const(r, name=node_name, dtype=dt) for r, (dt, _) in zip(results, out_types)]
+            return outs if nout > 1 or len(outs) > 1 else outs[0]
         outs = [Value(self.fresh(f"{node_name}:{i}" if len(out_types) > 1 else node_name), dt, tuple(sh))
                 for i, (dt, sh) in enumerate(out_types)]
         node = Node(op, list(inputs), outs, dict(attrs), name=node_name)

@@ -144,7 +144,7 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         graph.inputs.append(v)
         env[inp.name] = v
     graph.dims = {k: v for k, v in dims.items() if any(k in (x.sym_shape or ()) for x in graph.inputs)}
-    b = Builder(graph)
+    b = Builder(graph, fold=True)
     for t in g.initializer:
         arr = numpy_helper.to_array(t)
         env[t.name] = b.const(arr, name=t.name, dtype=dtypes.from_onnx(t.data_type))
@@ -163,10 +163,11 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         b.scope = node.name or f"{node.op_type}_{i}"
         try:
             outs = _call(fn, b, ins, attrs, node, opset)
-        except (ShapeError, UnsupportedOpError):
+        except UnsupportedOpError:
             raise
         except KilnError as e:
-            raise type(e)(f"node {node.name!r} ({node.op_type}): {e}") from None
+            e.args = (f"node {node.name!r} ({node.op_type}, opset {opset}): {e}",)
+            raise e from None
         if isinstance(outs, Value):
             outs = [outs]
         extra = [name for name in node.output[len(outs):] if name]
@@ -183,6 +184,7 @@ def _name_outputs(graph: Graph, b: Builder, outs: list[tuple[str, Value]], proto
     taken = {v.name: v for v in graph.inputs}
     for (name, v), proto in zip(outs, protos):
         if v.is_const or v in graph.inputs or v in graph.outputs:
+            b.fold = False
             v = b.op("Identity", [v], name=name)
         if name in b._names and v.name != name:
             clash = next((x for n in graph.nodes for x in n.outputs if x.name == name), None)
