@@ -14,7 +14,9 @@ import kiln
 from kiln.frontend.onnx.importer import import_model
 from kiln.ir import interp
 
-_ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64}
+
+def _onnx_type(dtype: np.dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = None,
@@ -27,13 +29,18 @@ def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None =
                             **(attrs or {}))
     graph = helper.make_graph(
         [node], f"{op_type.lower()}_test",
-        [helper.make_tensor_value_info(k, _ONNX_TYPES[v.dtype], list(v.shape)) for k, v in inputs.items()],
-        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(n_outputs)],
+        [helper.make_tensor_value_info(k, _onnx_type(v.dtype), list(v.shape)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.UNDEFINED, None) for i in range(n_outputs)],
         [numpy_helper.from_array(v, k) for k, v in initializers.items() if k]
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
-    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    inferred = {v.name: v.type for v in model.graph.value_info}
+    for out in model.graph.output:  # outputs take their inferred element type
+        if out.name in inferred and not out.type.tensor_type.elem_type:
+            out.type.CopyFrom(inferred[out.name])
+    return model
 
 
 def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = None,
@@ -53,5 +60,6 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
         name = f"y{i}"
         for what, arr in (("interpreter", spec[name]), ("webgpu", got[name])):
             assert arr.shape == exp.shape, f"{op_type} {what}: shape {arr.shape} != onnxruntime {exp.shape}"
+            assert arr.dtype == exp.dtype, f"{op_type} {what}: dtype {arr.dtype} != onnxruntime {exp.dtype}"
             np.testing.assert_allclose(arr, exp, rtol=rtol, atol=atol, err_msg=f"{op_type} {what} vs onnxruntime")
     return got

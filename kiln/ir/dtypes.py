@@ -67,3 +67,24 @@ def itemsize(dtype: str) -> int:
 def is_float(dtype: str) -> bool:
     """True for floating-point dtypes."""
     return dtype.startswith("float")
+
+
+def expr_dtype(dtype: str) -> str:
+    """The tensor-expression dtype values of ``dtype`` are computed in: ``float32``, ``int32`` or ``bool``.
+
+    Integers of every width compute in 32 bits (WGSL's ``i32``); int64 is narrowed (see
+    :data:`kiln.package.format.STORAGE`). Raises KilnError for dtypes kernels cannot compute in
+    (float16, float64).
+    """
+    if dtype == "bool" or dtype == "float32":
+        return dtype
+    if dtype in ("int32", "int64", "int8", "uint8"):
+        return "int32"
+    raise KilnError(f"{dtype} tensors are not supported by the webgpu target")
+
+
+def storage_itemsize(dtype: str) -> int:
+    """Bytes per element of ``dtype`` in a WebGPU buffer (4 for every dtype kernels compute in)."""
+    from kiln.package.format import STORAGE
+
+    return NUMPY[STORAGE[dtype]].itemsize if dtype in STORAGE else itemsize(dtype)

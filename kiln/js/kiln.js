@@ -35,9 +35,10 @@ export class DeviceError extends KilnError {}
 export class ShapeError extends KilnError {}
 
 /**
- * @typedef {Float32Array | Int32Array | Uint32Array | Uint16Array} TensorData
+ * @typedef {Float32Array | Int32Array | Uint32Array | Uint16Array | BigInt64Array | Uint8Array | Int8Array} TensorData
  * Element storage; `float16` tensors hold raw IEEE half bits in a `Uint16Array`
- * (or a `Float16Array` where the browser has one).
+ * (or a `Float16Array` where the browser has one); `int64` tensors a `BigInt64Array`;
+ * `bool` tensors a `Uint8Array` of 0 and 1.
  */
 
 /** @type {Record<string, {array: Function, bytes: number, safetensors: string}>} */
@@ -46,7 +47,61 @@ const DTYPES = {
   float16: {array: globalThis.Float16Array ?? Uint16Array, bytes: 2, safetensors: 'F16'},
   int32: {array: Int32Array, bytes: 4, safetensors: 'I32'},
   uint32: {array: Uint32Array, bytes: 4, safetensors: 'U32'},
+  int64: {array: BigInt64Array, bytes: 8, safetensors: 'I64'},
+  bool: {array: Uint8Array, bytes: 1, safetensors: 'BOOL'},
+  uint8: {array: Uint8Array, bytes: 1, safetensors: 'U8'},
+  int8: {array: Int8Array, bytes: 1, safetensors: 'I8'},
 };
+
+const INT32_MIN = -(2n ** 31n);
+const INT32_MAX = 2n ** 31n - 1n;
+
+/**
+ * The bytes a tensor's buffer holds: WGSL storage buffers have no bool, 8-bit or 64-bit integers,
+ * so such tensors are stored as int32 (the manifest's `storage`); int64 values must fit in int32.
+ * @param {TensorSpec} spec the manifest's input entry
+ * @param {TensorData} data the tensor's elements
+ * @returns {ArrayBufferView} data in the storage element type
+ * @throws {ShapeError} an int64 value outside int32's range
+ */
+function toStorage(spec, data) {
+  const storage = spec.storage ?? spec.dtype;
+  if (storage === spec.dtype) return data;
+  if (storage !== 'int32') throw new ShapeError(`input '${spec.name}': unknown storage type ${storage}`);
+  const out = new Int32Array(data.length);
+  if (data instanceof BigInt64Array) {
+    for (let i = 0; i < data.length; i++) {
+      const v = data[i];
+      if (v < INT32_MIN || v > INT32_MAX) {
+        throw new ShapeError(`input '${spec.name}': int64 value ${v} at flat index ${i} does not fit in int32; ` +
+          'the WebGPU target computes int64 tensors in 32 bits (WGSL has no 64-bit integers)');
+      }
+      out[i] = Number(v);
+    }
+  } else {
+    out.set(data);
+  }
+  return out;
+}
+
+/**
+ * A tensor of `spec.dtype` from the bytes of its buffer (storage element type `spec.storage`).
+ * @param {TensorSpec} spec the manifest's output entry
+ * @param {ArrayBuffer} bytes the buffer's contents
+ * @returns {Tensor}
+ */
+function fromStorage(spec, bytes) {
+  const storage = spec.storage ?? spec.dtype;
+  const count = product(spec.shape);
+  const stored = new DTYPES[storage].array(bytes.slice(0, count * DTYPES[storage].bytes));
+  if (storage === spec.dtype) return new Tensor(spec.dtype, stored, spec.shape);
+  const Out = DTYPES[spec.dtype].array;
+  let data;
+  if (spec.dtype === 'int64') data = BigInt64Array.from(stored, (v) => BigInt(v));
+  else if (spec.dtype === 'bool') data = Uint8Array.from(stored, (v) => (v !== 0 ? 1 : 0));
+  else data = Out.from(stored);
+  return new Tensor(spec.dtype, data, spec.shape);
+}
 
 /** @param {readonly number[]} dims @returns {number} */
 function product(dims) {
@@ -61,7 +116,7 @@ function shapeText(dims) {
 /** A dense n-dimensional array: element type, flat row-major data and dimensions. */
 export class Tensor {
   /**
-   * @param {string} type element type: 'float32', 'float16', 'int32' or 'uint32'.
+   * @param {string} type element type: 'float32', 'float16', 'int32', 'uint32', 'int64', 'bool', 'uint8' or 'int8'.
    * @param {TensorData} data row-major elements, a typed array matching `type`.
    * @param {readonly number[]} dims dimensions; their product must equal `data.length`.
    * @throws {ShapeError} unknown type, data of another array type, or a size mismatch.
@@ -95,6 +150,7 @@ export class Tensor {
  * @typedef {object} TensorSpec  an entry of the manifest's `inputs` or `outputs`
  * @property {string} name
  * @property {string} dtype
+ * @property {string} [storage]  element type of its buffer (int32 for int64, bool, int8, uint8; format 1.1)
  * @property {number[]} shape  concrete dimensions
  * @property {(number|string)[]} symbolic_shape  dimensions with symbolic names (e.g. 'N')
  * @property {number} buffer  id of the manifest buffer holding the tensor
@@ -410,7 +466,8 @@ export class Session {
 
   /**
    * @param {Record<string, Tensor>} feeds
-   * @returns {{spec: TensorSpec, tensor: Tensor}[]} one per manifest input, in manifest order
+   * @returns {{spec: TensorSpec, data: ArrayBufferView}[]} one per manifest input, in manifest order, its data
+   *   converted to the buffer's storage type
    * @private
    */
   checkFeeds(feeds) {
@@ -438,12 +495,12 @@ export class Session {
         throw new ShapeError(`input '${spec.name}': expected shape ${shapeText(spec.shape)} ` +
           `(symbolic ${shapeText(spec.symbolic_shape ?? spec.shape)}), got ${shapeText(tensor.dims)}`);
       }
-      return {spec, tensor};
+      return {spec, data: toStorage(spec, tensor.data)};
     });
   }
 
   /**
-   * @param {{spec: TensorSpec, tensor: Tensor}[]} checked
+   * @param {{spec: TensorSpec, data: ArrayBufferView}[]} checked
    * @returns {Promise<Record<string, Tensor>>}
    * @private
    */
@@ -451,8 +508,7 @@ export class Session {
     if (this.lost) throw new DeviceError(`the WebGPU device was lost (${this.lost.reason}): ${this.lost.message}`);
     const {device} = this;
     device.pushErrorScope('validation');
-    for (const {spec, tensor} of checked) {
-      const {data} = tensor;
+    for (const {spec, data} of checked) {
       writePadded(device.queue, this.buffers[spec.buffer], data.buffer, data.byteOffset, data.byteLength);
     }
     const encoder = device.createCommandEncoder();
@@ -478,10 +534,7 @@ export class Session {
       const staging = this.staging.get(output.name);
       await staging.mapAsync(GPUMapMode.READ);
       try {
-        const dtype = DTYPES[output.dtype];
-        const count = product(output.shape);
-        const bytes = staging.getMappedRange(0, staging.size).slice(0, count * dtype.bytes);
-        results[output.name] = new Tensor(output.dtype, new dtype.array(bytes), output.shape);
+        results[output.name] = fromStorage(output, staging.getMappedRange(0, staging.size));
       } finally {
         staging.unmap();
       }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.ir import dtypes
 from kiln.te.compute import Tensor, compute
 from kiln.te.expr import Const, Expr, binop, call, cast, const, select
 
@@ -76,7 +77,7 @@ def unary_expr(op: str, x: Expr, attrs: dict[str, Any]) -> Expr:
     if op == "HardSigmoid":
         return call("clamp", x * attrs["alpha"] + attrs["beta"], 0.0, 1.0)
     if op == "Cast":
-        return cast(x, "int32" if attrs["to"] in ("int32", "int64") else "float32")
+        return cast(x, dtypes.expr_dtype(attrs["to"]))
     fn = {"Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Floor": "floor", "Ceil": "ceil",
           "Sin": "sin", "Cos": "cos"}[op]
     return call(fn, x)

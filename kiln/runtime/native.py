@@ -17,9 +17,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import DeviceError, PackageError, ShapeError
-from kiln.package.format import DEFAULT_LIMITS, read_manifest, verify_weights
-
-_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
+from kiln.package.format import DEFAULT_LIMITS, from_storage, read_manifest, to_storage, verify_weights
 
 
 def _request_device(limits: dict[str, int], features: list[str]):
@@ -157,7 +155,7 @@ class Session:
             if list(a.shape) != list(spec["shape"]):
                 raise ShapeError(f"input {spec['name']!r}: expected shape {spec['shape']} "
                                  f"(symbolic {spec['symbolic_shape']}), got {list(a.shape)}")
-            out.append((spec, np.ascontiguousarray(a)))
+            out.append((spec, to_storage(a, spec["dtype"], f"input {spec['name']!r}")))
         return out
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -166,8 +164,12 @@ class Session:
         Returns:
             Output name -> a new numpy array.
 
+        Inputs are converted to their buffers' element type (``storage`` in the manifest: bool,
+        int8, uint8 and int64 are stored as int32) and outputs back to their dtype.
+
         Raises:
-            ShapeError: an unknown, missing, wrongly shaped or wrongly typed input.
+            ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
+                input value that does not fit in int32.
         """
         import wgpu
 
@@ -200,8 +202,7 @@ class Session:
                 raw = st.read_mapped(copy=True)
             finally:
                 st.unmap()
-            n = int(np.prod(o["shape"], dtype=np.int64))
-            results[o["name"]] = np.frombuffer(raw, dtype=_DTYPES[o["dtype"]], count=n).reshape(o["shape"]).copy()
+            results[o["name"]] = from_storage(raw, o["dtype"], o["shape"])
         return results
 
     def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:
