@@ -104,7 +104,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     by_source: dict[str, int] = {}
     steps: list[Step] = []
     schedule = Schedule()
-    work = [g for g in groups if not g.alias]
+    work = [g for g in groups if not g.alias and g.output.size]  # an empty tensor needs no kernel
     it = work
     if progress:
         from rich.progress import track

@@ -22,9 +22,12 @@ TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "bool": "bool"}
 
 #: expression function -> WGSL builtin (WGSL §17)
 BUILTINS = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil",
-            "sin": "sin", "cos": "cos", "tanh": "tanh", "max": "max", "min": "min", "pow": "pow", "clamp": "clamp"}
+            "sin": "sin", "cos": "cos", "tanh": "tanh", "max": "max", "min": "min", "pow": "pow", "clamp": "clamp",
+            "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
+            "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "round": "round", "sign": "sign", "trunc": "trunc",
+            "bitcast_i32": "bitcast<i32>"}
 
-_BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&&", "||"}
+_BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "&", "|", "^"}
 
 
 def literal(value, dtype: str) -> str:

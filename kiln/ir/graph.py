@@ -147,7 +147,7 @@ class Builder:
         arr = np.asarray(array)
         if dtype is not None:
             arr = arr.astype(dtypes.NUMPY[dtype])
-        arr = np.ascontiguousarray(arr)
+        arr = np.array(arr, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
         return Value(self.fresh(name), dtypes.from_numpy(arr.dtype), tuple(arr.shape), const=arr)
 
     def op(self, op: str, inputs: list[Value], *, name: str = "", nout: int = 1, **attrs: Any) -> Value | list[Value]:

@@ -337,6 +337,7 @@ function parseSafetensors(bytes, path) {
  * @param {number} byteLength
  */
 function writePadded(queue, buffer, source, sourceOffset, byteLength) {
+  if (byteLength === 0) return;  // an empty tensor
   if (byteLength % 4 === 0) {
     queue.writeBuffer(buffer, 0, source, sourceOffset, byteLength);
   } else {

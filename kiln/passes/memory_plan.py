@@ -20,7 +20,7 @@ from kiln.passes.fusion import Group
 
 def needs_buffer(node: Node, v: Value) -> bool:
     """Whether constant ``v`` read by ``node`` lives in a buffer (scalars of elementwise ops become literals)."""
-    return v.size != 1 or ops.kind(node.op) != "binary"
+    return v.size != 1 or ops.kind(node.op) not in ("binary", "ternary")
 
 
 def storage_bytes(v: Value) -> int:

@@ -90,7 +90,8 @@ class Session:
                 data = np.ascontiguousarray(handles[f].get_tensor(b["tensor"]))
                 if data.nbytes > b["bytes"]:
                     raise PackageError(f"{self.path}: weight {b['tensor']} is larger than its buffer")
-                dev.queue.write_buffer(self.buffers[b["id"]], 0, data.tobytes())
+                if data.size:
+                    dev.queue.write_buffer(self.buffers[b["id"]], 0, data.tobytes())
         except (OSError, KeyError) as e:
             raise PackageError(f"{self.path}: cannot read weights ({e})") from None
         self.pipelines = []
@@ -176,7 +177,8 @@ class Session:
         checked = self._check_feeds(feeds)
         dev = self.device
         for spec, a in checked:
-            dev.queue.write_buffer(self.buffers[spec["buffer"]], 0, a.tobytes())
+            if a.size:  # an empty tensor has nothing to write (WebGPU refuses empty writes)
+                dev.queue.write_buffer(self.buffers[spec["buffer"]], 0, a.tobytes())
         if self.poison:
             for o in self.outputs:
                 self._fill_nan(o["buffer"])

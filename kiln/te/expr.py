@@ -7,8 +7,9 @@ structurally, so equal sub-expressions (for example a reduction inlined twice)
 are recognised. Builders fold constants and trivial identities as they go
 (``x * 1 -> x``, ``i + 0 -> i``), which keeps generated index arithmetic short.
 
-Dtypes: ``float32``, ``int32`` (index arithmetic) and ``bool`` (conditions).
-Integer ``//`` and ``%`` are only used on non-negative operands.
+Dtypes: ``float32``, ``int32`` (index arithmetic and integer tensors) and ``bool``.
+Integer ``//`` and ``%`` truncate toward zero (as WGSL's ``/`` and ``%``); ``&``, ``|``, ``^``
+are bitwise on int32.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from dataclasses import dataclass
 _ids = itertools.count()
 
 #: math functions an expression may call; each target renders them (WGSL builtins, C, GLSL)
-CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "max", "min", "pow", "clamp"}
+CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "max", "min", "pow", "clamp",
+         "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "round", "sign", "trunc",
+         "bitcast_i32"}
+
+#: functions whose result dtype is fixed (the others return their operands' dtype)
+CALL_DTYPES = {"bitcast_i32": "int32"}
 
 
 class Expr:
@@ -121,6 +127,7 @@ _CMP = {"<", "<=", ">", ">=", "==", "!="}
 _PY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
        "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
        "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "&&": lambda a, b: a and b, "||": lambda a, b: a or b,
+       "&": lambda a, b: a & b, "|": lambda a, b: a | b, "^": lambda a, b: a ^ b,
        "max": max, "min": min}
 
 
@@ -203,7 +210,7 @@ def call(fn: str, *args: ExprLike) -> Expr:
     xs = tuple(as_expr(a, like) if not isinstance(a, Expr) else a for a in args)
     if fn in ("max", "min") and all(isinstance(x, Const) for x in xs):
         return const(_PY[fn](*(x.value for x in xs)), like)
-    return Call(fn, xs, like)
+    return Call(fn, xs, CALL_DTYPES.get(fn, like))
 
 
 def select(cond: Expr, t: ExprLike, f: ExprLike) -> Expr:

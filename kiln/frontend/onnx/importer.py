@@ -107,6 +107,8 @@ def _call(fn, b: Builder, inputs: list[Value | None], attrs: dict[str, Any], nod
         raise UnsupportedOpError([(f"{node.op_type}[{','.join(sorted(extra))}]", node.domain, opset, node.name)])
     if "_opset" in params:
         attrs = {**attrs, "_opset": opset}
+    if "_nout" in params:
+        attrs = {**attrs, "_nout": len(node.output)}
     return fn(b, *inputs, **attrs)
 
 

@@ -35,3 +35,18 @@ _register("ReduceSum", 13)
 _register("ReduceMean", 18)
 _register("ReduceMax", 18)
 _register("ReduceMin", 18)
+
+
+def _arg(op: str):
+    def convert(b: Builder, x: Value, *, axis: int = 0, keepdims: int = 1, select_last_index: int = 0) -> Value:
+        ax = norm_axis(axis, len(x.shape))
+        best = b.op("ReduceMax" if op == "ArgMax" else "ReduceMin", [x], axes=(ax,), keepdims=1)
+        return b.op(op, [x, best], axis=ax, keepdims=int(keepdims), select_last_index=int(select_last_index))
+
+    convert.__doc__ = (f"ONNX {op}-1/11/12/13: int64 index of the first (or last) {op[3:].lower()} along ``axis``; "
+                       f"a Reduce{op[3:]} kernel then one pass comparing against it.")
+    return convert
+
+
+onnx_op("ArgMax", since=1)(_arg("ArgMax"))
+onnx_op("ArgMin", since=1)(_arg("ArgMin"))

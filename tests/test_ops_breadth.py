@@ -1,0 +1,197 @@
+"""Operators beyond MobileNet's: math, comparisons and logic, indexing and data movement, against onnxruntime.
+
+Every case compiles a one-node model with Kiln, runs it natively on WebGPU with poisoned buffers
+and compares with onnxruntime (CPU) and Kiln's interpreter, on fresh random inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+from opcheck import check_op
+
+
+def f32(rng, *shape, lo=-1.0, hi=1.0):
+    return rng.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+def i64(rng, *shape, lo=-9, hi=10):
+    return rng.integers(lo, hi, size=shape).astype(np.int64)
+
+
+def shape_of(rng, rank_lo=1, rank_hi=4):
+    return tuple(int(d) for d in rng.integers(1, 6, size=int(rng.integers(rank_lo, rank_hi + 1))))
+
+
+# ----------------------------------------------------------------------------- unary math and activations
+UNARY = {
+    "Tan": (-1.2, 1.2), "Asin": (-0.99, 0.99), "Acos": (-0.99, 0.99), "Atan": (-5, 5), "Sinh": (-4, 4),
+    "Cosh": (-4, 4), "Asinh": (-5, 5), "Acosh": (1.01, 6), "Atanh": (-0.95, 0.95), "Sign": (-2, 2),
+    "Round": (-4, 4), "Softplus": (-30, 30), "Softsign": (-5, 5), "Mish": (-12, 8), "IsNaN": (-1, 1),
+    "IsInf": (-1, 1),
+}
+
+
+@pytest.mark.parametrize("op", list(UNARY))
+def test_unary_math(rng, op):
+    lo, hi = UNARY[op]
+    x = f32(rng, *shape_of(rng), lo=lo, hi=hi)
+    if op in ("IsNaN", "IsInf"):
+        x.flat[:: 3] = np.nan
+        x.flat[1:: 4] = np.inf
+        x.flat[2:: 5] = -np.inf
+    check_op(op, {"x": x}, opset=18, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op,attrs", [("Elu", {"alpha": 0.7}), ("Selu", {}), ("Celu", {"alpha": 1.5}),
+                                      ("ThresholdedRelu", {"alpha": 0.3}), ("Shrink", {"bias": 0.2, "lambd": 0.6}),
+                                      ("Gelu", {}), ("Gelu", {"approximate": "tanh"})])
+def test_activation(rng, op, attrs):
+    check_op(op, {"x": f32(rng, 3, 17, lo=-4, hi=4)}, attrs, opset=20, rtol=1e-4, atol=1e-5)
+
+
+def test_prelu_broadcast_slope(rng):
+    check_op("PRelu", {"x": f32(rng, 2, 3, 4, 5)}, {}, {"slope": f32(rng, 3, 1, 1, lo=0, hi=0.5)})
+
+
+def test_not(rng):
+    check_op("Not", {"x": rng.integers(0, 2, size=(4, 5)).astype(bool)})
+
+
+# ----------------------------------------------------------------------------- comparisons, logic, Where
+@pytest.mark.parametrize("op", ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"])
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_comparison(rng, op, dtype):
+    if dtype == "float32":
+        a, b = f32(rng, 3, 4).round(1), f32(rng, 4).round(1)
+    else:
+        a, b = i64(rng, 3, 4, lo=0, hi=4), i64(rng, 4, lo=0, hi=4)
+    check_op(op, {"a": a, "b": b})
+
+
+@pytest.mark.parametrize("op", ["And", "Or", "Xor"])
+def test_logic(rng, op):
+    check_op(op, {"a": rng.integers(0, 2, size=(2, 3, 4)).astype(bool), "b": rng.integers(0, 2, size=(3, 1)).astype(bool)})
+
+
+def test_where_broadcasts_three_ways(rng):
+    check_op("Where", {"c": rng.integers(0, 2, size=(3, 1, 5)).astype(bool), "x": f32(rng, 4, 5), "y": f32(rng, 3, 4, 1)})
+
+
+def test_where_with_scalar_branch_and_int64(rng):
+    check_op("Where", {"c": rng.integers(0, 2, size=(2, 6)).astype(bool), "x": i64(rng, 2, 6)}, {},
+             {"y": np.array(-7, np.int64)})
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_mod(rng, fmod):
+    if fmod:
+        check_op("Mod", {"a": f32(rng, 3, 5, lo=-9, hi=9), "b": f32(rng, 5, lo=1, hi=4)}, {"fmod": 1})
+    else:
+        b = i64(rng, 3, 5, lo=1, hi=6) * rng.choice([-1, 1], size=(3, 5))
+        check_op("Mod", {"a": i64(rng, 3, 5, lo=-20, hi=20), "b": b.astype(np.int64)})
+
+
+def test_bitwise_and_integer_pow(rng):
+    a, b = rng.integers(-100, 100, (4, 4)).astype(np.int32), rng.integers(-100, 100, (4,)).astype(np.int32)
+    check_op("BitwiseAnd", {"a": a, "b": b}, opset=18)
+    check_op("BitwiseNot", {"a": a}, opset=18)
+    check_op("Pow", {"a": i64(rng, 3, 4, lo=-5, hi=6), "b": i64(rng, 3, 4, lo=0, hi=4)}, opset=15)
+
+
+def test_mean_and_castlike(rng):
+    check_op("Mean", {"a": f32(rng, 3, 4), "b": f32(rng, 4), "c": f32(rng, 1, 4)})
+    check_op("CastLike", {"x": f32(rng, 3, 4, lo=-50, hi=50), "like": i64(rng, 1)}, opset=15)
+
+
+# ----------------------------------------------------------------------------- Gather and friends
+def test_gather_embedding_lookup(rng):
+    ids = i64(rng, 2, 7, lo=-30, hi=30)
+    check_op("Gather", {"ids": ids}, {"axis": 0}, {"table": f32(rng, 30, 16)}, input_order=["table", "ids"])
+
+
+@pytest.mark.parametrize("axis", [1, -1])
+def test_gather_runtime_data_and_indices(rng, axis):
+    x = f32(rng, 3, 5, 4)
+    idx = rng.integers(-x.shape[axis], x.shape[axis], size=(2, 3)).astype(np.int64)
+    check_op("Gather", {"x": x, "idx": idx}, {"axis": axis})
+
+
+def test_gather_scalar_index(rng):
+    check_op("Gather", {"x": f32(rng, 4, 6)}, {"axis": 1}, {"i": np.array(-2, np.int64)})
+
+
+def test_gather_elements(rng):
+    x = f32(rng, 3, 4)
+    check_op("GatherElements", {"x": x, "i": rng.integers(-3, 3, size=(5, 4)).astype(np.int64)}, {"axis": 0})
+
+
+# ----------------------------------------------------------------------------- Slice, Split, Expand, Tile, Pad
+SLICES = [([1, 0], [3, 10], [0, 1], None), ([-1], [-100], [1], [-2]), ([0, 1], [2**62, -1], [2, 1], [1, 2]),
+          ([4, 0, 1], [0, 2, 3], [0, 1, 2], [-1, 1, 1])]
+
+
+@pytest.mark.parametrize("case", SLICES, ids=lambda c: f"starts{c[0]}_steps{c[3]}")
+def test_slice(rng, case):
+    starts, ends, axes, steps = case
+    inits = {"starts": np.array(starts, np.int64), "ends": np.array(ends, np.int64), "axes": np.array(axes, np.int64)}
+    if steps:
+        inits["steps"] = np.array(steps, np.int64)
+    check_op("Slice", {"x": f32(rng, 5, 4, 6)}, {}, inits)
+
+
+def test_split_outputs(rng):
+    check_op("Split", {"x": f32(rng, 2, 7)}, {"axis": 1}, {"split": np.array([2, 5], np.int64)}, n_outputs=2)
+    check_op("Split", {"x": f32(rng, 7, 3)}, {"axis": 0, "num_outputs": 3}, opset=18, n_outputs=3)
+
+
+def test_expand_and_tile(rng):
+    check_op("Expand", {"x": f32(rng, 3, 1)}, {}, {"shape": np.array([2, 1, 4], np.int64)})
+    check_op("Tile", {"x": f32(rng, 2, 3)}, {}, {"r": np.array([3, 2], np.int64)})
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+def test_pad_modes(rng, mode):
+    inits = {"pads": np.array([1, 2, 0, 3, 2, 1], np.int64)}
+    if mode == "constant":
+        inits["value"] = np.array(1.5, np.float32)
+    check_op("Pad", {"x": f32(rng, 4, 5, 3)}, {"mode": mode}, inits, opset=19)
+
+
+def test_pad_negative_crops(rng):
+    check_op("Pad", {"x": f32(rng, 4, 5)}, {}, {"pads": np.array([-1, 2, 1, -2], np.int64)})
+
+
+@pytest.mark.parametrize("upper,k", [(1, 0), (0, -1), (1, 2)])
+def test_trilu(rng, upper, k):
+    check_op("Trilu", {"x": f32(rng, 2, 4, 5)}, {"upper": upper}, {"k": np.array(k, np.int64)})
+
+
+# ----------------------------------------------------------------------------- ArgMax/ArgMin, CumSum, OneHot, layout
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis,keepdims,last", [(0, 1, 0), (-1, 0, 1), (1, 1, 1)])
+def test_arg_reduce(rng, op, axis, keepdims, last):
+    x = rng.integers(0, 4, size=(3, 5, 4)).astype(np.float32)  # ties, so first/last index matters
+    check_op(op, {"x": x}, {"axis": axis, "keepdims": keepdims, "select_last_index": last})
+
+
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumsum(rng, exclusive, reverse):
+    check_op("CumSum", {"x": f32(rng, 3, 6)}, {"exclusive": exclusive, "reverse": reverse},
+             {"axis": np.array(1, np.int64)})
+
+
+def test_onehot(rng):
+    check_op("OneHot", {"i": i64(rng, 2, 3, lo=-5, hi=5)}, {"axis": 1},
+             {"depth": np.array(5, np.int64), "values": np.array([0.5, 2.0], np.float32)})
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_depth_to_space_and_back(rng, mode):
+    check_op("DepthToSpace", {"x": f32(rng, 1, 8, 2, 3)}, {"blocksize": 2, "mode": mode})
+    check_op("SpaceToDepth", {"x": f32(rng, 1, 2, 4, 6)}, {"blocksize": 2})
+
+
+def test_int64_cast_to_bool_output(rng):
+    check_op("Cast", {"x": i64(rng, 3, 3, lo=-1, hi=2)}, {"to": TensorProto.BOOL})
