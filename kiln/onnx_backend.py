@@ -29,6 +29,7 @@ from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from kiln.errors import ConstantInputError, KilnError
+from kiln.frontend.onnx.importer import dim_key
 
 #: most inputs one model may need baked in before the backend gives up
 MAX_SPECIALISED = 8
@@ -42,7 +43,7 @@ def _runtime_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 def _has_symbolic_dims(model: onnx.ModelProto) -> bool:
     for i in _runtime_inputs(model):
         t = i.type.tensor_type
-        if t.HasField("shape") and any(not d.HasField("dim_value") for d in t.shape.dim):
+        if t.HasField("shape") and any(not (d.HasField("dim_value") and d.dim_value >= 0) for d in t.shape.dim):
             return True
     return False
 
@@ -83,8 +84,8 @@ class KilnBackendRep(BackendRep):
                 for inp in _runtime_inputs(self.model):
                     dim = inp.type.tensor_type.shape.dim
                     for k, d in enumerate(dim):
-                        if not d.HasField("dim_value") and inp.name in feeds:
-                            dims[d.dim_param or f"{inp.name}_dim{k}"] = int(feeds[inp.name].shape[k])
+                        if not (d.HasField("dim_value") and d.dim_value >= 0) and inp.name in feeds:
+                            dims[dim_key(inp.name, k, d)] = int(feeds[inp.name].shape[k])
                 for name in self.specialised:
                     model.graph.initializer.append(numpy_helper.from_array(np.asarray(feeds[name]), name))
             root = Path(self._workdir.name) / f"pkg{len(self._sessions)}"

@@ -35,11 +35,25 @@ def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None =
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
-    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    try:
+        inferred_model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except onnx.shape_inference.InferenceError:  # onnx cannot infer some function-defined ops (MVN) strictly
+        inferred_model = onnx.shape_inference.infer_shapes(model)
+    model = inferred_model
     inferred = {v.name: v.type for v in model.graph.value_info}
-    for out in model.graph.output:  # outputs take their inferred element type
+    missing = []
+    for out in model.graph.output:  # outputs take their inferred type
         if out.name in inferred and not out.type.tensor_type.elem_type:
             out.type.CopyFrom(inferred[out.name])
+        if not out.type.tensor_type.elem_type or not out.type.tensor_type.HasField("shape"):
+            missing.append(out)
+    if missing:  # onnx's inference gave up: take dtype and shape from its reference evaluator
+        from onnx.reference import ReferenceEvaluator
+
+        results = ReferenceEvaluator(model).run(None, inputs)
+        for out, arr in zip(model.graph.output, results):
+            if out in missing:
+                out.CopyFrom(helper.make_tensor_value_info(out.name, _onnx_type(arr.dtype), list(arr.shape)))
     return model
 
 

@@ -195,3 +195,46 @@ def test_depth_to_space_and_back(rng, mode):
 
 def test_int64_cast_to_bool_output(rng):
     check_op("Cast", {"x": i64(rng, 3, 3, lo=-1, hi=2)}, {"to": TensorProto.BOOL})
+
+
+# ----------------------------------------------------------------------------- normalisation
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_layer_normalization(rng, axis):
+    x = f32(rng, 2, 5, 8, lo=-3, hi=3)
+    norm = x.shape[axis:]
+    check_op("LayerNormalization", {"x": x}, {"axis": axis, "epsilon": 1e-3},
+             {"scale": f32(rng, *norm), "bias": f32(rng, *norm)}, atol=1e-5)
+
+
+def test_layer_normalization_optional_outputs(rng):
+    x = f32(rng, 3, 7, lo=-3, hi=3)
+    check_op("LayerNormalization", {"x": x}, {}, {"scale": f32(rng, 7)}, n_outputs=3, atol=1e-5)
+
+
+def test_instance_and_group_normalization(rng):
+    c = 6
+    check_op("InstanceNormalization", {"x": f32(rng, 2, c, 4, 5)}, {"epsilon": 1e-4},
+             {"scale": f32(rng, c), "bias": f32(rng, c)}, atol=1e-5)
+    check_op("GroupNormalization", {"x": f32(rng, 2, c, 3, 3)}, {"num_groups": 3},
+             {"scale": f32(rng, c), "bias": f32(rng, c)}, opset=21, atol=1e-5)
+
+
+def test_lrn_mvn_lp_normalization(rng):
+    check_op("LRN", {"x": f32(rng, 2, 7, 3, 3)}, {"size": 3, "alpha": 0.01, "beta": 0.6, "bias": 1.5}, atol=1e-5)
+    check_op("MeanVarianceNormalization", {"x": f32(rng, 2, 3, 4, 5)}, atol=1e-5)
+    check_op("LpNormalization", {"x": f32(rng, 3, 6)}, {"p": 1, "axis": 0})
+    check_op("LpNormalization", {"x": f32(rng, 3, 6)}, {"p": 2, "axis": -1})
+
+
+@pytest.mark.parametrize("op", ["ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
+                                "ReduceProd"])
+@pytest.mark.parametrize("axes,keepdims", [([1], 1), ([0, 2], 0), (None, 1)])
+def test_reduce_composites(rng, op, axes, keepdims):
+    x = f32(rng, 3, 4, 5, lo=0.5, hi=1.5) if op in ("ReduceLogSum", "ReduceProd") else f32(rng, 3, 4, 5, lo=-3, hi=3)
+    inits = {"axes": np.array(axes, np.int64)} if axes is not None else {}
+    check_op(op, {"x": x}, {"keepdims": keepdims}, inits, opset=18, rtol=1e-4, atol=1e-5)
+
+
+def test_reduce_integer_sum_and_mean(rng):
+    check_op("ReduceSum", {"x": i64(rng, 3, 4)}, {"keepdims": 0}, {"axes": np.array([1], np.int64)})
+    check_op("ReduceMax", {"x": i64(rng, 3, 4)}, {"keepdims": 1, "axes": [0]})

@@ -264,7 +264,7 @@ register("MatMul", "matmul", _matmul_infer, lambda xs, a: [np.matmul(xs[0], xs[1
 
 
 # ----------------------------------------------------------------------------- reductions
-REDUCE = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max, "ReduceMin": np.min}
+REDUCE = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max, "ReduceMin": np.min, "ReduceProd": np.prod}
 
 
 def _reduce_infer(ts, a):

@@ -113,7 +113,7 @@ class Load(Expr):
 
 @dataclass(frozen=True, eq=True)
 class Reduce(Expr):
-    """``op`` (``sum``, ``max``, ``min``) of ``body`` over the reduction ``axes``."""
+    """``op`` (``sum``, ``prod``, ``max``, ``min``) of ``body`` over the reduction ``axes``."""
 
     op: str
     body: Expr

@@ -203,7 +203,8 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             if e in memo:
                 return memo[e]
             acc = Var(f"acc{next(counter)}", 0, e.dtype)
-            init = {"sum": 0.0 if e.dtype == "float32" else 0, "max": lowest(e.dtype), "min": highest(e.dtype)}[e.op]
+            init = {"sum": 0.0 if e.dtype == "float32" else 0, "max": lowest(e.dtype), "min": highest(e.dtype),
+                    "prod": 1}[e.op]
             block.append(Decl(acc, const(init, e.dtype)))
             inner = block
             for ax in e.axes:
@@ -211,7 +212,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
                 inner.append(loop)
                 inner = loop.body
             v = hoist(e.body, inner, {})
-            comb = acc + v if e.op == "sum" else call(e.op, acc, v)
+            comb = acc + v if e.op == "sum" else acc * v if e.op == "prod" else call(e.op, acc, v)
             inner.append(Assign(acc, flat(comb, False)))
             memo[e] = acc
             return acc

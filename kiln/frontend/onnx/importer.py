@@ -76,6 +76,14 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
     return v
 
 
+def dim_key(input_name: str, index: int, dim: onnx.TensorShapeProto.Dimension) -> str:
+    """The name a symbolic dim is bound by (``--dim KEY=SIZE``): its ``dim_param``, or ``<input>_dim<index>``
+    for an anonymous one (no name, ``?``, or a negative ``dim_value`` as some exporters write)."""
+    if dim.HasField("dim_param") and dim.dim_param not in ("", "?"):
+        return dim.dim_param
+    return f"{input_name}_dim{index}"
+
+
 def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, int]) -> tuple[tuple[int, ...], tuple[int | str, ...]]:
     if not t.HasField("tensor_type"):
         raise KilnError(f"input {name!r}: only tensor inputs are supported")
@@ -84,14 +92,14 @@ def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, int]) -> tuple[tup
     sym: list[int | str] = []
     concrete: list[int] = []
     for i, d in enumerate(t.tensor_type.shape.dim):
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value >= 0:
             sym.append(d.dim_value)
             concrete.append(d.dim_value)
         else:
-            key = d.dim_param or f"{name}_dim{i}"
+            key = dim_key(name, i, d)
             sym.append(key)
             if key not in dims:
-                if d.dim_param:
+                if d.dim_param and d.dim_param != "?":
                     dims[key] = 1
                 else:
                     raise ShapeError(f"input {name!r} dim {i} is unknown; bind it with --dim {key}=SIZE")
