@@ -75,8 +75,10 @@ def test_minilm_sentence_embeddings_match_onnxruntime(tmp_path):
     ("ch_ppocr_mobile_v2.0_cls_infer", (2, 3, 48, 192), {"x_dim0": 2, "x_dim2": 48, "x_dim3": 192}),
     ("ch_PP-OCRv4_rec_infer", (1, 3, 48, 160), {"p2o.DynamicDimension.0": 1, "x_dim2": 48,
                                                 "p2o.DynamicDimension.1": 160}),
+    ("ch_PP-OCRv4_det_infer", (1, 3, 64, 96), {"p2o.DynamicDimension.0": 1, "p2o.DynamicDimension.1": 64,
+                                               "p2o.DynamicDimension.2": 96}),
 ])
-def test_ppocr_classifier_and_recogniser_match_onnxruntime(tmp_path, rng, name, shape, dims):
+def test_ppocr_models_match_onnxruntime(tmp_path, rng, name, shape, dims):
     path = SHARED_MODELS / f"{name}.onnx"
     x = rng.uniform(-1, 1, size=shape).astype(np.float32)
     session = kiln.load(kiln.compile(path, tmp_path / "pkg", dims=dims), poison=True)

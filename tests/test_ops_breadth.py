@@ -238,3 +238,51 @@ def test_reduce_composites(rng, op, axes, keepdims):
 def test_reduce_integer_sum_and_mean(rng):
     check_op("ReduceSum", {"x": i64(rng, 3, 4)}, {"keepdims": 0}, {"axes": np.array([1], np.int64)})
     check_op("ReduceMax", {"x": i64(rng, 3, 4)}, {"keepdims": 1, "axes": [0]})
+
+
+# ----------------------------------------------------------------------------- Resize, ConvTranspose
+RESIZES = [
+    # (name, attrs, scales or None, sizes or None, input shape)
+    ("nearest_up_asymmetric_floor", {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                                     "nearest_mode": "floor"}, [1, 1, 2, 2], None, (1, 2, 3, 4)),
+    ("nearest_half_pixel_prefer_floor", {"mode": "nearest"}, [1, 1, 1.7, 0.6], None, (2, 1, 5, 6)),
+    ("nearest_sizes_prefer_ceil", {"mode": "nearest", "nearest_mode": "round_prefer_ceil"}, None, [1, 2, 7, 3],
+     (1, 2, 4, 5)),
+    ("linear_half_pixel", {"mode": "linear"}, [1, 1, 2, 2], None, (1, 3, 4, 5)),
+    ("linear_align_corners", {"mode": "linear", "coordinate_transformation_mode": "align_corners"}, None,
+     [1, 1, 6, 3], (1, 1, 4, 5)),
+    ("linear_pytorch_down", {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"},
+     [1, 1, 0.5, 0.75], None, (1, 2, 6, 8)),
+    ("cubic_half_pixel", {"mode": "cubic"}, [1, 1, 1.5, 2], None, (1, 1, 4, 4)),
+    ("cubic_exclude_outside", {"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5}, [1, 1, 0.8, 1.6],
+     None, (1, 1, 5, 5)),
+]
+
+
+@pytest.mark.parametrize("case", RESIZES, ids=[c[0] for c in RESIZES])
+def test_resize(rng, case):
+    _, attrs, scales, sizes, shape = case
+    inits = {"roi": np.array([], np.float32)}
+    inits["scales"] = np.array(scales if scales else [], np.float32)
+    if sizes:
+        inits["sizes"] = np.array(sizes, np.int64)
+    check_op("Resize", {"x": f32(rng, *shape)}, attrs, inits, opset=13, atol=1e-5,
+             input_order=["x", "roi", "scales"] + (["sizes"] if sizes else []))
+
+
+CONV_T = [
+    # (name, cin, cout, k, attrs)
+    ("stride2", 3, 4, 3, {"strides": [2, 2]}),
+    ("pads_output_padding", 2, 3, 3, {"strides": [2, 3], "pads": [1, 0, 1, 2], "output_padding": [1, 1]}),
+    ("group_dilation", 4, 6, 2, {"group": 2, "dilations": [2, 1]}),
+    ("output_shape", 2, 2, 3, {"strides": [3, 2], "output_shape": [10, 8]}),
+    ("ppocr_det_2x2_s2", 8, 4, 2, {"strides": [2, 2]}),
+]
+
+
+@pytest.mark.parametrize("case", CONV_T, ids=[c[0] for c in CONV_T])
+def test_conv_transpose(rng, case):
+    _, cin, cout, k, attrs = case
+    g = attrs.get("group", 1)
+    check_op("ConvTranspose", {"x": f32(rng, 2, cin, 3, 4)}, attrs,
+             {"w": f32(rng, cin, cout // g, k, k), "b": f32(rng, cout)}, atol=1e-5)

@@ -379,4 +379,7 @@ register("MaxPool", "pool", _pool_infer, _maxpool_eval)
 register("AveragePool", "pool", _pool_infer, _avgpool_eval)
 
 
-from kiln.ir import ops_data  # noqa: F401  (registers the indexing and data-movement primitives)
+from kiln.ir import (
+    ops_data,  # noqa: F401  (registers the indexing and data-movement primitives)
+    ops_resample,  # noqa: F401  (registers Resize and ConvTranspose)
+)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.ir import ops
-from kiln.kernels import elementwise, index, layout, nn
+from kiln.kernels import elementwise, index, layout, nn, resample
 from kiln.kernels.elementwise import Operand
 from kiln.te.compute import Tensor
 
@@ -39,6 +39,10 @@ def build(op: str, inputs: list[Operand], attrs: dict[str, Any], out_shape: tupl
         return layout.transpose(inputs[0], list(attrs["perm"]), out_shape, name)
     if op == "Concat":
         return layout.concat(list(inputs), attrs["axis"], out_shape, name)
+    if op == "Resize":
+        return resample.resize(inputs[0], attrs, out_shape, name)
+    if op == "ConvTranspose":
+        return resample.conv_transpose(inputs[0], inputs[1], attrs, out_shape, name)
     if op in _INDEX:
         return _INDEX[op](inputs, attrs, out_shape, name)
     raise NotImplementedError(f"no tensor expression for primitive {op}")
