@@ -12,7 +12,9 @@ Two things a web deployment fixes at compile time are fixed here from the first 
 * symbolic input dims (``N``) are bound to the fed arrays' sizes;
 * an input Kiln needs as a compile-time constant (a Reshape's ``shape``, a Slice's ``starts``,
   ...: :class:`~kiln.errors.ConstantInputError`) is baked into the package as a constant
-  with the fed value ("specialised"); a run with other values for it compiles again.
+  with the fed value ("specialised"); a run with other values for it compiles again. When the
+  value Kiln needs is computed from inputs, every small integer input (at most
+  :data:`SMALL_INPUT` elements: shapes, axes, sizes) is baked in.
 
 Without either, :meth:`KilnBackend.prepare` compiles at once.
 """
@@ -33,6 +35,8 @@ from kiln.frontend.onnx.importer import dim_key
 
 #: most inputs one model may need baked in before the backend gives up
 MAX_SPECIALISED = 8
+#: integer inputs up to this many elements may be baked in when a compile-time value is computed from inputs
+SMALL_INPUT = 64
 
 
 def _runtime_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -94,10 +98,17 @@ class KilnBackendRep(BackendRep):
             try:
                 return kiln.load(kiln.compile(src, root, dims=dims, force=True))
             except ConstantInputError as e:
-                if feeds is None or e.value not in feeds or e.value in self.specialised \
-                        or len(self.specialised) >= MAX_SPECIALISED:
+                if feeds is None or len(self.specialised) >= MAX_SPECIALISED:
                     raise
-                self.specialised.append(e.value)
+                if e.value in feeds and e.value not in self.specialised:
+                    self.specialised.append(e.value)
+                    continue
+                # a value computed from inputs: bake in every small integer input (shapes, axes, sizes)
+                extra = [n for n in self.inputs if n in feeds and n not in self.specialised
+                         and feeds[n].dtype.kind in "iu" and feeds[n].size <= SMALL_INPUT]
+                if not extra:
+                    raise
+                self.specialised.extend(extra)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         """Run on ``inputs`` (a list in the model's input order, or a dict by name); outputs in model order.

@@ -286,3 +286,90 @@ def test_conv_transpose(rng, case):
     g = attrs.get("group", 1)
     check_op("ConvTranspose", {"x": f32(rng, 2, cin, 3, 4)}, attrs,
              {"w": f32(rng, cin, cout // g, k, k), "b": f32(rng, cout)}, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- 16-bit integers, bit shifts
+def test_int16_arithmetic_wraps(rng):
+    a = rng.integers(-30000, 30000, size=(3, 4)).astype(np.int16)
+    b = rng.integers(-30000, 30000, size=(4,)).astype(np.int16)
+    check_op("Add", {"a": a, "b": b})
+    check_op("Mul", {"a": a, "b": b})
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+@pytest.mark.parametrize("dtype", ["uint8"])  # onnxruntime has no uint16 BitShift; onnx's suite covers it
+def test_bit_shift(rng, direction, dtype):
+    x = rng.integers(0, 200, size=(3, 5)).astype(dtype)
+    check_op("BitShift", {"x": x, "y": rng.integers(0, 8, size=(5,)).astype(dtype)}, {"direction": direction})
+
+
+# ----------------------------------------------------------------------------- losses
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("weighted,ignore", [(False, None), (True, None), (True, 2)])
+def test_negative_log_likelihood_loss(rng, reduction, weighted, ignore):
+    x = f32(rng, 3, 5, 4, lo=-3, hi=0)
+    t = rng.integers(0, 5, size=(3, 4)).astype(np.int64)
+    attrs = {"reduction": reduction, **({"ignore_index": ignore} if ignore is not None else {})}
+    inits = {"w": f32(rng, 5, lo=0.1, hi=1)} if weighted else {}
+    check_op("NegativeLogLikelihoodLoss", {"x": x, "t": t}, attrs, inits, opset=13, atol=1e-5)
+
+
+def test_softmax_cross_entropy_loss_with_log_prob(rng):
+    check_op("SoftmaxCrossEntropyLoss", {"x": f32(rng, 4, 6, lo=-3, hi=3), "t": i64(rng, 4, lo=0, hi=6)},
+             {"reduction": "mean"}, opset=13, n_outputs=2, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- more indexing
+def test_gather_nd_with_batch_dims(rng):
+    check_op("GatherND", {"x": f32(rng, 2, 3, 4), "i": rng.integers(0, 3, size=(2, 5, 1)).astype(np.int64)},
+             {"batch_dims": 1})
+    check_op("GatherND", {"x": f32(rng, 3, 4, 2), "i": rng.integers(-3, 3, size=(4, 2)).astype(np.int64)})
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_elements(rng, reduction):
+    x = f32(rng, 4, 5)
+    idx = rng.permutation(4)[:3].reshape(3, 1).repeat(5, 1).astype(np.int64) if reduction == "none" \
+        else rng.integers(-4, 4, size=(3, 5)).astype(np.int64)
+    check_op("ScatterElements", {"x": x, "i": idx, "u": f32(rng, 3, 5)}, {"axis": 0, "reduction": reduction},
+             opset=18)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_nd(rng, reduction):
+    idx = rng.permutation(4)[:2].reshape(2, 1).astype(np.int64)
+    check_op("ScatterND", {"x": f32(rng, 4, 3, 2), "i": idx, "u": f32(rng, 2, 3, 2)}, {"reduction": reduction},
+             opset=18)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk(rng, largest):
+    x = rng.integers(0, 6, size=(3, 7)).astype(np.float32)  # ties
+    check_op("TopK", {"x": x}, {"axis": 1, "largest": largest}, {"k": np.array([4], np.int64)}, n_outputs=2)
+
+
+def test_hardmax_lppool_center_crop_pad(rng):
+    check_op("Hardmax", {"x": rng.integers(0, 3, size=(3, 4, 5)).astype(np.float32)}, {"axis": 1})
+    check_op("LpPool", {"x": f32(rng, 1, 2, 6, 5)}, {"kernel_shape": [3, 2], "p": 3, "pads": [1, 0, 1, 1]}, opset=18,
+             atol=1e-5)
+    check_op("CenterCropPad", {"x": f32(rng, 5, 4, 3)}, {"axes": [0, 1]}, {"s": np.array([3, 7], np.int64)},
+             opset=18)
+
+
+def test_window_functions(rng):
+    for op in ("HannWindow", "HammingWindow", "BlackmanWindow"):
+        check_op(op, {}, {"periodic": 0}, {"n": np.array(10, np.int64)}, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- quantisation
+def test_quantize_dequantize_per_axis(rng):
+    x = f32(rng, 2, 3, 4, lo=-3, hi=3)
+    scale, zp = f32(rng, 3, lo=0.01, hi=0.05), rng.integers(-20, 20, size=3).astype(np.int8)
+    check_op("QuantizeLinear", {"x": x}, {"axis": 1}, {"s": scale, "z": zp}, opset=13)
+    q = rng.integers(0, 256, size=(2, 3, 4)).astype(np.uint8)
+    check_op("DequantizeLinear", {"q": q}, {"axis": 1}, {"s": scale, "z": rng.integers(0, 256, 3).astype(np.uint8)},
+             opset=13)
+
+
+def test_dynamic_quantize_linear(rng):
+    check_op("DynamicQuantizeLinear", {"x": f32(rng, 3, 8, lo=-2, hi=5)}, n_outputs=3)

@@ -64,6 +64,8 @@ def expr(e: Expr) -> str:
             return f"({expr(e.a)} / {expr(e.b)})"
         if e.op == "%":
             return f"({expr(e.a)} % {expr(e.b)})"
+        if e.op in ("<<", ">>"):  # WGSL shifts take a u32 amount
+            return f"({expr(e.a)} {e.op} u32({expr(e.b)}))"
         if e.op in _BINOPS:
             return f"({expr(e.a)} {e.op} {expr(e.b)})"
         raise ValueError(f"WGSL: unknown binary op {e.op!r}")

@@ -20,6 +20,8 @@ NUMPY: dict[str, np.dtype] = {
     "float64": np.dtype(np.float64),
     "int64": np.dtype(np.int64),
     "int32": np.dtype(np.int32),
+    "int16": np.dtype(np.int16),
+    "uint16": np.dtype(np.uint16),
     "int8": np.dtype(np.int8),
     "uint8": np.dtype(np.uint8),
     "bool": np.dtype(np.bool_),
@@ -31,6 +33,8 @@ _ONNX = {
     TensorProto.DOUBLE: "float64",
     TensorProto.INT64: "int64",
     TensorProto.INT32: "int32",
+    TensorProto.INT16: "int16",
+    TensorProto.UINT16: "uint16",
     TensorProto.INT8: "int8",
     TensorProto.UINT8: "uint8",
     TensorProto.BOOL: "bool",
@@ -78,7 +82,7 @@ def expr_dtype(dtype: str) -> str:
     """
     if dtype == "bool" or dtype == "float32":
         return dtype
-    if dtype in ("int32", "int64", "int8", "uint8"):
+    if dtype in ("int32", "int64", "int16", "uint16", "int8", "uint8"):
         return "int32"
     raise KilnError(f"{dtype} tensors are not supported by the webgpu target")
 

@@ -109,6 +109,15 @@ UNARY: dict[str, Callable[[np.ndarray, dict[str, Any]], np.ndarray]] = {
 #: unary primitives whose result is bool whatever the input dtype
 UNARY_BOOL = {"IsNaN", "IsInf"}
 
+def _shift(x: np.ndarray, s: np.ndarray, fn, negative_fill: int) -> np.ndarray:
+    """ONNX BitShift: a shift by a negative amount or by the type's width or more gives 0 (or -1 for
+    a negative value shifted right)."""
+    width = x.dtype.itemsize * 8
+    ok = (s >= 0) & (s < width)
+    fill = np.where(x < 0, negative_fill, 0) if negative_fill else 0
+    return np.where(ok, fn(x, np.where(ok, s, 0)), fill)
+
+
 #: binary primitive -> numpy ufunc (numpy broadcasting, ONNX multidirectional broadcasting)
 BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Add": np.add,
@@ -124,6 +133,8 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "BitwiseAnd": np.bitwise_and,
     "BitwiseOr": np.bitwise_or,
     "BitwiseXor": np.bitwise_xor,
+    "BitShiftLeft": lambda x, s: _shift(x, s, np.left_shift, 0),
+    "BitShiftRight": lambda x, s: _shift(x, s, np.right_shift, -1),
     "Equal": np.equal,
     "Less": np.less,
     "Greater": np.greater,

@@ -183,3 +183,93 @@ def _onehot_eval(xs, a):
 
 
 register("OneHot", "gather", _onehot_infer, _onehot_eval)
+
+
+register("CumProd", "layout", lambda ts, a: [ts[0]], lambda xs, a: [_cumprod_eval(xs[0], a)])
+
+
+def _cumprod_eval(x: np.ndarray, a) -> np.ndarray:
+    ax = a["axis"]
+    y = np.flip(x, ax) if a["reverse"] else x
+    c = np.cumprod(y, axis=ax, dtype=x.dtype)
+    if a["exclusive"]:
+        c = np.concatenate([np.ones_like(np.take(c, [0], axis=ax)), np.delete(c, -1, axis=ax)], axis=ax) \
+            if x.shape[ax] else c
+    return np.array(np.flip(c, ax) if a["reverse"] else c, order="C")
+
+
+# ----------------------------------------------------------------------------- GatherND, scatters, TopK
+def _gather_nd_infer(ts, a):
+    (dx, sx), (di, si) = ts
+    bd, k = a["batch_dims"], si[-1]
+    if di not in ("int32", "int64") or bd + k > len(sx) or tuple(si[:bd]) != tuple(sx[:bd]):
+        raise ShapeError(f"GatherND: data {list(sx)} and indices {list(si)} (batch_dims {bd}) do not fit")
+    return [(dx, (*si[:-1], *sx[bd + k:]))]
+
+
+def _gather_nd_eval(xs, a):
+    x, idx = xs
+    bd, _k = a["batch_dims"], idx.shape[-1]
+    out = np.empty(_gather_nd_infer([(x.dtype, x.shape), (idx.dtype, idx.shape)], a)[0][1], x.dtype)
+    for pos in np.ndindex(*idx.shape[:-1]):
+        key = [int(v) + (x.shape[bd + q] if v < 0 else 0) for q, v in enumerate(idx[pos])]
+        out[pos] = x[(*pos[:bd], *key)]
+    return [out]
+
+
+register("GatherND", "gather", _gather_nd_infer, _gather_nd_eval)
+
+_SCATTER_REDUCE = {"none": None, "add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_elements_eval(xs, a):
+    x, idx, upd = xs
+    out = x.copy()
+    ax, fn = a["axis"], _SCATTER_REDUCE[a["reduction"]]
+    for pos in np.ndindex(*idx.shape):
+        j = int(idx[pos])
+        tgt = tuple(j + x.shape[ax] if (d == ax and j < 0) else (j if d == ax else p) for d, p in enumerate(pos))
+        out[tgt] = upd[pos] if fn is None else fn(out[tgt], upd[pos])
+    return [out]
+
+
+def _scatter_infer(ts, a):
+    (dx, sx), (di, _si), (du, _su) = ts
+    if dx != du or di not in ("int32", "int64") or a["reduction"] not in _SCATTER_REDUCE:
+        raise ShapeError(f"Scatter: data {dx}, indices {di}, updates {du}, reduction {a['reduction']!r} do not fit")
+    return [(dx, sx)]
+
+
+register("ScatterElements", "gather", _scatter_infer, _scatter_elements_eval)
+
+
+def _scatter_nd_eval(xs, a):
+    x, idx, upd = xs
+    out = x.copy()
+    fn = _SCATTER_REDUCE[a["reduction"]]
+    for pos in np.ndindex(*idx.shape[:-1]):
+        tgt = tuple(int(v) + (x.shape[q] if v < 0 else 0) for q, v in enumerate(idx[pos]))
+        out[tgt] = upd[pos] if fn is None else fn(out[tgt], upd[pos])
+    return [out]
+
+
+register("ScatterND", "gather", _scatter_infer, _scatter_nd_eval)
+
+
+def _topk_infer(ts, a):
+    (_dt, sh), = ts
+    ax, k = a["axis"], a["k"]
+    if not 0 <= k <= sh[ax]:
+        raise ShapeError(f"TopK: k={k} is outside [0, {sh[ax]}] for axis {ax} of {list(sh)}")
+    return [("int64", tuple(k if d == ax else n for d, n in enumerate(sh)))]
+
+
+def _topk_eval(xs, a):
+    x, = xs
+    ax, k = a["axis"], a["k"]
+    keys = -x if a["largest"] else x
+    order = np.argsort(keys, axis=ax, kind="stable")  # ties: the lower index first
+    return [np.take(order, np.arange(k), axis=ax).astype(np.int64)]
+
+
+register("TopKIndices", "gather", _topk_infer, _topk_eval)

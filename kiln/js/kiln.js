@@ -35,7 +35,7 @@ export class DeviceError extends KilnError {}
 export class ShapeError extends KilnError {}
 
 /**
- * @typedef {Float32Array | Int32Array | Uint32Array | Uint16Array | BigInt64Array | Uint8Array | Int8Array} TensorData
+ * @typedef {Float32Array | Int32Array | Uint32Array | Uint16Array | Int16Array | BigInt64Array | Uint8Array | Int8Array} TensorData
  * Element storage; `float16` tensors hold raw IEEE half bits in a `Uint16Array`
  * (or a `Float16Array` where the browser has one); `int64` tensors a `BigInt64Array`;
  * `bool` tensors a `Uint8Array` of 0 and 1.
@@ -51,13 +51,15 @@ const DTYPES = {
   bool: {array: Uint8Array, bytes: 1, safetensors: 'BOOL'},
   uint8: {array: Uint8Array, bytes: 1, safetensors: 'U8'},
   int8: {array: Int8Array, bytes: 1, safetensors: 'I8'},
+  int16: {array: Int16Array, bytes: 2, safetensors: 'I16'},
+  uint16: {array: Uint16Array, bytes: 2, safetensors: 'U16'},
 };
 
 const INT32_MIN = -(2n ** 31n);
 const INT32_MAX = 2n ** 31n - 1n;
 
 /**
- * The bytes a tensor's buffer holds: WGSL storage buffers have no bool, 8-bit or 64-bit integers,
+ * The bytes a tensor's buffer holds: WGSL storage buffers have no bool, 8-, 16- or 64-bit integers,
  * so such tensors are stored as int32 (the manifest's `storage`); int64 values must fit in int32.
  * @param {TensorSpec} spec the manifest's input entry
  * @param {TensorData} data the tensor's elements
@@ -116,7 +118,8 @@ function shapeText(dims) {
 /** A dense n-dimensional array: element type, flat row-major data and dimensions. */
 export class Tensor {
   /**
-   * @param {string} type element type: 'float32', 'float16', 'int32', 'uint32', 'int64', 'bool', 'uint8' or 'int8'.
+   * @param {string} type element type: 'float32', 'float16', 'int32', 'uint32', 'int64', 'bool', 'uint8', 'int8',
+   *   'uint16' or 'int16'.
    * @param {TensorData} data row-major elements, a typed array matching `type`.
    * @param {readonly number[]} dims dimensions; their product must equal `data.length`.
    * @throws {ShapeError} unknown type, data of another array type, or a size mismatch.

@@ -175,11 +175,16 @@ def binary_expr(op: str, a: Expr, b: Expr) -> Expr:
         return select(binop("<", a, 0.0), a * b, a)
     if op == "Xor":
         return binop("!=", a, b)
+    if op in ("BitShiftLeft", "BitShiftRight"):  # out-of-range amounts shift everything out (ONNX BitShift)
+        ok = binop("&&", binop(">=", b, 0), binop("<", b, 32))
+        zero = const(0, "int32")
+        out = select(binop("<", a, 0), const(-1, "int32"), zero) if op == "BitShiftRight" else zero
+        return select(ok, binop(_BINOPS[op], a, b), out)
     return binop(_BINOPS[op], a, b)
 
 
 _BINOPS = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "FMod": "%", "BitwiseAnd": "&", "BitwiseOr": "|",
-           "BitwiseXor": "^", "Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=",
+           "BitwiseXor": "^", "BitShiftLeft": "<<", "BitShiftRight": ">>", "Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=",
            "GreaterOrEqual": ">=", "And": "&&", "Or": "||"}
 
 

@@ -1,11 +1,12 @@
-"""Tensor expressions of indexing and data movement: Gather, GatherElements, Slice, Expand, Tile, Pad,
-Trilu, ArgMax/ArgMin, CumSum, OneHot (semantics in :mod:`kiln.ir.ops_data`)."""
+"""Tensor expressions of indexing and data movement: Gather, GatherElements, GatherND, Slice, Expand, Tile,
+Pad, Trilu, ArgMax/ArgMin, CumSum, CumProd, OneHot, ScatterElements, ScatterND, TopK (semantics in
+:mod:`kiln.ir.ops_data`)."""
 
 from __future__ import annotations
 
 from kiln.kernels.elementwise import bcast_load
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, call, cast, const, reduce, reduce_axis, select
+from kiln.te.expr import Expr, binop, call, cast, const, highest, lowest, reduce, reduce_axis, select
 
 
 def _wrap_index(i: Expr, dim: int) -> Expr:
@@ -137,5 +138,130 @@ def onehot(idx: Tensor, values: Tensor, depth: int, axis: int, out_shape, name: 
         i = cast(idx[tuple(o[:axis] + o[axis + 1:])], "int32")
         i = select(binop("<", i, 0), i + depth, i)
         return select(binop("==", o[axis], i), values[(1,)], values[(0,)])
+
+    return compute(out_shape, body, name)
+
+
+def cumprod(x: Tensor, axis: int, exclusive: int, reverse: int, name: str = "cumprod") -> Tensor:
+    """ONNX CumProd-26: running product along ``axis`` (one serial loop per output element)."""
+    n = x.shape[axis]
+    r = reduce_axis(n, "rc")
+
+    def body(*o):
+        i = o[axis]
+        take = binop(">", r, i) if reverse else binop("<", r, i)
+        if not exclusive:
+            take = binop("||", take, binop("==", r, i))
+        v = x[tuple(r if d == axis else o[d] for d in range(len(o)))]
+        return reduce("prod", select(take, v, const(1, x.dtype)), [r])
+
+    return compute(x.shape, body, name)
+
+
+def gather_nd(x: Tensor, idx: Tensor, batch_dims: int, out_shape, name: str = "gather_nd") -> Tensor:
+    """ONNX GatherND-13: ``out[b, j, rest] = x[b, idx[b, j, :], rest]`` (``batch_dims`` leading batch dims)."""
+    k = idx.shape[-1]
+    nj = len(idx.shape) - 1
+
+    def body(*o):
+        key = [_wrap_index(idx[(*o[:nj], q)], x.shape[batch_dims + q]) for q in range(k)]
+        return x[(*o[:batch_dims], *key, *o[nj:])]
+
+    return compute(out_shape, body, name)
+
+
+def _scatter(x: Tensor, upd: Tensor, reduction: str, positions: list, match, load_update, name: str) -> Tensor:
+    """Shared body of the scatters: ``positions`` are reduction axes over the update positions,
+    ``match(o, r)`` says whether update ``r`` targets output ``o``, ``load_update(o, r)`` reads it."""
+
+    def body(*o):
+        base = x[o]
+        hit = match(o, positions)
+        if reduction == "none":  # the last matching update wins
+            flat: Expr = const(0, "int32")
+            for ax in positions:
+                flat = flat * ax.extent + ax
+            last = reduce("max", select(hit, flat, -1), positions)
+            # decode the winning position back into reduction coordinates
+            coords, rest = [], last
+            for ax in reversed(positions):
+                coords.append(rest % ax.extent)
+                rest = rest // ax.extent
+            coords = coords[::-1]
+            return select(binop(">=", last, 0), load_update(o, coords), base)
+        ident = {"add": 0, "mul": 1, "max": lowest(x.dtype), "min": highest(x.dtype)}[reduction]
+        kind = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[reduction]
+        found = reduce(kind, select(hit, load_update(o, positions), const(ident, x.dtype)), positions)
+        if reduction == "add":
+            return base + found
+        if reduction == "mul":
+            return base * found
+        # max/min: untouched elements keep their value
+        any_hit = reduce("max", select(hit, const(1, "int32"), const(0, "int32")), positions)
+        return select(binop(">", any_hit, 0), call(reduction, base, found), base)
+
+    return compute(x.shape, body, name)
+
+
+def scatter_elements(x: Tensor, idx: Tensor, upd: Tensor, axis: int, reduction: str, name: str = "scatter") -> Tensor:
+    """ONNX ScatterElements-18: ``out[.., idx[j], ..] (op)= upd[j]`` along ``axis``; each output element loops
+    over the update positions that can target it (those equal to it off ``axis``)."""
+    r = reduce_axis(idx.shape[axis], "rs")
+
+    def inside(o):
+        ok: Expr = const(True, "bool")
+        for d, n in enumerate(idx.shape):
+            if d != axis and n < x.shape[d]:
+                ok = ok & binop("<", o[d], n)
+        return ok
+
+    def at(o, rr):
+        return tuple(rr if d == axis else call("min", o[d], n - 1) for d, n in enumerate(idx.shape))
+
+    def match(o, pos):
+        j = _wrap_index(idx[at(o, pos[0])], x.shape[axis])
+        return inside(o) & binop("==", j, o[axis])
+
+    def load_update(o, pos):
+        return upd[at(o, pos[0])]
+
+    return _scatter(x, upd, reduction, [r], match, load_update, name)
+
+
+def scatter_nd(x: Tensor, idx: Tensor, upd: Tensor, reduction: str, name: str = "scatter_nd") -> Tensor:
+    """ONNX ScatterND-18: ``out[idx[j, :]] (op)= upd[j]``; each output element loops over all update positions."""
+    k = idx.shape[-1]
+    rs = [reduce_axis(n, "rs") for n in idx.shape[:-1]]
+
+    def match(o, pos):
+        ok: Expr = const(True, "bool")
+        for q in range(k):
+            ok = ok & binop("==", _wrap_index(idx[(*pos, q)], x.shape[q]), o[q])
+        return ok
+
+    def load_update(o, pos):
+        return upd[(*pos, *o[k:])]
+
+    return _scatter(x, upd, reduction, rs, match, load_update, name)
+
+
+def topk_indices(x: Tensor, axis: int, k: int, largest: int, out_shape, name: str = "topk") -> Tensor:
+    """ONNX TopK-11 indices: output ``q`` along ``axis`` is the element of rank ``q`` (ties: lower index first).
+
+    Ranks are counted by comparison, O(n^2) per row: fine for the small ``axis`` extents TopK sees here.
+    """
+    n = x.shape[axis]
+    e = reduce_axis(n, "re")
+    f = reduce_axis(n, "rf")
+
+    def body(*o):
+        def at(i):
+            return x[tuple(i if d == axis else o[d] for d in range(len(o)))]
+
+        xe, xf = at(e), at(f)
+        better = binop(">", xf, xe) if largest else binop("<", xf, xe)
+        before = binop("||", better, binop("&&", binop("==", xf, xe), binop("<", f, e)))
+        rank = reduce("sum", select(before, const(1, "int32"), const(0, "int32")), [f])
+        return reduce("max", select(binop("==", rank, o[axis]), e, -1), [e])
 
     return compute(out_shape, body, name)

@@ -62,4 +62,11 @@ _INDEX = {
                                                          a["select_last_index"], shape, name),
     "CumSum": lambda xs, a, shape, name: index.cumsum(xs[0], a["axis"], a["exclusive"], a["reverse"], name),
     "OneHot": lambda xs, a, shape, name: index.onehot(xs[0], xs[1], a["depth"], a["axis"], shape, name),
+    "CumProd": lambda xs, a, shape, name: index.cumprod(xs[0], a["axis"], a["exclusive"], a["reverse"], name),
+    "GatherND": lambda xs, a, shape, name: index.gather_nd(xs[0], xs[1], a["batch_dims"], shape, name),
+    "ScatterElements": lambda xs, a, shape, name: index.scatter_elements(xs[0], xs[1], xs[2], a["axis"],
+                                                                         a["reduction"], name),
+    "ScatterND": lambda xs, a, shape, name: index.scatter_nd(xs[0], xs[1], xs[2], a["reduction"], name),
+    "TopKIndices": lambda xs, a, shape, name: index.topk_indices(xs[0], a["axis"], a["k"], a["largest"], shape,
+                                                                 name),
 }

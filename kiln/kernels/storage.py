@@ -1,11 +1,12 @@
 """How tensors of each dtype sit in WebGPU buffers, as tensor expressions around a kernel.
 
-WGSL storage buffers hold 32-bit scalars only (no ``bool``, 8-bit or 64-bit integers;
+WGSL storage buffers hold 32-bit scalars only (no ``bool``, 8-, 16- or 64-bit integers;
 WGSL §6.2.9 and §4.4.3), so every tensor is stored 4 bytes an element
-(:data:`kiln.package.format.STORAGE`): float32 as ``f32``; int32, int64 (narrowed), int8,
-uint8 and bool (0 or 1) as ``i32``. A kernel reads its buffers through :func:`load_view`
-(``bool`` values become ``x != 0``) and writes its result through :func:`store_view`
-(``bool`` becomes 0/1, 8-bit integers wrap around as ONNX's fixed-width arithmetic does).
+(:data:`kiln.package.format.STORAGE`): float32 as ``f32``; int32, int64 (narrowed), int16,
+uint16, int8, uint8 and bool (0 or 1) as ``i32``. A kernel reads its buffers through
+:func:`load_view` (``bool`` values become ``x != 0``) and writes its result through
+:func:`store_view` (``bool`` becomes 0/1, 8- and 16-bit integers wrap around as ONNX's
+fixed-width arithmetic does).
 The runtimes convert model inputs and outputs on upload and readback.
 """
 
@@ -39,19 +40,22 @@ def load_view(buffer: Tensor, dtype: str) -> Tensor:
     return compute(buffer.shape, lambda *i: cast(buffer[i], want), buffer.name)
 
 
+#: narrow integer dtype -> (number of values, lowest value)
+NARROW = {"uint8": (256, 0), "int8": (256, -128), "uint16": (65536, 0), "int16": (65536, -32768)}
+
+
 def wrap(x, dtype: str):
-    """``x`` (int32 expression) wrapped into ``dtype``'s range (uint8: mod 256; int8: to [-128, 127])."""
-    if dtype == "uint8":
-        return binop("%", binop("%", x, 256) + 256, 256)
-    if dtype == "int8":
-        return binop("%", binop("%", x + 128, 256) + 256, 256) - 128
-    return x
+    """``x`` (int32 expression) wrapped into a narrow integer ``dtype``'s range (e.g. uint8: mod 256)."""
+    if dtype not in NARROW:
+        return x
+    n, lo = NARROW[dtype]
+    return binop("%", binop("%", x - lo, n) + n, n) + lo
 
 
 def store_view(t: Tensor, dtype: str) -> Tensor:
     """``t`` (a kernel's result of ``dtype``) as the values its buffer stores."""
     store = buffer_dtype(dtype)
-    if t.dtype == store and dtype not in ("uint8", "int8"):
+    if t.dtype == store and dtype not in NARROW:
         return t
     return compute(t.shape, lambda *i: wrap(cast(t[i], store), dtype), t.name)
 

@@ -17,13 +17,15 @@ import numpy as np
 from kiln.errors import PackageError, ShapeError
 
 #: tensor dtype -> the element type its WebGPU buffers hold (every element 4 bytes). WGSL storage
-#: buffers hold no bool, 8-bit or 64-bit integers: those are widened or narrowed to i32 on upload
+#: buffers hold no bool, 8-, 16- or 64-bit integers: those are widened or narrowed to i32 on upload
 #: and converted back on readback; int64 values must fit in int32 (checked on upload).
 STORAGE: dict[str, str] = {
     "float32": "float32",
     "int32": "int32",
     "int64": "int32",
     "bool": "int32",
+    "int16": "int32",
+    "uint16": "int32",
     "uint8": "int32",
     "int8": "int32",
 }

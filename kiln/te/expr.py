@@ -8,8 +8,8 @@ are recognised. Builders fold constants and trivial identities as they go
 (``x * 1 -> x``, ``i + 0 -> i``), which keeps generated index arithmetic short.
 
 Dtypes: ``float32``, ``int32`` (index arithmetic and integer tensors) and ``bool``.
-Integer ``//`` and ``%`` truncate toward zero (as WGSL's ``/`` and ``%``); ``&``, ``|``, ``^``
-are bitwise on int32.
+Integer ``//`` and ``%`` truncate toward zero (as WGSL's ``/`` and ``%``); ``&``, ``|``, ``^``,
+``<<`` and ``>>`` (arithmetic) are bitwise on int32.
 """
 
 from __future__ import annotations
@@ -128,6 +128,7 @@ _PY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b
        "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
        "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "&&": lambda a, b: a and b, "||": lambda a, b: a or b,
        "&": lambda a, b: a & b, "|": lambda a, b: a | b, "^": lambda a, b: a ^ b,
+       "<<": lambda a, b: a << b, ">>": lambda a, b: a >> b,
        "max": max, "min": min}
 
 

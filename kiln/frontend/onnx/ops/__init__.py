@@ -1,3 +1,15 @@
 """ONNX operator converters, one module per family; importing this package registers them all."""
 
-from kiln.frontend.onnx.ops import elementwise, indexing, logic, nn, norm, reduce, resample, tensor  # noqa: F401
+from kiln.frontend.onnx.ops import (  # noqa: F401
+    elementwise,
+    indexing,
+    indexing2,
+    logic,
+    loss,
+    nn,
+    norm,
+    quant,
+    reduce,
+    resample,
+    tensor,
+)

@@ -199,11 +199,12 @@ def depth_to_space(b: Builder, x: Value, *, blocksize: int, mode: str = "DCR") -
 
 
 @onnx_op("SpaceToDepth", since=1)
-def space_to_depth(b: Builder, x: Value, *, blocksize: int) -> Value:
-    """ONNX SpaceToDepth-1/13: a reshape, transpose and reshape."""
+def space_to_depth(b: Builder, x: Value, *, blocksize: int, mode: str = "DCR") -> Value:
+    """ONNX SpaceToDepth-1/13/28: a reshape, transpose and reshape (``DCR`` or, from 28, ``CRD`` order)."""
     n, c, h, w = x.shape
     bs = int(blocksize)
-    t = transpose(b, _reshape(b, x, (n, c, h // bs, bs, w // bs, bs)), (0, 3, 5, 1, 2, 4))
+    perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    t = transpose(b, _reshape(b, x, (n, c, h // bs, bs, w // bs, bs)), perm)
     return _reshape(b, t, (n, c * bs * bs, h // bs, w // bs))
 
 

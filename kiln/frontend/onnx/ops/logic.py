@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kiln.errors import KilnError
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
 
@@ -39,3 +40,14 @@ def where(b: Builder, cond: Value, x: Value, y: Value) -> Value:
     Raises ShapeError if ``cond`` is not bool, ``x`` and ``y`` differ in dtype, or the shapes do not broadcast.
     """
     return b.op("Where", [cond, x, y])
+
+
+@onnx_op("BitShift", since=11)
+def bit_shift(b: Builder, x: Value, y: Value, *, direction: str) -> Value:
+    """ONNX BitShift-11: ``x << y`` or ``x >> y`` on unsigned integers (computed in 32 bits, wrapped when stored).
+
+    Raises KilnError for an unknown ``direction``.
+    """
+    if direction not in ("LEFT", "RIGHT"):
+        raise KilnError(f"BitShift: direction must be LEFT or RIGHT, got {direction!r}")
+    return b.op("BitShiftLeft" if direction == "LEFT" else "BitShiftRight", [x, y])
