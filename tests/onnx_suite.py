@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 PASSING = HERE / "onnx_passing.txt"
 CATEGORY = "OnnxBackendNodeModelTest"
 
-_NARROW_TYPES = r"(?i:bfloat16|float8|e8m0|e4m3|e5m2|float4e2m1)|(?:INT|int)[24](?:_|$)"
+_NARROW_TYPES = r"(?i:bfloat16|bf16|float8|e8m0|e4m3|e5m2|float4e2m1)|(?:INT|int)[24](?:_|$)"
 
 #: (regex on the test name without its ``_cpu`` suffix, reason): cases outside what a WebGPU
 #: compiler of the default ai.onnx domain's inference graphs is for. Everything else counts.

@@ -373,3 +373,26 @@ def test_quantize_dequantize_per_axis(rng):
 
 def test_dynamic_quantize_linear(rng):
     check_op("DynamicQuantizeLinear", {"x": f32(rng, 3, 8, lo=-2, hi=5)}, n_outputs=3)
+
+
+# ----------------------------------------------------------------------------- Attention
+@pytest.mark.parametrize("causal,gqa,mask", [(0, False, None), (1, False, None), (0, True, "bool"), (1, True, "float")])
+def test_attention(rng, causal, gqa, mask):
+    b, hq, s, d = 2, 4, 5, 8
+    hkv = 2 if gqa else hq
+    feeds = {"q": f32(rng, b, hq, s, d), "k": f32(rng, b, hkv, 6, d), "v": f32(rng, b, hkv, 6, d)}
+    order = ["q", "k", "v"]
+    if mask == "bool":
+        feeds["m"] = rng.integers(0, 2, size=(s, 6)).astype(bool)
+        order.append("m")
+    elif mask == "float":
+        feeds["m"] = f32(rng, 1, hq, s, 6)
+        order.append("m")
+    check_op("Attention", feeds, {"is_causal": causal}, opset=23, atol=1e-5, input_order=order)
+
+
+def test_attention_3d_with_cache_and_softcap(rng):
+    feeds = {"q": f32(rng, 1, 3, 16), "k": f32(rng, 1, 3, 8), "v": f32(rng, 1, 3, 8)}
+    inits = {"": np.zeros(0, np.float32), "pk": f32(rng, 1, 2, 2, 4), "pv": f32(rng, 1, 2, 2, 4)}
+    check_op("Attention", feeds, {"q_num_heads": 4, "kv_num_heads": 2, "softcap": 2.0}, inits, opset=23, atol=1e-5,
+             input_order=["q", "k", "v", "", "pk", "pv"], n_outputs=3)

@@ -1,6 +1,7 @@
 """ONNX operator converters, one module per family; importing this package registers them all."""
 
 from kiln.frontend.onnx.ops import (  # noqa: F401
+    attention,
     elementwise,
     indexing,
     indexing2,
