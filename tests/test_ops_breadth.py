@@ -396,3 +396,23 @@ def test_attention_3d_with_cache_and_softcap(rng):
     inits = {"": np.zeros(0, np.float32), "pk": f32(rng, 1, 2, 2, 4), "pv": f32(rng, 1, 2, 2, 4)}
     check_op("Attention", feeds, {"q_num_heads": 4, "kv_num_heads": 2, "softcap": 2.0}, inits, opset=23, atol=1e-5,
              input_order=["q", "k", "v", "", "pk", "pv"], n_outputs=3)
+
+
+def test_rotary_embedding(rng):
+    x = f32(rng, 2, 3, 4, 8)  # [B, H, S, D]
+    pos = rng.integers(0, 6, size=(2, 4)).astype(np.int64)
+    inits = {"cos": f32(rng, 6, 3), "sin": f32(rng, 6, 3)}
+    check_op("RotaryEmbedding", {"x": x, "pos": pos}, {"rotary_embedding_dim": 6, "interleaved": 1}, inits, opset=23,
+             input_order=["x", "cos", "sin", "pos"])
+
+
+# ----------------------------------------------------------------------------- Einsum
+EINSUMS = [("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("i,i", [(6,), (6,)]), ("ij->ji", [(3, 5)]),
+           ("...ii->...i", [(2, 4, 4)]), ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]), ("ij,jk", [(3, 4), (4, 2)]),
+           ("abc->b", [(2, 3, 4)]), ("ab,cb->ac", [(2, 3), (4, 3)])]
+
+
+@pytest.mark.parametrize("case", EINSUMS, ids=[c[0] for c in EINSUMS])
+def test_einsum(rng, case):
+    equation, shapes = case
+    check_op("Einsum", {f"x{i}": f32(rng, *s) for i, s in enumerate(shapes)}, {"equation": equation}, atol=1e-5)

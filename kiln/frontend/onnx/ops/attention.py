@@ -138,3 +138,51 @@ def attention(b: Builder, q: Value, k: Value, v: Value, attn_mask: Value | None 
         y = _reshape(b, transpose(b, y, (0, 2, 1, 3)), (batch, q_len, hq * v4.shape[3]))
     qk_out = {2: scores, 3: p}.get(qk_matmul_output_mode, qk)
     return [y, present_k, present_v, qk_out][:max(_nout, 1)]
+
+
+@onnx_op("RotaryEmbedding", since=23)
+def rotary_embedding(b: Builder, x: Value, cos_cache: Value, sin_cache: Value, position_ids: Value | None = None,
+                     *, interleaved: int = 0, num_heads: int = 0, rotary_embedding_dim: int = 0) -> Value:
+    """ONNX RotaryEmbedding-23: rotate the first ``rotary_embedding_dim`` features of each head by the cached
+    angles (gathered by ``position_ids`` when given); halves, or even/odd pairs when ``interleaved``.
+
+    ``x`` is [B, H, S, D] or [B, S, H*D] (with ``num_heads``).
+    """
+    shape = x.shape
+    if len(shape) == 4:
+        xs = transpose(b, x, (0, 2, 1, 3))  # [B, S, H, D]
+    elif num_heads:
+        xs = _reshape(b, x, (shape[0], shape[1], num_heads, shape[2] // num_heads))
+    else:
+        raise ShapeError(f"RotaryEmbedding: input {list(shape)} needs rank 4, or rank 3 with num_heads")
+    n, s, h, d = xs.shape
+    rd = rotary_embedding_dim or d
+    half = rd // 2
+    cos, sin = cos_cache, sin_cache
+    if position_ids is not None:
+        cos = b.op("Gather", [cos, position_ids], axis=0)
+        sin = b.op("Gather", [sin, position_ids], axis=0)
+    cos = _reshape(b, cos, (*cos.shape[:-1], 1, half))  # [B or 1.., S, 1, half]
+    sin = _reshape(b, sin, (*sin.shape[:-1], 1, half))
+
+    def part(start: int, step: int, count: int, axis_len: int) -> Value:
+        ends = [n, s, h, start + step * (count - 1) + 1]
+        return b.op("Slice", [xs], starts=(0, 0, 0, start), ends=tuple(ends), steps=(1, 1, 1, step))
+
+    if interleaved:
+        x1, x2 = part(0, 2, half, rd), part(1, 2, half, rd)
+    else:
+        x1, x2 = part(0, 1, half, rd), part(half, 1, half, rd)
+    real = b.op("Sub", [b.op("Mul", [cos, x1]), b.op("Mul", [sin, x2])])
+    imag = b.op("Add", [b.op("Mul", [sin, x1]), b.op("Mul", [cos, x2])])
+    if interleaved:
+        rot = _reshape(b, b.op("Concat", [_reshape(b, real, (n, s, h, half, 1)), _reshape(b, imag, (n, s, h, half, 1))],
+                                axis=4), (n, s, h, rd))
+    else:
+        rot = b.op("Concat", [real, imag], axis=3)
+    if rd < d:
+        rest = b.op("Slice", [xs], starts=(0, 0, 0, rd), ends=(n, s, h, d), steps=(1, 1, 1, 1))
+        rot = b.op("Concat", [rot, rest], axis=3)
+    if len(shape) == 4:
+        return transpose(b, rot, (0, 2, 1, 3))
+    return _reshape(b, rot, shape)
