@@ -416,3 +416,23 @@ EINSUMS = [("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("i,i", [(6,), (6,)]), ("ij
 def test_einsum(rng, case):
     equation, shapes = case
     check_op("Einsum", {f"x{i}": f32(rng, *s) for i, s in enumerate(shapes)}, {"equation": equation}, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- recurrent layers
+@pytest.mark.parametrize("kind,direction", [("RNN", "forward"), ("GRU", "reverse"), ("LSTM", "bidirectional"),
+                                            ("LSTM", "forward")])
+def test_recurrent(rng, kind, direction):
+    seq, batch, inp, hidden = 4, 2, 3, 5
+    dirs = 2 if direction == "bidirectional" else 1
+    g = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+    inits = {"w": f32(rng, dirs, g * hidden, inp), "r": f32(rng, dirs, g * hidden, hidden),
+             "b": f32(rng, dirs, 2 * g * hidden), "": np.zeros(0, np.float32)}
+    feeds = {"x": f32(rng, seq, batch, inp), "h0": f32(rng, dirs, batch, hidden)}
+    order = ["x", "w", "r", "b", "", "h0"]
+    attrs = {"hidden_size": hidden, "direction": direction}
+    if kind == "LSTM":
+        feeds["c0"] = f32(rng, dirs, batch, hidden)
+        order.append("c0")
+    if kind == "GRU":
+        attrs["linear_before_reset"] = 1
+    check_op(kind, feeds, attrs, inits, opset=14, atol=1e-5, input_order=order, n_outputs=3 if kind == "LSTM" else 2)

@@ -13,5 +13,6 @@ from kiln.frontend.onnx.ops import (  # noqa: F401
     quant,
     reduce,
     resample,
+    rnn,
     tensor,
 )
