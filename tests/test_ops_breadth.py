@@ -436,3 +436,41 @@ def test_recurrent(rng, kind, direction):
     if kind == "GRU":
         attrs["linear_before_reset"] = 1
     check_op(kind, feeds, attrs, inits, opset=14, atol=1e-5, input_order=order, n_outputs=3 if kind == "LSTM" else 2)
+
+
+# ----------------------------------------------------------------------------- GridSample, AffineGrid, If
+# cubic with border padding: onnxruntime clamps the taps, onnx's reference (which Kiln follows and onnx's
+# backend tests check) clamps the coordinate; they differ near the border
+GRID_CASES = [(m, p) for m in ("linear", "nearest", "cubic") for p in ("zeros", "border", "reflection")
+              if (m, p) != ("cubic", "border")]
+
+
+@pytest.mark.parametrize("mode,padding", GRID_CASES)
+def test_grid_sample(rng, mode, padding):
+    grid = f32(rng, 2, 3, 4, 2, lo=-1.3, hi=1.3)
+    check_op("GridSample", {"x": f32(rng, 2, 3, 5, 6), "g": grid},
+             {"mode": mode, "padding_mode": padding, "align_corners": int(mode == "linear")}, opset=20, atol=1e-5)
+
+
+def test_affine_grid(rng):
+    theta = f32(rng, 2, 2, 3)
+    check_op("AffineGrid", {"t": theta}, {"align_corners": 0}, {"size": np.array([2, 3, 4, 5], np.int64)}, opset=20,
+             atol=1e-6)
+
+
+def test_reduce_bool_any_all(rng):
+    axes = {"axes": np.array([1], np.int64)}
+    check_op("ReduceMax", {"x": rng.integers(0, 2, size=(3, 4)).astype(bool)}, {"keepdims": 0}, axes, opset=20)
+    check_op("ReduceMin", {"x": rng.integers(0, 2, size=(3, 4)).astype(bool)}, {"keepdims": 1}, axes, opset=20)
+
+
+def test_if_with_constant_condition(rng):
+    from onnx import helper
+
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3, 4])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, [3, 4])])
+    for cond in (True, False):
+        check_op("If", {"x": f32(rng, 3, 4)}, {"then_branch": then_g, "else_branch": else_g},
+                 {"c": np.array(cond)}, input_order=["c"])

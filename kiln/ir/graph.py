@@ -130,6 +130,8 @@ class Builder:
     def __init__(self, graph: Graph, fold: bool = False):
         self.graph = graph
         self.fold = fold
+        #: set by the ONNX importer: converts a subgraph (If branch) inline, returning its outputs
+        self.subgraph = None
         self._names: set[str] = {v.name for v in graph.inputs}
         self._counter = itertools.count()
         self.scope = ""

@@ -32,10 +32,14 @@ class MathOps:
     less: Callable[[Any, Any], Any]
     to_int: Callable[[Any], Any]
     clamp: Callable[[Any, Any, Any], Any]
+    to_float: Callable[[Any], Any] = float
+    logical_or: Callable[[Any, Any], Any] = None  # type: ignore[assignment]
+    rint: Callable[[Any], Any] = None  # type: ignore[assignment]
 
 
 NUMPY_OPS = MathOps(np.floor, np.ceil, np.where, np.less, lambda x: x.astype(np.int64),
-                    lambda x, lo, hi: np.clip(x, lo, hi))
+                    lambda x, lo, hi: np.clip(x, lo, hi), lambda x: np.asarray(x, np.float64), np.logical_or,
+                    np.rint)
 
 
 def source_coord(x, mode: str, scale: float, size_in: int, size_out: int):
@@ -188,3 +192,114 @@ def _convt_eval(xs, a):
 
 
 register("ConvTranspose", "conv", _convt_infer, _convt_eval)
+
+
+# ----------------------------------------------------------------------------- GridSample
+def _reflect(m: MathOps, x, lo: float, hi: float):
+    """Fold ``x`` back into ``[lo, hi]`` by reflecting at the borders (onnx's reference ``_gs_reflect``)."""
+    span = hi - lo
+    if span <= 0:
+        return x * 0.0 + lo
+
+    def fold(dx, near: float, far: float):
+        n = m.floor(dx * (1 / span))
+        r = dx - n * span
+        even = m.less(n - m.floor(n * 0.5) * 2.0, 0.5)
+        return m.where(even, near + r * (1.0 if far > near else -1.0), far - r * (1.0 if far > near else -1.0))
+
+    below = fold(lo - x, lo, hi)
+    above = fold(x - hi, hi, lo)
+    return m.where(m.less(x, lo), below, m.where(m.less(hi, x), above, x))
+
+
+def grid_coord(m: MathOps, g, size: int, attrs: dict[str, Any]):
+    """Where normalised grid coordinate ``g`` samples an axis of extent ``size`` (GridSample-22): denormalised,
+    rounded (nearest mode), then clamped or reflected into the axis when outside it (border, reflection)."""
+    align, mode, pad = attrs["align_corners"], attrs["mode"], attrs["padding_mode"]
+    x = (g + 1.0) * (0.5 * (size - 1)) if align else ((g + 1.0) * size - 1.0) * 0.5
+    lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+    if mode == "nearest":
+        x = m.rint(x)
+    outside = m.logical_or(m.less(x, lo), m.less(hi, x))
+    if pad == "border":
+        x = m.where(outside, m.clamp(x, 0.0, size - 1.0), x)
+    elif pad == "reflection":
+        x = m.where(outside, _reflect(m, x, lo, hi), x)
+    return x
+
+
+def grid_taps(m: MathOps, x, size: int, attrs: dict[str, Any]):
+    """Input taps of source coordinate ``x`` (from :func:`grid_coord`) along one axis of extent ``size``.
+
+    Returns:
+        ``[(index, weight, valid), ...]``: indices clamped into the axis, weights (``None`` = 1) and, for
+        ``zeros`` padding, whether the tap is inside (``None`` = always).
+    """
+    mode, pad = attrs["mode"], attrs["padding_mode"]
+    lo, hi = (0.0, size - 1.0) if attrs["align_corners"] else (-0.5, size - 0.5)
+    if mode == "nearest":
+        taps = [(m.to_int(x), None)]
+    elif mode == "linear":
+        f = m.floor(x)
+        i0, t = m.to_int(f), x - f
+        taps = [(i0, 1.0 - t), (i0 + 1, t)]
+    else:
+        f = m.floor(x)
+        i0 = m.to_int(f)
+        taps = list(zip((i0 - 1, i0, i0 + 1, i0 + 2), _cubic_weights(x - f, -0.75)))
+    out = []
+    for i, w in taps:
+        valid = None
+        if pad == "zeros":
+            valid = m.where(m.less(i, 0), 0.0, m.where(m.less(i, size), 1.0, 0.0))
+        elif pad == "reflection" and mode == "cubic":  # linear/nearest taps of a reflected coordinate are inside
+            i = m.to_int(_reflect(m, m.to_float(i), lo, hi))
+        out.append((m.clamp(i, 0, size - 1), w, valid))
+    return out
+
+
+def _gridcoords_infer(ts, a):
+    (dg, sg), = ts
+    if len(a["sizes"]) != sg[-1]:
+        raise ShapeError(f"GridSample: grid {list(sg)} does not fit {len(a['sizes'])} spatial dims")
+    return [(dg, tuple(sg))]
+
+
+def _gridcoords_eval(xs, a):
+    g, = xs
+    n = g.shape[-1]
+    cols = [grid_coord(NUMPY_OPS, g[..., n - 1 - d].astype(np.float64), a["sizes"][d], a) for d in range(n)]
+    return [np.stack(cols, axis=-1).astype(g.dtype)]
+
+
+register("GridCoords", "layout", _gridcoords_infer, _gridcoords_eval)
+
+
+def _gridsample_infer(ts, a):
+    (dx, sx), (_dg, sg) = ts
+    nsp = len(sx) - 2
+    if len(sg) != nsp + 2 or sg[-1] != nsp or sg[0] != sx[0]:
+        raise ShapeError(f"GridSample: input {list(sx)} and coordinates {list(sg)} do not fit")
+    return [(dx, (sx[0], sx[1], *sg[1:-1]))]
+
+
+def _gridsample_eval(xs, a):
+    x, coords = xs  # coords from GridCoords: source coordinates, spatial dims in input order
+    nsp = x.ndim - 2
+    out_sp = coords.shape[1:-1]
+    per_axis = [grid_taps(NUMPY_OPS, coords[..., d].astype(np.float64), x.shape[2 + d], a) for d in range(nsp)]
+    n_idx = np.arange(x.shape[0]).reshape((-1,) + (1,) * len(out_sp))
+    total = np.zeros((x.shape[0], *out_sp, x.shape[1]))
+    for combo in np.ndindex(*[len(t) for t in per_axis]):
+        weight = 1.0
+        idx = []
+        for d, k in enumerate(combo):
+            i, w, valid = per_axis[d][k]
+            idx.append(i)
+            weight = weight * (1.0 if w is None else w) * (1.0 if valid is None else valid)
+        vals = x.transpose(0, *range(2, x.ndim), 1)[(n_idx, *idx)]  # [N, *out, C]
+        total = total + vals * np.asarray(weight)[..., None]
+    return [np.moveaxis(total, -1, 1).astype(x.dtype)]
+
+
+register("GridSample", "resample", _gridsample_infer, _gridsample_eval)

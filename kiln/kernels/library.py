@@ -41,6 +41,10 @@ def build(op: str, inputs: list[Operand], attrs: dict[str, Any], out_shape: tupl
         return layout.concat(list(inputs), attrs["axis"], out_shape, name)
     if op == "Resize":
         return resample.resize(inputs[0], attrs, out_shape, name)
+    if op == "GridCoords":
+        return resample.grid_coords(inputs[0], attrs, name)
+    if op == "GridSample":
+        return resample.grid_sample(inputs[0], inputs[1], attrs, out_shape, name)
     if op == "ConvTranspose":
         return resample.conv_transpose(inputs[0], inputs[1], attrs, out_shape, name)
     if op in _INDEX:

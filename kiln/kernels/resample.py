@@ -1,10 +1,10 @@
-"""Tensor expressions of Resize and ConvTranspose (semantics in :mod:`kiln.ir.ops_resample`)."""
+"""Tensor expressions of Resize, GridSample and ConvTranspose (semantics in :mod:`kiln.ir.ops_resample`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kiln.ir.ops_resample import MathOps, resize_taps, resized_axes
+from kiln.ir.ops_resample import MathOps, grid_coord, grid_taps, resize_taps, resized_axes
 from kiln.te.compute import Tensor, compute
 from kiln.te.expr import Expr, binop, call, cast, const, reduce, reduce_axis, select
 
@@ -16,7 +16,56 @@ EXPR_OPS = MathOps(
     less=lambda a, b: binop("<", a, b),
     to_int=lambda x: cast(x, "int32"),
     clamp=lambda x, lo, hi: call("clamp", x, lo, hi),
+    to_float=lambda x: cast(x, "float32"),
+    logical_or=lambda a, b: binop("||", a, b),
+    rint=lambda x: call("round", x),  # WGSL round: half to even, as numpy's rint
 )
+
+
+def grid_coords(grid: Tensor, attrs: dict[str, Any], name: str = "grid_coords") -> Tensor:
+    """Source coordinates of GridSample (denormalised, rounded, clamped or reflected), spatial dims in input order.
+
+    A kernel of its own, so the sampling kernel reads each coordinate once instead of repeating its expression.
+    """
+    n = grid.shape[-1]
+
+    def body(*o):
+        cols = [grid_coord(EXPR_OPS, grid[(*o[:-1], n - 1 - d)], attrs["sizes"][d], attrs) for d in range(n)]
+        val = cols[-1]
+        for d in range(n - 2, -1, -1):
+            val = select(binop("==", o[-1], d), cols[d], val)
+        return val
+
+    return compute(grid.shape, body, name)
+
+
+def grid_sample(x: Tensor, coords: Tensor, attrs: dict[str, Any], out_shape, name: str = "grid_sample") -> Tensor:
+    """ONNX GridSample-22 (nearest, linear, cubic; zeros, border, reflection padding) over N-d spatial inputs,
+    reading the source coordinates from :func:`grid_coords`."""
+    nsp = len(x.shape) - 2
+
+    def body(n, c, *o):
+        per_axis = [grid_taps(EXPR_OPS, coords[(n, *o, d)], x.shape[2 + d], attrs) for d in range(nsp)]
+        total: Expr | None = None
+
+        def visit(d: int, idx: list, weight):
+            nonlocal total
+            if d == nsp:
+                v = x[(n, c, *idx)]
+                v = v if weight is None else v * weight
+                total = v if total is None else total + v
+                return
+            for i, w, valid in per_axis[d]:
+                ww = weight
+                for f in (w, valid):
+                    if f is not None:
+                        ww = f if ww is None else ww * f
+                visit(d + 1, [*idx, i], ww)
+
+        visit(0, [], None)
+        return total
+
+    return compute(out_shape, body, name)
 
 
 def resize(x: Tensor, attrs: dict[str, Any], out_shape, name: str = "resize") -> Tensor:

@@ -25,6 +25,10 @@ CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "ma
          "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "round", "sign", "trunc",
          "bitcast_i32"}
 
+#: unary functions folded on constants (expression function -> numpy function)
+_FOLD = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil", "sin": "sin",
+         "cos": "cos", "tanh": "tanh", "tan": "tan", "round": "rint", "sign": "sign", "trunc": "trunc"}
+
 #: functions whose result dtype is fixed (the others return their operands' dtype)
 CALL_DTYPES = {"bitcast_i32": "int32"}
 
@@ -211,6 +215,12 @@ def call(fn: str, *args: ExprLike) -> Expr:
     xs = tuple(as_expr(a, like) if not isinstance(a, Expr) else a for a in args)
     if fn in ("max", "min") and all(isinstance(x, Const) for x in xs):
         return const(_PY[fn](*(x.value for x in xs)), like)
+    if fn in _FOLD and len(xs) == 1 and isinstance(xs[0], Const) and like == "float32":
+        # shader compilers reject constant expressions that overflow (log(0), exp(100)): fold them here
+        import numpy as np
+
+        with np.errstate(all="ignore"):
+            return const(float(getattr(np, _FOLD[fn])(np.float32(xs[0].value))), like)
     return Call(fn, xs, CALL_DTYPES.get(fn, like))
 
 

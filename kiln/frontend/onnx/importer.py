@@ -158,9 +158,30 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
     for t in g.initializer:
         arr = numpy_helper.to_array(t)
         env[t.name] = b.const(arr, name=t.name, dtype=dtypes.from_onnx(t.data_type))
-    for i, node in enumerate(g.node):
+
+    def subgraph(sub: onnx.GraphProto) -> list[Value]:
+        """Convert a branch or body graph inline; it sees the enclosing values (returns its outputs)."""
+        inner = dict(env)
+        for t in sub.initializer:
+            inner[t.name] = b.const(numpy_helper.to_array(t), name=t.name, dtype=dtypes.from_onnx(t.data_type))
+        scope = b.scope
+        _convert_nodes(model, b, sub.node, inner)
+        b.scope = scope
+        return [inner[o.name] for o in sub.output]
+
+    b.subgraph = subgraph
+    _convert_nodes(model, b, g.node, env)
+    _name_outputs(graph, b, [(o.name, env[o.name]) for o in g.output], g.output, dims)
+    return graph
+
+
+def _convert_nodes(model: onnx.ModelProto, b: Builder, nodes, env: dict[str, Value]) -> None:
+    """Convert ``nodes`` in order, reading and defining values in ``env``."""
+    for i, node in enumerate(nodes):
         opset = opset_of(model, node.domain)
         fn = lookup(node.op_type, opset, node.domain)
+        if fn is None:  # only inside subgraphs: the top level is checked up front
+            raise UnsupportedOpError([(node.op_type, node.domain, opset, node.name or f"#{i}")])
         ins = []
         for name in node.input:
             if name == "":
@@ -186,8 +207,6 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         for name, v in zip(node.output, outs):
             if name:
                 env[name] = v
-    _name_outputs(graph, b, [(o.name, env[o.name]) for o in g.output], g.output, dims)
-    return graph
 
 
 def _name_outputs(graph: Graph, b: Builder, outs: list[tuple[str, Value]], protos, dims: dict[str, int]) -> None:

@@ -69,7 +69,7 @@ def slice_1(b: Builder, x: Value, *, starts, ends, axes=None) -> Value:
 def slice_10(b: Builder, x: Value, starts: Value, ends: Value, axes: Value | None = None,
              steps: Value | None = None) -> Value:
     """ONNX Slice-10/11/13: bounds, axes and steps as constant inputs."""
-    ax = None if axes is None else const_value(axes, "axes").tolist()
+    ax = None if axes is None else const_value(axes, "axes").reshape(-1).tolist()
     sp = None if steps is None else const_value(steps, "steps").tolist()
     return _slice(b, x, slice_attrs(x.shape, const_value(starts, "starts").tolist(),
                                     const_value(ends, "ends").tolist(), ax, sp))
@@ -146,7 +146,7 @@ def pad_11(b: Builder, x: Value, pads: Value, value: Value | None = None, axes: 
            mode: str = "constant") -> Value:
     """ONNX Pad-11/13/18/19/21: pads, constant value and axes as constant inputs; modes constant/reflect/edge/wrap."""
     v = const_value(value, "constant_value").reshape(()) if value is not None and value.size else 0
-    ax = None if axes is None else const_value(axes, "axes").tolist()
+    ax = None if axes is None else const_value(axes, "axes").reshape(-1).tolist()
     return _pad(b, x, const_value(pads, "pads").tolist(), mode, v, ax)
 
 

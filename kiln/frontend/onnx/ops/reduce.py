@@ -15,7 +15,11 @@ def _reduce(b: Builder, op: str, x: Value, axes, keepdims: int, noop_with_empty_
         if noop_with_empty_axes:
             return b.op("Identity", [x])
         axes = range(rank)
-    return b.op(op, [x], axes=tuple(sorted({norm_axis(a, rank) for a in axes})), keepdims=int(keepdims))
+    axes = tuple(sorted({norm_axis(a, rank) for a in axes}))
+    if x.dtype == "bool":  # max/min of booleans are any/all: reduce their 0/1 integers
+        y = b.op(op, [b.op("Cast", [x], to="int32")], axes=axes, keepdims=int(keepdims))
+        return b.op("Greater", [y, b.const(np.array(0, np.int32))])  # the empty max (min) is false (true)
+    return b.op(op, [x], axes=axes, keepdims=int(keepdims))
 
 
 def _register(op: str, input_since: int) -> None:
@@ -24,7 +28,7 @@ def _register(op: str, input_since: int) -> None:
 
     def input_form(b: Builder, x: Value, axes: Value | None = None, *, keepdims: int = 1,
                    noop_with_empty_axes: int = 0) -> Value:
-        ax = None if axes is None else const_value(axes, "axes").tolist()
+        ax = None if axes is None else const_value(axes, "axes").reshape(-1).tolist()
         return _reduce(b, op, x, ax, keepdims, noop_with_empty_axes)
 
     attr_form.__doc__ = f"ONNX {op}-1/11/13: axes as attribute."
@@ -80,7 +84,7 @@ def _register_composite(op: str) -> None:
 
     def input_form(b: Builder, x: Value, axes: Value | None = None, *, keepdims: int = 1,
                    noop_with_empty_axes: int = 0) -> Value:
-        ax = None if axes is None else const_value(axes, "axes").tolist()
+        ax = None if axes is None else const_value(axes, "axes").reshape(-1).tolist()
         return _composite(b, op, x, ax, keepdims, noop_with_empty_axes)
 
     attr_form.__doc__ = f"ONNX {op}-1/11/13: axes as attribute; decomposed around ReduceSum."

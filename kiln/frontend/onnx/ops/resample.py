@@ -8,7 +8,7 @@ import numpy as np
 
 from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.ops.common import const_value, norm_axis
-from kiln.frontend.onnx.ops.nn import _reshape
+from kiln.frontend.onnx.ops.nn import _reshape, transpose
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
 from kiln.ir.ops_resample import COORD_MODES, NEAREST_MODES
@@ -130,3 +130,35 @@ def conv_transpose(b: Builder, x: Value, w: Value, bias: Value | None = None, *,
     if bias is not None:
         y = b.op("Add", [y, _reshape(b, bias, (bias.shape[0],) + (1,) * nsp)])
     return y
+
+
+@onnx_op("GridSample", since=16)
+def grid_sample(b: Builder, x: Value, grid: Value, *, align_corners: int = 0, mode: str = "linear",
+                padding_mode: str = "zeros") -> Value:
+    """ONNX GridSample-16/20/22: sample ``x`` at the normalised coordinates of ``grid`` ([-1, 1], last dim x, y, ...).
+
+    Mode names of opset 16 (bilinear, bicubic) map to linear and cubic.
+    """
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    if mode not in ("nearest", "linear", "cubic") or padding_mode not in ("zeros", "border", "reflection"):
+        raise KilnError(f"GridSample: unsupported mode {mode!r} or padding_mode {padding_mode!r}")
+    attrs = {"align_corners": int(align_corners), "mode": mode, "padding_mode": padding_mode}
+    coords = b.op("GridCoords", [grid], sizes=tuple(x.shape[2:]), **attrs)
+    return b.op("GridSample", [x, coords], **attrs)
+
+
+@onnx_op("AffineGrid", since=20)
+def affine_grid(b: Builder, theta: Value, size: Value, *, align_corners: int = 0) -> Value:
+    """ONNX AffineGrid-20: the sampling grid ``base @ theta^T`` for 2-D ([N, 2, 3]) or 3-D ([N, 3, 4]) ``theta``."""
+    dims = [int(d) for d in const_value(size, "size").tolist()]
+    n, sp = dims[0], dims[2:]
+
+    def axis(length: int) -> np.ndarray:
+        if align_corners:
+            return np.linspace(-1.0, 1.0, length) if length > 1 else np.zeros(1)
+        return (2 * np.arange(length) + 1) / length - 1
+
+    coords = np.meshgrid(*[axis(d) for d in sp], indexing="ij")  # per spatial dim, outermost first
+    base = np.stack([*coords[::-1], np.ones(sp)], axis=-1).reshape(1, -1, len(sp) + 1).astype(np.float32)
+    grid = b.op("MatMul", [b.const(base, dtype=theta.dtype), transpose(b, theta, (0, 2, 1))])
+    return _reshape(b, grid, (n, *sp, len(sp)))

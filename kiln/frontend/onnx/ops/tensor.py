@@ -70,7 +70,7 @@ def squeeze_1(b: Builder, x: Value, *, axes=None) -> Value:
 @onnx_op("Squeeze", since=13)
 def squeeze_13(b: Builder, x: Value, axes: Value | None = None) -> Value:
     """ONNX Squeeze-13: axes as an optional constant input."""
-    return _squeeze(b, x, None if axes is None else const_value(axes, "axes").tolist())
+    return _squeeze(b, x, None if axes is None else const_value(axes, "axes").reshape(-1).tolist())
 
 
 @onnx_op("Unsqueeze", since=1)
@@ -82,7 +82,7 @@ def unsqueeze_1(b: Builder, x: Value, *, axes) -> Value:
 @onnx_op("Unsqueeze", since=13)
 def unsqueeze_13(b: Builder, x: Value, axes: Value) -> Value:
     """ONNX Unsqueeze-13: axes as a constant input."""
-    return _unsqueeze(b, x, const_value(axes, "axes").tolist())
+    return _unsqueeze(b, x, const_value(axes, "axes").reshape(-1).tolist())
 
 
 @onnx_op("Transpose", since=1)
@@ -108,3 +108,13 @@ def concat(b: Builder, *xs: Value, axis: int) -> Value:
 def shape(b: Builder, x: Value, *, start: int = 0, end: int | None = None) -> Value:
     """ONNX Shape-1/15: the (static) shape as an int64 constant."""
     return b.const(np.array(x.shape[start:end], np.int64), name=b.scope)
+
+
+@onnx_op("If", since=1)
+def if_(b: Builder, cond: Value, *, then_branch, else_branch) -> list[Value]:
+    """ONNX If-1/11/13/16/19/21 with a condition known at compile time: the taken branch is converted inline.
+
+    Raises ConstantInputError if the condition is computed at run time.
+    """
+    taken = then_branch if bool(const_value(cond, "cond").reshape(-1)[0]) else else_branch
+    return b.subgraph(taken)
