@@ -474,3 +474,34 @@ def test_if_with_constant_condition(rng):
     for cond in (True, False):
         check_op("If", {"x": f32(rng, 3, 4)}, {"then_branch": then_g, "else_branch": else_g},
                  {"c": np.array(cond)}, input_order=["c"])
+
+
+# ----------------------------------------------------------------------------- Scan, LinearAttention
+def test_scan_running_sum(rng):
+    from onnx import helper
+
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s", "x"], ["s2"]), helper.make_node("Identity", ["s2"], ["y"])], "body",
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2]), helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("s2", TensorProto.FLOAT, [2]), helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    check_op("Scan", {"s0": f32(rng, 2), "xs": f32(rng, 5, 2)}, {"body": body, "num_scan_inputs": 1,
+                                                                "scan_input_directions": [1]}, opset=16, n_outputs=2)
+
+
+@pytest.mark.parametrize("rule", ["linear", "gated_delta"])
+def test_linear_attention(rng, rule):
+    b, t, hq, hkv, dk, dv = 2, 3, 4, 2, 4, 3
+    feeds = {"q": f32(rng, b, t, hq * dk), "k": f32(rng, b, t, hkv * dk), "v": f32(rng, b, t, hkv * dv)}
+    order = ["q", "k", "v"]
+    if rule == "gated_delta":
+        feeds.update(state=f32(rng, b, hkv, dk, dv), decay=f32(rng, b, t, hkv, lo=-1, hi=0),
+                     beta=f32(rng, b, t, hkv, lo=0, hi=1))
+        order += ["state", "decay", "beta"]
+    # onnxruntime does not run opset 27 yet: compare with onnx's reference evaluator
+    check_op("LinearAttention", feeds, {"q_num_heads": hq, "kv_num_heads": hkv, "update_rule": rule}, opset=27,
+             input_order=order, n_outputs=2, atol=1e-5, oracle="onnx")
+
+
+def test_cumprod(rng):
+    check_op("CumProd", {"x": f32(rng, 3, 5, lo=0.5, hi=1.5)}, {"exclusive": 1, "reverse": 1},
+             {"axis": np.array(1, np.int64)}, opset=26, oracle="onnx")

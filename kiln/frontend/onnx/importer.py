@@ -159,9 +159,13 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         arr = numpy_helper.to_array(t)
         env[t.name] = b.const(arr, name=t.name, dtype=dtypes.from_onnx(t.data_type))
 
-    def subgraph(sub: onnx.GraphProto) -> list[Value]:
-        """Convert a branch or body graph inline; it sees the enclosing values (returns its outputs)."""
+    def subgraph(sub: onnx.GraphProto, inputs: list[Value] | tuple[Value, ...] = ()) -> list[Value]:
+        """Convert a branch or body graph inline, its inputs bound to ``inputs``; it sees the enclosing values
+        (returns its outputs)."""
         inner = dict(env)
+        if len(inputs) != len(sub.input):
+            raise ModelFormatError(f"subgraph {sub.name!r} takes {len(sub.input)} inputs, given {len(inputs)}")
+        inner.update({i.name: v for i, v in zip(sub.input, inputs)})
         for t in sub.initializer:
             inner[t.name] = b.const(numpy_helper.to_array(t), name=t.name, dtype=dtypes.from_onnx(t.data_type))
         scope = b.scope

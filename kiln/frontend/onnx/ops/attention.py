@@ -186,3 +186,58 @@ def rotary_embedding(b: Builder, x: Value, cos_cache: Value, sin_cache: Value, p
     if len(shape) == 4:
         return transpose(b, rot, (0, 2, 1, 3))
     return _reshape(b, rot, shape)
+
+
+@onnx_op("LinearAttention", since=27)
+def linear_attention(b: Builder, q: Value, k: Value, v: Value, past_state: Value | None = None,
+                     decay: Value | None = None, beta: Value | None = None, *, chunk_size: int = 0,
+                     kv_num_heads: int, q_num_heads: int, scale: float = 0.0, update_rule: str = "gated_delta",
+                     _nout: int = 1) -> list[Value]:
+    """ONNX LinearAttention-27, unrolled over the (static) sequence: a [d_k, d_v] state per key/value head is
+    decayed (gated rules), delta-corrected (delta rules), updated with ``k v^T`` and read with ``q``.
+
+    Inputs are [B, T, H*D]; outputs Y [B, T, Hq*d_v] and the final state [B, Hkv, d_k, d_v].
+
+    Raises:
+        KilnError: an unknown ``update_rule`` or a decay/beta input that does not match it.
+    """
+    if update_rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise KilnError(f"LinearAttention: unknown update_rule {update_rule!r}")
+    gating, delta = update_rule in ("gated", "gated_delta"), update_rule in ("delta", "gated_delta")
+    if gating != (decay is not None) or delta != (beta is not None):
+        raise KilnError(f"LinearAttention: update_rule {update_rule!r} does not fit the decay/beta inputs given")
+    q4, k4, v4 = _to_4d(b, q, q_num_heads, "query"), _to_4d(b, k, kv_num_heads, "key"), \
+        _to_4d(b, v, kv_num_heads, "value")
+    batch, hq, steps, dk = q4.shape
+    hkv, dv = k4.shape[1], v4.shape[3]
+    group = hq // hkv
+    state = past_state if past_state is not None else b.const(np.zeros((batch, hkv, dk, dv), np.float32))
+    if gating:
+        last = decay.shape[-1]
+        decay4 = transpose(b, _reshape(b, decay, (batch, steps, hkv, last // hkv)), (0, 2, 1, 3))
+    if delta:
+        beta4 = transpose(b, _reshape(b, beta, (batch, steps, beta.shape[-1], 1)), (0, 2, 1, 3))
+    sc = b.const(np.array(scale if scale else 1 / math.sqrt(dk), np.float32))
+
+    def step(t4: Value, t: int) -> Value:  # t4[:, :, t:t+1, :]
+        n, h, _, d = t4.shape
+        return b.op("Slice", [t4], starts=(0, 0, t, 0), ends=(n, h, t + 1, d), steps=(1, 1, 1, 1))
+
+    outs = []
+    for t in range(steps):
+        kt, vt = step(k4, t), step(v4, t)  # [B, Hkv, 1, d]
+        if gating:
+            g = _reshape(b, step(decay4, t), (batch, hkv, decay4.shape[3], 1))
+            state = b.op("Mul", [state, b.op("Exp", [g])])
+        if delta:
+            retrieved = b.op("MatMul", [kt, state])  # [B, Hkv, 1, dv]
+            vt = b.op("Mul", [step(beta4, t), b.op("Sub", [vt, retrieved])])
+        state = b.op("Add", [state, b.op("Mul", [_reshape(b, kt, (batch, hkv, dk, 1)), vt])])
+        read = state
+        if group > 1:
+            read = _reshape(b, b.op("Expand", [_reshape(b, state, (batch, hkv, 1, dk, dv))],
+                                    shape=(batch, hkv, group, dk, dv)), (batch, hq, dk, dv))
+        outs.append(b.op("Mul", [b.op("MatMul", [step(q4, t), read]), sc]))  # [B, Hq, 1, dv]
+    y = outs[0] if steps == 1 else b.op("Concat", outs, axis=2)
+    y = _reshape(b, transpose(b, y, (0, 2, 1, 3)), (batch, steps, hq * dv))
+    return [y, state][:max(_nout, 1)]

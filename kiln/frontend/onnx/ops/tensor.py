@@ -1,10 +1,11 @@
-"""Shape and layout ONNX operators: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Shape."""
+"""Shape and layout ONNX operators: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Shape; and control
+flow that unrolls at compile time: If (constant condition), Scan."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kiln.errors import ShapeError
+from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.ops.common import const_value, norm_axis
 from kiln.frontend.onnx.ops.nn import _reshape, transpose
 from kiln.frontend.onnx.registry import onnx_op
@@ -118,3 +119,46 @@ def if_(b: Builder, cond: Value, *, then_branch, else_branch) -> list[Value]:
     """
     taken = then_branch if bool(const_value(cond, "cond").reshape(-1)[0]) else else_branch
     return b.subgraph(taken)
+
+
+@onnx_op("Scan", since=9)
+def scan(b: Builder, *inputs: Value, body, num_scan_inputs: int, scan_input_axes=None, scan_input_directions=None,
+         scan_output_axes=None, scan_output_directions=None) -> list[Value]:
+    """ONNX Scan-9/11/16/19/21/23, unrolled over the (static) scan length: the body runs once per step on the
+    state values and one slice of each scan input; its scan outputs are stacked along ``scan_output_axes``.
+
+    Raises KilnError for scan inputs of different lengths.
+    """
+    m = int(num_scan_inputs)
+    states, xs = list(inputs[:len(inputs) - m]), list(inputs[len(inputs) - m:])
+    in_axes = [norm_axis(a, len(x.shape)) for a, x in zip(scan_input_axes or [0] * m, xs)]
+    in_dirs = list(scan_input_directions or [0] * m)
+    lengths = {x.shape[a] for x, a in zip(xs, in_axes)}
+    if len(lengths) != 1:
+        raise KilnError(f"Scan: scan inputs have different lengths {sorted(lengths)}")
+    steps = lengths.pop()
+    n_scan_out = len(body.output) - len(states)
+    per_step: list[list[Value]] = [[] for _ in range(n_scan_out)]
+    for t in range(steps):
+        slices = []
+        for x, a, d in zip(xs, in_axes, in_dirs):
+            i = steps - 1 - t if d else t
+            starts = tuple(i if k == a else 0 for k in range(len(x.shape)))
+            ends = tuple(i + 1 if k == a else n for k, n in enumerate(x.shape))
+            s = b.op("Slice", [x], starts=starts, ends=ends, steps=(1,) * len(x.shape))
+            slices.append(_reshape(b, s, tuple(n for k, n in enumerate(x.shape) if k != a)))
+        outs = b.subgraph(body, [*states, *slices])
+        states = outs[:len(states)]
+        for k, v in enumerate(outs[len(states):]):
+            per_step[k].append(v)
+    out_axes = list(scan_output_axes or [0] * n_scan_out)
+    out_dirs = list(scan_output_directions or [0] * n_scan_out)
+    stacked = []
+    for k, vals in enumerate(per_step):
+        if out_dirs[k]:
+            vals = vals[::-1]
+        rank = len(vals[0].shape) + 1
+        a = norm_axis(out_axes[k], rank)
+        parts = [_reshape(b, v, (*v.shape[:a], 1, *v.shape[a:])) for v in vals]
+        stacked.append(parts[0] if len(parts) == 1 else b.op("Concat", parts, axis=a))
+    return [*states, *stacked]
