@@ -505,3 +505,28 @@ def test_linear_attention(rng, rule):
 def test_cumprod(rng):
     check_op("CumProd", {"x": f32(rng, 3, 5, lo=0.5, hi=1.5)}, {"exclusive": 1, "reverse": 1},
              {"axis": np.array(1, np.int64)}, opset=26, oracle="onnx")
+
+
+# ----------------------------------------------------------------------------- BitCast, CausalConvWithState, SwiGLU
+def test_bitcast(rng):
+    x = f32(rng, 3, 4, lo=-100, hi=100)
+    y = check_op("BitCast", {"x": x}, {"to": TensorProto.INT32}, opset=26, oracle="onnx")["y0"]
+    check_op("BitCast", {"x": y}, {"to": TensorProto.FLOAT}, opset=26, oracle="onnx")
+    check_op("BitCast", {"x": rng.integers(-128, 128, size=(5,)).astype(np.int8)}, {"to": TensorProto.UINT8}, opset=26,
+             oracle="onnx")
+
+
+@pytest.mark.parametrize("activation,state", [("none", False), ("silu", True)])
+def test_causal_conv_with_state(rng, activation, state):
+    feeds = {"x": f32(rng, 2, 3, 6), "w": f32(rng, 3, 1, 4), "b": f32(rng, 3)}
+    order = ["x", "w", "b"]
+    if state:
+        feeds["s"] = f32(rng, 2, 3, 3)
+        order.append("s")
+    check_op("CausalConvWithState", feeds, {"activation": activation}, opset=27, input_order=order, n_outputs=2,
+             oracle="onnx", atol=1e-5)
+
+
+def test_swiglu(rng):
+    check_op("SwiGLU", {"a": f32(rng, 3, 8, lo=-4, hi=4), "b": f32(rng, 3, 8)}, {"alpha": 1.5}, opset=28,
+             oracle="onnx")

@@ -25,7 +25,7 @@ BUILTINS = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "
             "sin": "sin", "cos": "cos", "tanh": "tanh", "max": "max", "min": "min", "pow": "pow", "clamp": "clamp",
             "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
             "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "round": "round", "sign": "sign", "trunc": "trunc",
-            "bitcast_i32": "bitcast<i32>"}
+            "bitcast_i32": "bitcast<i32>", "bitcast_f32": "bitcast<f32>"}
 
 _BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "&", "|", "^"}
 

@@ -102,12 +102,14 @@ UNARY: dict[str, Callable[[np.ndarray, dict[str, Any]], np.ndarray]] = {
     "ThresholdedRelu": lambda x, a: np.where(x > a["alpha"], x, 0),
     "Shrink": lambda x, a: np.where(x < -a["lambd"], x + a["bias"], np.where(x > a["lambd"], x - a["bias"], 0)),
     "Mish": lambda x, a: x * np.tanh(np.logaddexp(x, 0)),
+    "BitcastInt32": lambda x, a: x.view(np.int32),
+    "BitcastFloat32": lambda x, a: x.view(np.float32),
     "Gelu": lambda x, a: 0.5 * x * (1 + (_erf(x / math.sqrt(2)) if a.get("approximate", "none") == "none" else
                                          np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))),
 }
 
-#: unary primitives whose result is bool whatever the input dtype
-UNARY_BOOL = {"IsNaN", "IsInf"}
+#: unary primitives whose result has a fixed dtype, whatever the input's
+UNARY_DTYPE = {"IsNaN": "bool", "IsInf": "bool", "BitcastInt32": "int32", "BitcastFloat32": "float32"}
 
 def _shift(x: np.ndarray, s: np.ndarray, fn, negative_fill: int) -> np.ndarray:
     """ONNX BitShift: a shift by a negative amount or by the type's width or more gives 0 (or -1 for
@@ -152,7 +154,7 @@ BINARY_BOOL = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And
 def _unary_infer(name):
     def infer(ts, a):
         (dt, sh), = ts
-        return [(a["to"] if name == "Cast" else "bool" if name in UNARY_BOOL else dt, sh)]
+        return [(a["to"] if name == "Cast" else UNARY_DTYPE.get(name, dt), sh)]
     return infer
 
 
@@ -161,7 +163,7 @@ def _unary_eval(name):
 
     def evaluate(xs, a):
         x, = xs
-        out_dt = dtypes.NUMPY[a["to"]] if name == "Cast" else np.bool_ if name in UNARY_BOOL else x.dtype
+        out_dt = dtypes.NUMPY[a["to"] if name == "Cast" else UNARY_DTYPE.get(name, dtypes.from_numpy(x.dtype))]
         with np.errstate(all="ignore"):
             return [np.asarray(fn(x, a)).astype(out_dt)]
     return evaluate

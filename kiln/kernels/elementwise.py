@@ -141,6 +141,8 @@ _SPECIAL = {
     "Asin": lambda x, a: call("atan", x / call("sqrt", (1.0 - x) * (1.0 + x))),
     "Acos": lambda x, a: 2.0 * call("atan", call("sqrt", (1.0 - x) / (1.0 + x))),
     "IsInf": _isinf,
+    "BitcastInt32": lambda x, a: call("bitcast_i32", x),
+    "BitcastFloat32": lambda x, a: call("bitcast_f32", x),
     "Softplus": lambda x, a: softplus(x),
     "Softsign": lambda x, a: x / (1.0 + call("abs", x)),
     "Elu": lambda x, a: select(binop("<", x, 0.0), expm1_neg(x, a["alpha"]), x),

@@ -23,14 +23,14 @@ _ids = itertools.count()
 #: math functions an expression may call; each target renders them (WGSL builtins, C, GLSL)
 CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "max", "min", "pow", "clamp",
          "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "round", "sign", "trunc",
-         "bitcast_i32"}
+         "bitcast_i32", "bitcast_f32"}
 
 #: unary functions folded on constants (expression function -> numpy function)
 _FOLD = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil", "sin": "sin",
          "cos": "cos", "tanh": "tanh", "tan": "tan", "round": "rint", "sign": "sign", "trunc": "trunc"}
 
 #: functions whose result dtype is fixed (the others return their operands' dtype)
-CALL_DTYPES = {"bitcast_i32": "int32"}
+CALL_DTYPES = {"bitcast_i32": "int32", "bitcast_f32": "float32"}
 
 
 class Expr:
