@@ -26,7 +26,7 @@ from kiln.te.lower import lower
 from kiln.te.schedule import Schedule
 
 #: dtypes the WebGPU target's kernels read and write (stored as in kiln.kernels.storage)
-KERNEL_DTYPES = {"float32", "int32", "int64", "bool", "uint8", "int8", "uint16", "int16"}
+KERNEL_DTYPES = {"float32", "float16", "int32", "int64", "bool", "uint8", "int8", "uint16", "int16"}
 
 
 @dataclass

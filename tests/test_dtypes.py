@@ -13,13 +13,13 @@ from opcheck import check_op
 import kiln
 from kiln.package.format import from_storage, to_storage
 
-DTYPES = {"float32": TensorProto.FLOAT, "int32": TensorProto.INT32, "int64": TensorProto.INT64,
+DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int32": TensorProto.INT32, "int64": TensorProto.INT64,
           "bool": TensorProto.BOOL, "uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
 
 
 def sample(rng, dtype: str, shape) -> np.ndarray:
-    if dtype == "float32":
-        return rng.uniform(-200, 200, size=shape).astype(np.float32)
+    if dtype in ("float32", "float16"):
+        return rng.uniform(-200, 200, size=shape).astype(dtype)
     if dtype == "bool":
         return rng.integers(0, 2, size=shape).astype(bool)
     lo, hi = {"int32": (-1000, 1000), "int64": (-1000, 1000), "uint8": (0, 256), "int8": (-128, 128)}[dtype]
@@ -30,8 +30,8 @@ def sample(rng, dtype: str, shape) -> np.ndarray:
 @pytest.mark.parametrize("dst", list(DTYPES))
 def test_cast_between_kernel_dtypes(rng, src, dst):
     x = sample(rng, src, (3, 5))
-    if dst in ("uint8", "int8") and src == "float32":
-        x = rng.uniform(-100, 100, size=(3, 5)).astype(np.float32)  # in range: out-of-range float->int is undefined
+    if dst in ("uint8", "int8") and src in ("float32", "float16"):
+        x = rng.uniform(-100, 100, size=(3, 5)).astype(src)  # in range: out-of-range float->int is undefined
     check_op("Cast", {"x": x}, {"to": DTYPES[dst]})
 
 
@@ -76,10 +76,16 @@ def test_int64_constants_are_stored_as_int32_and_checked(tmp_path):
 
 
 def test_storage_round_trip():
-    for dtype, values in [("bool", [True, False]), ("uint8", [0, 255]), ("int8", [-128, 127]),
+    for dtype, values in [("float16", [0.1, -65504.0]), ("bool", [True, False]), ("uint8", [0, 255]), ("int8", [-128, 127]),
                           ("int64", [-(2**31), 2**31 - 1]), ("float32", [1.5, -2.0])]:
         a = np.array(values, dtype=dtype)
         stored = to_storage(a, dtype, "t")
         assert stored.dtype.itemsize == 4
         back = from_storage(stored.tobytes(), dtype, a.shape)
         assert back.dtype == a.dtype and back.tolist() == a.tolist()
+
+
+def test_float16_computes_in_float32_rounded_at_kernel_boundaries(rng):
+    a, b = rng.uniform(-4, 4, (3, 7)).astype(np.float16), rng.uniform(0.5, 2, (7,)).astype(np.float16)
+    check_op("Mul", {"a": a, "b": b}, rtol=1e-3)
+    check_op("Softmax", {"x": a}, {"axis": -1}, rtol=2e-3, atol=1e-3)

@@ -70,6 +70,8 @@ def expr(e: Expr) -> str:
             return f"({expr(e.a)} {e.op} {expr(e.b)})"
         raise ValueError(f"WGSL: unknown binary op {e.op!r}")
     if isinstance(e, Call):
+        if e.fn == "round_f16":  # f32 rounded to half precision, without the optional shader-f16 feature
+            return f"unpack2x16float(pack2x16float(vec2<f32>({expr(e.args[0])}, 0.0f))).x"
         return f"{BUILTINS[e.fn]}({', '.join(expr(a) for a in e.args)})"
     if isinstance(e, Select):
         return f"select({expr(e.f)}, {expr(e.t)}, {expr(e.cond)})"

@@ -77,11 +77,13 @@ def expr_dtype(dtype: str) -> str:
     """The tensor-expression dtype values of ``dtype`` are computed in: ``float32``, ``int32`` or ``bool``.
 
     Integers of every width compute in 32 bits (WGSL's ``i32``); int64 is narrowed (see
-    :data:`kiln.package.format.STORAGE`). Raises KilnError for dtypes kernels cannot compute in
-    (float16, float64).
+    :data:`kiln.package.format.STORAGE`); float16 computes in f32 and is rounded to half precision
+    when stored. Raises KilnError for float64 (WGSL has no f64).
     """
     if dtype == "bool" or dtype == "float32":
         return dtype
+    if dtype == "float16":  # computed in f32, rounded to half precision when stored
+        return "float32"
     if dtype in ("int32", "int64", "int16", "uint16", "int8", "uint8"):
         return "int32"
     raise KilnError(f"{dtype} tensors are not supported by the webgpu target")

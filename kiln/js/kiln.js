@@ -58,9 +58,57 @@ const DTYPES = {
 const INT32_MIN = -(2n ** 31n);
 const INT32_MAX = 2n ** 31n - 1n;
 
+const F32 = new Float32Array(1);
+const U32 = new Uint32Array(F32.buffer);
+
+/**
+ * An IEEE half-precision number from its 16 bits.
+ * @param {number} h the bits
+ * @returns {number}
+ */
+function halfToFloat(h) {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exp = (h >> 10) & 0x1f;
+  const frac = h & 0x3ff;
+  if (exp === 0) return sign * frac * 2 ** -24;
+  if (exp === 31) return frac ? NaN : sign * Infinity;
+  return sign * (1 + frac / 1024) * 2 ** (exp - 15);
+}
+
+/**
+ * The 16 bits of the half-precision number nearest to `f` (ties to even), as `Float16Array` would store it.
+ * @param {number} f
+ * @returns {number}
+ */
+function floatToHalf(f) {
+  F32[0] = f;
+  const x = U32[0];
+  const sign = (x >>> 16) & 0x8000;
+  const exp = (x >>> 23) & 0xff;
+  let mant = x & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
+  let e = exp - 127 + 15;
+  if (e >= 31) return sign | 0x7c00;
+  if (e <= 0) {  // subnormal half (or zero)
+    if (e < -10) return sign;
+    mant |= 0x800000;
+    const shift = 14 - e;
+    let half = mant >>> shift;
+    const rest = mant & ((1 << shift) - 1);
+    const mid = 1 << (shift - 1);
+    if (rest > mid || (rest === mid && (half & 1))) half += 1;
+    return sign | half;
+  }
+  let half = (e << 10) | (mant >>> 13);
+  const rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest === 0x1000 && (half & 1))) half += 1;  // may carry into the exponent: still right
+  return sign | half;
+}
+
 /**
  * The bytes a tensor's buffer holds: WGSL storage buffers have no bool, 8-, 16- or 64-bit integers,
  * so such tensors are stored as int32 (the manifest's `storage`); int64 values must fit in int32.
+ * float16 tensors are stored as float32 (widened exactly; packages need no shader-f16 feature).
  * @param {TensorSpec} spec the manifest's input entry
  * @param {TensorData} data the tensor's elements
  * @returns {ArrayBufferView} data in the storage element type
@@ -69,6 +117,9 @@ const INT32_MAX = 2n ** 31n - 1n;
 function toStorage(spec, data) {
   const storage = spec.storage ?? spec.dtype;
   if (storage === spec.dtype) return data;
+  if (spec.dtype === 'float16' && storage === 'float32') {
+    return data instanceof Uint16Array ? Float32Array.from(data, halfToFloat) : Float32Array.from(data);
+  }
   if (storage !== 'int32') throw new ShapeError(`input '${spec.name}': unknown storage type ${storage}`);
   const out = new Int32Array(data.length);
   if (data instanceof BigInt64Array) {
@@ -99,7 +150,8 @@ function fromStorage(spec, bytes) {
   if (storage === spec.dtype) return new Tensor(spec.dtype, stored, spec.shape);
   const Out = DTYPES[spec.dtype].array;
   let data;
-  if (spec.dtype === 'int64') data = BigInt64Array.from(stored, (v) => BigInt(v));
+  if (spec.dtype === 'float16') data = Out === Uint16Array ? Uint16Array.from(stored, floatToHalf) : Out.from(stored);
+  else if (spec.dtype === 'int64') data = BigInt64Array.from(stored, (v) => BigInt(v));
   else if (spec.dtype === 'bool') data = Uint8Array.from(stored, (v) => (v !== 0 ? 1 : 0));
   else data = Out.from(stored);
   return new Tensor(spec.dtype, data, spec.shape);

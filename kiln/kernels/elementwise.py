@@ -126,8 +126,10 @@ def _sign(x: Expr, a) -> Expr:
 
 
 def _isinf(x: Expr, a) -> Expr:
-    pos = binop("==", x, math.inf) if a.get("detect_positive", 1) else const(False, "bool")
-    neg = binop("==", x, -math.inf) if a.get("detect_negative", 1) else const(False, "bool")
+    """From the bits: comparing with an infinite literal fails in Tint, which rejects infinite constants."""
+    inf = binop("==", binop("&", call("bitcast_i32", x), 0x7FFFFFFF), 0x7F800000)
+    pos = binop("&&", inf, binop(">", x, 0.0)) if a.get("detect_positive", 1) else const(False, "bool")
+    neg = binop("&&", inf, binop("<", x, 0.0)) if a.get("detect_negative", 1) else const(False, "bool")
     return binop("||", pos, neg)
 
 

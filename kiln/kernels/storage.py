@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from kiln.errors import KilnError
 from kiln.ir import dtypes
+from kiln.kernels.elementwise import isnan
 from kiln.package.format import STORAGE
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import binop, cast
+from kiln.te.expr import binop, call, cast, select
 
 _INT32 = (-(2**31), 2**31 - 1)
 
@@ -52,9 +53,23 @@ def wrap(x, dtype: str):
     return binop("%", binop("%", x - lo, n) + n, n) + lo
 
 
+def round_half(x):
+    """``x`` (f32) rounded to the nearest half-precision value, overflowing to infinity and keeping NaN.
+
+    WGSL's ``pack2x16float`` is indeterminate outside f16's finite range, so it only sees clamped values.
+    Infinities are made at run time: Chromium's WGSL compiler (Tint) rejects infinite constant expressions.
+    """
+    r = call("round_f16", call("clamp", x, -65504.0, 65504.0))
+    inf = x * 1e38  # overflows to +-inf at run time (Tint rejects infinite constants)
+    return select(isnan(x), x, select(binop(">=", call("abs", x), 65520.0), inf, r))
+
+
 def store_view(t: Tensor, dtype: str) -> Tensor:
-    """``t`` (a kernel's result of ``dtype``) as the values its buffer stores."""
+    """``t`` (a kernel's result of ``dtype``) as the values its buffer stores (float16: rounded to half
+    precision, so values match a device computing in f16 at every kernel boundary)."""
     store = buffer_dtype(dtype)
+    if dtype == "float16":
+        return compute(t.shape, lambda *i: round_half(cast(t[i], store)), t.name)
     if t.dtype == store and dtype not in NARROW:
         return t
     return compute(t.shape, lambda *i: wrap(cast(t[i], store), dtype), t.name)

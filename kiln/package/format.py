@@ -18,9 +18,11 @@ from kiln.errors import PackageError, ShapeError
 
 #: tensor dtype -> the element type its WebGPU buffers hold (every element 4 bytes). WGSL storage
 #: buffers hold no bool, 8-, 16- or 64-bit integers: those are widened or narrowed to i32 on upload
-#: and converted back on readback; int64 values must fit in int32 (checked on upload).
+#: and converted back on readback; int64 values must fit in int32 (checked on upload). float16 is
+#: widened to f32 (exactly), so packages need no shader-f16 device feature.
 STORAGE: dict[str, str] = {
     "float32": "float32",
+    "float16": "float32",
     "int32": "int32",
     "int64": "int32",
     "bool": "int32",

@@ -23,7 +23,7 @@ _ids = itertools.count()
 #: math functions an expression may call; each target renders them (WGSL builtins, C, GLSL)
 CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "max", "min", "pow", "clamp",
          "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "round", "sign", "trunc",
-         "bitcast_i32", "bitcast_f32"}
+         "bitcast_i32", "bitcast_f32", "round_f16"}
 
 #: unary functions folded on constants (expression function -> numpy function)
 _FOLD = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil", "sin": "sin",

@@ -56,11 +56,11 @@ def _safe_softmax(b: Builder, x: Value, masked_rows: Value | None) -> Value:
     if masked_rows is None:
         e = b.op("Exp", [b.op("Sub", [x, m])])
         return b.op("Div", [e, b.op("ReduceSum", [e], axes=(ax,), keepdims=1)])
-    zero = b.const(np.array(0.0, np.float32))
+    zero = b.const(np.array(0.0), dtype=x.dtype)
     m = b.op("Where", [b.op("IsInf", [m], detect_negative=1, detect_positive=0), zero, m])
     e = b.op("Exp", [b.op("Sub", [x, m])])
     s = b.op("ReduceSum", [e], axes=(ax,), keepdims=1)
-    s = b.op("Where", [b.op("Equal", [s, zero]), b.const(np.array(1.0, np.float32)), s])
+    s = b.op("Where", [b.op("Equal", [s, zero]), b.const(np.array(1.0), dtype=x.dtype), s])
     return b.op("Where", [masked_rows, zero, b.op("Div", [e, s])])
 
 
@@ -103,11 +103,11 @@ def attention(b: Builder, q: Value, k: Value, v: Value, attn_mask: Value | None 
             fill = False if attn_mask.dtype == "bool" else -math.inf
             attn_mask = b.op("Pad", [attn_mask], pads=tuple(pads), mode="constant", value=fill)
         if attn_mask.dtype == "bool":
-            attn_mask = b.op("Where", [attn_mask, b.const(np.array(0.0, np.float32)),
-                                       b.const(np.array(-np.inf, np.float32))])
+            attn_mask = b.op("Where", [attn_mask, b.const(np.array(0.0), dtype=q.dtype),
+                                       b.const(np.array(-np.inf), dtype=q.dtype)])
         bias = attn_mask
     if const_bias is not None:
-        cb = b.const(const_bias)
+        cb = b.const(const_bias, dtype=q.dtype)
         bias = cb if bias is None else b.op("Add", [bias, cb])
     # grouped-query attention: repeat each key/value head (h0, h0, h1, h1, ...)
     if hq != hkv:
@@ -122,10 +122,10 @@ def attention(b: Builder, q: Value, k: Value, v: Value, attn_mask: Value | None 
 
         k4, v4 = repeat(k4), repeat(v4)
     s = np.float32(math.sqrt(scale if scale is not None else 1 / math.sqrt(head)))
-    sc = b.const(np.array(s, np.float32))
+    sc = b.const(np.array(s), dtype=q.dtype)
     qk = b.op("MatMul", [b.op("Mul", [q4, sc]), transpose(b, b.op("Mul", [k4, sc]), (0, 1, 3, 2))])
     if softcap and softcap > 0:
-        cap = b.const(np.array(softcap, np.float32))
+        cap = b.const(np.array(softcap), dtype=q.dtype)
         qk = b.op("Mul", [b.op("Tanh", [b.op("Div", [qk, cap])]), cap])
     scores = qk if bias is None else b.op("Add", [qk, bias])
     masked_rows = None
@@ -211,13 +211,13 @@ def linear_attention(b: Builder, q: Value, k: Value, v: Value, past_state: Value
     batch, hq, steps, dk = q4.shape
     hkv, dv = k4.shape[1], v4.shape[3]
     group = hq // hkv
-    state = past_state if past_state is not None else b.const(np.zeros((batch, hkv, dk, dv), np.float32))
+    state = past_state if past_state is not None else b.const(np.zeros((batch, hkv, dk, dv)), dtype=q.dtype)
     if gating:
         last = decay.shape[-1]
         decay4 = transpose(b, _reshape(b, decay, (batch, steps, hkv, last // hkv)), (0, 2, 1, 3))
     if delta:
         beta4 = transpose(b, _reshape(b, beta, (batch, steps, beta.shape[-1], 1)), (0, 2, 1, 3))
-    sc = b.const(np.array(scale if scale else 1 / math.sqrt(dk), np.float32))
+    sc = b.const(np.array(scale if scale else 1 / math.sqrt(dk)), dtype=q.dtype)
 
     def step(t4: Value, t: int) -> Value:  # t4[:, :, t:t+1, :]
         n, h, _, d = t4.shape
