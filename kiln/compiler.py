@@ -19,7 +19,7 @@ from kiln.errors import KilnError, UnsupportedOpError
 from kiln.frontend.onnx.importer import import_model, load_model, unsupported_ops
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
-from kiln.kernels import library
+from kiln.kernels import library, storage
 from kiln.passes.fusion import Group, fuse
 from kiln.passes.manager import optimize
 from kiln.passes.memory_plan import MemoryPlan, needs_buffer, plan_memory
@@ -27,8 +27,8 @@ from kiln.te.compute import Tensor, inline, placeholder
 from kiln.te.lower import lower
 from kiln.te.schedule import DEVICE_CLASSES, Schedule, default_schedule
 
-#: dtypes the WebGPU target's kernels read and write
-KERNEL_DTYPES = {"float32"}
+#: dtypes the WebGPU target's kernels read and write (stored as in kiln.kernels.storage)
+KERNEL_DTYPES = {"float32", "float16", "int32", "int64", "bool", "uint8", "int8", "uint16", "int16"}
 
 
 @dataclass
@@ -82,21 +82,22 @@ def group_expr(group: Group) -> Tensor:
             if id(v) in env:
                 operands.append(env[id(v)])
             elif v.is_const and not needs_buffer(node, v):
-                operands.append(v.const.reshape(()).item())
+                operands.append(storage.scalar(v.const.reshape(()).item(), v.dtype,
+                                               f"node {node.name!r} ({node.op}) constant %{v.name}"))
             else:
                 if v.dtype not in KERNEL_DTYPES:
                     raise KilnError(f"node {node.name!r} ({node.op}): {v.dtype} tensors are not supported by the "
                                     f"webgpu target yet (input %{v.name})")
-                t = placeholder(v.shape, v.dtype, name=v.name)
+                t = placeholder(v.shape, storage.buffer_dtype(v.dtype), name=v.name)
                 t.attrs["value"] = v
-                env[id(v)] = t
-                operands.append(t)
+                env[id(v)] = storage.load_view(t, v.dtype)
+                operands.append(env[id(v)])
         out = node.outputs[0]
         if out.dtype not in KERNEL_DTYPES:
             raise KilnError(f"node {node.name!r} ({node.op}): {out.dtype} results are not supported by the webgpu "
                             "target yet")
         env[id(out)] = library.build(node.op, operands, node.attrs, out.shape, group.name)
-    return inline(env[id(group.output)])
+    return inline(storage.store_view(env[id(group.output)], group.output.dtype))
 
 
 def build_group(group: Group, schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule):
@@ -122,7 +123,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     kernels: list[Kernel] = []
     by_source: dict[str, int] = {}
     steps: list[Step] = []
-    work = [g for g in groups if not g.alias]
+    work = [g for g in groups if not g.alias and g.output.size]  # an empty tensor needs no kernel
     it = work
     if progress:
         from rich.progress import track

@@ -39,6 +39,18 @@ class ShapeError(KilnError):
     """Shapes or dtypes do not fit: a wrong input, or an inconsistent graph."""
 
 
+class ConstantInputError(KilnError):
+    """An operator input Kiln must know at compile time (a shape, axes, indices...) is computed at run time.
+
+    Attributes:
+        value: name of the offending value (a graph input when the model feeds it at run time), or None.
+    """
+
+    def __init__(self, message: str, value: str | None = None):
+        super().__init__(message)
+        self.value = value
+
+
 class PackageError(KilnError):
     """A package directory is missing, malformed, corrupted, or of an unsupported format version."""
 

@@ -14,7 +14,9 @@ import kiln
 from kiln.frontend.onnx.importer import import_model
 from kiln.ir import interp
 
-_ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64}
+
+def _onnx_type(dtype: np.dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = None,
@@ -27,22 +29,51 @@ def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None =
                             **(attrs or {}))
     graph = helper.make_graph(
         [node], f"{op_type.lower()}_test",
-        [helper.make_tensor_value_info(k, _ONNX_TYPES[v.dtype], list(v.shape)) for k, v in inputs.items()],
-        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(n_outputs)],
+        [helper.make_tensor_value_info(k, _onnx_type(v.dtype), list(v.shape)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.UNDEFINED, None) for i in range(n_outputs)],
         [numpy_helper.from_array(v, k) for k, v in initializers.items() if k]
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
-    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    try:
+        inferred_model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except onnx.shape_inference.InferenceError:  # onnx cannot infer some function-defined ops (MVN) strictly
+        inferred_model = onnx.shape_inference.infer_shapes(model)
+    model = inferred_model
+    inferred = {v.name: v.type for v in model.graph.value_info}
+    missing = []
+    for out in model.graph.output:  # outputs take their inferred type
+        if out.name in inferred and not out.type.tensor_type.elem_type:
+            out.type.CopyFrom(inferred[out.name])
+        if not out.type.tensor_type.elem_type or not out.type.tensor_type.HasField("shape"):
+            missing.append(out)
+    if missing:  # onnx's inference gave up: take dtype and shape from its reference evaluator
+        from onnx.reference import ReferenceEvaluator
+
+        results = ReferenceEvaluator(model).run(None, inputs)
+        for out, arr in zip(model.graph.output, results):
+            if out in missing:
+                out.CopyFrom(helper.make_tensor_value_info(out.name, _onnx_type(arr.dtype), list(arr.shape)))
+    return model
 
 
 def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = None,
              initializers: dict[str, np.ndarray] | None = None, *, opset: int = 17, rtol: float = 1e-4,
-             atol: float = 1e-5, input_order: list[str] | None = None) -> dict[str, np.ndarray]:
+             atol: float = 1e-5, input_order: list[str] | None = None, n_outputs: int = 1,
+             oracle: str = "onnxruntime") -> dict[str, np.ndarray]:
     """Compile a one-node model with Kiln, run it natively on WebGPU with poisoned buffers, and compare
-    every output with onnxruntime (and the IR interpreter with onnxruntime). Returns Kiln's outputs."""
-    model = make_model(op_type, inputs, attrs, initializers, opset=opset, input_order=input_order)
-    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
+    every output with onnxruntime (and the IR interpreter with onnxruntime). Returns Kiln's outputs.
+
+    ``oracle="onnx"`` compares with onnx's ReferenceEvaluator instead, for operators newer than the
+    installed onnxruntime supports (opset 27 ones such as LinearAttention)."""
+    model = make_model(op_type, inputs, attrs, initializers, opset=opset, input_order=input_order, n_outputs=n_outputs)
+    if oracle == "onnx":
+        from onnx.reference import ReferenceEvaluator
+
+        expected = ReferenceEvaluator(model).run(None, inputs)
+    else:
+        expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None,
+                                                                                                           inputs)
     spec = interp.run(import_model(model), inputs)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
@@ -53,5 +84,6 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
         name = f"y{i}"
         for what, arr in (("interpreter", spec[name]), ("webgpu", got[name])):
             assert arr.shape == exp.shape, f"{op_type} {what}: shape {arr.shape} != onnxruntime {exp.shape}"
+            assert arr.dtype == exp.dtype, f"{op_type} {what}: dtype {arr.dtype} != onnxruntime {exp.dtype}"
             np.testing.assert_allclose(arr, exp, rtol=rtol, atol=atol, err_msg=f"{op_type} {what} vs onnxruntime")
     return got

@@ -301,3 +301,46 @@ def test_server_does_not_import_the_compiler():
               f"print([m for m in sys.modules if m.startswith({compiler!r})])")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_int64_bool_float16_tensors_convert_on_upload_and_readback(browser, tmp_path):
+    # int64 and bool are stored as int32, float16 as float32; kiln.js converts and range-checks like the native runtime
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node("Cast", ["x"], ["b"], to=TensorProto.BOOL),
+         helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16)],
+        "ints", [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 4])],
+        [helper.make_tensor_value_info("s", TensorProto.INT64, [1, 4]),
+         helper.make_tensor_value_info("b", TensorProto.BOOL, [1, 4]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT16, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "ints.onnx")
+    package = kiln.compile(str(tmp_path / "ints.onnx"), str(tmp_path / "ints"), force=True)
+    page = browser.new_page()
+    log = ConsoleLog(page)
+    try:
+        with serving(package) as url:
+            page.goto(url + "index.html")
+            log.wait_for("#status:text-is('ready')")
+            result = log.evaluate("""async () => {
+              const kiln = await import('./kiln.js');
+              const session = await kiln.load('./');
+              const x = new kiln.Tensor('int64', BigInt64Array.from([3n, 0n, -5n, 1073741823n]), [1, 4]);
+              const {s, b, h} = await session.run({x});
+              let error = 'no error';
+              try {
+                await session.run({x: new kiln.Tensor('int64', BigInt64Array.from([0n, 0n, 4294967296n, 0n]), [1, 4])});
+              } catch (e) {
+                error = `${e.name}: ${e.message}`;
+              }
+              session.destroy();
+              return {s: Array.from(s.data, String), sType: s.type, b: Array.from(b.data), bType: b.type,
+                      h: Array.from(h.data), hType: h.type, error};
+            }""")
+        assert result["sType"] == "int64" and result["s"] == ["6", "0", "-10", "2147483646"]
+        assert result["bType"] == "bool" and result["b"] == [1, 0, 1, 1]
+        # float16 is stored as float32 and comes back as half bits (or Float16Array values)
+        halves = np.array([3, 0, -5, 1073741823], np.float16)
+        assert result["hType"] == "float16"
+        assert result["h"] in (halves.view(np.uint16).tolist(), halves.astype(float).tolist())
+        assert result["error"].startswith("ShapeError: input 'x': int64 value 4294967296 at flat index 2 does not fit")
+    finally:
+        page.close()

@@ -22,9 +22,12 @@ TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "bool": "bool"}
 
 #: expression function -> WGSL builtin (WGSL §17)
 BUILTINS = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil",
-            "sin": "sin", "cos": "cos", "tanh": "tanh", "max": "max", "min": "min", "pow": "pow", "clamp": "clamp"}
+            "sin": "sin", "cos": "cos", "tanh": "tanh", "max": "max", "min": "min", "pow": "pow", "clamp": "clamp",
+            "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
+            "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "round": "round", "sign": "sign", "trunc": "trunc",
+            "bitcast_i32": "bitcast<i32>", "bitcast_f32": "bitcast<f32>"}
 
-_BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&&", "||"}
+_BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "&", "|", "^"}
 
 #: logical and/or render as WGSL's non-short-circuiting ``&``/``|`` on bool (WGSL §8.6): expressions
 #: have no side effects, and short-circuit forms become branches, which SwiftShader's compiler
@@ -66,10 +69,14 @@ def expr(e: Expr) -> str:
             return f"({expr(e.a)} / {expr(e.b)})"
         if e.op == "%":
             return f"({expr(e.a)} % {expr(e.b)})"
+        if e.op in ("<<", ">>"):  # WGSL shifts take a u32 amount
+            return f"({expr(e.a)} {e.op} u32({expr(e.b)}))"
         if e.op in _BINOPS:
             return f"({expr(e.a)} {_LOGICAL.get(e.op, e.op)} {expr(e.b)})"
         raise ValueError(f"WGSL: unknown binary op {e.op!r}")
     if isinstance(e, Call):
+        if e.fn == "round_f16":  # f32 rounded to half precision, without the optional shader-f16 feature
+            return f"unpack2x16float(pack2x16float(vec2<f32>({expr(e.args[0])}, 0.0f))).x"
         return f"{BUILTINS[e.fn]}({', '.join(expr(a) for a in e.args)})"
     if isinstance(e, Select):
         return f"select({expr(e.f)}, {expr(e.t)}, {expr(e.cond)})"

@@ -20,6 +20,8 @@ NUMPY: dict[str, np.dtype] = {
     "float64": np.dtype(np.float64),
     "int64": np.dtype(np.int64),
     "int32": np.dtype(np.int32),
+    "int16": np.dtype(np.int16),
+    "uint16": np.dtype(np.uint16),
     "int8": np.dtype(np.int8),
     "uint8": np.dtype(np.uint8),
     "bool": np.dtype(np.bool_),
@@ -31,6 +33,8 @@ _ONNX = {
     TensorProto.DOUBLE: "float64",
     TensorProto.INT64: "int64",
     TensorProto.INT32: "int32",
+    TensorProto.INT16: "int16",
+    TensorProto.UINT16: "uint16",
     TensorProto.INT8: "int8",
     TensorProto.UINT8: "uint8",
     TensorProto.BOOL: "bool",
@@ -67,3 +71,26 @@ def itemsize(dtype: str) -> int:
 def is_float(dtype: str) -> bool:
     """True for floating-point dtypes."""
     return dtype.startswith("float")
+
+
+def expr_dtype(dtype: str) -> str:
+    """The tensor-expression dtype values of ``dtype`` are computed in: ``float32``, ``int32`` or ``bool``.
+
+    Integers of every width compute in 32 bits (WGSL's ``i32``); int64 is narrowed (see
+    :data:`kiln.package.format.STORAGE`); float16 computes in f32 and is rounded to half precision
+    when stored. Raises KilnError for float64 (WGSL has no f64).
+    """
+    if dtype == "bool" or dtype == "float32":
+        return dtype
+    if dtype == "float16":  # computed in f32, rounded to half precision when stored
+        return "float32"
+    if dtype in ("int32", "int64", "int16", "uint16", "int8", "uint8"):
+        return "int32"
+    raise KilnError(f"{dtype} tensors are not supported by the webgpu target")
+
+
+def storage_itemsize(dtype: str) -> int:
+    """Bytes per element of ``dtype`` in a WebGPU buffer (4 for every dtype kernels compute in)."""
+    from kiln.package.format import STORAGE
+
+    return NUMPY[STORAGE[dtype]].itemsize if dtype in STORAGE else itemsize(dtype)

@@ -121,11 +121,17 @@ class Builder:
     """Appends primitive nodes to a graph, inferring output dtypes and shapes.
 
     Frontends call :meth:`op`; shapes come from :mod:`kiln.ir.ops`, so a converter
-    never states an output shape by hand.
+    never states an output shape by hand. With ``fold=True`` an op whose inputs are all
+    constants is evaluated at once (numpy semantics of :mod:`kiln.ir.ops`) and its result
+    returned as a constant, so shape computations (``Shape -> Gather -> Concat -> Reshape``)
+    are known to later converters that need compile-time values.
     """
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, fold: bool = False):
         self.graph = graph
+        self.fold = fold
+        #: set by the ONNX importer: converts a subgraph (If branch) inline, returning its outputs
+        self.subgraph = None
         self._names: set[str] = {v.name for v in graph.inputs}
         self._counter = itertools.count()
         self.scope = ""
@@ -143,7 +149,7 @@ class Builder:
         arr = np.asarray(array)
         if dtype is not None:
             arr = arr.astype(dtypes.NUMPY[dtype])
-        arr = np.ascontiguousarray(arr)
+        arr = np.array(arr, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
         return Value(self.fresh(name), dtypes.from_numpy(arr.dtype), tuple(arr.shape), const=arr)
 
     def op(self, op: str, inputs: list[Value], *, name: str = "", nout: int = 1, **attrs: Any) -> Value | list[Value]:
@@ -157,6 +163,10 @@ class Builder:
         spec = ops.get(op)
         out_types = spec.infer([(v.dtype, v.shape) for v in inputs], attrs)
         node_name = name or self.scope or op
+        if self.fold and inputs and all(v.is_const for v in inputs):
+            results = spec.evaluate([v.const for v in inputs], dict(attrs))
+            outs = [self.const(r, name=node_name, dtype=dt) for r, (dt, _) in zip(results, out_types)]
+            return outs if nout > 1 or len(outs) > 1 else outs[0]
         outs = [Value(self.fresh(f"{node_name}:{i}" if len(out_types) > 1 else node_name), dt, tuple(sh))
                 for i, (dt, sh) in enumerate(out_types)]
         node = Node(op, list(inputs), outs, dict(attrs), name=node_name)

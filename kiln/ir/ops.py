@@ -6,7 +6,7 @@ interpreter (:mod:`kiln.ir.interp`) runs graphs with it, constant folding uses
 it, and every kernel the compiler generates must agree with it.
 
 Kinds group ops for the passes and kernel library:
-``elementwise`` (unary, one input), ``binary`` (numpy broadcasting),
+``elementwise`` (unary, one input), ``binary`` (numpy broadcasting), ``ternary`` (Where),
 ``reduce``, ``conv``, ``matmul``, ``view`` (reshape: no data movement),
 ``layout`` (transpose, concat).
 """
@@ -49,7 +49,8 @@ def kind(name: str) -> str:
     return _SPECS[name].kind
 
 
-def _register(name: str, kind: str, infer, evaluate) -> None:
+def register(name: str, kind: str, infer, evaluate) -> None:
+    """Add primitive ``name`` of ``kind`` with its shape rule ``infer`` and numpy semantics ``evaluate``."""
     _SPECS[name] = OpSpec(name, kind, infer, evaluate)
 
 
@@ -77,7 +78,47 @@ UNARY: dict[str, Callable[[np.ndarray, dict[str, Any]], np.ndarray]] = {
     "LeakyRelu": lambda x, a: np.where(x >= 0, x, x * a["alpha"]),
     "HardSigmoid": lambda x, a: np.clip(x * a["alpha"] + a["beta"], 0, 1),
     "Cast": lambda x, a: x,
+    "Sign": lambda x, a: np.sign(x),
+    "Round": lambda x, a: np.round(x),
+    "Not": lambda x, a: np.logical_not(x),
+    "BitwiseNot": lambda x, a: np.invert(x),
+    "IsNaN": lambda x, a: np.isnan(x),
+    "IsInf": lambda x, a: (np.isposinf(x) & bool(a.get("detect_positive", 1)))
+    | (np.isneginf(x) & bool(a.get("detect_negative", 1))),
+    "Tan": lambda x, a: np.tan(x),
+    "Asin": lambda x, a: np.arcsin(x),
+    "Acos": lambda x, a: np.arccos(x),
+    "Atan": lambda x, a: np.arctan(x),
+    "Sinh": lambda x, a: np.sinh(x),
+    "Cosh": lambda x, a: np.cosh(x),
+    "Asinh": lambda x, a: np.arcsinh(x),
+    "Acosh": lambda x, a: np.arccosh(x),
+    "Atanh": lambda x, a: np.arctanh(x),
+    "Softplus": lambda x, a: np.logaddexp(x, 0),
+    "Softsign": lambda x, a: x / (1 + np.abs(x)),
+    "Elu": lambda x, a: np.where(x < 0, a["alpha"] * (np.exp(x) - 1), x),
+    "Selu": lambda x, a: a["gamma"] * np.where(x <= 0, a["alpha"] * (np.exp(x) - 1), x),
+    "Celu": lambda x, a: np.maximum(x, 0) + np.minimum(0, a["alpha"] * (np.exp(x / a["alpha"]) - 1)),
+    "ThresholdedRelu": lambda x, a: np.where(x > a["alpha"], x, 0),
+    "Shrink": lambda x, a: np.where(x < -a["lambd"], x + a["bias"], np.where(x > a["lambd"], x - a["bias"], 0)),
+    "Mish": lambda x, a: x * np.tanh(np.logaddexp(x, 0)),
+    "BitcastInt32": lambda x, a: x.view(np.int32),
+    "BitcastFloat32": lambda x, a: x.view(np.float32),
+    "Gelu": lambda x, a: 0.5 * x * (1 + (_erf(x / math.sqrt(2)) if a.get("approximate", "none") == "none" else
+                                         np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))),
 }
+
+#: unary primitives whose result has a fixed dtype, whatever the input's
+UNARY_DTYPE = {"IsNaN": "bool", "IsInf": "bool", "BitcastInt32": "int32", "BitcastFloat32": "float32"}
+
+def _shift(x: np.ndarray, s: np.ndarray, fn, negative_fill: int) -> np.ndarray:
+    """ONNX BitShift: a shift by a negative amount or by the type's width or more gives 0 (or -1 for
+    a negative value shifted right)."""
+    width = x.dtype.itemsize * 8
+    ok = (s >= 0) & (s < width)
+    fill = np.where(x < 0, negative_fill, 0) if negative_fill else 0
+    return np.where(ok, fn(x, np.where(ok, s, 0)), fill)
+
 
 #: binary primitive -> numpy ufunc (numpy broadcasting, ONNX multidirectional broadcasting)
 BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
@@ -88,13 +129,32 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Pow": np.power,
     "Max": np.maximum,
     "Min": np.minimum,
+    "Mod": np.mod,
+    "FMod": np.fmod,
+    "PRelu": lambda x, slope: np.where(x < 0, x * slope, x),
+    "BitwiseAnd": np.bitwise_and,
+    "BitwiseOr": np.bitwise_or,
+    "BitwiseXor": np.bitwise_xor,
+    "BitShiftLeft": lambda x, s: _shift(x, s, np.left_shift, 0),
+    "BitShiftRight": lambda x, s: _shift(x, s, np.right_shift, -1),
+    "Equal": np.equal,
+    "Less": np.less,
+    "Greater": np.greater,
+    "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal,
+    "And": np.logical_and,
+    "Or": np.logical_or,
+    "Xor": np.logical_xor,
 }
+
+#: binary primitives whose result is bool (comparisons and logic)
+BINARY_BOOL = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"}
 
 
 def _unary_infer(name):
     def infer(ts, a):
         (dt, sh), = ts
-        return [(a["to"] if name == "Cast" else dt, sh)]
+        return [(a["to"] if name == "Cast" else UNARY_DTYPE.get(name, dt), sh)]
     return infer
 
 
@@ -103,7 +163,7 @@ def _unary_eval(name):
 
     def evaluate(xs, a):
         x, = xs
-        out_dt = dtypes.NUMPY[a["to"]] if name == "Cast" else x.dtype
+        out_dt = dtypes.NUMPY[a["to"] if name == "Cast" else UNARY_DTYPE.get(name, dtypes.from_numpy(x.dtype))]
         with np.errstate(all="ignore"):
             return [np.asarray(fn(x, a)).astype(out_dt)]
     return evaluate
@@ -117,11 +177,13 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
         raise ShapeError(f"shapes {' and '.join(str(list(s)) for s in shapes)} do not broadcast") from None
 
 
-def _binary_infer(ts, a):
-    (da, sa), (db, sb) = ts
-    if da != db:
-        raise ShapeError(f"binary op operands differ in dtype: {da} vs {db}")
-    return [(da, broadcast_shapes(sa, sb))]
+def _binary_infer(name):
+    def infer(ts, a):
+        (da, sa), (db, sb) = ts
+        if da != db:
+            raise ShapeError(f"{name}: operands differ in dtype: {da} vs {db}")
+        return [("bool" if name in BINARY_BOOL else da, broadcast_shapes(sa, sb))]
+    return infer
 
 
 def _binary_eval(name):
@@ -129,17 +191,28 @@ def _binary_eval(name):
 
     def evaluate(xs, a):
         x, y = xs
+        out_dt = np.bool_ if name in BINARY_BOOL else x.dtype
         with np.errstate(all="ignore"):
             if name == "Div" and np.issubdtype(x.dtype, np.integer):
-                return [np.trunc(x / y).astype(x.dtype)]
-            return [np.asarray(fn(x, y)).astype(x.dtype)]
+                return [np.trunc(x / np.where(y == 0, 1, y)).astype(x.dtype)]
+            if name in ("Mod", "FMod") and np.issubdtype(x.dtype, np.integer):
+                y = np.where(y == 0, 1, y)
+            return [np.asarray(fn(x, y)).astype(out_dt)]
     return evaluate
 
 
+def _where_infer(ts, a):
+    (dc, sc), (dx, sx), (dy, sy) = ts
+    if dc != "bool" or dx != dy:
+        raise ShapeError(f"Where: condition must be bool and branches of one dtype, got {dc}, {dx}, {dy}")
+    return [(dx, broadcast_shapes(sc, sx, sy))]
+
+
 for _n in UNARY:
-    _register(_n, "elementwise", _unary_infer(_n), _unary_eval(_n))
+    register(_n, "elementwise", _unary_infer(_n), _unary_eval(_n))
 for _n in BINARY:
-    _register(_n, "binary", _binary_infer, _binary_eval(_n))
+    register(_n, "binary", _binary_infer(_n), _binary_eval(_n))
+register("Where", "ternary", _where_infer, lambda xs, a: [np.where(*xs)])
 
 
 # ----------------------------------------------------------------------------- conv
@@ -186,7 +259,7 @@ def _conv_eval(xs, a):
     return [np.concatenate(outs, axis=1).astype(x.dtype)]
 
 
-_register("Conv", "conv", _conv_infer, _conv_eval)
+register("Conv", "conv", _conv_infer, _conv_eval)
 
 
 # ----------------------------------------------------------------------------- matmul
@@ -200,11 +273,11 @@ def _matmul_infer(ts, a):
     return [(da, (*batch, sa[-2], sb[-1]))]
 
 
-_register("MatMul", "matmul", _matmul_infer, lambda xs, a: [np.matmul(xs[0], xs[1]).astype(xs[0].dtype)])
+register("MatMul", "matmul", _matmul_infer, lambda xs, a: [np.matmul(xs[0], xs[1]).astype(xs[0].dtype)])
 
 
 # ----------------------------------------------------------------------------- reductions
-REDUCE = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max, "ReduceMin": np.min}
+REDUCE = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max, "ReduceMin": np.min, "ReduceProd": np.prod}
 
 
 def _reduce_infer(ts, a):
@@ -221,7 +294,7 @@ def _reduce_eval(name):
 
 
 for _n in REDUCE:
-    _register(_n, "reduce", _reduce_infer, _reduce_eval(_n))
+    register(_n, "reduce", _reduce_infer, _reduce_eval(_n))
 
 
 # ----------------------------------------------------------------------------- data movement
@@ -233,7 +306,7 @@ def _reshape_infer(ts, a):
     return [(dt, new)]
 
 
-_register("Reshape", "view", _reshape_infer, lambda xs, a: [xs[0].reshape(a["shape"])])
+register("Reshape", "view", _reshape_infer, lambda xs, a: [xs[0].reshape(a["shape"])])
 
 
 def _transpose_infer(ts, a):
@@ -241,7 +314,7 @@ def _transpose_infer(ts, a):
     return [(dt, tuple(sh[p] for p in a["perm"]))]
 
 
-_register("Transpose", "layout", _transpose_infer, lambda xs, a: [np.ascontiguousarray(np.transpose(xs[0], a["perm"]))])
+register("Transpose", "layout", _transpose_infer, lambda xs, a: [np.array(np.transpose(xs[0], a["perm"]), order="C")])
 
 
 def _concat_infer(ts, a):
@@ -253,7 +326,7 @@ def _concat_infer(ts, a):
     return [(dt, tuple(sum(t[1][ax] for t in ts) if i == ax else d for i, d in enumerate(sh0)))]
 
 
-_register("Concat", "layout", _concat_infer, lambda xs, a: [np.concatenate(xs, axis=a["axis"])])
+register("Concat", "layout", _concat_infer, lambda xs, a: [np.concatenate(xs, axis=a["axis"])])
 
 
 # ----------------------------------------------------------------------------- pooling
@@ -315,5 +388,11 @@ def _avgpool_eval(xs, a):
     return [(total / np.maximum(count, 1)).astype(x.dtype)]
 
 
-_register("MaxPool", "pool", _pool_infer, _maxpool_eval)
-_register("AveragePool", "pool", _pool_infer, _avgpool_eval)
+register("MaxPool", "pool", _pool_infer, _maxpool_eval)
+register("AveragePool", "pool", _pool_infer, _avgpool_eval)
+
+
+from kiln.ir import (
+    ops_data,  # noqa: F401  (registers the indexing and data-movement primitives)
+    ops_resample,  # noqa: F401  (registers Resize and ConvTranspose)
+)

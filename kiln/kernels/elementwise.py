@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from kiln.ir import dtypes
 from kiln.te.compute import Tensor, compute
 from kiln.te.expr import Const, Expr, binop, call, cast, const, select
 
@@ -29,8 +31,14 @@ def erf(x: Expr) -> Expr:
 
 
 def tanh(x: Expr) -> Expr:
-    """tanh(x), clamped to |x| <= 15 first: some drivers' tanh overflows to NaN for large |x|."""
-    return call("tanh", call("clamp", x, -15.0, 15.0))
+    """tanh(x), clamped to |x| <= 15 first: some drivers' tanh overflows to NaN for large |x|.
+
+    Below |x| < 1/16 it is the series x (1 - x^2/3 + 2x^4/15): drivers computing tanh from
+    exponentials lose the relative precision of tiny results there.
+    """
+    x2 = x * x
+    series = x * (1.0 - x2 * ((1 / 3) - x2 * (2 / 15)))
+    return select(binop("<", call("abs", x), 0.0625), series, call("tanh", call("clamp", x, -15.0, 15.0)))
 
 
 def power(a: Expr, b: Expr) -> Expr:
@@ -76,19 +84,112 @@ def unary_expr(op: str, x: Expr, attrs: dict[str, Any]) -> Expr:
     if op == "HardSigmoid":
         return call("clamp", x * attrs["alpha"] + attrs["beta"], 0.0, 1.0)
     if op == "Cast":
-        return cast(x, "int32" if attrs["to"] in ("int32", "int64") else "float32")
+        return cast(x, dtypes.expr_dtype(attrs["to"]))
+    if op in _SPECIAL:
+        return _SPECIAL[op](x, attrs)
     fn = {"Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Floor": "floor", "Ceil": "ceil",
-          "Sin": "sin", "Cos": "cos"}[op]
+          "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh",
+          "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Round": "round"}[op]
     return call(fn, x)
+
+
+def softplus(x: Expr) -> Expr:
+    """log(1 + exp(x)) without overflow or cancellation: max(x, 0) + log1p(exp(-|x|)).
+
+    WGSL has no log1p: below 0.01 it is the series u - u^2/2 + u^3/3 (relative error < 3e-7).
+    """
+    u = call("exp", -call("abs", x))
+    log1p = select(binop("<", u, 0.01), u * (1.0 - u * (0.5 - u * (1 / 3))), call("log", 1.0 + u))
+    return call("max", x, 0.0) + log1p
+
+
+def isnan(x: Expr) -> Expr:
+    """True for NaN, from the bits (``x != x`` may be folded away by shader compilers that assume no NaNs)."""
+    return binop(">", binop("&", call("bitcast_i32", x), 0x7FFFFFFF), 0x7F800000)
+
+
+def expm1_neg(x: Expr, alpha) -> Expr:
+    """alpha * (exp(x) - 1), the negative branch of Elu/Selu/Celu."""
+    return (call("exp", x) - 1.0) * alpha
+
+
+def _gelu(x: Expr, a) -> Expr:
+    if a.get("approximate", "none") == "tanh":
+        return 0.5 * x * (1.0 + tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+    return 0.5 * x * (1.0 + erf(x * (1 / math.sqrt(2))))
+
+
+def _sign(x: Expr, a) -> Expr:
+    if x.dtype == "int32":
+        return select(binop(">", x, 0), 1, select(binop("<", x, 0), -1, 0))
+    return call("sign", x)
+
+
+def _isinf(x: Expr, a) -> Expr:
+    """From the bits: comparing with an infinite literal fails in Tint, which rejects infinite constants."""
+    inf = binop("==", binop("&", call("bitcast_i32", x), 0x7FFFFFFF), 0x7F800000)
+    pos = binop("&&", inf, binop(">", x, 0.0)) if a.get("detect_positive", 1) else const(False, "bool")
+    neg = binop("&&", inf, binop("<", x, 0.0)) if a.get("detect_negative", 1) else const(False, "bool")
+    return binop("||", pos, neg)
+
+
+#: unary primitives whose expression is more than one builtin (see :data:`kiln.ir.ops.UNARY` for semantics)
+_SPECIAL = {
+    "Sign": _sign,
+    "Not": lambda x, a: binop("==", x, False),
+    "BitwiseNot": lambda x, a: binop("^", x, -1),
+    "IsNaN": lambda x, a: isnan(x),
+    # some drivers' asin/acos are only good to ~3e-4 (lavapipe); atan is accurate
+    "Asin": lambda x, a: call("atan", x / call("sqrt", (1.0 - x) * (1.0 + x))),
+    "Acos": lambda x, a: 2.0 * call("atan", call("sqrt", (1.0 - x) / (1.0 + x))),
+    "IsInf": _isinf,
+    "BitcastInt32": lambda x, a: call("bitcast_i32", x),
+    "BitcastFloat32": lambda x, a: call("bitcast_f32", x),
+    "Softplus": lambda x, a: softplus(x),
+    "Softsign": lambda x, a: x / (1.0 + call("abs", x)),
+    "Elu": lambda x, a: select(binop("<", x, 0.0), expm1_neg(x, a["alpha"]), x),
+    "Selu": lambda x, a: select(binop("<=", x, 0.0), expm1_neg(x, a["alpha"]), x) * a["gamma"],
+    "Celu": lambda x, a: call("max", x, 0.0) + call("min", 0.0, expm1_neg(x / a["alpha"], a["alpha"])),
+    "ThresholdedRelu": lambda x, a: select(binop(">", x, a["alpha"]), x, 0.0),
+    "Shrink": lambda x, a: select(binop("<", x, -a["lambd"]), x + a["bias"],
+                                  select(binop(">", x, a["lambd"]), x - a["bias"], 0.0)),
+    "Mish": lambda x, a: x * tanh(softplus(x)),
+    "Gelu": _gelu,
+}
+
+
+def modulo(a: Expr, b: Expr) -> Expr:
+    """ONNX Mod with fmod=0 on integers: the remainder takes the divisor's sign (Python's ``%``)."""
+    r = binop("%", a, b)
+    fix = binop("&&", binop("!=", r, 0), binop("!=", binop("<", r, 0), binop("<", b, 0)))
+    return select(fix, r + b, r)
 
 
 def binary_expr(op: str, a: Expr, b: Expr) -> Expr:
     """The expression of binary primitive ``op`` (see :data:`kiln.ir.ops.BINARY`)."""
     if op == "Pow":
+        if a.dtype == "int32":
+            return cast(call("round", power(cast(a, "float32"), cast(b, "float32"))), "int32")
         return power(a, b)
     if op in ("Max", "Min"):
         return call(op.lower(), a, b)
-    return binop({"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}[op], a, b)
+    if op == "Mod":
+        return modulo(a, b)
+    if op == "PRelu":
+        return select(binop("<", a, 0.0), a * b, a)
+    if op == "Xor":
+        return binop("!=", a, b)
+    if op in ("BitShiftLeft", "BitShiftRight"):  # out-of-range amounts shift everything out (ONNX BitShift)
+        ok = binop("&&", binop(">=", b, 0), binop("<", b, 32))
+        zero = const(0, "int32")
+        out = select(binop("<", a, 0), const(-1, "int32"), zero) if op == "BitShiftRight" else zero
+        return select(ok, binop(_BINOPS[op], a, b), out)
+    return binop(_BINOPS[op], a, b)
+
+
+_BINOPS = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "FMod": "%", "BitwiseAnd": "&", "BitwiseOr": "|",
+           "BitwiseXor": "^", "BitShiftLeft": "<<", "BitShiftRight": ">>", "Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=",
+           "GreaterOrEqual": ">=", "And": "&&", "Or": "||"}
 
 
 def unary(op: str, x: Tensor, attrs: dict[str, Any], name: str = "out") -> Tensor:
@@ -100,3 +201,12 @@ def binary(op: str, a: Operand, b: Operand, shape: tuple[int, ...], name: str = 
     """Elementwise binary primitive with broadcasting to ``shape``; scalars become literals."""
     dtype = next(t.dtype for t in (a, b) if isinstance(t, Tensor))
     return compute(shape, lambda *i: binary_expr(op, bcast_load(a, i, dtype), bcast_load(b, i, dtype)), name)
+
+
+def where(cond: Operand, x: Operand, y: Operand, shape: tuple[int, ...], name: str = "where") -> Tensor:
+    """ONNX Where-9/16: ``x`` where ``cond`` else ``y``, all three broadcast to ``shape``; scalars become literals."""
+    dtype = next((t.dtype for t in (x, y) if isinstance(t, Tensor)), None)
+    if dtype is None:
+        dtype = "bool" if isinstance(x, bool) else "int32" if isinstance(x, int) else "float32"
+    return compute(shape, lambda *i: select(bcast_load(cond, i, "bool"), bcast_load(x, i, dtype),
+                                            bcast_load(y, i, dtype)), name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.ir import ops
-from kiln.kernels import elementwise, layout, nn
+from kiln.kernels import elementwise, index, layout, nn, resample
 from kiln.kernels.elementwise import Operand
 from kiln.te.compute import Tensor
 
@@ -21,6 +21,8 @@ def build(op: str, inputs: list[Operand], attrs: dict[str, Any], out_shape: tupl
         return elementwise.unary(op, inputs[0], attrs, name)
     if k == "binary":
         return elementwise.binary(op, inputs[0], inputs[1], out_shape, name)
+    if op == "Where":
+        return elementwise.where(inputs[0], inputs[1], inputs[2], out_shape, name)
     if op == "Conv":
         return nn.conv(inputs[0], inputs[1], attrs["strides"], attrs["dilations"], attrs["pads"], attrs["group"],
                        out_shape, name)
@@ -37,4 +39,38 @@ def build(op: str, inputs: list[Operand], attrs: dict[str, Any], out_shape: tupl
         return layout.transpose(inputs[0], list(attrs["perm"]), out_shape, name)
     if op == "Concat":
         return layout.concat(list(inputs), attrs["axis"], out_shape, name)
+    if op == "Resize":
+        return resample.resize(inputs[0], attrs, out_shape, name)
+    if op == "GridCoords":
+        return resample.grid_coords(inputs[0], attrs, name)
+    if op == "GridSample":
+        return resample.grid_sample(inputs[0], inputs[1], attrs, out_shape, name)
+    if op == "ConvTranspose":
+        return resample.conv_transpose(inputs[0], inputs[1], attrs, out_shape, name)
+    if op in _INDEX:
+        return _INDEX[op](inputs, attrs, out_shape, name)
     raise NotImplementedError(f"no tensor expression for primitive {op}")
+
+
+_INDEX = {
+    "Gather": lambda xs, a, shape, name: index.gather(xs[0], xs[1], a["axis"], shape, name),
+    "GatherElements": lambda xs, a, shape, name: index.gather_elements(xs[0], xs[1], a["axis"], shape, name),
+    "Slice": lambda xs, a, shape, name: index.slice_(xs[0], a["starts"], a["steps"], shape, name),
+    "Expand": lambda xs, a, shape, name: index.expand(xs[0], shape, name),
+    "Tile": lambda xs, a, shape, name: index.tile(xs[0], shape, name),
+    "Pad": lambda xs, a, shape, name: index.pad(xs[0], a["pads"], a["mode"], a["value"], shape, name),
+    "Trilu": lambda xs, a, shape, name: index.trilu(xs[0], a["upper"], a["k"], name),
+    "ArgMax": lambda xs, a, shape, name: index.argreduce("ArgMax", xs[0], xs[1], a["axis"], a["keepdims"],
+                                                         a["select_last_index"], shape, name),
+    "ArgMin": lambda xs, a, shape, name: index.argreduce("ArgMin", xs[0], xs[1], a["axis"], a["keepdims"],
+                                                         a["select_last_index"], shape, name),
+    "CumSum": lambda xs, a, shape, name: index.cumsum(xs[0], a["axis"], a["exclusive"], a["reverse"], name),
+    "OneHot": lambda xs, a, shape, name: index.onehot(xs[0], xs[1], a["depth"], a["axis"], shape, name),
+    "CumProd": lambda xs, a, shape, name: index.cumprod(xs[0], a["axis"], a["exclusive"], a["reverse"], name),
+    "GatherND": lambda xs, a, shape, name: index.gather_nd(xs[0], xs[1], a["batch_dims"], shape, name),
+    "ScatterElements": lambda xs, a, shape, name: index.scatter_elements(xs[0], xs[1], xs[2], a["axis"],
+                                                                         a["reduction"], name),
+    "ScatterND": lambda xs, a, shape, name: index.scatter_nd(xs[0], xs[1], xs[2], a["reduction"], name),
+    "TopKIndices": lambda xs, a, shape, name: index.topk_indices(xs[0], a["axis"], a["k"], a["largest"], shape,
+                                                                 name),
+}

@@ -52,7 +52,10 @@ def matmul(a: Tensor, b: Tensor, out_shape: tuple[int, ...], name: str = "matmul
 
 def reduction(op: str, x: Tensor, axes: tuple[int, ...], keepdims: int, out_shape: tuple[int, ...],
               name: str = "reduce") -> Tensor:
-    """ReduceSum / ReduceMean / ReduceMax / ReduceMin over ``axes`` (ONNX Reduce*-13/18)."""
+    """ReduceSum / ReduceMean / ReduceMax / ReduceMin / ReduceProd over ``axes`` (ONNX Reduce*-13/18).
+
+    Integer means divide in integer arithmetic (truncating), as onnxruntime does.
+    """
     raxes = {a: reduce_axis(x.shape[a], "rr") for a in axes}
     count = 1
     for a in axes:
@@ -67,11 +70,14 @@ def reduction(op: str, x: Tensor, axes: tuple[int, ...], keepdims: int, out_shap
             else:
                 idx.append(o[j])
                 j += 1
-        kind = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "max", "ReduceMin": "min"}[op]
+        kind = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "max", "ReduceMin": "min",
+                "ReduceProd": "prod"}[op]
         r = reduce(kind, x[tuple(idx)], list(raxes.values()))
         if count == 0:
-            return const({"sum": 0.0, "max": lowest(x.dtype), "min": highest(x.dtype)}[kind], x.dtype)
-        return r / float(count) if op == "ReduceMean" else r
+            return const({"sum": 0.0, "max": lowest(x.dtype), "min": highest(x.dtype), "prod": 1}[kind], x.dtype)
+        if op == "ReduceMean":
+            return r / (float(count) if x.dtype == "float32" else count)
+        return r
 
     return compute(out_shape, body, name)
 

@@ -12,10 +12,61 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import PackageError
+import numpy as np
+
+from kiln.errors import PackageError, ShapeError
+
+#: tensor dtype -> the element type its WebGPU buffers hold (every element 4 bytes). WGSL storage
+#: buffers hold no bool, 8-, 16- or 64-bit integers: those are widened or narrowed to i32 on upload
+#: and converted back on readback; int64 values must fit in int32 (checked on upload). float16 is
+#: widened to f32 (exactly), so packages need no shader-f16 device feature.
+STORAGE: dict[str, str] = {
+    "float32": "float32",
+    "float16": "float32",
+    "int32": "int32",
+    "int64": "int32",
+    "bool": "int32",
+    "int16": "int32",
+    "uint16": "int32",
+    "uint8": "int32",
+    "int8": "int32",
+}
+
+_INT32 = np.iinfo(np.int32)
+
+
+def to_storage(array: np.ndarray, dtype: str, what: str) -> np.ndarray:
+    """``array`` (of ``dtype``) converted to its buffer element type (:data:`STORAGE`).
+
+    Raises:
+        ShapeError: an int64 value outside int32's range (naming ``what``, the value and where it is),
+            or a dtype the WebGPU target cannot store.
+    """
+    if dtype not in STORAGE:
+        raise ShapeError(f"{what}: {dtype} tensors cannot be stored in WebGPU buffers")
+    store = np.dtype(STORAGE[dtype])
+    a = np.asarray(array)
+    if a.dtype == store:
+        return np.ascontiguousarray(a)
+    if dtype == "int64" and a.size:
+        bad = (a < _INT32.min) | (a > _INT32.max)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ShapeError(f"{what}: int64 value {int(a[where])} at index {list(where)} does not fit in int32; the "
+                             "WebGPU target computes int64 tensors in 32 bits (WGSL has no 64-bit integers)")
+    return np.ascontiguousarray(a.astype(store))
+
+
+def from_storage(raw: bytes | memoryview | np.ndarray, dtype: str, shape) -> np.ndarray:
+    """A tensor of ``dtype`` and ``shape`` from the bytes of its buffer (:data:`STORAGE` element type)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    stored = np.frombuffer(raw, dtype=STORAGE[dtype], count=n).reshape(shape)
+    if dtype == "bool":
+        return stored != 0
+    return stored.astype(dtype, copy=True)
 
 FORMAT = "kiln-package"
-VERSION = "1.0"
+VERSION = "1.1"
 MAJOR = 1
 MANIFEST = "manifest.json"
 

@@ -19,8 +19,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from kiln import __version__
-from kiln.errors import PackageError
-from kiln.package.format import FORMAT, MANIFEST, VERSION, sha256_file
+from kiln.errors import KilnError, PackageError
+from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, sha256_file, to_storage
 
 #: weights are split into files of at most this many bytes (browsers and WebGPU limit single buffers)
 SHARD_BYTES = 256 * 1024 * 1024
@@ -48,7 +48,7 @@ def check_destination(out: str | os.PathLike, force: bool) -> None:
 
 
 def _io(v, buffer: int) -> dict[str, Any]:
-    return {"name": v.name, "dtype": v.dtype, "shape": list(v.shape),
+    return {"name": v.name, "dtype": v.dtype, "storage": STORAGE.get(v.dtype, v.dtype), "shape": list(v.shape),
             "symbolic_shape": list(v.sym_shape) if v.sym_shape else list(v.shape), "buffer": buffer}
 
 
@@ -106,12 +106,17 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             files.append({"path": name, "bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)})
             shard, shard_bytes = {}, 0
 
+        stored: dict[int, np.ndarray] = {}
         for bid in sorted(values):
             v = values[bid]
-            if shard and shard_bytes + v.nbytes > SHARD_BYTES:
+            try:
+                stored[bid] = to_storage(v.const, v.dtype, f"constant %{v.name}")
+            except KilnError as e:
+                raise KilnError(f"{e} (a constant must fit the buffer type it is stored in)") from None
+            if shard and shard_bytes + stored[bid].nbytes > SHARD_BYTES:
                 flush()
-            shard[v.name] = np.ascontiguousarray(v.const)
-            shard_bytes += v.nbytes
+            shard[v.name] = stored[bid]
+            shard_bytes += stored[bid].nbytes
             where[bid] = "weights.safetensors" if not files else f"weights-{len(files):05d}.safetensors"
         flush()
         buffers = []
@@ -119,7 +124,8 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             entry: dict[str, Any] = {"id": b.id, "kind": b.kind, "bytes": b.nbytes, "values": b.values}
             if b.kind == "weight":
                 v = values[b.id]
-                entry.update(tensor=v.name, file=where[b.id], dtype=v.dtype, shape=list(v.shape))
+                entry.update(tensor=v.name, file=where[b.id], dtype=str(stored[b.id].dtype), shape=list(v.shape),
+                             model_dtype=v.dtype)
             buffers.append(entry)
         kernels = []
         for k in compiled.kernels:

@@ -19,7 +19,7 @@ from kiln.ir import ops
 from kiln.ir.graph import Graph, Node, Value
 
 #: kinds of ops that can be fused into the kernel of their producer
-FUSIBLE = ("elementwise", "binary")
+FUSIBLE = ("elementwise", "binary", "ternary")
 
 
 @dataclass(eq=False)

@@ -13,14 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln.ir import ops
+from kiln.ir import dtypes, ops
 from kiln.ir.graph import Graph, Node, Value
 from kiln.passes.fusion import Group
 
 
 def needs_buffer(node: Node, v: Value) -> bool:
     """Whether constant ``v`` read by ``node`` lives in a buffer (scalars of elementwise ops become literals)."""
-    return v.size != 1 or ops.kind(node.op) != "binary"
+    return v.size != 1 or ops.kind(node.op) not in ("binary", "ternary")
+
+
+def storage_bytes(v: Value) -> int:
+    """Bytes ``v`` takes in a WebGPU buffer (its dtype's storage element type, see ``package.format.STORAGE``)."""
+    return v.size * dtypes.storage_itemsize(v.dtype)
 
 
 def aligned(nbytes: int) -> int:
@@ -70,7 +75,7 @@ def plan_memory(graph: Graph, groups: list[Group]) -> MemoryPlan:
     of: dict[int, int] = {}
 
     def new(kind: str, v: Value) -> int:
-        b = Buffer(len(buffers), kind, aligned(v.nbytes), [v.name])
+        b = Buffer(len(buffers), kind, aligned(storage_bytes(v)), [v.name])
         buffers.append(b)
         of[id(v)] = b.id
         return b.id
@@ -105,11 +110,11 @@ def plan_memory(graph: Graph, groups: list[Group]) -> MemoryPlan:
             if id(r) not in of:
                 start[id(r)] = end[id(r)] = step
                 vals[id(r)] = r
-    unshared = sum(aligned(vals[k].nbytes) for k in start)
+    unshared = sum(aligned(storage_bytes(vals[k])) for k in start)
     slots: list[tuple[Buffer, list[tuple[int, int]]]] = []
-    for key in sorted(start, key=lambda k: (-vals[k].nbytes, start[k])):
+    for key in sorted(start, key=lambda k: (-storage_bytes(vals[k]), start[k])):
         v, lo, hi = vals[key], start[key], end[key]
-        size = aligned(v.nbytes)
+        size = aligned(storage_bytes(v))
         free = [(b, iv) for b, iv in slots if all(hi < a or lo > z for a, z in iv)]
         fits = [s for s in free if s[0].nbytes >= size]
         if fits:

@@ -26,7 +26,7 @@ def const_fold(graph: Graph) -> bool:
         if node.inputs and all(v.is_const for v in node.inputs) and not any(id(o) in outputs for o in node.outputs):
             outs = interp.eval_node(node, [v.const for v in node.inputs])
             for v, a in zip(node.outputs, outs):
-                v.const = np.ascontiguousarray(a)
+                v.const = np.array(a, order="C")
                 v.producer = None
             changed = True
         else:

@@ -17,10 +17,8 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import DeviceError, PackageError
-from kiln.package.format import DEFAULT_LIMITS, read_manifest, verify_weights
+from kiln.package.format import DEFAULT_LIMITS, from_storage, read_manifest, to_storage, verify_weights
 from kiln.runtime.feeds import check_feeds
-
-_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
 
 
 def _request_device(limits: dict[str, int], features: list[str], optional: tuple[str, ...] = ()):
@@ -96,7 +94,8 @@ class Session:
                 data = np.ascontiguousarray(handles[f].get_tensor(b["tensor"]))
                 if data.nbytes > b["bytes"]:
                     raise PackageError(f"{self.path}: weight {b['tensor']} is larger than its buffer")
-                dev.queue.write_buffer(self.buffers[b["id"]], 0, data.tobytes())
+                if data.size:
+                    dev.queue.write_buffer(self.buffers[b["id"]], 0, data.tobytes())
         except (OSError, KeyError) as e:
             raise PackageError(f"{self.path}: cannot read weights ({e})") from None
         self.pipelines = []
@@ -178,7 +177,8 @@ class Session:
         return dict(self.adapter.info)
 
     def _check_feeds(self, feeds: dict[str, np.ndarray]) -> list[tuple[dict, np.ndarray]]:
-        return check_feeds(self.inputs, feeds)
+        return [(spec, np.ascontiguousarray(to_storage(a, spec["dtype"], f"input {spec['name']!r}")))
+                for spec, a in check_feeds(self.inputs, feeds)]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape).
@@ -186,15 +186,20 @@ class Session:
         Returns:
             Output name -> a new numpy array.
 
+        Inputs are converted to their buffers' element type (``storage`` in the manifest: bool,
+        int8, uint8 and int64 are stored as int32) and outputs back to their dtype.
+
         Raises:
-            ShapeError: an unknown, missing, wrongly shaped or wrongly typed input.
+            ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
+                input value that does not fit in int32.
         """
         import wgpu
 
         checked = self._check_feeds(feeds)
         dev = self.device
         for spec, a in checked:
-            dev.queue.write_buffer(self.buffers[spec["buffer"]], 0, memoryview(a.reshape(-1)).cast("B"))
+            if a.size:  # an empty tensor has nothing to write (WebGPU refuses empty writes)
+                dev.queue.write_buffer(self.buffers[spec["buffer"]], 0, memoryview(a.reshape(-1)).cast("B"))
         if self.poison:
             for o in self.outputs:
                 self._fill_nan(o["buffer"])
@@ -224,8 +229,7 @@ class Session:
                 raw = st.read_mapped(copy=True)
             finally:
                 st.unmap()
-            n = int(np.prod(o["shape"], dtype=np.int64))
-            results[o["name"]] = np.frombuffer(raw, dtype=_DTYPES[o["dtype"]], count=n).reshape(o["shape"]).copy()
+            results[o["name"]] = from_storage(raw, o["dtype"], o["shape"])
         return results
 
     def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:

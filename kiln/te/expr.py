@@ -7,8 +7,9 @@ structurally, so equal sub-expressions (for example a reduction inlined twice)
 are recognised. Builders fold constants and trivial identities as they go
 (``x * 1 -> x``, ``i + 0 -> i``), which keeps generated index arithmetic short.
 
-Dtypes: ``float32``, ``int32`` (index arithmetic) and ``bool`` (conditions).
-Integer ``//`` and ``%`` are only used on non-negative operands.
+Dtypes: ``float32``, ``int32`` (index arithmetic and integer tensors) and ``bool``.
+Integer ``//`` and ``%`` truncate toward zero (as WGSL's ``/`` and ``%``); ``&``, ``|``, ``^``,
+``<<`` and ``>>`` (arithmetic) are bitwise on int32.
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ from dataclasses import dataclass
 _ids = itertools.count()
 
 #: math functions an expression may call; each target renders them (WGSL builtins, C, GLSL)
-CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "max", "min", "pow", "clamp"}
+CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "max", "min", "pow", "clamp",
+         "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "round", "sign", "trunc",
+         "bitcast_i32", "bitcast_f32", "round_f16"}
+
+#: unary functions folded on constants (expression function -> numpy function)
+_FOLD = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil", "sin": "sin",
+         "cos": "cos", "tanh": "tanh", "tan": "tan", "round": "rint", "sign": "sign", "trunc": "trunc"}
+
+#: functions whose result dtype is fixed (the others return their operands' dtype)
+CALL_DTYPES = {"bitcast_i32": "int32", "bitcast_f32": "float32"}
 
 
 class Expr:
@@ -107,7 +117,7 @@ class Load(Expr):
 
 @dataclass(frozen=True, eq=True)
 class Reduce(Expr):
-    """``op`` (``sum``, ``max``, ``min``) of ``body`` over the reduction ``axes``."""
+    """``op`` (``sum``, ``prod``, ``max``, ``min``) of ``body`` over the reduction ``axes``."""
 
     op: str
     body: Expr
@@ -121,6 +131,8 @@ _CMP = {"<", "<=", ">", ">=", "==", "!="}
 _PY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
        "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
        "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "&&": lambda a, b: a and b, "||": lambda a, b: a or b,
+       "&": lambda a, b: a & b, "|": lambda a, b: a | b, "^": lambda a, b: a ^ b,
+       "<<": lambda a, b: a << b, ">>": lambda a, b: a >> b,
        "max": max, "min": min}
 
 
@@ -203,7 +215,13 @@ def call(fn: str, *args: ExprLike) -> Expr:
     xs = tuple(as_expr(a, like) if not isinstance(a, Expr) else a for a in args)
     if fn in ("max", "min") and all(isinstance(x, Const) for x in xs):
         return const(_PY[fn](*(x.value for x in xs)), like)
-    return Call(fn, xs, like)
+    if fn in _FOLD and len(xs) == 1 and isinstance(xs[0], Const) and like == "float32":
+        # shader compilers reject constant expressions that overflow (log(0), exp(100)): fold them here
+        import numpy as np
+
+        with np.errstate(all="ignore"):
+            return const(float(getattr(np, _FOLD[fn])(np.float32(xs[0].value))), like)
+    return Call(fn, xs, CALL_DTYPES.get(fn, like))
 
 
 def select(cond: Expr, t: ExprLike, f: ExprLike) -> Expr:

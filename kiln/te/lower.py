@@ -301,7 +301,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         return e
 
     def accumulate(r: Reduce, acc: Var, v: Expr) -> Expr:
-        return flat(acc + v if r.op == "sum" else call(r.op, acc, v), False)
+        return flat(_combine(r.op, acc, v), False)
 
     def hoist(e: Expr, block: list, memo: dict) -> Expr:
         """Emit statements computing every Reduce in ``e`` into ``block``; return ``e`` over accumulators."""
@@ -330,7 +330,8 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         accs = {}
         for r in group:
             acc = Var(f"acc{next(counter)}", 0, r.dtype)
-            init = {"sum": 0.0 if r.dtype == "float32" else 0, "max": lowest(r.dtype), "min": highest(r.dtype)}[r.op]
+            init = {"sum": 0.0 if r.dtype == "float32" else 0, "max": lowest(r.dtype), "min": highest(r.dtype),
+                    "prod": 1}[r.op]
             block.append(Decl(acc, const(init, r.dtype)))
             accs[r] = acc
         axes = group[0].axes
@@ -407,6 +408,15 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     return LoweredKernel(name or out.name, params, ins, total, gid, body, schedule, shared)
 
 
+def _combine(op: str, acc: Expr, v: Expr) -> Expr:
+    """One step of reduction ``op`` (``sum``, ``prod``, ``max``, ``min``)."""
+    if op == "sum":
+        return acc + v
+    if op == "prod":
+        return acc * v
+    return call(op, acc, v)
+
+
 def _combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: list) -> dict[str, tuple[str, int]]:
     """Tree-combine each lane's partial accumulators through workgroup memory (log2(lanes) steps).
 
@@ -430,7 +440,7 @@ def _combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: li
         for a, (_, op) in enumerate(accs):
             x = BufLoad("red", slot(a), size, False, dtype)
             y = BufLoad("red", slot(a, stride), size, False, dtype)
-            step.body.append(Store("red", slot(a), x + y if op == "sum" else call(op, x, y)))
+            step.body.append(Store("red", slot(a), _combine(op, x, y)))
         body.append(step)
         stride //= 2
     body.append(Barrier())

@@ -76,6 +76,14 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
     return v
 
 
+def dim_key(input_name: str, index: int, dim: onnx.TensorShapeProto.Dimension) -> str:
+    """The name a symbolic dim is bound by (``--dim KEY=SIZE``): its ``dim_param``, or ``<input>_dim<index>``
+    for an anonymous one (no name, ``?``, or a negative ``dim_value`` as some exporters write)."""
+    if dim.HasField("dim_param") and dim.dim_param not in ("", "?"):
+        return dim.dim_param
+    return f"{input_name}_dim{index}"
+
+
 def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, int]) -> tuple[tuple[int, ...], tuple[int | str, ...]]:
     if not t.HasField("tensor_type"):
         raise KilnError(f"input {name!r}: only tensor inputs are supported")
@@ -84,14 +92,14 @@ def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, int]) -> tuple[tup
     sym: list[int | str] = []
     concrete: list[int] = []
     for i, d in enumerate(t.tensor_type.shape.dim):
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value >= 0:
             sym.append(d.dim_value)
             concrete.append(d.dim_value)
         else:
-            key = d.dim_param or f"{name}_dim{i}"
+            key = dim_key(name, i, d)
             sym.append(key)
             if key not in dims:
-                if d.dim_param:
+                if d.dim_param and d.dim_param != "?":
                     dims[key] = 1
                 else:
                     raise ShapeError(f"input {name!r} dim {i} is unknown; bind it with --dim {key}=SIZE")
@@ -107,6 +115,8 @@ def _call(fn, b: Builder, inputs: list[Value | None], attrs: dict[str, Any], nod
         raise UnsupportedOpError([(f"{node.op_type}[{','.join(sorted(extra))}]", node.domain, opset, node.name)])
     if "_opset" in params:
         attrs = {**attrs, "_opset": opset}
+    if "_nout" in params:
+        attrs = {**attrs, "_nout": len(node.output)}
     return fn(b, *inputs, **attrs)
 
 
@@ -144,13 +154,38 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         graph.inputs.append(v)
         env[inp.name] = v
     graph.dims = {k: v for k, v in dims.items() if any(k in (x.sym_shape or ()) for x in graph.inputs)}
-    b = Builder(graph)
+    b = Builder(graph, fold=True)
     for t in g.initializer:
         arr = numpy_helper.to_array(t)
         env[t.name] = b.const(arr, name=t.name, dtype=dtypes.from_onnx(t.data_type))
-    for i, node in enumerate(g.node):
+
+    def subgraph(sub: onnx.GraphProto, inputs: list[Value] | tuple[Value, ...] = ()) -> list[Value]:
+        """Convert a branch or body graph inline, its inputs bound to ``inputs``; it sees the enclosing values
+        (returns its outputs)."""
+        inner = dict(env)
+        if len(inputs) != len(sub.input):
+            raise ModelFormatError(f"subgraph {sub.name!r} takes {len(sub.input)} inputs, given {len(inputs)}")
+        inner.update({i.name: v for i, v in zip(sub.input, inputs)})
+        for t in sub.initializer:
+            inner[t.name] = b.const(numpy_helper.to_array(t), name=t.name, dtype=dtypes.from_onnx(t.data_type))
+        scope = b.scope
+        _convert_nodes(model, b, sub.node, inner)
+        b.scope = scope
+        return [inner[o.name] for o in sub.output]
+
+    b.subgraph = subgraph
+    _convert_nodes(model, b, g.node, env)
+    _name_outputs(graph, b, [(o.name, env[o.name]) for o in g.output], g.output, dims)
+    return graph
+
+
+def _convert_nodes(model: onnx.ModelProto, b: Builder, nodes, env: dict[str, Value]) -> None:
+    """Convert ``nodes`` in order, reading and defining values in ``env``."""
+    for i, node in enumerate(nodes):
         opset = opset_of(model, node.domain)
         fn = lookup(node.op_type, opset, node.domain)
+        if fn is None:  # only inside subgraphs: the top level is checked up front
+            raise UnsupportedOpError([(node.op_type, node.domain, opset, node.name or f"#{i}")])
         ins = []
         for name in node.input:
             if name == "":
@@ -163,10 +198,11 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         b.scope = node.name or f"{node.op_type}_{i}"
         try:
             outs = _call(fn, b, ins, attrs, node, opset)
-        except (ShapeError, UnsupportedOpError):
+        except UnsupportedOpError:
             raise
         except KilnError as e:
-            raise type(e)(f"node {node.name!r} ({node.op_type}): {e}") from None
+            e.args = (f"node {node.name!r} ({node.op_type}, opset {opset}): {e}",)
+            raise e from None
         if isinstance(outs, Value):
             outs = [outs]
         extra = [name for name in node.output[len(outs):] if name]
@@ -175,14 +211,13 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         for name, v in zip(node.output, outs):
             if name:
                 env[name] = v
-    _name_outputs(graph, b, [(o.name, env[o.name]) for o in g.output], g.output, dims)
-    return graph
 
 
 def _name_outputs(graph: Graph, b: Builder, outs: list[tuple[str, Value]], protos, dims: dict[str, int]) -> None:
     taken = {v.name: v for v in graph.inputs}
     for (name, v), proto in zip(outs, protos):
         if v.is_const or v in graph.inputs or v in graph.outputs:
+            b.fold = False
             v = b.op("Identity", [v], name=name)
         if name in b._names and v.name != name:
             clash = next((x for n in graph.nodes for x in n.outputs if x.name == name), None)

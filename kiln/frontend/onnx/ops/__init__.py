@@ -1,3 +1,18 @@
 """ONNX operator converters, one module per family; importing this package registers them all."""
 
-from kiln.frontend.onnx.ops import elementwise, nn, reduce, tensor  # noqa: F401
+from kiln.frontend.onnx.ops import (  # noqa: F401
+    attention,
+    einsum,
+    elementwise,
+    indexing,
+    indexing2,
+    logic,
+    loss,
+    nn,
+    norm,
+    quant,
+    reduce,
+    resample,
+    rnn,
+    tensor,
+)

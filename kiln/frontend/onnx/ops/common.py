@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.errors import KilnError
+from kiln.errors import ConstantInputError, KilnError
 from kiln.ir.graph import Value
 
 
 def const_value(v: Value | None, what: str) -> np.ndarray:
-    """The data of constant input ``v``; raises KilnError naming ``what`` if it is computed at run time."""
+    """The data of constant input ``v``.
+
+    Raises:
+        KilnError: ``v`` is missing.
+        ConstantInputError: ``v`` is computed at run time (names ``what`` and the value).
+    """
     if v is None:
         raise KilnError(f"missing required input {what}")
     if not v.is_const:
-        raise KilnError(f"input {what} must be a constant (computed at run time is not supported yet)")
+        raise ConstantInputError(f"input {what} (%{v.name}) must be a constant (computed at run time is not "
+                                 "supported yet)", v.name)
     return v.const
 
 

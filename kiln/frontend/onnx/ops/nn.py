@@ -191,3 +191,39 @@ def softmax_13(b: Builder, x: Value, *, axis: int = -1) -> Value:
 def log_softmax_13(b: Builder, x: Value, *, axis: int = -1) -> Value:
     """ONNX LogSoftmax-13: x - max(x) - log(sum(exp(x - max(x)))) along ``axis``."""
     return _softmax_axis(b, x, norm_axis(axis, len(x.shape)), True)
+
+
+@onnx_op("CausalConvWithState", since=27)
+def causal_conv_with_state(b: Builder, x: Value, w: Value, bias: Value | None = None,
+                           past_state: Value | None = None, *, activation: str = "none",
+                           _nout: int = 1) -> list[Value]:
+    """ONNX CausalConvWithState-27: depthwise 1-D convolution of [past_state, x] (zeros when no state) with
+    optional SiLU; the second output is the last ``k - 1`` input columns (the next call's state).
+
+    Raises KilnError for an unknown ``activation``; ShapeError for non-rank-3 inputs.
+    """
+    if activation not in ("none", "silu", "swish"):
+        raise KilnError(f"CausalConvWithState: unknown activation {activation!r}")
+    if len(x.shape) != 3 or len(w.shape) != 3:
+        raise ShapeError(f"CausalConvWithState: input {list(x.shape)} and weight {list(w.shape)} must be rank 3")
+    n, c, _length = x.shape
+    k = w.shape[2]
+    state = past_state if past_state is not None else b.const(np.zeros((n, c, k - 1), np.float32), dtype=x.dtype)
+    padded = b.op("Concat", [state, x], axis=2) if k > 1 else x
+    y = b.op("Conv", [padded, w], strides=(1,), dilations=(1,), pads=(0, 0), group=c)
+    if bias is not None:
+        y = b.op("Add", [y, _reshape(b, bias, (c, 1))])
+    if activation != "none":
+        y = b.op("Mul", [y, b.op("Sigmoid", [y])])
+    total = padded.shape[2]
+    present = b.op("Slice", [padded], starts=(0, 0, total - (k - 1)), ends=(n, c, total), steps=(1, 1, 1))
+    return [y, present][:max(_nout, 1)]
+
+
+@onnx_op("SwiGLU", since=28)
+def swiglu(b: Builder, a: Value, c: Value, *, alpha: float = 1.0) -> Value:
+    """ONNX SwiGLU-28: ``a * sigmoid(alpha * a) * b`` (same shapes, no broadcasting)."""
+    if a.shape != c.shape:
+        raise ShapeError(f"SwiGLU: inputs {list(a.shape)} and {list(c.shape)} differ in shape")
+    ax = a if alpha == 1.0 else b.op("Mul", [a, b.const(np.array(alpha, np.float32), dtype=a.dtype)])
+    return b.op("Mul", [b.op("Mul", [a, b.op("Sigmoid", [ax])]), c])

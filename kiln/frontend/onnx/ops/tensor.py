@@ -1,10 +1,11 @@
-"""Shape and layout ONNX operators: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Shape."""
+"""Shape and layout ONNX operators: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Shape; and control
+flow that unrolls at compile time: If (constant condition), Scan."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kiln.errors import ShapeError
+from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.ops.common import const_value, norm_axis
 from kiln.frontend.onnx.ops.nn import _reshape, transpose
 from kiln.frontend.onnx.registry import onnx_op
@@ -70,7 +71,7 @@ def squeeze_1(b: Builder, x: Value, *, axes=None) -> Value:
 @onnx_op("Squeeze", since=13)
 def squeeze_13(b: Builder, x: Value, axes: Value | None = None) -> Value:
     """ONNX Squeeze-13: axes as an optional constant input."""
-    return _squeeze(b, x, None if axes is None else const_value(axes, "axes").tolist())
+    return _squeeze(b, x, None if axes is None else const_value(axes, "axes").reshape(-1).tolist())
 
 
 @onnx_op("Unsqueeze", since=1)
@@ -82,7 +83,7 @@ def unsqueeze_1(b: Builder, x: Value, *, axes) -> Value:
 @onnx_op("Unsqueeze", since=13)
 def unsqueeze_13(b: Builder, x: Value, axes: Value) -> Value:
     """ONNX Unsqueeze-13: axes as a constant input."""
-    return _unsqueeze(b, x, const_value(axes, "axes").tolist())
+    return _unsqueeze(b, x, const_value(axes, "axes").reshape(-1).tolist())
 
 
 @onnx_op("Transpose", since=1)
@@ -108,3 +109,56 @@ def concat(b: Builder, *xs: Value, axis: int) -> Value:
 def shape(b: Builder, x: Value, *, start: int = 0, end: int | None = None) -> Value:
     """ONNX Shape-1/15: the (static) shape as an int64 constant."""
     return b.const(np.array(x.shape[start:end], np.int64), name=b.scope)
+
+
+@onnx_op("If", since=1)
+def if_(b: Builder, cond: Value, *, then_branch, else_branch) -> list[Value]:
+    """ONNX If-1/11/13/16/19/21 with a condition known at compile time: the taken branch is converted inline.
+
+    Raises ConstantInputError if the condition is computed at run time.
+    """
+    taken = then_branch if bool(const_value(cond, "cond").reshape(-1)[0]) else else_branch
+    return b.subgraph(taken)
+
+
+@onnx_op("Scan", since=9)
+def scan(b: Builder, *inputs: Value, body, num_scan_inputs: int, scan_input_axes=None, scan_input_directions=None,
+         scan_output_axes=None, scan_output_directions=None) -> list[Value]:
+    """ONNX Scan-9/11/16/19/21/23, unrolled over the (static) scan length: the body runs once per step on the
+    state values and one slice of each scan input; its scan outputs are stacked along ``scan_output_axes``.
+
+    Raises KilnError for scan inputs of different lengths.
+    """
+    m = int(num_scan_inputs)
+    states, xs = list(inputs[:len(inputs) - m]), list(inputs[len(inputs) - m:])
+    in_axes = [norm_axis(a, len(x.shape)) for a, x in zip(scan_input_axes or [0] * m, xs)]
+    in_dirs = list(scan_input_directions or [0] * m)
+    lengths = {x.shape[a] for x, a in zip(xs, in_axes)}
+    if len(lengths) != 1:
+        raise KilnError(f"Scan: scan inputs have different lengths {sorted(lengths)}")
+    steps = lengths.pop()
+    n_scan_out = len(body.output) - len(states)
+    per_step: list[list[Value]] = [[] for _ in range(n_scan_out)]
+    for t in range(steps):
+        slices = []
+        for x, a, d in zip(xs, in_axes, in_dirs):
+            i = steps - 1 - t if d else t
+            starts = tuple(i if k == a else 0 for k in range(len(x.shape)))
+            ends = tuple(i + 1 if k == a else n for k, n in enumerate(x.shape))
+            s = b.op("Slice", [x], starts=starts, ends=ends, steps=(1,) * len(x.shape))
+            slices.append(_reshape(b, s, tuple(n for k, n in enumerate(x.shape) if k != a)))
+        outs = b.subgraph(body, [*states, *slices])
+        states = outs[:len(states)]
+        for k, v in enumerate(outs[len(states):]):
+            per_step[k].append(v)
+    out_axes = list(scan_output_axes or [0] * n_scan_out)
+    out_dirs = list(scan_output_directions or [0] * n_scan_out)
+    stacked = []
+    for k, vals in enumerate(per_step):
+        if out_dirs[k]:
+            vals = vals[::-1]
+        rank = len(vals[0].shape) + 1
+        a = norm_axis(out_axes[k], rank)
+        parts = [_reshape(b, v, (*v.shape[:a], 1, *v.shape[a:])) for v in vals]
+        stacked.append(parts[0] if len(parts) == 1 else b.op("Concat", parts, axis=a))
+    return [*states, *stacked]
