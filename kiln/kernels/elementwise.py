@@ -45,7 +45,7 @@ def power(a: Expr, b: Expr) -> Expr:
     """a ** b with ONNX/numpy results for negative bases and integral exponents.
 
     WGSL's ``pow`` (WGSL 17.5.41) is undefined for ``a < 0``; the magnitude comes from
-    ``pow(|a|, b)`` and the sign from the parity of an integral ``b``.
+    ``pow(|a|, b)`` and the sign from the parity of an integral ``b``; ``a ** 0`` is 1.
     """
     if isinstance(b, Const) and b.value in (1.0, 2.0, 0.5):
         return {1.0: a, 2.0: a * a, 0.5: call("sqrt", a)}[b.value]
@@ -53,7 +53,8 @@ def power(a: Expr, b: Expr) -> Expr:
     odd = binop("==", call("abs", b - 2.0 * call("floor", b * 0.5)), 1.0)
     integral = binop("==", b, call("floor", b))
     neg = binop("<", a, 0.0)
-    return select(neg, select(integral, select(odd, -mag, mag), const(float("nan"), "float32")), mag)
+    value = select(neg, select(integral, select(odd, -mag, mag), const(float("nan"), "float32")), mag)
+    return select(binop("==", b, 0.0), 1.0, value)  # x ** 0 == 1, also for x = 0 (WGSL's pow(0, 0) is undefined)
 
 
 def unary_expr(op: str, x: Expr, attrs: dict[str, Any]) -> Expr:
