@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from browser import CHROMIUM, ConsoleLog, launch_chromium, serving
 from onnx import TensorProto, helper, numpy_helper
@@ -269,6 +270,44 @@ def test_demo_page_runs_other_models_on_random_input(browser, tmp_path):
         np.testing.assert_allclose(y, np.maximum(x @ weight, 0)[0], rtol=1e-6)
     finally:
         page.close()
+
+
+def test_max_reductions_and_reduce_lanes_in_the_browser(browser, tmp_path, rng):
+    # MaxPool and ReduceMax start from -inf (a constant Chromium's shader compiler must accept), and
+    # the long MatMul gets reduce lanes (workgroup memory and barriers) under the gpu device class
+    w = rng.standard_normal((512, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+         helper.make_node("ReduceMax", ["p"], ["m"], axes=[3], keepdims=0),
+         helper.make_node("Reshape", ["x", "s"], ["f"]),
+         helper.make_node("MatMul", ["f", "w"], ["y"])], "maxes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 16, 16])],
+        [helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 2, 8]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, 512], np.int64), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, tmp_path / "maxes.onnx")
+    package = kiln.compile(str(tmp_path / "maxes.onnx"), str(tmp_path / "maxes"), force=True)
+    sources = "".join(p.read_text() for p in (package / "kernels").iterdir())
+    assert "kiln_neg_inf" in sources and "workgroupBarrier" in sources
+    x = rng.standard_normal((1, 2, 16, 16)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    page = browser.new_page()
+    log = ConsoleLog(page)
+    try:
+        with serving(package) as url:
+            page.goto(url + "manifest.json")
+            got = log.evaluate("""async (x) => {
+              const kiln = await import('./kiln.js');
+              const session = await kiln.load('./');
+              const out = await session.run({x: new kiln.Tensor('float32', Float32Array.from(x), [1, 2, 16, 16])});
+              session.destroy();
+              return {m: Array.from(out.m.data), y: Array.from(out.y.data)};
+            }""", x.ravel().tolist())
+    finally:
+        page.close()
+    np.testing.assert_allclose(got["m"], expected[0].ravel(), rtol=1e-6)
+    np.testing.assert_allclose(got["y"], expected[1].ravel(), rtol=1e-4, atol=1e-4)
 
 
 def test_server_types_and_headers(package, package_url):

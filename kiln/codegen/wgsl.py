@@ -27,6 +27,9 @@ BUILTINS = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "
             "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "round": "round", "sign": "sign", "trunc": "trunc",
             "bitcast_i32": "bitcast<i32>", "bitcast_f32": "bitcast<f32>"}
 
+#: name -> IEEE-754 bits of the special float values a kernel body may use (see :func:`literal`)
+SPECIAL_FLOATS = {"kiln_pos_inf": 0x7F800000, "kiln_neg_inf": 0xFF800000, "kiln_nan": 0x7FC00000}
+
 _BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "&", "|", "^"}
 
 #: logical and/or render as WGSL's non-short-circuiting ``&``/``|`` on bool (WGSL §8.6): expressions
@@ -36,7 +39,13 @@ _LOGICAL = {"&&": "&", "||": "|"}
 
 
 def literal(value, dtype: str) -> str:
-    """A WGSL literal of ``dtype`` (infinities and NaN through ``bitcast``, which has no literal form)."""
+    """A WGSL literal of ``dtype``.
+
+    Infinities and NaN have no literal form, and a const-expression that evaluates to one is a
+    shader-creation error (WGSL §8.1.2; Chromium's Tint enforces it even for ``bitcast``), so
+    they render as the names in :data:`SPECIAL_FLOATS`, which :func:`render` binds with ``let``
+    to a bitcast of a ``let`` (a runtime value, never const-evaluated).
+    """
     if dtype == "bool":
         return "true" if value else "false"
     if dtype == "int32":
@@ -44,9 +53,9 @@ def literal(value, dtype: str) -> str:
         return f"{v}i" if v != -(2**31) else "i32(-2147483647 - 1)"
     f = float(np.float32(value))
     if math.isnan(f):
-        return "bitcast<f32>(0x7fc00000u)"
+        return "kiln_nan"
     if math.isinf(f):
-        return "bitcast<f32>(0x7f800000u)" if f > 0 else "bitcast<f32>(0xff800000u)"
+        return "kiln_pos_inf" if f > 0 else "kiln_neg_inf"
     r = repr(f)
     if "e" not in r and "." not in r:
         r += ".0"
@@ -138,6 +147,11 @@ def render(k: LoweredKernel, comment: str = "") -> str:
             "        return;",
             "    }",
         ]
-    lines += _stmts(k.body, 1)
+    body = _stmts(k.body, 1)
+    text = "\n".join(body)
+    for name, bits in SPECIAL_FLOATS.items():
+        if name in text:
+            lines += [f"    let {name}_bits = {bits:#010x}u;", f"    let {name} = bitcast<f32>({name}_bits);"]
+    lines += body
     lines.append("}")
     return "\n".join(lines) + "\n"
