@@ -58,3 +58,15 @@ def pytest_runtest_makereport(item, call):
         seeds = [v for k, v in item.user_properties if k == "seed"]
         if seeds:
             rep.sections.append(("random seed", f"test seed {seeds[0]} (session KILN_TEST_SEED={SEED})"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium with WebGPU, shared by the module's tests."""
+    from browser import launch_chromium
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = launch_chromium(playwright)
+        yield chromium
+        chromium.close()

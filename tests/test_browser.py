@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from browser import CHROMIUM, ConsoleLog, launch_chromium, serving
+from browser import CHROMIUM, ConsoleLog, serving
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
@@ -84,17 +84,6 @@ def package(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("browser") / "mobilenet_v2"
     kiln.compile(str(MOBILENET), str(out), force=True, device_class="cpu")  # SwiftShader is a CPU
     return out
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Headless Chromium with WebGPU, shared by the module's tests."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = launch_chromium(playwright)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")

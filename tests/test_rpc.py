@@ -22,7 +22,7 @@ import urllib.parse
 import numpy as np
 import onnx
 import pytest
-from browser import CHROMIUM, ConsoleLog, launch_chromium
+from browser import CHROMIUM, ConsoleLog
 from conftest import ROOT
 from onnx import TensorProto, helper, numpy_helper
 from websockets.exceptions import ConnectionClosed
@@ -57,17 +57,6 @@ def server():
     rpc = kiln.rpc.RpcServer("127.0.0.1", 0, max_message_bytes=32 << 20, request_timeout_s=300).start_in_thread()
     yield rpc
     rpc.stop_thread()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Headless Chromium with WebGPU, shared by the module's tests."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = launch_chromium(playwright)
-        yield chromium
-        chromium.close()
 
 
 def open_device(browser, url: str) -> ConsoleLog:

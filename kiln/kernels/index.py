@@ -115,10 +115,12 @@ def argreduce(op: str, x: Tensor, best: Tensor, axis: int, keepdims: int, last: 
     return compute(out_shape, body, name)
 
 
-def cumsum(x: Tensor, axis: int, exclusive: int, reverse: int, name: str = "cumsum") -> Tensor:
-    """ONNX CumSum-14: running sum along ``axis`` (one serial loop per output element)."""
+def cumulative(op: str, x: Tensor, axis: int, exclusive: int, reverse: int, name: str = "cumulative") -> Tensor:
+    """ONNX CumSum-14 (``op="sum"``) and CumProd-26 (``op="prod"``): running sum or product along
+    ``axis`` (one serial loop per output element)."""
     n = x.shape[axis]
     r = reduce_axis(n, "rc")
+    identity = const(0 if op == "sum" else 1, x.dtype)
 
     def body(*o):
         i = o[axis]
@@ -126,7 +128,7 @@ def cumsum(x: Tensor, axis: int, exclusive: int, reverse: int, name: str = "cums
         if not exclusive:
             take = binop("||", take, binop("==", r, i))
         v = x[tuple(r if d == axis else o[d] for d in range(len(o)))]
-        return reduce("sum", select(take, v, const(0, x.dtype)), [r])
+        return reduce(op, select(take, v, identity), [r])
 
     return compute(x.shape, body, name)
 
@@ -140,22 +142,6 @@ def onehot(idx: Tensor, values: Tensor, depth: int, axis: int, out_shape, name: 
         return select(binop("==", o[axis], i), values[(1,)], values[(0,)])
 
     return compute(out_shape, body, name)
-
-
-def cumprod(x: Tensor, axis: int, exclusive: int, reverse: int, name: str = "cumprod") -> Tensor:
-    """ONNX CumProd-26: running product along ``axis`` (one serial loop per output element)."""
-    n = x.shape[axis]
-    r = reduce_axis(n, "rc")
-
-    def body(*o):
-        i = o[axis]
-        take = binop(">", r, i) if reverse else binop("<", r, i)
-        if not exclusive:
-            take = binop("||", take, binop("==", r, i))
-        v = x[tuple(r if d == axis else o[d] for d in range(len(o)))]
-        return reduce("prod", select(take, v, const(1, x.dtype)), [r])
-
-    return compute(x.shape, body, name)
 
 
 def gather_nd(x: Tensor, idx: Tensor, batch_dims: int, out_shape, name: str = "gather_nd") -> Tensor:
