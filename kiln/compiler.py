@@ -37,10 +37,14 @@ class Kernel:
 
     name: str
     source: str
-    workgroup_size: int
     access: list[str]
     ops: list[str]
     schedule: dict = field(default_factory=dict)
+
+    @property
+    def workgroup_size(self) -> int:
+        """Invocations per workgroup (from the schedule)."""
+        return self.schedule.get("workgroup_size", 64)
 
 
 @dataclass
@@ -139,7 +143,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
             if validate:
                 validate_wgsl(src, name)
             by_source[digest] = len(kernels)
-            kernels.append(Kernel(name, src, k.schedule.workgroup_size, [p.access for p in k.params],
+            kernels.append(Kernel(name, src, [p.access for p in k.params],
                                   [n.op for n in g.nodes], k.schedule.to_json()))
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
         steps.append(Step(by_source[digest], k.dispatch, bufs, g.nodes[0].name))
