@@ -238,7 +238,8 @@ def getitem(x: Tensor, key) -> Tensor:
     if Ellipsis in key:
         at = key.index(Ellipsis)
         key = key[:at] + (slice(None),) * (x.ndim - n_real) + key[at + 1:]
-    key = key + (slice(None),) * (x.ndim - n_real)
+    else:
+        key = key + (slice(None),) * (x.ndim - n_real)
     starts, steps, sizes, final = [], [], [], []
     d = 0
     for k in key:
