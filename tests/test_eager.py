@@ -13,23 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from eager_ref import close
 
 import kiln.eager as ke
 from kiln.eager import functional as F
 from kiln.errors import ShapeError
 
 torch.set_default_dtype(torch.float64)
-
-RTOL = 1e-4
-
-
-def close(got: np.ndarray, want, what: str = "") -> None:
-    """``got`` (float32) within 1e-4 relative of ``want`` (float64), floor 1e-5 of ``want``'s scale."""
-    want = np.asarray(want.detach().numpy() if isinstance(want, torch.Tensor) else want, np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    scale = float(np.abs(want).max()) if want.size else 0.0
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=1e-5 * max(scale, 1e-3), err_msg=what)
-
 
 def check(rng, kfn, tfn, shapes, positive: bool = False, grads: bool = True) -> None:
     """Run ``kfn`` on Kiln tensors and ``tfn`` on torch tensors of the same random ``shapes``; compare

@@ -35,7 +35,7 @@ from kiln.eager.ops import (
     transpose,
     unsqueeze,
 )
-from kiln.eager.tensor import (
+from kiln.eager.tensors import (
     Tensor,
     abs,
     arange,

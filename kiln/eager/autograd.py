@@ -4,7 +4,7 @@ Each differentiable op that runs while gradients are enabled and has an input wi
 ``requires_grad`` records a :class:`Node` on its result: the inputs and a ``backward`` function
 mapping the gradient of the result to the gradients of the inputs. Backward functions are
 written with eager ops themselves (micrograd's style: forward and backward side by side, in
-:mod:`kiln.eager.tensor`, :mod:`kiln.eager.ops` and :mod:`kiln.eager.functional`), so with
+:mod:`kiln.eager.tensors`, :mod:`kiln.eager.ops` and :mod:`kiln.eager.functional`), so with
 ``create_graph=True`` the backward pass is recorded too and gradients can be differentiated
 again.
 
@@ -121,7 +121,7 @@ def backward(root, grad=None, create_graph: bool = False) -> None:
     Raises:
         ValueError: ``root`` does not require gradients, or is not a scalar and no ``grad`` is given.
     """
-    from kiln.eager.tensor import Tensor, ones
+    from kiln.eager.tensors import Tensor, ones
 
     if not root.requires_grad:
         raise ValueError("backward(): the tensor does not require gradients (no input had requires_grad=True, "

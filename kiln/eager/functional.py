@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.eager import autograd, ops, tensor
+from kiln.eager import autograd, ops
+from kiln.eager import tensors as tensor
 from kiln.eager.ops import _op
-from kiln.eager.tensor import Tensor, as_tensor, exp, log, sqrt, where
+from kiln.eager.tensors import Tensor, as_tensor, exp, log, sqrt, where
 from kiln.errors import ShapeError
 from kiln.kernels import nn as nn_k
 from kiln.kernels import resample

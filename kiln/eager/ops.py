@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 
 from kiln.eager import autograd, kernels
-from kiln.eager.tensor import Tensor, as_tensor, unbroadcast
+from kiln.eager.tensors import Tensor, as_tensor, unbroadcast
 from kiln.errors import ShapeError
 from kiln.kernels import index as index_k
 from kiln.kernels import layout as layout_k
