@@ -309,6 +309,8 @@ def test_generic_kernels_then_specialisation(rng):
         np.testing.assert_allclose(fn(x, y).numpy(), np.exp(x / y), rtol=1e-5)
     mid = ke.stats()
     assert mid["compiles"] - before["compiles"] <= 2  # at most the div and exp generic kernels
+    generic = [p for key, p in ke.device.runtime().pipelines.items() if key[:2] == ("generic", "Div")]
+    assert generic and all("var<uniform> kiln_u" in p.source and "24i" not in p.source for p in generic)
     assert mid["generic_hits"] > before["generic_hits"]
     x, y = fresh((6, 5)), np.abs(fresh((1, 5))) + 1
     for _ in range(ke.kernels.SPECIALIZE_AFTER + 2):
