@@ -242,6 +242,25 @@ def test_double_backward(rng):
     close(k.grad.numpy(), t.grad, "second derivative")
 
 
+def test_conv_double_backward(rng):
+    """Convolution's gradient kernels have gradients too: d/d(x, w) of |d loss / dx|^2 + |d loss / dw|^2."""
+    xs = rng.standard_normal((2, 4, 7, 6)).astype(np.float32)
+    ws = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    up = rng.standard_normal((2, 6, 4, 3)).astype(np.float32)
+    kx, kw = ke.tensor(xs, requires_grad=True), ke.tensor(ws, requires_grad=True)
+    tx = torch.tensor(xs.astype(np.float64), requires_grad=True)
+    tw = torch.tensor(ws.astype(np.float64), requires_grad=True)
+    F.conv2d(kx, kw, None, 2, 1, 1, 2).backward(ke.tensor(up), create_graph=True)
+    gx, gw = kx.grad, kw.grad
+    kx.grad = kw.grad = None
+    ((gx * gx).sum() + (gw * gw).sum()).backward()
+    tgx, tgw = torch.autograd.grad(torch.nn.functional.conv2d(tx, tw, None, 2, 1, 1, 2), (tx, tw),
+                                   torch.tensor(up.astype(np.float64)), create_graph=True)
+    ((tgx * tgx).sum() + (tgw * tgw).sum()).backward()
+    close(kx.grad.numpy(), tx.grad, "d/dx")
+    close(kw.grad.numpy(), tw.grad, "d/dw")
+
+
 def test_no_grad_and_detach(rng):
     w = ke.randn(3, requires_grad=True)
     with ke.no_grad():

@@ -173,16 +173,26 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padd
 
 def conv2d_input_grad(g: Tensor, weight: Tensor, x_shape, stride, padding, dilation, groups: int) -> Tensor:
     """d(conv2d)/d(input): the transposed convolution of ``g`` with ``weight`` (ONNX ConvTranspose's expression),
-    to ``x_shape``. Not differentiable itself yet."""
+    to ``x_shape``.
+
+    It is the adjoint of convolution in its input (``<conv_transpose(g, w), u> = <g, conv(u, w)>``), so its own
+    gradients are ``conv2d(u, w)`` for ``g`` and ``conv2d_weight_grad(u, g)`` for ``w``.
+    """
     attrs = {"group": groups, "strides": tuple(stride), "dilations": tuple(dilation), "pads": (*padding, *padding)}
     shape = tuple(x_shape)
-    return _op("ConvInputGrad", (shape, attrs["strides"], attrs["dilations"], attrs["pads"], groups),
-               lambda gp, wp: resample.conv_transpose(gp, wp, attrs, shape, "conv_input_grad"), [g, weight])
+    out = _op("ConvInputGrad", (shape, attrs["strides"], attrs["dilations"], attrs["pads"], groups),
+              lambda gp, wp: resample.conv_transpose(gp, wp, attrs, shape, "conv_input_grad"), [g, weight])
+    return autograd.attach(out, "ConvInputGrad", (g, weight), lambda u: (
+        conv2d(u, weight, None, stride, padding, dilation, groups),
+        conv2d_weight_grad(u, g, weight.shape, stride, padding, dilation, groups)))
 
 
 def conv2d_weight_grad(x: Tensor, g: Tensor, w_shape, stride, padding, dilation, groups: int) -> Tensor:
     """d(conv2d)/d(weight): ``gw[o, c, i, j] = sum_{n, y, z} g[n, o, y, z] x[n, grp(o) C/groups + c, y s - p + i d, z s - p + j d]``.
-    Not differentiable itself yet."""
+
+    From ``<weight_grad(x, g), u> = <g, conv(x, u)> = <x, conv_transpose(g, u)>`` its own gradients are
+    ``conv2d_input_grad(g, u)`` for ``x`` and ``conv2d(x, u)`` for ``g``.
+    """
     o, cg = w_shape[:2]
     og = o // groups
     s, p, d = stride, padding, dilation
@@ -203,7 +213,9 @@ def conv2d_weight_grad(x: Tensor, g: Tensor, w_shape, stride, padding, dilation,
 
         return compute(tuple(w_shape), body, "conv_weight_grad")
 
-    return _op("ConvWeightGrad", (tuple(w_shape), tuple(s), tuple(p), tuple(d), groups), build, [x, g])
+    out = _op("ConvWeightGrad", (tuple(w_shape), tuple(s), tuple(p), tuple(d), groups), build, [x, g])
+    return autograd.attach(out, "ConvWeightGrad", (x, g), lambda u: (
+        conv2d_input_grad(g, u, x.shape, s, p, d, groups), conv2d(x, u, None, s, p, d, groups)))
 
 
 # ---------------------------------------------------------------------- pooling
