@@ -86,6 +86,19 @@ UNARY = {
     "reciprocal": (ke.reciprocal, torch.reciprocal, True),
     "clamp": (lambda x: ke.clamp(x, -0.5, 0.7), lambda x: torch.clamp(x, -0.5, 0.7), False),
     "square": (lambda x: x.square(), torch.square, False),
+    "erf": (ke.erf, torch.erf, False),
+    "gelu": (ke.gelu, torch.nn.functional.gelu, False),
+    "softplus": (ke.softplus, torch.nn.functional.softplus, False),
+    "elu": (lambda x: ke.elu(x, 0.7), lambda x: torch.nn.functional.elu(x, 0.7), False),
+    "selu": (ke.selu, torch.selu, False),
+    "silu": (ke.silu, torch.nn.functional.silu, False),
+    "mish": (ke.mish, torch.nn.functional.mish, False),
+    "softsign": (ke.softsign, torch.nn.functional.softsign, False),
+    "hardsigmoid": (lambda x: ke.hardsigmoid(x * 4.0), lambda x: torch.nn.functional.hardsigmoid(x * 4.0), False),
+    "tan": (ke.tan, torch.tan, False),
+    "atan": (ke.atan, torch.atan, False),
+    "sinh": (ke.sinh, torch.sinh, False),
+    "cosh": (ke.cosh, torch.cosh, False),
 }
 
 
@@ -130,6 +143,16 @@ def test_layout(rng):
 def test_getitem(rng, key):
     shape = (3, 4) if len([k for k in key if k is not None and k is not Ellipsis]) <= 2 else (2, 5, 3)
     check(rng, lambda x: x[key], lambda x: x[key], [shape])
+
+
+def test_gather_take(rng):
+    idx = rng.integers(-4, 4, (3, 6))
+    ki, ti = ke.tensor(idx), torch.tensor(idx % 4)
+    check(rng, lambda x: ke.gather(x, 1, ki), lambda x: torch.gather(x, 1, ti), [(3, 4)])
+    emb = rng.integers(0, 5, (2, 3))  # repeated rows: the gradient adds up
+    ke_i, t_i = ke.tensor(emb), torch.tensor(emb)
+    check(rng, lambda w: ke.take(w, ke_i, 0), lambda w: w[t_i], [(5, 4)])
+    check(rng, lambda w: ke.take(w, ke_i, 1), lambda w: w[:, t_i], [(2, 5, 3)])
 
 
 def test_cat_stack(rng):

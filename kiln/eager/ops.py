@@ -18,7 +18,7 @@ from kiln.kernels import index as index_k
 from kiln.kernels import layout as layout_k
 from kiln.kernels import nn as nn_k
 from kiln.te.compute import compute
-from kiln.te.expr import Expr, binop, const, select
+from kiln.te.expr import Expr, binop, const, reduce, reduce_axis, select
 
 
 def _op(name: str, key, build, inputs: list[Tensor], out_dtype: str | None = None) -> Tensor:
@@ -304,6 +304,61 @@ def stack(xs: list[Tensor], axis: int = 0) -> Tensor:
     return cat([unsqueeze(x, axis % (xs[0].ndim + 1)) for x in xs], axis % (xs[0].ndim + 1))
 
 
+# ---------------------------------------------------------------------- gathers
+def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
+    """``torch.gather`` / ONNX GatherElements: ``out[i] = x[i with i[axis] = index[i]]`` (negative indices count
+    from the end); the gradient scatter-adds into ``x``'s shape (ONNX ScatterElements with ``add``)."""
+    index = as_tensor(index, "int32")
+    if index.dtype != "int32" or index.ndim != x.ndim:
+        raise ShapeError(f"gather: index must be int32 of x's rank {x.ndim}, not {index.dtype} {index.shape}")
+    axis = axis % x.ndim
+    shape = index.shape
+    out = _op("GatherElements", axis, lambda p, i: index_k.gather_elements(p, i, axis, shape, "gather"), [x, index])
+
+    def grad(g):
+        from kiln.eager.tensors import zeros
+
+        base = zeros(x.shape)
+        gx = _op("ScatterAdd", axis, lambda b, i, u: index_k.scatter_elements(b, i, u, axis, "add", "scatter_add"),
+                 [base, index, g])
+        return (autograd.attach(gx, "ScatterAdd", (g,), lambda gg: (gather(gg, axis, index),)),)
+
+    return autograd.attach(out, "Gather", (x,), grad)
+
+
+def take(x: Tensor, indices: Tensor, axis: int = 0) -> Tensor:
+    """``numpy.take`` / ONNX Gather: slices of ``x`` along ``axis`` picked by int ``indices`` (any shape; an
+    embedding lookup); the gradient sums ``g`` into the picked slices."""
+    indices = as_tensor(indices, "int32")
+    axis = axis % x.ndim
+    shape = (*x.shape[:axis], *indices.shape, *x.shape[axis + 1:])
+    out = _op("Gather", axis, lambda p, i: index_k.gather(p, i, axis, shape, "take"), [x, indices])
+
+    def grad(g):
+        m = indices.size
+        lead = 1
+        for d in x.shape[:axis]:
+            lead *= d
+        g3 = reshape(g, (lead, m, -1))
+        flat = reshape(indices, (m,))
+        n = x.shape[axis]
+
+        def build(gp, ip):
+            r = reduce_axis(m, "rt")
+            def body(a, j, b):
+                k = ip[r]
+                k = select(binop("<", k, 0), k + n, k)
+                return reduce("sum", select(binop("==", k, j), gp[a, r, b], 0.0), [r])
+            return compute((lead, n, g3.shape[2]), body, "take_grad")
+
+        gx = _op("TakeGrad", n, build, [g3, flat])
+        gx = autograd.attach(gx, "TakeGrad", (g3,), lambda gg: (reshape(take(reshape(gg, x.shape), indices, axis),
+                                                                            g3.shape),))
+        return (reshape(gx, x.shape),)
+
+    return autograd.attach(out, "Take", (x,), grad)
+
+
 # ---------------------------------------------------------------------- matrix products
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """numpy's ``matmul``: 1-D operands are promoted and squeezed, batch dims broadcast (ONNX MatMul)."""
@@ -353,9 +408,10 @@ def _bind() -> None:
     T.__matmul__ = matmul
     T.__rmatmul__ = lambda self, o: matmul(o, self)
     T.matmul = matmul
+    T.gather = gather
 
 
 _bind()
 
-__all__ = ["argmax", "argmin", "cat", "expand", "flatten", "getitem", "matmul", "max", "mean", "min", "permute",
-           "reshape", "squeeze", "stack", "sum", "transpose", "unsqueeze"]
+__all__ = ["argmax", "argmin", "cat", "expand", "flatten", "gather", "getitem", "matmul", "max", "mean", "min", "permute",
+           "reshape", "squeeze", "stack", "sum", "take", "transpose", "unsqueeze"]

@@ -593,6 +593,79 @@ def ceil(x) -> Tensor:
     return _unary("Ceil", x, None)
 
 
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805  # Klambauer et al. 2017 (PyTorch's values)
+
+
+def erf(x) -> Tensor:
+    """The error function (the compiler's Abramowitz-Stegun 7.1.26 expression, |error| <= 1.5e-7)."""
+    return _unary("Erf", x, lambda g, x, out: g * 1.1283791670955126 * exp(neg(x * x)))  # 2 / sqrt(pi)
+
+
+def gelu(x) -> Tensor:
+    """x * Phi(x) with the exact normal CDF (``F.gelu``'s default); gradient Phi(x) + x phi(x)."""
+    return _unary("Gelu", x, lambda g, x, out: g * (0.5 + 0.5 * erf(x * 0.7071067811865476)
+                                                    + x * (0.3989422804014327 * exp(x * x * -0.5))))
+
+
+def softplus(x) -> Tensor:
+    """log(1 + e ** x), computed without overflow; gradient sigmoid(x)."""
+    return _unary("Softplus", x, lambda g, x, out: g * sigmoid(x))
+
+
+def elu(x, alpha: float = 1.0) -> Tensor:
+    """x for x > 0, alpha (e ** x - 1) otherwise."""
+    a = float(alpha)
+    return _unary("Elu", x, lambda g, x, out: where(x > 0.0, g, g * (out + a)), {"alpha": a}, f"Elu_{a!r}")
+
+
+def selu(x) -> Tensor:
+    """scale * elu(x, alpha) with the self-normalising constants."""
+    attrs = {"alpha": _SELU_ALPHA, "gamma": _SELU_SCALE}
+    return _unary("Selu", x, lambda g, x, out: where(x > 0.0, g * _SELU_SCALE, g * (out + _SELU_SCALE * _SELU_ALPHA)),
+                  attrs)
+
+
+def silu(x) -> Tensor:
+    """x * sigmoid(x) (swish), differentiated through its parts."""
+    return x * sigmoid(x)
+
+
+def mish(x) -> Tensor:
+    """x * tanh(softplus(x)), differentiated through its parts."""
+    return x * tanh(softplus(x))
+
+
+def softsign(x) -> Tensor:
+    """x / (1 + |x|)."""
+    return _unary("Softsign", x, lambda g, x, out: g / ((1.0 + abs(x)) ** 2.0))
+
+
+def hardsigmoid(x) -> Tensor:
+    """clamp(x / 6 + 1/2, 0, 1) (``F.hardsigmoid``); gradient 1/6 inside (-3, 3)."""
+    return _unary("HardSigmoid", x, lambda g, x, out: where((x > -3.0) & (x < 3.0), g * (1 / 6), 0.0),
+                  {"alpha": 1 / 6, "beta": 0.5})
+
+
+def tan(x) -> Tensor:
+    """Tangent (radians)."""
+    return _unary("Tan", x, lambda g, x, out: g * (1.0 + out * out))
+
+
+def atan(x) -> Tensor:
+    """Arctangent."""
+    return _unary("Atan", x, lambda g, x, out: g / (1.0 + x * x))
+
+
+def sinh(x) -> Tensor:
+    """Hyperbolic sine."""
+    return _unary("Sinh", x, lambda g, x, out: g * cosh(x))
+
+
+def cosh(x) -> Tensor:
+    """Hyperbolic cosine."""
+    return _unary("Cosh", x, lambda g, x, out: g * sinh(x))
+
+
 def clamp(x, min: float | None = None, max: float | None = None) -> Tensor:
     """``x`` limited to ``[min, max]`` (ONNX Clip); the gradient passes where ``min <= x <= max``."""
     attrs = {k: float(v) for k, v in (("min", min), ("max", max)) if v is not None}
@@ -609,7 +682,56 @@ def clamp(x, min: float | None = None, max: float | None = None) -> Tensor:
     return _unary("Clip", x, back, attrs, f"Clip_{min!r}_{max!r}")
 
 
-__all__ = ["Tensor", "abs", "add", "arange", "as_tensor", "ceil", "clamp", "cos", "div", "exp", "floor", "full",
-           "leaky_relu", "log", "logical_not", "manual_seed", "maximum", "minimum", "mul", "neg", "ones", "ones_like",
-           "pow", "rand", "randn", "reciprocal", "relu", "sigmoid", "sign", "sin", "sqrt", "sub", "tanh", "tensor",
-           "unbroadcast", "where", "zeros", "zeros_like"]
+__all__ = [
+    "Tensor",
+    "abs",
+    "add",
+    "arange",
+    "as_tensor",
+    "atan",
+    "ceil",
+    "clamp",
+    "cos",
+    "cosh",
+    "div",
+    "elu",
+    "erf",
+    "exp",
+    "floor",
+    "full",
+    "gelu",
+    "hardsigmoid",
+    "leaky_relu",
+    "log",
+    "logical_not",
+    "manual_seed",
+    "maximum",
+    "minimum",
+    "mish",
+    "mul",
+    "neg",
+    "ones",
+    "ones_like",
+    "pow",
+    "rand",
+    "randn",
+    "reciprocal",
+    "relu",
+    "selu",
+    "sigmoid",
+    "sign",
+    "silu",
+    "sin",
+    "sinh",
+    "softplus",
+    "softsign",
+    "sqrt",
+    "sub",
+    "tan",
+    "tanh",
+    "tensor",
+    "unbroadcast",
+    "where",
+    "zeros",
+    "zeros_like",
+]
