@@ -41,6 +41,7 @@ class Pipeline:
         out_shape: the result's shape (specialised kernels).
         groups: workgroup counts (specialised kernels; generic ones size the dispatch per call).
         inputs: the placeholders the kernel reads, in binding order.
+        validated: a dispatch went through wgpu-py's checked API (later ones may use the C API).
     """
 
     source: str
@@ -54,6 +55,7 @@ class Pipeline:
     out_shape: tuple = ()
     groups: tuple = (1, 1, 1)
     inputs: list = field(default_factory=list)
+    validated: bool = False
 
 
 @dataclass
@@ -100,6 +102,8 @@ class Runtime:
         self._enc = None
         self._pass = None
         self._pending = 0
+        self._raw = _raw_api()
+        self._raw_groups: list = []  # bind groups made through the C API, released after their submit
 
     # ------------------------------------------------------------------ buffers
     def upload(self, data: np.ndarray):
@@ -124,6 +128,7 @@ class Runtime:
         enc.copy_buffer_to_buffer(buffer, 0, staging, 0, size)
         self.device.queue.submit([enc.finish()])
         self._enc, self._pending = None, 0
+        self._release_groups()
         staging.map_sync(wgpu.MapMode.READ)
         try:
             raw = staging.read_mapped(copy=True)
@@ -145,21 +150,45 @@ class Runtime:
         return Pipeline(source, pipeline, pipeline.get_bind_group_layout(0), workgroup_size, generic, uniform_words)
 
     def dispatch(self, p: Pipeline, buffers: list, groups: tuple[int, int, int], uniforms: np.ndarray | None = None):
-        """Record one dispatch of ``p`` over storage ``buffers`` (binding order) and its ``uniforms`` (int32 words)."""
-        entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)]
+        """Record one dispatch of ``p`` over storage ``buffers`` (binding order) and its ``uniforms`` (int32 words).
+
+        A pipeline's first dispatch goes through wgpu-py's checked API; later ones, whose bind group
+        layout and binding kinds that first one validated, make the bind group and record the three
+        pass commands through wgpu-native's C API directly, as
+        :meth:`kiln.runtime.native.Session._encode_raw` does (wgpu-py's wrappers cost most of an
+        eager op's time on a CPU).
+        """
+        buffers = list(buffers)
         if p.uniform_words:
             words = np.zeros(-(-p.uniform_words // 4) * 4, np.int32)
             words[:len(uniforms)] = uniforms
-            ubuf = self.device.create_buffer_with_data(data=words.tobytes(), usage=self.wgpu.BufferUsage.UNIFORM)
-            entries.append({"binding": len(buffers), "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}})
-        group = self.device.create_bind_group(layout=p.layout, entries=entries)
+            buffers.append(self.device.create_buffer_with_data(data=words.tobytes(),
+                                                               usage=self.wgpu.BufferUsage.UNIFORM))
         if self._pass is None:
             if self._enc is None:
                 self._enc = self.device.create_command_encoder()
             self._pass = self._enc.begin_compute_pass()
-        self._pass.set_pipeline(p.pipeline)
-        self._pass.set_bind_group(0, group)
-        self._pass.dispatch_workgroups(*groups)
+        if self._raw is not None and p.validated:
+            ffi, lib = self._raw
+            entries = ffi.new("WGPUBindGroupEntry[]", len(buffers))
+            for i, b in enumerate(buffers):
+                e = entries[i]
+                e.binding, e.buffer, e.offset, e.size = i, b._internal, 0, b.size
+            desc = ffi.new("WGPUBindGroupDescriptor *")
+            desc.layout, desc.entryCount, desc.entries = p.layout._internal, len(buffers), entries
+            group = lib.wgpuDeviceCreateBindGroup(self.device._internal, desc)
+            self._raw_groups.append(group)
+            h = self._pass._internal
+            lib.wgpuComputePassEncoderSetPipeline(h, p.pipeline._internal)
+            lib.wgpuComputePassEncoderSetBindGroup(h, 0, group, 0, ffi.NULL)
+            lib.wgpuComputePassEncoderDispatchWorkgroups(h, *groups)
+        else:
+            group = self.device.create_bind_group(layout=p.layout, entries=[
+                {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)])
+            self._pass.set_pipeline(p.pipeline)
+            self._pass.set_bind_group(0, group)
+            self._pass.dispatch_workgroups(*groups)
+            p.validated = True
         self.stats.dispatches += 1
         self._pending += 1
         if self._pending >= FLUSH_EVERY:
@@ -176,6 +205,24 @@ class Runtime:
         if self._enc is not None:
             self.device.queue.submit([self._enc.finish()])
         self._enc, self._pending = None, 0
+        self._release_groups()
+
+    def _release_groups(self) -> None:
+        """Drop this side's references to raw bind groups (submitted command buffers hold their own)."""
+        if self._raw_groups:
+            _, lib = self._raw
+            for g in self._raw_groups:
+                lib.wgpuBindGroupRelease(g)
+            self._raw_groups = []
+
+
+def _raw_api():
+    """wgpu-native's cffi ``(ffi, lib)`` when wgpu-py runs on it, else ``None`` (then only the checked API is used)."""
+    try:
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+    except ImportError:  # pragma: no cover - another wgpu-py backend
+        return None
+    return ffi, lib
 
 
 @cache
