@@ -17,7 +17,7 @@ from eager_ref import close
 
 import kiln.eager as ke
 from kiln.eager import functional as F
-from kiln.errors import ShapeError
+from kiln.errors import KilnError, ShapeError
 
 torch.set_default_dtype(torch.float64)
 
@@ -297,6 +297,17 @@ def test_no_grad_and_detach(rng):
         y.sum().backward()
     with pytest.raises(ValueError, match="scalar"):
         (w * 2.0).backward()
+
+
+def test_in_place_update_after_forward_is_refused():
+    w = ke.ones(3, requires_grad=True)
+    loss = (w * w).sum()
+    with ke.no_grad():
+        w.copy_(w * 2.0)
+    with pytest.raises(KilnError, match="modified in place"):
+        loss.backward()
+    (w * w).sum().backward()  # a new forward pass sees the new values
+    np.testing.assert_allclose(w.grad.numpy(), 4.0)
 
 
 def test_forward_only_ops(rng):

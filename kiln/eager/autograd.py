@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from kiln.errors import KilnError
+
 _enabled = True
 
 
@@ -28,12 +30,13 @@ class Node:
     ``backward`` returns one gradient (a tensor of that input's shape, or ``None``) per input.
     """
 
-    __slots__ = ("backward", "inputs", "name")
+    __slots__ = ("backward", "inputs", "name", "versions")
 
     def __init__(self, name: str, inputs: tuple, backward: Callable):
         self.name = name
         self.inputs = inputs
         self.backward = backward
+        self.versions = tuple(getattr(x, "_version", 0) for x in inputs)
 
     def __repr__(self) -> str:
         return f"<{self.name}Backward>"
@@ -145,7 +148,13 @@ def backward(root, grad=None, create_graph: bool = False) -> None:
                 if t.requires_grad:
                     t.grad = g if t.grad is None else t.grad + g
                 continue
-            for x, gx in zip(t._node.inputs, t._node.backward(g)):
+            node = t._node
+            for x, v in zip(node.inputs, node.versions):
+                if getattr(x, "_version", 0) != v:
+                    raise KilnError(f"backward(): an input of {node.name} (shape {x.shape}) was modified in place "
+                                    "(copy_, an optimizer step) after the forward pass used it; run the forward "
+                                    "pass again")
+            for x, gx in zip(node.inputs, node.backward(g)):
                 if gx is None or not getattr(x, "requires_grad", False):
                     continue
                 if tuple(gx.shape) != tuple(x.shape):

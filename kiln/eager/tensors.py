@@ -56,7 +56,7 @@ class Tensor:
     """
 
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected operators
-    __slots__ = ("__weakref__", "_node", "buf", "dtype", "grad", "requires_grad", "shape")
+    __slots__ = ("__weakref__", "_node", "_version", "buf", "dtype", "grad", "requires_grad", "shape")
 
     def __init__(self, buf, shape, dtype: str, requires_grad: bool = False):
         self.buf = buf
@@ -65,6 +65,7 @@ class Tensor:
         self.requires_grad = requires_grad
         self.grad: Tensor | None = None
         self._node = None
+        self._version = 0  # bumped by in-place updates; backward refuses graphs whose inputs changed since
 
     # ------------------------------------------------------------------ construction and readback
     @classmethod
@@ -178,9 +179,10 @@ class Tensor:
     def copy_(self, src) -> Tensor:
         """Replace this tensor's values by ``src``'s (broadcast and cast to this tensor's shape and dtype), in place.
 
-        Buffers are immutable, so this points the tensor at a new buffer; a graph recorded
-        earlier that saved this tensor sees the new values, so update parameters only between
-        a backward pass and the next forward pass (as optimizers do).
+        Buffers are immutable, so this points the tensor at a new buffer. A graph recorded earlier
+        that used this tensor can no longer be differentiated: its ``backward`` raises (PyTorch's
+        version-counter check), so update parameters between a backward pass and the next forward
+        pass, as optimizers do.
         """
         src = as_tensor(src)
         if src.dtype != self.dtype:
@@ -190,6 +192,7 @@ class Tensor:
 
             src = expand(src, self.shape)
         self.buf = src.buf
+        self._version += 1
         return self
 
     def zero_(self) -> Tensor:
