@@ -331,6 +331,10 @@ def test_forward_only_ops(rng):
     np.testing.assert_array_equal(ke.zeros((2, 3)).numpy(), np.zeros((2, 3)))
     np.testing.assert_array_equal(ke.ones(3, "int32").numpy(), np.ones(3))
     assert ke.tensor([[1, 2]]).shape == (1, 2) and ke.tensor(2.5).item() == 2.5
+    empty = ke.tensor(np.zeros((0, 3), np.float32))  # empty tensors run no kernel
+    assert (empty + 1.0).numpy().shape == (0, 3) and empty.sum(1).shape == (0,)
+    np.testing.assert_array_equal(empty.sum(0).numpy(), np.zeros(3))
+    assert ke.tensor([True, False, True]).sum().item() == 2
 
 
 def test_errors():

@@ -304,7 +304,10 @@ def run(name: str, key, build: Callable[..., Tensor], inputs: list, out_dtype: s
         dtype = out_dtype or t.dtype
         if t.dtype == "bool":
             t = compute(t.shape, lambda *i, t=t: _store(t[i]), t.name)
-        p = rt.pipelines[sig] = _compile_tensor(t, name)
+        if t.size == 0:  # nothing to compute: no kernel
+            p = rt.pipelines[sig] = Pipeline("", None, None, 0, False)
+        else:
+            p = rt.pipelines[sig] = _compile_tensor(t, name)
         p.order = [next(j for j, ph in enumerate(phs) if ph is q) for q in p.inputs]
         p.out_dtype, p.out_shape = dtype, tuple(t.shape)
     else:

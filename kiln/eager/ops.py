@@ -71,7 +71,7 @@ def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     n = 1
     for a in axes:
         n *= x.shape[a] if x.shape else 1
-    return sum(x, axis, keepdims) * (1.0 / n)
+    return sum(x, axis, keepdims) * (1.0 / n if n else float("nan"))  # numpy: the mean of nothing is NaN
 
 
 def _extreme(op: str, x: Tensor, axis, keepdims: bool) -> Tensor:
