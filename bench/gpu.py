@@ -8,7 +8,9 @@ carrying ``.gl`` and ``.whl`` made by ``bash ../shared/gpu/prepare.sh``; copy th
 ``bench/results/``.
 
 Models: MobileNetV2 (``models/``), ResNet-50 (torchvision's architecture, random weights,
-exported to ONNX here). Contestants:
+exported to ONNX here), MiniLM (all-MiniLM-L6-v2's BERT architecture, 6 layers x 384, random
+weights, exported to ONNX here: the GPU machine has no ``transformers``) at batch 1 x seq 128 and
+batch 32 x seq 128. Contestants:
 
 - ``kiln-native``: Kiln's WGSL through wgpu-py on Vulkan; a run includes uploading the input and
   reading the output back (like onnxruntime's ``run``);
@@ -36,26 +38,100 @@ from bench.common import ROOT, summary, time_runs, write_record
 
 
 def torch_model(name: str):
-    """torchvision's ``name`` with random weights (seeded), in eval mode."""
+    """torchvision's ``name``, or :class:`MiniLM`, with random weights (seeded), in eval mode."""
     import torch
-    import torchvision
 
     torch.manual_seed(0)
+    if name.startswith("minilm"):
+        return MiniLM().eval()
+    import torchvision
+
     return {"mobilenet_v2": torchvision.models.mobilenet_v2, "resnet50": torchvision.models.resnet50}[name](
         weights=None).eval()
 
 
-def export_onnx(module, path: Path) -> Path:
-    """Export ``module`` (input [N,3,224,224], N symbolic) to ONNX opset 17 at ``path``."""
+def _minilm_class():
+    import torch
+    from torch import nn
+
+    class Layer(nn.Module):
+        def __init__(self, d: int, heads: int, ff: int):
+            super().__init__()
+            self.heads = heads
+            self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+            self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
+            self.ff1, self.ff2 = nn.Linear(d, ff), nn.Linear(ff, d)
+
+        def forward(self, x, bias):
+            b, s, d = x.shape
+
+            def split(t):
+                return t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+
+            q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+            att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5 + bias, dim=-1)
+            x = self.ln1(x + self.o((att @ v).transpose(1, 2).reshape(b, s, d)))
+            return self.ln2(x + self.ff2(nn.functional.gelu(self.ff1(x))))
+
+    class MiniLM(nn.Module):
+        """BERT as in all-MiniLM-L6-v2 (HF ``BertModel``'s computation, eager attention): token, position
+        and segment embeddings, 6 post-LayerNorm encoder layers of 12 heads, GELU (erf) feed-forward."""
+
+        def __init__(self, vocab: int = 30522, d: int = 384, layers: int = 6, heads: int = 12, ff: int = 1536):
+            super().__init__()
+            self.tok, self.pos, self.seg = nn.Embedding(vocab, d), nn.Embedding(512, d), nn.Embedding(2, d)
+            self.ln = nn.LayerNorm(d, eps=1e-12)
+            self.layers = nn.ModuleList(Layer(d, heads, ff) for _ in range(layers))
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+            x = self.ln(self.tok(input_ids) + self.pos(pos)[None] + self.seg(token_type_ids))
+            bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+            for layer in self.layers:
+                x = layer(x, bias)
+            return x
+
+    return MiniLM
+
+
+def MiniLM():
+    """A :class:`torch.nn.Module` with all-MiniLM-L6-v2's architecture and random weights."""
+    return _minilm_class()()
+
+
+#: model -> (batch, seq) of the MiniLM rows
+MINILM_SHAPES = {"minilm_b1": (1, 128), "minilm_b32": (32, 128)}
+
+
+def model_inputs(name: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Fresh random inputs of a benchmark model, by ONNX input name."""
+    if name in MINILM_SHAPES:
+        b, s = MINILM_SHAPES[name]
+        mask = np.ones((b, s), np.int64)
+        mask[:, s * 3 // 4:] = 0  # padded tails, as a batch of sentences has
+        return {"input_ids": rng.integers(0, 30522, (b, s)).astype(np.int64), "attention_mask": mask,
+                "token_type_ids": np.zeros((b, s), np.int64)}
+    return {"input": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+
+
+def export_onnx(module, name: str, path: Path) -> Path:
+    """Export ``module`` to ONNX opset 17 at ``path`` (batch, and MiniLM's sequence, symbolic)."""
     import torch
 
-    x = torch.randn(1, 3, 224, 224)
-    kwargs = {"input_names": ["input"], "output_names": ["logits"], "opset_version": 17,
-              "dynamic_axes": {"input": {0: "N"}, "logits": {0: "N"}}}
+    if name in MINILM_SHAPES:
+        feeds = model_inputs(name, np.random.default_rng(0))
+        args = tuple(torch.from_numpy(v) for v in feeds.values())
+        axes = {k: {0: "batch", 1: "seq"} for k in feeds}
+        kwargs = {"input_names": list(feeds), "output_names": ["last_hidden_state"], "opset_version": 17,
+                  "dynamic_axes": {**axes, "last_hidden_state": {0: "batch", 1: "seq"}}}
+    else:
+        args = (torch.randn(1, 3, 224, 224),)
+        kwargs = {"input_names": ["input"], "output_names": ["logits"], "opset_version": 17,
+                  "dynamic_axes": {"input": {0: "N"}, "logits": {0: "N"}}}
     try:
-        torch.onnx.export(module, (x,), str(path), dynamo=False, **kwargs)
+        torch.onnx.export(module, args, str(path), dynamo=False, **kwargs)
     except TypeError:
-        torch.onnx.export(module, (x,), str(path), **kwargs)
+        torch.onnx.export(module, args, str(path), **kwargs)
     return path
 
 
@@ -66,9 +142,9 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
 
     import kiln
 
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
-    expected = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    feeds = model_inputs(name, np.random.default_rng(0))
+    dims = dict(zip(("batch", "seq"), MINILM_SHAPES[name])) if name in MINILM_SHAPES else {}
+    expected = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     rows: dict[str, dict] = {}
 
     def attempt(contestant: str, fn):
@@ -82,13 +158,14 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
     def run_kiln():
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            session = kiln.load(kiln.compile(onnx_path, Path(tmp) / "pkg"))
+            session = kiln.load(kiln.compile(onnx_path, Path(tmp) / "pkg", dims=dims))
             load_s = time.perf_counter() - t0
-            err = float(np.abs(session.run({"input": x})["logits"] - expected).max())
-            cold, times = time_runs(lambda: session.run({"input": x}), args.repeat, args.warmup)
+            out = session.outputs[0]["name"]
+            err = float(np.abs(session.run(feeds)[out] - expected).max())
+            cold, times = time_runs(lambda: session.run(feeds), args.repeat, args.warmup)
             info = session.adapter_info()
             mem = sum(b["bytes"] for b in session.manifest["buffers"])
-            prof = session.profile({"input": x}, repeat=10)
+            prof = session.profile(feeds, repeat=10)
             by_kernel: dict[str, float] = {}
             for r in prof:
                 by_kernel[r["kernel"]] = by_kernel.get(r["kernel"], 0.0) + r["ms"]
@@ -103,8 +180,8 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         t0 = time.perf_counter()
         s = ort.InferenceSession(str(onnx_path), providers=["WebGpuExecutionProvider"])
         load_s = time.perf_counter() - t0
-        err = float(np.abs(s.run(None, {"input": x})[0] - expected).max())
-        cold, times = time_runs(lambda: s.run(None, {"input": x}), args.repeat, args.warmup)
+        err = float(np.abs(s.run(None, feeds)[0] - expected).max())
+        cold, times = time_runs(lambda: s.run(None, feeds), args.repeat, args.warmup)
         return {**summary(times, cold), "compile_load_s": load_s, "max_abs_error": err,
                 "providers": s.get_providers(), "device": "Dawn"}
 
@@ -113,12 +190,12 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             torch.backends.cuda.matmul.allow_tf32 = False  # strict fp32, like the WGSL contestants
             torch.backends.cudnn.allow_tf32 = False
             m = module.cuda()
-            xt = torch.from_numpy(x).cuda()
+            xs = [torch.from_numpy(v).cuda() for v in feeds.values()]
             fn = torch.compile(m) if compiled else m
             torch.cuda.reset_peak_memory_stats()
             with torch.inference_mode():
-                cold, times = time_runs(lambda: fn(xt), args.repeat, args.warmup, sync=torch.cuda.synchronize)
-                out = fn(xt).float().cpu().numpy()
+                cold, times = time_runs(lambda: fn(*xs), args.repeat, args.warmup, sync=torch.cuda.synchronize)
+                out = fn(*xs).float().cpu().numpy()
             res = {**summary(times, cold), "gpu_bytes": int(torch.cuda.max_memory_allocated()),
                    "device": torch.cuda.get_device_name()}
             if args.same_weights:
@@ -137,7 +214,7 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
 def main(argv: list[str] | None = None) -> dict:
     """Run the GPU benchmark; returns the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="mobilenet_v2,resnet50")
+    ap.add_argument("--models", default="mobilenet_v2,resnet50,minilm_b1,minilm_b32")
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
@@ -152,10 +229,10 @@ def main(argv: list[str] | None = None) -> dict:
                 onnx_path = ROOT / "models" / "mobilenet_v2_imagenet.onnx"
                 args.same_weights = False  # the shipped ONNX has trained weights, the module random ones
             else:
-                onnx_path = export_onnx(module, Path(tmp) / f"{name}.onnx")
+                onnx_path = export_onnx(module, name, Path(tmp) / f"{name}.onnx")
                 args.same_weights = True
             results[name] = bench_model(name, onnx_path, module, args, console)
-    table = Table(title=f"batch 1 fp32, median ms of {args.repeat} runs after {args.warmup} warm-up")
+    table = Table(title=f"fp32 (batch 1 unless named), median ms of {args.repeat} runs after {args.warmup} warm-up")
     for col in ("model", "contestant", "median ms", "min ms", "cold ms", "GPU MiB", "max err", "kiln / this"):
         table.add_column(col, justify="left" if col in ("model", "contestant") else "right")
     for model, rows in results.items():
