@@ -102,7 +102,10 @@ def tune_cmd(model: Path, db_path: Path, device: str, token, device_ids, trials:
                       f"{r['best_ms']:.4f}" if "best_ms" in r else "-",
                       f"{r['speedup']:.2f}x" if "speedup" in r else "-", str(r.get("trials", "-")),
                       r.get("status", "-") + (f": {r['reason']}" if "reason" in r else ""))
-    Console().print(table)
+    out = Console()
+    if not out.is_terminal:
+        out.width = 160
+    out.print(table)
     click.echo(f"estimated model GPU speedup {estimated_speedup(tasks):.2f}x in {time.monotonic() - t0:.0f} s; "
                f"{len(db)} records in {db_path}")
     words = " ".join(measurer.adapter[k] for k in ("vendor", "architecture", "device") if measurer.adapter[k])
