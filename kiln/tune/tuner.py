@@ -292,6 +292,8 @@ def tune_model(model: str | os.PathLike, measurer: Measurer, db: TuningDB, budge
             log("profiling the default schedules on the device ...")
             _profile_remote(tasks, measurer, builder)
         total_ms = sum(t.profile_ms for t in tasks) or 1.0
+        log(f"{len(tasks)} distinct kernels, {sum(t.uses for t in tasks)} dispatches, {total_ms:.3f} ms profiled; "
+            f"ready to search after {time.monotonic() - t0:.0f} s")
         order = sorted(range(len(tasks)), key=lambda i: -tasks[i].profile_ms)
         remaining_ms = sum(tasks[i].profile_ms for i in order if tasks[i].tunable is None)
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -347,6 +349,12 @@ def tune_model(model: str | os.PathLike, measurer: Measurer, db: TuningDB, budge
                                    "speedup": rec["speedup"], "trials": rec["trials"], "failed": result["failed"]}
                 bar.advance(overall)
                 bar.update(overall, note=f"model GPU est. {estimated_speedup(tasks):.2f}x")
+                if not (progress and bar.console.is_terminal):
+                    r = task.result
+                    log(f"[{rank + 1}/{len(order)}] {task.name} {'x'.join(map(str, task.shape))} ({share:.1%}): "
+                        + (f"{r['default_ms']:.4f} -> {r['best_ms']:.4f} ms ({r['speedup']:.2f}x, {r['trials']} "
+                           f"trials, {r['failed']} failed)" if r["status"] == "tuned" else r.get("reason", ""))
+                        + f"; {time.monotonic() - t0:.0f} s")
     return tasks
 
 
