@@ -3,8 +3,10 @@
 For each model: tune its kernels on this machine's adapter within a time budget (or load a
 tuning database that already has them, resuming), compile it twice (default schedules; the
 database's schedules), check both against onnxruntime CPU, then time both in the same process,
-interleaved: end-to-end ``Session.run`` medians (upload, compute, readback) and GPU-only medians
-(the sum of ``Session.profile``'s per-dispatch timestamp medians). Prints a table and writes JSON.
+interleaved: end-to-end ``Session.run`` medians (upload, compute, readback), GPU-only medians (the
+sum of ``Session.profile``'s per-dispatch timestamp medians: each dispatch in a pass of its own, so a
+fixed per-pass cost is in every row) and whole-pass GPU medians (every dispatch in one compute pass,
+as ``Session.run`` records them, timestamps at its start and end). Prints a table and writes JSON.
 
 On the lent GPU machine (recipe: ../shared/gpu/README.md and bench/gpu.py), one model per command::
 
@@ -48,8 +50,36 @@ def load(pkg: Path, x: np.ndarray, expected: np.ndarray) -> dict:
     feeds = {session.inputs[0]["name"]: x}
     out = next(iter(session.run(feeds).values()))
     return {"session": session, "feeds": feeds, "max_abs_error": float(np.abs(out - expected).max()),
-            "e2e": [], "gpu": [], "kernels": len(session.manifest["targets"]["webgpu"]["kernels"]),
+            "e2e": [], "gpu": [], "pass": [], "kernels": len(session.manifest["targets"]["webgpu"]["kernels"]),
             "tuned": sum(1 for k in session.manifest["targets"]["webgpu"]["kernels"] if k.get("tuned"))}
+
+
+def pass_ms(session, repeat: int) -> list[float]:
+    """GPU milliseconds of the whole plan as ``Session.run`` records it (one compute pass, every
+    dispatch), from timestamps written at the pass's start and end; ``repeat`` passes after one."""
+    import wgpu
+
+    dev = session.device
+    n = repeat + 1
+    qs = dev.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
+    resolve = dev.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    read = dev.create_buffer(size=16 * n, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+    enc = dev.create_command_encoder()
+    for i in range(n):
+        cpass = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i,
+                                                         "end_of_pass_write_index": 2 * i + 1})
+        for pipeline, group, dispatch in session.steps:
+            cpass.set_pipeline(pipeline)
+            cpass.set_bind_group(0, group)
+            cpass.dispatch_workgroups(*dispatch)
+        cpass.end()
+    enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+    enc.copy_buffer_to_buffer(resolve, 0, read, 0, 16 * n)
+    dev.queue.submit([enc.finish()])
+    read.map_sync(wgpu.MapMode.READ)
+    ticks = np.frombuffer(read.read_mapped(copy=True), dtype=np.uint64).reshape(n, 2).astype(np.int64)
+    read.unmap()
+    return [float(b - a) / 1e6 for a, b in ticks[1:]]
 
 
 def bench_model(name: str, args, console: Console, tmp: Path) -> dict:
@@ -91,6 +121,8 @@ def bench_model(name: str, args, console: Console, tmp: Path) -> dict:
             prof = r["session"].profile(r["feeds"], repeat=args.repeat)
             r["gpu"].append(sum(p["ms"] for p in prof))
             r["clock"] = prof[0]["clock"]
+            if r["clock"] == "timestamp-query":
+                r["pass"] += pass_ms(r["session"], args.repeat)
     result = {"tune_s": tune_s, "adapter": adapter_key(identity), "budget_minutes": args.minutes,
               "trials_per_kernel": args.trials,
               "estimated_gpu_speedup": estimated_speedup(tasks) if tasks else None,
@@ -98,10 +130,13 @@ def bench_model(name: str, args, console: Console, tmp: Path) -> dict:
                            "profile_ms": t.profile_ms, **t.result} for t in tasks]}
     for k, r in runs.items():
         result[k] = {"e2e_median_ms": float(np.median(r["e2e"])), "gpu_median_ms": float(np.median(r["gpu"])),
+                     "pass_median_ms": float(np.median(r["pass"])) if r["pass"] else None,
                      "max_abs_error": r["max_abs_error"], "kernels": r["kernels"], "tuned_kernels": r["tuned"],
                      "clock": r["clock"]}
     result["speedup_e2e"] = result["default"]["e2e_median_ms"] / result["tuned"]["e2e_median_ms"]
     result["speedup_gpu"] = result["default"]["gpu_median_ms"] / result["tuned"]["gpu_median_ms"]
+    if result["tuned"]["pass_median_ms"]:
+        result["speedup_pass"] = result["default"]["pass_median_ms"] / result["tuned"]["pass_median_ms"]
     return result
 
 
@@ -120,7 +155,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    console = Console(width=150)
+    console = Console(width=200)
     results = {}
     with tempfile.TemporaryDirectory(prefix="kiln-bench-tune-") as tmp:
         for name in args.models.split(","):
@@ -131,12 +166,15 @@ def main() -> None:
                           f"{r['tuned']['e2e_median_ms']:.3f} ms ({r['speedup_e2e']:.2f}x)")
     table = Table(title="Kiln tuned vs untuned (default schedules), native wgpu")
     for col in ("model", "tuning s", "tuned kernels", "GPU ms default", "GPU ms tuned", "GPU speedup",
-                "e2e ms default", "e2e ms tuned", "e2e speedup", "max err tuned"):
+                "pass ms default", "pass ms tuned", "pass speedup", "e2e ms default", "e2e ms tuned", "e2e speedup",
+                "max err tuned"):
         table.add_column(col, justify="left" if col == "model" else "right")
     for name, r in results.items():
         table.add_row(name, f"{r['tune_s']:.0f}", f"{r['tuned']['tuned_kernels']}/{r['tuned']['kernels']}",
                       f"{r['default']['gpu_median_ms']:.3f}", f"{r['tuned']['gpu_median_ms']:.3f}",
-                      f"{r['speedup_gpu']:.2f}x", f"{r['default']['e2e_median_ms']:.3f}",
+                      f"{r['speedup_gpu']:.2f}x", f"{r['default']['pass_median_ms'] or float('nan'):.3f}",
+                      f"{r['tuned']['pass_median_ms'] or float('nan'):.3f}", f"{r.get('speedup_pass', float('nan')):.2f}x",
+                      f"{r['default']['e2e_median_ms']:.3f}",
                       f"{r['tuned']['e2e_median_ms']:.3f}", f"{r['speedup_e2e']:.2f}x",
                       f"{r['tuned']['max_abs_error']:.1e}")
     console.print(table)
@@ -145,7 +183,8 @@ def main() -> None:
     console.print(f"wrote {path}")
     if args.db.exists() and args.out.resolve() != args.db.parent.resolve():
         shutil.copy(args.db, args.out / args.db.name)
-    print(json.dumps({n: {"gpu": r["speedup_gpu"], "e2e": r["speedup_e2e"]} for n, r in results.items()}))
+    print(json.dumps({n: {"gpu": r["speedup_gpu"], "pass": r.get("speedup_pass"), "e2e": r["speedup_e2e"]}
+                      for n, r in results.items()}))
 
 
 if __name__ == "__main__":
