@@ -72,6 +72,7 @@ def test_space_holds_only_valid_schedules_and_rejects_invalid_ones():
             assert SearchSpace(t).check(default_schedule(t, device_class=cls)) is None
     # no lanes on CPU adapters
     assert SearchSpace(matmul_expr(), lanes=False).lanes == (1,)
+    assert not conv.trivial()
     assert max(SearchSpace(matmul_expr()).lanes) == 64
 
 
@@ -223,6 +224,10 @@ def test_local_tuning_run_and_tuned_package(tmp_path, rng):
     again = runner.invoke(main, ["tune", str(model), "--db", str(db), "--trials", "4", "--jobs", "1"])
     assert again.exit_code == 0 and "recorded" in again.output, again.output
     assert [r["date"] for r in json.loads(db.read_text())["records"]] == [r["date"] for r in records]
+    # a larger budget continues from the records
+    more = runner.invoke(main, ["tune", str(model), "--db", str(db), "--trials", "5", "--jobs", "1"])
+    assert more.exit_code == 0, more.output
+    assert [r["trials"] for r in json.loads(db.read_text())["records"]] == [5, 5]
     # compile with the records of this machine's adapter; the package is correct
     pkg = tmp_path / "pkg"
     out = runner.invoke(main, ["compile", str(model), "-o", str(pkg), "--tuning-db", str(db), "--device-class", "cpu"])
@@ -234,6 +239,15 @@ def test_local_tuning_run_and_tuned_package(tmp_path, rng):
     x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
     expected = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(Session(pkg, poison=True).run({"x": x})["y"], expected, rtol=1e-4, atol=1e-4)
+    # bad arguments are refused with a message
+    bad = runner.invoke(main, ["tune", str(model), "--db", str(db), "--device", "gpu0"])
+    assert bad.exit_code == 2 and "expected 'local' or an RPC server" in bad.output
+    bad = runner.invoke(main, ["compile", str(model), "-o", str(tmp_path / "p2"), "--adapter", "nvidia"])
+    assert bad.exit_code == 2 and "--adapter needs --tuning-db" in bad.output
+    (tmp_path / "notes.json").write_text("{}")
+    bad = runner.invoke(main, ["compile", str(model), "-o", str(tmp_path / "p2"), "--tuning-db",
+                               str(tmp_path / "notes.json")])
+    assert bad.exit_code == 1 and "not a Kiln tuning database" in bad.output
     # another adapter's records are not used
     out = runner.invoke(main, ["compile", str(model), "-o", str(pkg), "--force", "--tuning-db", str(db),
                                "--adapter", "nvidia"])

@@ -180,6 +180,10 @@ class SearchSpace:
         """Number of valid schedules."""
         return sum(1 for _ in self)
 
+    def trivial(self) -> bool:
+        """Whether the space has fewer than two schedules (nothing to search)."""
+        return len(list(itertools.islice(iter(self), 2))) < 2
+
     # ------------------------------------------------------------------ evolution
     def sample(self, rng: random.Random, tries: int = 100) -> Schedule:
         """A random valid schedule (the untiled one if ``tries`` draws are all invalid)."""

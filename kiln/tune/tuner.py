@@ -304,7 +304,7 @@ def tune_model(model: str | os.PathLike, measurer: Measurer, db: TuningDB, budge
                 task = tasks[i]
                 share = task.profile_ms / total_ms
                 space = SearchSpace(task.expr, lanes=not measurer.is_cpu)
-                if task.tunable is None and space.size() <= 1:
+                if task.tunable is None and space.trivial():
                     task.tunable = "one schedule only"
                 if task.tunable is not None:
                     task.result = {"status": "skipped", "reason": task.tunable}
