@@ -72,8 +72,13 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--print-ir", is_flag=True, help="Print the optimised graph IR.")
 @click.option("--device-class", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True,
               help="Make the default schedules for GPUs, or for WebGPU on a CPU (SwiftShader, lavapipe).")
+@click.option("--tuning-db", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Use the schedules `kiln tune` recorded for the target adapter (defaults for other kernels).")
+@click.option("--adapter", metavar="WORDS",
+              help="With --tuning-db: the target adapter, words matching one adapter of the database "
+                   "(e.g. 'nvidia h100'); default: this machine's adapter.")
 def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: str, labels, no_validate: bool,
-                print_ir: bool, device_class: str) -> None:
+                print_ir: bool, device_class: str, tuning_db, adapter) -> None:
     """Compile an ONNX MODEL into a package directory."""
     import time
 
@@ -81,15 +86,43 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     from kiln.package.format import read_manifest
 
     t0 = time.perf_counter()
+    schedule = _tuned_scheduler(tuning_db, adapter, device_class)
     path = compile_model(model, out, target=target, dims=_parse_dims(dims), force=force, preset=preset,
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
-                         device_class=device_class)
+                         device_class=device_class, schedule=schedule)
     m = read_manifest(path)
     tgt = m["targets"][target]
-    click.echo(f"compiled {model} -> {path} ({len(tgt['plan'])} dispatches, {len(tgt['kernels'])} kernels, "
-               f"{m['memory']['weight_bytes'] / 1e6:.1f} MB weights, {time.perf_counter() - t0:.1f} s)")
+    tuned = sum(1 for k in tgt["kernels"] if k.get("tuned"))
+    click.echo(f"compiled {model} -> {path} ({len(tgt['plan'])} dispatches, {len(tgt['kernels'])} kernels"
+               + (f", {tuned} tuned" if tuning_db else "")
+               + f", {m['memory']['weight_bytes'] / 1e6:.1f} MB weights, {time.perf_counter() - t0:.1f} s)")
     if print_ir:
         click.echo((path / "graph.txt").read_text())
+
+
+def _tuned_scheduler(tuning_db: Path | None, adapter: str | None, device_class: str):
+    """The schedule chooser of ``--tuning-db`` (``None`` without one): records of the adapter that
+    ``--adapter`` names (or this machine's), defaults for everything else."""
+    import functools
+
+    from kiln.te.schedule import default_schedule
+
+    if tuning_db is None:
+        if adapter is not None:
+            raise click.UsageError("--adapter needs --tuning-db")
+        return None
+    from kiln.tune.db import TuningDB, adapter_key
+
+    db = TuningDB(tuning_db)
+    identity = db.match_adapter(adapter)
+    if identity is None:
+        known = "; ".join(db.adapters()) or "none"
+        wanted = f"adapter {adapter!r}" if adapter else "this machine's adapter"
+        click.echo(f"warning: {tuning_db} has no records for {wanted} (it has: {known}); using default schedules",
+                   err=True)
+    else:
+        click.echo(f"using tuning records for {adapter_key(identity)}", err=True)
+    return db.scheduler(identity, functools.partial(default_schedule, device_class=device_class))
 
 
 def _load_npz(path: Path) -> dict:
@@ -255,6 +288,11 @@ def _serve_rpc(host: str, port: int, open_browser: bool, max_message_bytes: int)
         pass
 
 
+from kiln.tune.cli import tune_cmd  # the command lives with the tuner
+
+main.add_command(tune_cmd)
+
+
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -290,7 +328,12 @@ def info_cmd(package: Path, as_json: bool) -> None:
         click.echo(f"target {name}: {len(tgt['kernels'])} kernels, {len(tgt['plan'])} dispatches"
                    + (f", features {tgt['features']}" if tgt["features"] else ""))
         for i, k in enumerate(tgt["kernels"]):
-            click.echo(f"  {k['name']:<40} {'+'.join(k['ops']):<28} x{uses.get(i, 0)}")
+            tuned = f"  tuned {k['tuning'].get('speedup', 1):.2f}x" if k.get("tuned") else ""
+            click.echo(f"  {k['name']:<40} {'+'.join(k['ops']):<28} x{uses.get(i, 0)}{tuned}")
+        tuned = [k for k in tgt["kernels"] if k.get("tuned")]
+        if tuned:
+            adapters = sorted({k["tuning"].get("adapter", "?") for k in tuned})
+            click.echo(f"  tuned: {len(tuned)} of {len(tgt['kernels'])} kernels, for {'; '.join(adapters)}")
     nweights = sum(1 for b in m["buffers"] if b["kind"] == "weight")
     nact = sum(1 for b in m["buffers"] if b["kind"] == "activation")
     click.echo(f"weights: {_fmt_bytes(mem['weight_bytes'])} in {nweights} tensors")

@@ -40,6 +40,8 @@ class Kernel:
     access: list[str]
     ops: list[str]
     schedule: dict = field(default_factory=dict)
+    #: what the manifest records about a tuned schedule (``speedup``, ``trials``, ``adapter``); empty if untuned
+    tuning: dict = field(default_factory=dict)
 
     @property
     def workgroup_size(self) -> int:
@@ -143,31 +145,34 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
             if validate:
                 validate_wgsl(src, name)
             by_source[digest] = len(kernels)
-            kernels.append(Kernel(name, src, [p.access for p in k.params],
-                                  [n.op for n in g.nodes], k.schedule.to_json()))
+            kernels.append(Kernel(name, src, [p.access for p in k.params], [n.op for n in g.nodes],
+                                  k.schedule.to_json(), dict(getattr(k.schedule, "tuning", None) or {})))
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
         steps.append(Step(by_source[digest], k.dispatch, bufs, g.nodes[0].name))
     return kernels, steps
 
 
 def compile_graph(graph: Graph, target: str = "webgpu", validate: bool = True, progress: bool = False,
-                  device_class: str = "gpu") -> Compiled:
-    """Optimise ``graph`` in place and generate its kernels (default schedules for ``device_class``)
-    and memory plan."""
+                  device_class: str = "gpu", schedule: Callable[[Tensor], Schedule] | None = None) -> Compiled:
+    """Optimise ``graph`` in place and generate its kernels and memory plan.
+
+    ``schedule`` chooses each kernel's schedule (a tuning database's
+    :meth:`~kiln.tune.db.TuningDB.scheduler`); by default the default schedules for ``device_class``.
+    """
     tgt = get_target(target)
     verify(graph)
     fired = optimize(graph)
     groups = fuse(graph, max_inputs=tgt.limits["maxStorageBuffersPerShaderStage"] - 1)
     plan = plan_memory(graph, groups)
     kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
-                                   schedule=functools.partial(default_schedule, device_class=device_class))
+                                   schedule=schedule or functools.partial(default_schedule, device_class=device_class))
     return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class)
 
 
 def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str = "webgpu",
                   dims: dict[str, int] | None = None, force: bool = False, preset: str = "auto",
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
-                  device_class: str = "gpu") -> Path:
+                  device_class: str = "gpu", schedule: Callable[[Tensor], Schedule] | None = None) -> Path:
     """Compile an ONNX model into a package directory.
 
     Args:
@@ -184,6 +189,8 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         device_class: ``gpu`` (discrete or integrated GPUs) or ``cpu`` (WebGPU on a CPU:
             SwiftShader, lavapipe): the kind of device the default schedules are made for
             (see :func:`~kiln.te.schedule.default_schedule`); the package runs on both.
+        schedule: chooses each kernel's schedule instead of the defaults (``kiln compile
+            --tuning-db``: :meth:`kiln.tune.db.TuningDB.scheduler`, which falls back to them).
 
     Returns:
         The package directory.
@@ -204,5 +211,6 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         graph.name = Path(model).stem
     if device_class not in DEVICE_CLASSES:
         raise KilnError(f"device class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
-    compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class)
+    compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
+                             schedule=schedule)
     return write_package(compiled, out, force=force, preset=preset, labels=labels, source=Path(model).name)

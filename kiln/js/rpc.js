@@ -6,8 +6,10 @@
 //   device.addEventListener('status', (e) => console.log(e.detail));
 //
 // Requests are handled one at a time, in order, so that timed runs never overlap other work.
+// `measure` requests (kernel candidates from `kiln tune`) are answered by measure.js.
 
 import * as kiln from './kiln.js';
+import {KernelMeasurer} from './measure.js';
 
 /** Protocol version this page speaks (sent in `hello`). */
 export const PROTOCOL_VERSION = 1;
@@ -126,7 +128,7 @@ function toTensors(specs, blobs) {
 }
 
 /**
- * A tab joined to a server: answers `load`, `run`, `time` and `unload` requests.
+ * A tab joined to a server: answers `load`, `run`, `time`, `unload` and `measure` requests.
  * Emits `status` events (detail: a line of text), `request` events after each answer (detail:
  * {type, handled}) and a `close` event (detail: {code, reason}).
  */
@@ -142,12 +144,15 @@ export class RpcDevice extends EventTarget {
     /** @private */ this.work = Promise.resolve();
     /** Requests answered so far. */
     this.handled = 0;
+    /** @private @type {KernelMeasurer | null} made at the first `measure` request */
+    this.measurer = null;
     socket.addEventListener('message', (event) => {
       this.work = this.work.then(() => this.handle(event.data));
     });
     socket.addEventListener('close', (event) => {
       for (const session of this.sessions.values()) session.destroy();
       this.sessions.clear();
+      this.measurer?.device.destroy();
       this.dispatchEvent(new CustomEvent('close', {detail: {code: event.code, reason: event.reason}}));
     });
   }
@@ -193,6 +198,13 @@ export class RpcDevice extends EventTarget {
    */
   async answer(header, blobs) {
     const {type, package: id} = header;
+    if (type === 'measure') {
+      this.status(`measuring ${header.candidates.length} kernel candidate(s)\u2026`);
+      if (!this.measurer || this.measurer.lost) this.measurer = await KernelMeasurer.create();
+      const {clock, results, samples} = await this.measurer.measure(header, blobs);
+      this.status(`measured ${results.length} kernel candidate(s): ${clock}`);
+      return {header: {type: 'measured', clock, results}, blobs: samples};
+    }
     if (type === 'load') {
       this.status(`loading package ${id} (${blobs.reduce((n, b) => n + b.byteLength, 0)} bytes)\u2026`);
       const files = new Map(header.files.map((path, i) => [path, blobs[i]]));

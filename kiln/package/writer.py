@@ -134,7 +134,8 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             kernels.append({"name": k.name, "source": path, "entry_point": "main",
                             "workgroup_size": [k.workgroup_size, 1, 1],
                             "bindings": [{"binding": i, "access": a} for i, a in enumerate(k.access)],
-                            "ops": k.ops, "schedule": k.schedule})
+                            "ops": k.ops, "schedule": k.schedule,
+                            **({"tuned": True, "tuning": k.tuning} if k.tuning else {})})
         plan_steps = [{"kernel": s.kernel, "dispatch": list(s.dispatch), "buffers": s.buffers, "node": s.name}
                       for s in compiled.steps]
         manifest: dict[str, Any] = {

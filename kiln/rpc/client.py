@@ -68,6 +68,27 @@ class Device:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """One kernel candidate measured on a device, from :meth:`Remote.measure`.
+
+    Attributes:
+        ms: median milliseconds per dispatch on ``clock`` (``None`` if the candidate failed).
+        sample: float32 output elements at ``floor(j * n / m)``, ``j < m`` (``None`` if it failed).
+        total: sum of the whole output (NaN if an element was NaN, e.g. never written).
+        abs_total: sum of the absolute values of the whole output.
+        error: the device's error (shader compilation, validation) for a failed candidate.
+        clock: ``"timestamp-query"`` or ``"wall"``.
+    """
+
+    ms: float | None
+    sample: np.ndarray | None
+    total: float
+    abs_total: float
+    error: str | None
+    clock: str
+
+
+@dataclass(frozen=True)
 class Timing:
     """Per-run times of a model on a device, from :meth:`Remote.time`.
 
@@ -396,6 +417,50 @@ class Remote:
     def time(self, feeds: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1, clock: str = "auto") -> Timing:
         """Time the current package: see :meth:`RemotePackage.time`."""
         return self.current.time(feeds, repeat=repeat, warmup=warmup, clock=clock)
+
+    # ------------------------------------------------------------------ kernels
+    def measure(self, inputs: list[np.ndarray], out_elements: int, candidates: list, device: int | Device | None = None,
+                batch: int = 1, repeat: int = 5, warmup: int = 1, sample: int = 4096) -> list[Measured]:
+        """Measure candidates of one kernel on a device (the tuner's measuring call; no package needed).
+
+        Each candidate is a WGSL compute shader with entry point ``main`` that reads storage buffers
+        ``0..n-1`` (``inputs``) and writes buffer ``n`` (``out_elements`` float32). The device compiles
+        each, runs it once into a NaN-filled output (whose sample and sums come back for the
+        correctness check), then times ``repeat`` passes of ``batch`` dispatches after ``warmup``
+        untimed passes, with GPU timestamps when it has ``timestamp-query``.
+
+        Args:
+            inputs: float32 arrays, uploaded once for all candidates.
+            out_elements: float32 elements of the output buffer.
+            candidates: objects with ``source`` (WGSL) and ``dispatch`` (``(x, y, z)`` workgroups).
+            device: the device (default: the selected one).
+            batch, repeat, warmup: dispatches per timed pass (1-1024), timed passes (1-100), untimed passes (0-10).
+            sample: output elements returned per candidate (at most 65536).
+
+        Returns:
+            One :class:`Measured` per candidate, in order.
+
+        Raises:
+            KilnError: arguments out of range. RpcError, RemoteError: as for :meth:`RemotePackage.run`.
+        """
+        if not (1 <= batch <= protocol.MAX_BATCH and 1 <= repeat <= protocol.MAX_MEASURE_REPEAT
+                and 0 <= warmup <= protocol.MAX_MEASURE_WARMUP and 1 <= sample <= protocol.MAX_SAMPLE):
+            raise KilnError(f"measure: batch, repeat, warmup or sample out of range ({batch}, {repeat}, {warmup}, "
+                            f"{sample})")
+        target = self._find(device) if device is not None else self.selected
+        specs, blobs = protocol.arrays_to_blobs({f"in{i}": np.asarray(a, np.float32) for i, a in enumerate(inputs)})
+        sources = [c.source.encode() for c in candidates]
+        reply = self._request({"type": "measure", "device": target.id, "inputs": specs,
+                               "output": {"dtype": "float32", "elements": int(out_elements)},
+                               "candidates": [{"dispatch": [int(d) for d in c.dispatch]} for c in candidates],
+                               "batch": int(batch), "repeat": int(repeat), "warmup": int(warmup),
+                               "sample": int(sample)}, [*blobs, *sources], "measured")
+        clock, results = protocol.measured(reply.header, reply.blobs, len(candidates), min(sample, out_elements))
+        nan = float("nan")
+        return [Measured(r["ms"], np.frombuffer(b, "<f4").copy() if r["ms"] is not None else None,
+                         nan if r.get("total") is None else float(r["total"]),
+                         nan if r.get("abs_total") is None else float(r["abs_total"]), r.get("error"), clock)
+                for r, b in zip(results, reply.blobs, strict=True)]
 
     # ------------------------------------------------------------------ transport
     def _request(self, header: dict[str, Any], blobs: list, expect: str) -> protocol.Message:

@@ -341,3 +341,98 @@ def timing(header: dict[str, Any], repeat: int) -> tuple[str, list[float], list[
             raise ProtocolError(f"'timing' message: {key!r} must be {repeat} finite times >= 0")
         lists.append([float(v) for v in values])
     return clock, lists[0], lists[1]
+
+
+#: most kernel candidates in one ``measure`` request
+MAX_CANDIDATES = 256
+#: most bytes of one candidate's WGSL source
+MAX_SOURCE_BYTES = 1 << 20
+#: most output elements a ``measured`` reply samples per candidate
+MAX_SAMPLE = 1 << 16
+#: most dispatches in one timed pass, timed passes, and untimed passes of a ``measure`` request
+MAX_BATCH = 1024
+MAX_MEASURE_REPEAT = 100
+MAX_MEASURE_WARMUP = 10
+
+
+def measure_request(header: dict[str, Any], blobs: Sequence[memoryview]) -> tuple[list[dict[str, Any]], int]:
+    """Check a ``measure`` request: float32 ``inputs`` (the first blobs), then one WGSL source blob
+    per entry of ``candidates`` (``{"dispatch": [x, y, z]}``), ``output`` (``{"dtype": "float32",
+    "elements": n}``), ``batch``, ``repeat``, ``warmup`` and ``sample``.
+
+    Returns:
+        ``(input specs, number of output elements sampled per candidate)``.
+
+    Raises:
+        ProtocolError: a field missing, of the wrong type or out of range, a source that is not
+            UTF-8 or too long, or blob counts that do not add up.
+    """
+    candidates = field(header, "candidates", list)
+    if not 1 <= len(candidates) <= MAX_CANDIDATES:
+        raise ProtocolError(f"'measure' message: 1 to {MAX_CANDIDATES} candidates, got {len(candidates)}")
+    n_inputs = len(blobs) - len(candidates)
+    if n_inputs < 0:
+        raise ProtocolError("'measure' message: fewer blobs than candidates")
+    specs = tensor_specs(header, "inputs", blobs[:n_inputs])
+    if any(s["dtype"] != "float32" for s in specs):
+        raise ProtocolError("'measure' message: kernel inputs must be float32")
+    for c in candidates:
+        dispatch = c.get("dispatch") if isinstance(c, dict) else None
+        if (not isinstance(dispatch, list) or len(dispatch) != 3
+                or not all(type(d) is int and 1 <= d <= 65535 for d in dispatch)):
+            raise ProtocolError("'measure' message: a candidate's dispatch must be 3 ints in [1, 65535]")
+    for blob in blobs[n_inputs:]:
+        if blob.nbytes > MAX_SOURCE_BYTES:
+            raise ProtocolError(f"'measure' message: a source of {blob.nbytes} bytes; the limit is {MAX_SOURCE_BYTES}")
+        try:
+            bytes(blob).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("'measure' message: a source is not UTF-8") from None
+    output = field(header, "output", dict)
+    if output.get("dtype") != "float32":
+        raise ProtocolError("'measure' message: the output must be float32")
+    elements = integer(output, "elements", 1, 2**31 // 4)
+    integer(header, "batch", 1, MAX_BATCH)
+    integer(header, "repeat", 1, MAX_MEASURE_REPEAT)
+    integer(header, "warmup", 0, MAX_MEASURE_WARMUP)
+    sample = integer(header, "sample", 1, MAX_SAMPLE)
+    return specs, min(sample, elements)
+
+
+def _number_or_null(value: Any, low: float = -math.inf) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                             and math.isfinite(value) and value >= low)
+
+
+def measured(header: dict[str, Any], blobs: Sequence[memoryview], candidates: int, sample: int) -> tuple[str, list]:
+    """Check a ``measured`` reply to a ``measure`` request of ``candidates`` candidates.
+
+    Returns:
+        ``(clock, results)``: each result ``{"ms", "error", "total", "abs_total"}``, ``ms`` a finite
+        number >= 0 or ``None`` (failed, with ``error`` a string), the sums finite or ``None`` (NaN).
+        Blob ``i`` holds candidate ``i``'s ``sample`` float32 output elements, or nothing if it failed.
+
+    Raises:
+        ProtocolError: an unknown clock, a wrong number of results or blobs, or a malformed result.
+    """
+    clock = field(header, "clock", str)
+    if clock not in CLOCKS:
+        raise ProtocolError(f"'measured' message: unknown clock {clock[:40]!r}")
+    results = field(header, "results", list)
+    if len(results) != candidates or len(blobs) != candidates:
+        raise ProtocolError(f"'measured' message: {len(results)} results and {len(blobs)} blobs for "
+                            f"{candidates} candidates")
+    for r, blob in zip(results, blobs, strict=True):
+        if not isinstance(r, dict) or not _number_or_null(r.get("ms"), 0.0):
+            raise ProtocolError("'measured' message: a result needs 'ms', a number >= 0 or null")
+        error = r.get("error")
+        if error is not None and not isinstance(error, str):
+            raise ProtocolError("'measured' message: 'error' must be a string or null")
+        if not all(_number_or_null(r.get(k)) for k in ("total", "abs_total")):
+            raise ProtocolError("'measured' message: 'total' and 'abs_total' must be numbers or null")
+        if r.get("ms") is None and error is None:
+            raise ProtocolError("'measured' message: a failed candidate needs an 'error'")
+        want = 0 if r.get("ms") is None else sample * 4
+        if blob.nbytes != want:
+            raise ProtocolError(f"'measured' message: a sample of {blob.nbytes} bytes; expected {want}")
+    return clock, results

@@ -60,6 +60,7 @@ PAGES = {
     "/index.html": ("rpc.html", "text/html; charset=utf-8"),
     "/rpc.js": ("rpc.js", "text/javascript; charset=utf-8"),
     "/kiln.js": ("kiln.js", "text/javascript; charset=utf-8"),
+    "/measure.js": ("measure.js", "text/javascript; charset=utf-8"),
 }
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -408,6 +409,9 @@ class RpcServer:
                 protocol.tensor_specs(reply.header, "outputs", reply.blobs)
             elif expect == "timing":
                 protocol.timing(reply.header, header["repeat"])
+            elif expect == "measured":
+                protocol.measured(reply.header, reply.blobs, len(header["candidates"]),
+                                  min(header["sample"], header["output"]["elements"]))
         except ProtocolError as e:
             await _close(device.conn, CLOSE_POLICY, f"device {device.id}: {e}")
             raise _Refused(f"device {device.id} sent a malformed reply and was disconnected ({e})") from None
@@ -419,7 +423,7 @@ class RpcServer:
         self._clients[client.id] = client
         log.info("client %d connected from %s", client.id, _peer(conn))
         handlers = {"devices": self._on_devices, "load": self._on_load, "run": self._on_run,
-                    "time": self._on_time, "unload": self._on_unload}
+                    "time": self._on_time, "unload": self._on_unload, "measure": self._on_measure}
         try:
             async for data in conn:
                 msg = decode(data)
@@ -504,6 +508,13 @@ class RpcServer:
                                          "warmup": warmup, "clock": clock}, msg.blobs, "timing")
         clock, times, wall = protocol.timing(reply.header, repeat)
         return {"type": "timing", "clock": clock, "times_ms": times, "wall_ms": wall}, []
+
+    async def _on_measure(self, client: _Client, msg: Message) -> tuple[dict, list]:
+        protocol.measure_request(msg.header, msg.blobs)
+        device = self._device_of(msg.header)
+        keys = ("inputs", "output", "candidates", "batch", "repeat", "warmup", "sample")
+        reply = await self._ask(device, {"type": "measure", **{k: msg.header[k] for k in keys}}, msg.blobs, "measured")
+        return {"type": "measured", "clock": reply.header["clock"], "results": reply.header["results"]}, reply.blobs
 
     async def _on_unload(self, client: _Client, msg: Message) -> tuple[dict, list]:
         device, package = self._package_of(client, msg.header)
