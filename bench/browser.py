@@ -34,7 +34,7 @@ WEB = ROOT / "bench" / "web"
 ORT_DIST = WEB / "node_modules" / "onnxruntime-web" / "dist"
 
 #: the page: two functions the harness calls through Playwright, one per runtime
-PAGE = """<!doctype html><meta charset="utf-8"><title>kiln vs onnxruntime-web</title>
+PAGE = """<!doctype html><meta charset="utf-8"><title>kiln vs onnxruntime-web</title><link rel="icon" href="data:,">
 <script type="module">
 import * as kiln from './pkg/kiln.js';
 import * as ort from './ort/ort.all.min.mjs';
