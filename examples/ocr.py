@@ -19,10 +19,10 @@ The pipeline follows PaddleOCR's (``tools/infer/predict_system.py``) and RapidOC
 
 Kiln compiles one package per concrete input shape (the models' dims are symbolic), so inputs are padded to a
 few shapes: batches of ``--batch`` lines (default 1; empty lines fill a short last batch) and recognition widths
-rounded up to a multiple of 320 (a bucket). Packages are cached in ``--cache`` and reused by later runs.
+rounded up to a multiple of ``--width-step`` (320: buckets 320, 640, 960, ...). Packages are cached in ``--cache`` and reused by later runs.
 onnxruntime gets exactly the same padded inputs. Thresholds are RapidOCR's (box score 0.5, unclip ratio 1.6).
 
-    python examples/ocr.py [IMAGE] [--engine kiln|onnxruntime|both] [--cache build/ocr-packages]
+    python examples/ocr.py [IMAGE] [--engine kiln|onnxruntime|both] [--cache build/ocr-packages] [--scores]
 
 prints one recognised line per text line, top to bottom (``--engine both`` also says whether Kiln's
 text equals onnxruntime's).
@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 from package_cache import cached_package, symbolic_dims
 
-MODELS = Path(__file__).resolve().parents[1] / ".." / "shared" / "models"
+MODELS = (Path(__file__).resolve().parents[1] / ".." / "shared" / "models").resolve()
 DET, CLS, REC = "ch_PP-OCRv4_det_infer.onnx", "ch_ppocr_mobile_v2.0_cls_infer.onnx", "ch_PP-OCRv4_rec_infer.onnx"
 DEFAULT_IMAGE = MODELS / "samples" / "page.png"
 
@@ -331,7 +331,7 @@ def ocr(image: np.ndarray, engine: Engine, characters: list[str], batch: int = 1
 def main(argv: list[str] | None = None) -> int:
     """The command line: prints each line's text (``--scores``: with its score)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("image", nargs="?", default=str(DEFAULT_IMAGE), help="image file (default: %(default)s)")
+    ap.add_argument("image", nargs="?", help="image file (default: samples/page.png in --models)")
     ap.add_argument("--engine", choices=["kiln", "onnxruntime", "both"], default="kiln")
     ap.add_argument("--models", default=str(MODELS), help="directory of the three PP-OCR models")
     ap.add_argument("--cache", default="build/ocr-packages", help="directory of Kiln's compiled packages")
@@ -339,19 +339,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="Kiln's schedules: cpu for lavapipe/SwiftShader, gpu for GPUs")
     ap.add_argument("--batch", type=int, default=1,
                     help="lines per batch (Kiln compiles a package per batch size and width bucket)")
+    ap.add_argument("--width-step", type=int, default=320,
+                    help="recognition widths are rounded up to a multiple of this (one package per width)")
     ap.add_argument("--scores", action="store_true", help="print each line's score too")
     args = ap.parse_args(argv)
     from kiln.cli import _runtime_dir
 
     os.environ.setdefault("XDG_RUNTIME_DIR", _runtime_dir())  # Mesa's Vulkan drivers complain when it is unset
-    image = read_image(args.image)
+    image = read_image(args.image or Path(args.models) / "samples" / "page.png")
     characters = rec_characters(Path(args.models) / REC)
     results = {}
     for name in (["kiln", "onnxruntime"] if args.engine == "both" else [args.engine]):
         engine = make_engine(name, args.models, args.cache, args.device_class,
                              log=lambda s: print(s, file=sys.stderr))
         t0 = time.perf_counter()
-        results[name] = ocr(image, engine, characters, args.batch)
+        results[name] = ocr(image, engine, characters, args.batch, args.width_step)
         print(f"# {name}: {len(results[name])} lines in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     lines = next(iter(results.values()))
     for line in lines:

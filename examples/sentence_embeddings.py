@@ -7,7 +7,7 @@ encoder natively on WebGPU (wgpu-py; lavapipe without a GPU), then mean-pools ``
 attention mask and L2-normalises, as sentence-transformers does (Reimers & Gurevych, *Sentence-BERT*, EMNLP
 2019). Prints the cosine-similarity matrix.
 
-    python examples/sentence_embeddings.py ["a sentence" ...] [--engine kiln|onnxruntime] [--cache DIR]
+    python examples/sentence_embeddings.py ["a sentence" ...] [--engine kiln|onnxruntime] [--cache DIR] [--models DIR]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from package_cache import cached_package
 
-MODELS = Path(__file__).resolve().parents[1] / ".." / "shared" / "models"
+MODELS = (Path(__file__).resolve().parents[1] / ".." / "shared" / "models").resolve()
 MODEL = MODELS / "all_minilm_l6_v2.onnx"
 TOKENIZER = MODELS / "all_minilm_l6_v2_tokenizer" / "tokenizer.json"
 SENTENCES = [
@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sentences", nargs="*", help="sentences (default: six examples)")
     ap.add_argument("--engine", choices=["kiln", "onnxruntime"], default="kiln")
+    ap.add_argument("--models", default=str(MODELS),
+                    help="directory of all_minilm_l6_v2.onnx and all_minilm_l6_v2_tokenizer/ (default: %(default)s)")
     ap.add_argument("--cache", default="build/minilm-packages", help="directory of Kiln's compiled packages")
     ap.add_argument("--device-class", choices=["cpu", "gpu"], default="cpu",
                     help="Kiln's schedules: cpu for lavapipe/SwiftShader, gpu for GPUs")
@@ -88,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("XDG_RUNTIME_DIR", _runtime_dir())  # Mesa's Vulkan drivers complain when it is unset
     sentences = args.sentences or SENTENCES
-    feeds = tokenize(sentences)
+    models = Path(args.models)
+    feeds = tokenize(sentences, models / TOKENIZER.relative_to(MODELS))
     if args.engine == "kiln":
-        hidden = embed_kiln(feeds, args.cache, args.device_class, log=lambda s: print(s, file=sys.stderr))
+        hidden = embed_kiln(feeds, args.cache, args.device_class, models / MODEL.name,
+                            log=lambda s: print(s, file=sys.stderr))
     else:
-        hidden = embed_onnxruntime(feeds)
+        hidden = embed_onnxruntime(feeds, models / MODEL.name)
     emb = mean_pool(hidden, feeds["attention_mask"])
     cos = emb @ emb.T
     for i, s in enumerate(sentences):
