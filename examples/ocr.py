@@ -167,8 +167,8 @@ def _box_score(prob: np.ndarray, box: np.ndarray) -> float:
     """Mean of ``prob`` inside the polygon ``box`` (PaddleOCR's ``box_score_fast``)."""
     cv2 = _cv2()
     h, w = prob.shape
-    x0, x1 = (int(np.clip(f(box[:, 0]), 0, w - 1)) for f in (lambda v: np.floor(v.min()), lambda v: np.ceil(v.max())))
-    y0, y1 = (int(np.clip(f(box[:, 1]), 0, h - 1)) for f in (lambda v: np.floor(v.min()), lambda v: np.ceil(v.max())))
+    x0, y0 = np.clip(np.floor(box.min(0)), 0, [w - 1, h - 1]).astype(int)
+    x1, y1 = np.clip(np.ceil(box.max(0)), 0, [w - 1, h - 1]).astype(int)
     mask = np.zeros((y1 - y0 + 1, x1 - x0 + 1), np.uint8)
     cv2.fillPoly(mask, (box - [x0, y0]).reshape(1, -1, 2).astype(np.int32), 1)
     return cv2.mean(prob[y0:y1 + 1, x0:x1 + 1], mask)[0]
