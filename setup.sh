@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine for Kiln: system packages, then a virtual environment in .venv
-# with Kiln and its test dependencies. Safe to run again.
+# with Kiln and its test and examples dependencies. Safe to run again.
 #   apt: chromium (browser tests and `kiln serve`), mesa-vulkan-drivers (lavapipe: WebGPU on the CPU
 #   through wgpu-py when there is no GPU), python3-venv.
 set -euo pipefail
@@ -19,5 +19,5 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[test,examples]"
 echo "setup: done ($(.venv/bin/kiln --version))"

@@ -1,0 +1,63 @@
+"""A directory of Kiln packages, one per model and concrete input shape, compiled on first use (used by the
+examples: Kiln compiles a package per value of each symbolic dim)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def symbolic_dims(model: str | Path) -> dict[str, list[str | None]]:
+    """Each graph input of ``model`` (an ``.onnx`` file) -> per axis, the key ``kiln.compile(dims=...)`` binds
+    it by (:func:`kiln.frontend.onnx.importer.dim_key`), or ``None`` for a fixed axis."""
+    import onnx
+
+    from kiln.frontend.onnx.importer import dim_key
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    return {i.name: [None if d.HasField("dim_value") and d.dim_value > 0 else dim_key(i.name, k, d)
+                     for k, d in enumerate(i.type.tensor_type.shape.dim)]
+            for i in graph.input if i.name not in weights}
+
+
+def cached_package(model: str | Path, cache: str | Path, shapes: dict[str, tuple[int, ...]],
+                   device_class: str = "cpu", log: Callable[[str], None] | None = None) -> Path:
+    """The package of ``model`` for inputs of ``shapes`` (input name -> shape), from ``cache`` when a package
+    there was made by this Kiln version from a file of the same name for the same dims and device class;
+    otherwise compiled now (``kiln.compile(..., force=True)``: ``cache`` must hold Kiln packages only).
+
+    The package directory is ``<cache>/<model stem>-<shape of each input>-<device_class>``.
+
+    Raises:
+        kiln.ShapeError: an input missing from ``shapes``, a rank that differs from the model's, or one symbolic
+            dim given two sizes; and what :func:`kiln.compile` raises.
+    """
+    import kiln
+
+    model, cache = Path(model), Path(cache)
+    dims: dict[str, int] = {}
+    for name, keys in symbolic_dims(model).items():
+        shape = shapes.get(name)
+        if shape is None or len(shape) != len(keys):
+            raise kiln.ShapeError(f"{model.name}: input {name!r} needs a shape of rank {len(keys)}, got {shape}")
+        for key, n in zip(keys, shape):
+            if key is not None and dims.setdefault(key, int(n)) != int(n):
+                raise kiln.ShapeError(f"{model.name}: dim {key!r} given two sizes, {dims[key]} and {n}")
+    tag = "_".join(dict.fromkeys("x".join(map(str, shapes[name])) for name in sorted(shapes)))
+    out = cache / f"{model.stem}-{tag}-{device_class}"
+    manifest = out / "manifest.json"
+    if manifest.exists():
+        m = json.loads(manifest.read_text())
+        if (m.get("generator") == f"kiln {kiln.__version__}" and m.get("dims") == dims
+                and m.get("source") == model.name
+                and m.get("targets", {}).get("webgpu", {}).get("device_class") == device_class):
+            return out
+    t0 = time.perf_counter()
+    cache.mkdir(parents=True, exist_ok=True)
+    kiln.compile(model, out, dims=dims, device_class=device_class, force=True)
+    if log:
+        log(f"compiled {model.name} for {dims} in {time.perf_counter() - t0:.1f} s -> {out}")
+    return out
