@@ -1,0 +1,196 @@
+"""The WebAssembly target: CPU schedules, the linear-memory layout, and building one ``.wasm`` module.
+
+Kernels are rendered to C (:mod:`kiln.codegen.c`) and compiled by clang through the ``ziglang``
+wheel (``zig cc --target=wasm32-freestanding``) with SIMD128, saturating float-to-int
+conversions and bulk memory. One module holds every kernel of a package (each an exported
+function) and one linear memory:
+
+``[0, ARENA)``            the module's own constant data and clang's stack (``STACK`` bytes)
+``[ARENA, ARENA + n)``    the package's buffers, each at its ``offsets[id]`` (16-byte aligned),
+``SLACK`` bytes           after the last buffer, so whole-vector loads at a buffer's end stay in memory
+
+The threaded variant is the same code built with ``-matomics -mbulk-memory`` against an
+imported shared memory (WebAssembly threads proposal), for runtimes with workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiln.errors import KilnError
+from kiln.te.compute import Tensor
+from kiln.te.schedule import Schedule, Split, reduction_size, tile_axes
+
+#: bytes of clang's stack at the bottom of linear memory
+STACK = 64 * 1024
+#: first byte of the buffer arena (the stack and the module's constant data lie below it)
+ARENA = 128 * 1024
+#: free bytes before the arena's first and after its last buffer (vector loads reach 12 bytes past)
+SLACK = 64
+#: WebAssembly page size (bytes)
+PAGE = 65536
+#: the most memory a wasm32 module addresses (65536 pages)
+MAX_MEMORY = 4 * 1024**3
+
+#: clang flags of every build: SIMD128, non-trapping float-to-int, no errno (math calls become
+#: instructions), wrap-around signed arithmetic (ONNX integer semantics), stripped
+CFLAGS = ["--target=wasm32-freestanding", "-O3", "-msimd128", "-mnontrapping-fptoint", "-mbulk-memory",
+          "-fno-math-errno", "-fwrapv", "-std=c11", "-s", "-Wl,--no-entry", f"-Wl,-z,stack-size={STACK}",
+          "-Wl,--export=__heap_base"]
+THREAD_FLAGS = ["-matomics", "-Wl,--shared-memory", "-Wl,--import-memory"]
+
+
+def grid_shape(shape: tuple[int, ...], schedule: Schedule) -> tuple[int, ...]:
+    """The tile grid of an output of ``shape`` under ``schedule`` (split axes divided, rounded up),
+    as :func:`kiln.te.lower.lower` unravels the invocation index over it."""
+    splits = {s.axis: s.factor for s in schedule.splits if s.factor > 1 and shape[s.axis] > 1}
+    return tuple(-(-d // splits[a]) if a in splits else d for a, d in enumerate(shape))
+
+
+def wasm_schedule(t: Tensor) -> Schedule:
+    """The CPU schedule of ``t`` for the WebAssembly target (no reduce lanes, no workgroups).
+
+    Four neighbouring tiles along the grid's innermost axis run as the lanes of a SIMD128
+    vector, so that axis stays whole (a strided split of it keeps each element's columns
+    contiguous): reductions of 9 iterations and more (a 3x3 window and up) tile the other axis
+    with complementary load reuse by 4 (output channels of a convolution, rows of a matrix
+    product) and the innermost by 2 when that leaves at least 8 columns per element, so a tile
+    is up to 4 x 2 vectors of 4 accumulators, each input vector used 4 times and each weight
+    splat twice. Windows up to 9 iterations unroll fully; longer reductions unroll by their
+    largest divisor up to 8.
+    """
+    if reduction_size(t) < 9:
+        return Schedule()
+    axes = tile_axes(t)
+    inner = max((a for a, d in enumerate(t.shape) if d > 1), default=-1)
+    splits = []
+    for a in axes:
+        if a == inner:
+            if t.shape[a] % 2 == 0 and t.shape[a] // 2 >= 8:
+                splits.append(Split(a, 2, contiguous=False))
+        else:
+            f = 4 if t.shape[a] >= 4 else t.shape[a]
+            if f > 1:
+                splits.append(Split(a, f, contiguous=True))
+    return Schedule(splits=tuple(splits), unroll=9 if reduction_size(t) <= 9 else 8)
+
+
+@dataclass
+class Layout:
+    """Where every buffer lives in linear memory.
+
+    Attributes:
+        offsets: buffer id -> byte offset (16-byte aligned).
+        bytes: the memory the plan needs, from address 0 to the end of the last buffer's slack.
+    """
+
+    offsets: list[int]
+    bytes: int = 0
+
+    @property
+    def pages(self) -> int:
+        """64 KiB pages of :attr:`bytes`."""
+        return -(-self.bytes // PAGE)
+
+
+def plan_layout(sizes: list[int]) -> Layout:
+    """Place buffers of ``sizes`` bytes (in buffer-id order) one after another from :data:`ARENA`.
+
+    Raises:
+        KilnError: the buffers do not fit a wasm32 memory (4 GiB).
+    """
+    offsets, at = [], ARENA + SLACK
+    for n in sizes:
+        offsets.append(at)
+        at += -(-n // 16) * 16
+    total = at + SLACK
+    if total > MAX_MEMORY:
+        raise KilnError(f"the package needs {total / 2**30:.2f} GiB of linear memory; wasm32 addresses at most 4 GiB")
+    return Layout(offsets, total)
+
+
+def _zig() -> list[str]:
+    try:
+        import ziglang  # noqa: F401
+    except ImportError:
+        raise KilnError("the wasm target needs the ziglang package (pip install ziglang)") from None
+    return [sys.executable, "-m", "ziglang"]
+
+
+def compile_module(source: str, pages: int, threads: bool = False) -> bytes:
+    """Compile C ``source`` (kernels exported by name) into a WebAssembly module with ``pages`` pages of memory.
+
+    Single-threaded modules define and export ``memory``; threaded ones import a shared
+    ``env.memory`` of exactly ``pages`` pages.
+
+    Raises:
+        KilnError: the C compiler failed (its message attached) or ziglang is missing.
+    """
+    flags = CFLAGS + [f"-Wl,--initial-memory={pages * PAGE}", f"-Wl,--max-memory={pages * PAGE}"]
+    if threads:
+        flags += THREAD_FLAGS
+    with tempfile.TemporaryDirectory(prefix="kiln-wasm-") as tmp:
+        src, out = Path(tmp) / "kernels.c", Path(tmp) / "kernels.wasm"
+        src.write_text(source)
+        env = dict(os.environ)
+        proc = subprocess.run(_zig() + ["cc", *flags, "-o", str(out), str(src)], capture_output=True, text=True,
+                              env=env)
+        if proc.returncode != 0:
+            raise KilnError(f"the WebAssembly C compiler failed:\n{proc.stderr.strip()[-4000:]}")
+        return out.read_bytes()
+
+
+def heap_base(module: bytes) -> int:
+    """The first address after the module's constant data and stack (its exported ``__heap_base``)."""
+    import wasmtime
+
+    engine = wasmtime.Engine()
+    store = wasmtime.Store(engine)
+    instance = wasmtime.Instance(store, wasmtime.Module(engine, module), [])
+    return int(instance.exports(store)["__heap_base"].value(store))
+
+
+def sha256(data: bytes) -> str:
+    """Hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class WasmKernel:
+    """One exported kernel function."""
+
+    name: str
+    export: str
+    params: int
+    ops: list[str]
+    schedule: dict
+    vectorized: bool
+
+
+@dataclass
+class WasmStep:
+    """One call of the plan: ``kernel`` over tiles ``[0, total)`` with ``buffers`` bound to its pointers."""
+
+    kernel: int
+    buffers: list[int]
+    total: int
+    name: str
+
+
+@dataclass
+class WasmProgram:
+    """Everything the package's ``targets.wasm`` is written from."""
+
+    source: str
+    module: bytes
+    layout: Layout
+    kernels: list[WasmKernel]
+    steps: list[WasmStep]
+    threads_module: bytes | None = None
+    meta: dict = field(default_factory=dict)
