@@ -171,7 +171,7 @@ def parse_targets(target: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bool = True, progress: bool = False,
-                  device_class: str = "gpu") -> Compiled:
+                  device_class: str = "gpu", wasm_threads: bool = True) -> Compiled:
     """Optimise ``graph`` in place and generate its kernels for each of ``target`` (a name or a comma
     list: ``webgpu`` with the default schedules for ``device_class``, ``wasm``) and memory plan."""
     targets = parse_targets(target)
@@ -188,7 +188,7 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     if "wasm" in targets:
         from kiln.compile_wasm import build_wasm
 
-        program = build_wasm(groups, plan, progress=progress)
+        program = build_wasm(groups, plan, progress=progress, threads=wasm_threads)
     return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=targets,
                     wasm=program)
 
@@ -196,7 +196,7 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
 def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",
                   dims: dict[str, int] | None = None, force: bool = False, preset: str = "auto",
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
-                  device_class: str = "gpu") -> Path:
+                  device_class: str = "gpu", wasm_threads: bool = True) -> Path:
     """Compile an ONNX model into a package directory.
 
     Args:
@@ -213,6 +213,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         device_class: ``gpu`` (discrete or integrated GPUs) or ``cpu`` (WebGPU on a CPU:
             SwiftShader, lavapipe): the kind of device the default schedules are made for
             (see :func:`~kiln.te.schedule.default_schedule`); the package runs on both.
+        wasm_threads: with the wasm target, also build its shared-memory module for workers.
 
     Returns:
         The package directory.
@@ -234,5 +235,6 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         graph.name = Path(model).stem
     if device_class not in DEVICE_CLASSES:
         raise KilnError(f"device class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
-    compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class)
+    compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
+                             wasm_threads=wasm_threads)
     return write_package(compiled, out, force=force, preset=preset, labels=labels, source=Path(model).name)

@@ -480,7 +480,7 @@ class _Renderer:
             elif isinstance(s, Store):
                 out.extend(self.store(s, indent))
             elif isinstance(s, Barrier):
-                raise ValueError("C: workgroup barriers (reduce lanes) have no CPU form; schedule without them")
+                raise TypeError("C: workgroup barriers (reduce lanes) have no CPU form; schedule without them")
             else:
                 raise TypeError(f"C: cannot render statement {type(s).__name__}")
         return out
