@@ -192,13 +192,18 @@ class VectorUnsupported(Exception):
 @dataclass(frozen=True)
 class Val:
     """A rendered value: ``kind`` ``u`` (uniform scalar ``code``), ``a`` (int32 lanes ``code + lane*stride``;
-    lanes stay within one aligned block of ``block`` grid tiles when ``block`` > 0) or ``v`` (``v128_t``)."""
+    lanes stay within one aligned block of ``block`` grid tiles when ``block`` > 0), ``d`` (int32 lanes
+    ``code + cx*x[lane] + cy*y[lane]`` over the lanes' two innermost grid coordinates; ``code`` is a
+    multiple of ``mult`` when ``mult`` > 0) or ``v`` (``v128_t``)."""
 
     kind: str
     code: str
     dtype: str
     stride: int = 0
     block: int = 0
+    cx: int = 0
+    cy: int = 0
+    mult: int = 0
 
 
 def literal(value, dtype: str) -> str:
@@ -225,17 +230,26 @@ _CMP = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
 class _Renderer:
     """Renders statements of one kernel; ``env`` maps variable names to their :class:`Val`."""
 
-    def __init__(self, env: dict[str, Val], vector_accs: set[str] | None = None):
+    def __init__(self, env: dict[str, Val], vector_accs: set[str] | None = None, rows: tuple[int, int] = (0, 0)):
         self.env = dict(env)
+        self.W, self.H = rows  # lanes cross rows of W tiles (in blocks of W*H): the ``d`` kind
         self.vector_accs = vector_accs if vector_accs is not None else set()
         self.promote: set[str] = set()  # accumulators found to need vectors (second pass)
 
     # ---------------------------------------------------------------- conversions
-    @staticmethod
-    def vec(x: Val) -> str:
+    def vec(self, x: Val) -> str:
         """``x`` as a ``v128_t`` expression (bools as lane masks)."""
         if x.kind == "v":
             return x.code
+        if x.kind == "d":
+            a = self.as_affine(x)
+            if a.kind != "d":
+                return self.vec(a)
+            terms = [f"wasm_i32x4_mul(kiln_{n}, wasm_i32x4_splat({c}))" for n, c in (("x", x.cx), ("y", x.cy)) if c]
+            out = f"wasm_i32x4_splat({x.code})"
+            for t in terms:
+                out = f"wasm_i32x4_add({out}, {t})"
+            return out
         if x.kind == "a":
             return f"kiln_iota({x.code}, {x.stride})"
         if x.dtype == "float32":
@@ -243,6 +257,14 @@ class _Renderer:
         if x.dtype == "bool":
             return f"wasm_i32x4_splat(-({x.code}))"
         return f"wasm_i32x4_splat({x.code})"
+
+    def as_affine(self, x: Val) -> Val:
+        """A ``d`` value as ``a`` (or ``u``) when its lanes are contiguous in the block (``cy == cx * W``)."""
+        if x.kind != "d" or x.cy != x.cx * self.W:
+            return x
+        if x.cx == 0:
+            return Val("u", x.code, x.dtype)
+        return Val("a", f"({x.code} + {x.cx} * kiln_p)", x.dtype, x.cx)
 
     @staticmethod
     def scalar(x: Val) -> str:
@@ -276,7 +298,7 @@ class _Renderer:
         raise TypeError(f"C: cannot render {type(e).__name__}")
 
     def load(self, e: BufLoad) -> Val:
-        i = self.ex(e.index)
+        i = self.as_affine(self.ex(e.index))
         if i.kind == "u":
             idx = f"kiln_guard({i.code}, {e.size - 1})" if e.guard else i.code
             return Val("u", f"{e.buf}[{idx}]", e.dtype)
@@ -298,7 +320,10 @@ class _Renderer:
         if a.kind == "u" and b.kind == "u":
             return Val("u", self.scalar_bin(op, dt, a.code, b.code, e.b), e.dtype)
         if dt == "int32" and op in ("+", "-", "*", "//", "/", "%") and "v" not in (a.kind, b.kind):
-            r = self.affine_bin(op, a, b, e.a, e.b)
+            if "d" in (a.kind, b.kind):
+                r = self.digit_bin(op, a, b, e.a, e.b)
+            else:
+                r = self.affine_bin(op, a, b, e.a, e.b)
             if r is not None:
                 return r
         return Val("v", self.vector_bin(op, dt, self.vec(a), self.vec(b), b), e.dtype)
@@ -323,6 +348,46 @@ class _Renderer:
             return Val("u", f"({a.code} / {k})", "int32")
         if op == "%" and a.kind == "a" and k and a.block and k % a.block == 0:
             return Val("a", f"({a.code} % {k})", "int32", a.stride, a.block)
+        return None
+
+    @staticmethod
+    def digit(base: str, cx: int, cy: int, mult: int = 0) -> Val:
+        return Val("u", base, "int32") if cx == cy == 0 else Val("d", base, "int32", cx=cx, cy=cy, mult=mult)
+
+    def digit_bin(self, op: str, a: Val, b: Val, ea: Expr, eb: Expr) -> Val | None:
+        """Int arithmetic on ``d`` values (lanes crossing rows), or ``None`` when it leaves the form.
+
+        The grid index unravels into digits: with ``base`` a multiple of ``W*H``, ``base + y*W + x``
+        gives ``% W -> x``, ``// W -> base/W + y`` and ``% H`` of that ``-> y``.
+        """
+        if a.kind == "a" or b.kind == "a":
+            return None
+        W, H = self.W, self.H
+        ka = int(ea.value) if isinstance(ea, Const) else None
+        kb = int(eb.value) if isinstance(eb, Const) else None
+        if op in ("+", "-"):
+            sgn = 1 if op == "+" else -1
+            return self.digit(f"({a.code} {op} {b.code})", a.cx + sgn * b.cx, a.cy + sgn * b.cy)
+        if op == "*":
+            x, k = (a, kb) if a.kind == "d" else (b, ka)
+            if k is None:
+                return None
+            return self.digit(f"({x.code} * {k})", x.cx * k, x.cy * k)
+        if a.kind != "d" or not kb or kb < 0 or not a.mult:
+            return None
+        c = kb
+        if (a.cx, a.cy) == (1, W) and a.mult % (W * H) == 0:
+            if c % (W * H) == 0:
+                return (Val("d", f"({a.code} % {c})", "int32", cx=1, cy=W, mult=W * H) if op == "%"
+                        else Val("u", f"({a.code} / {c})", "int32"))
+            if c == W:
+                return self.digit("0", 1, 0) if op == "%" else self.digit(f"({a.code} / {W})", 0, 1, H)
+        if (a.cx, a.cy) == (0, 1) and a.mult % H == 0:
+            if op == "%" and c == H:
+                return self.digit("0", 0, 1)
+            if c % H == 0:
+                return (Val("d", f"({a.code} % {c})", "int32", cx=0, cy=1, mult=H) if op == "%"
+                        else Val("u", f"({a.code} / {c})", "int32"))
         return None
 
     @staticmethod
@@ -400,7 +465,7 @@ class _Renderer:
 
     def cast(self, x: Val, src: str, dst: str) -> Val:
         if x.kind != "v":
-            if x.kind == "a" and dst == "int32":
+            if x.kind in ("a", "d") and dst == "int32":
                 return x
             if x.kind == "u":
                 if dst == "bool":
@@ -435,6 +500,9 @@ class _Renderer:
                 elif x.kind == "a":
                     out.append(f"{pad}const int {name} = {x.code};")
                     self.env[name] = Val("a", name, x.dtype, x.stride, x.block)
+                elif x.kind == "d":
+                    out.append(f"{pad}const int {name} = {x.code};")
+                    self.env[name] = Val("d", name, x.dtype, cx=x.cx, cy=x.cy, mult=x.mult)
                 else:
                     out.append(f"{pad}const v128_t {name} = {x.code};")
                     self.env[name] = Val("v", name, x.dtype)
@@ -487,7 +555,7 @@ class _Renderer:
 
     def store(self, s: Store, indent: int, mask: str | None = None) -> list[str]:
         pad = "    " * indent
-        i, x = self.ex(s.index), self.ex(s.value)
+        i, x = self.as_affine(self.ex(s.index)), self.ex(s.value)
         if i.kind == "u" and x.kind == "u" and mask is None:
             return [f"{pad}{s.buf}[{i.code}] = {x.code};"]
         if i.kind == "u":
@@ -516,19 +584,42 @@ def _params(k: LoweredKernel) -> str:
     return ", ".join(out + ["int begin", "int end"])
 
 
-def _vector_body(k: LoweredKernel, block: int) -> list[str] | None:
-    """The body for four tiles at once (``None`` when the kernel cannot be vectorised)."""
+def _vector_body(k: LoweredKernel, grid: tuple[int, ...]) -> tuple[list[str], int] | None:
+    """The body for four tiles at once and the block the four must lie in (``None``: no vector path).
+
+    When the grid's innermost (non-1) extent ``W`` is a multiple of 4, vectors stay within a row
+    (lane-affine ``gid``). Otherwise they run through rows of a ``W x H`` block (the two innermost
+    axes), with the lanes' coordinates as vectors, so small feature maps (7 x 7) vectorise too.
+    """
+    dims = [d for d in grid if d > 1]
+    if not dims:
+        return None
+    W = dims[-1]
+    H = dims[-2] if len(dims) > 1 else 1
+    if W % LANES == 0 or H == 1:
+        block, rows = W, (0, 0)
+        gid = Val("a", k.gid.name, "int32", 1, block)
+        pre: list[str] = []
+    else:
+        block, rows = W * H, (W, H)
+        gid = Val("d", "kiln_g0", "int32", cx=1, cy=W, mult=block)
+        pad = "    " * 3
+        pre = [f"{pad}const int kiln_p = {k.gid.name} % {block};", f"{pad}const int kiln_g0 = {k.gid.name} - kiln_p;",
+               f"{pad}const v128_t kiln_x = wasm_i32x4_make(" + ", ".join(f"(kiln_p + {j}) % {W}" for j in range(LANES))
+               + ");",
+               f"{pad}const v128_t kiln_y = wasm_i32x4_make(" + ", ".join(f"(kiln_p + {j}) / {W}" for j in range(LANES))
+               + ");"]
     if block < LANES:
         return None
     accs: set[str] = set()
     for _ in range(8):  # accumulators start uniform; a pass promotes those assigned vectors
-        r = _Renderer({k.gid.name: Val("a", k.gid.name, "int32", 1, block)}, accs)
+        r = _Renderer({k.gid.name: gid}, accs, rows)
         try:
             lines = r.stmts(k.body, 3)
         except VectorUnsupported:
             return None
         if not r.promote:
-            return lines
+            return pre + lines, block
         accs |= r.promote
     return None
 
@@ -540,7 +631,7 @@ def render(k: LoweredKernel, export: str, grid: tuple[int, ...], comment: str = 
         k: a lowered kernel without reduce lanes.
         export: the WebAssembly export name of the function.
         grid: the shape of the tile grid (output shape with split axes divided), whose flat
-            index is ``gid``; its innermost axis longer than 1 is the row that vectors stay in.
+            index is ``gid`` (see :func:`_vector_body` for how four tiles make a vector).
         comment: a description for people.
 
     Returns:
@@ -548,18 +639,18 @@ def render(k: LoweredKernel, export: str, grid: tuple[int, ...], comment: str = 
         offsets into linear memory), then ``begin`` and ``end``: it computes tiles ``[begin, end)``.
 
     Raises:
-        ValueError: a kernel with reduce lanes (workgroup barriers).
+        TypeError: a kernel with reduce lanes (workgroup barriers).
     """
     if k.lanes > 1:
-        raise ValueError(f"C: kernel {k.name} has reduce lanes; schedule it for the CPU (no barriers)")
-    block = next((d for d in reversed(grid) if d > 1), 1)
+        raise TypeError(f"C: kernel {k.name} has reduce lanes; schedule it for the CPU (no barriers)")
     scalar = _Renderer({k.gid.name: Val("u", k.gid.name, "int32")}).stmts(k.body, 3)
-    vector = _vector_body(k, block)
+    vector = _vector_body(k, grid)
     lines = [f"// {k.name}" + (f": {comment}" if comment else ""),
              f"KILN_EXPORT(\"{export}\") void {export}({_params(k)}) {{", "    int g = begin;", "    while (g < end) {"]
     if vector is not None:
+        body, block = vector
         lines += [f"        if (g + {LANES} <= end && g % {block} <= {block - LANES}) {{",
-                  f"            const int {k.gid.name} = g;", *vector, f"            g += {LANES};",
+                  f"            const int {k.gid.name} = g;", *body, f"            g += {LANES};",
                   "            continue;", "        }"]
     lines += ["        {", f"            const int {k.gid.name} = g;", *scalar, "        }", "        g += 1;",
               "    }", "}", ""]

@@ -57,24 +57,30 @@ def wasm_schedule(t: Tensor) -> Schedule:
 
     Four neighbouring tiles along the grid's innermost axis run as the lanes of a SIMD128
     vector, so that axis stays whole (a strided split of it keeps each element's columns
-    contiguous): reductions of 9 iterations and more (a 3x3 window and up) tile the other axis
-    with complementary load reuse by 4 (output channels of a convolution, rows of a matrix
-    product) and the innermost by 2 when that leaves at least 8 columns per element, so a tile
-    is up to 4 x 2 vectors of 4 accumulators, each input vector used 4 times and each weight
-    splat twice. Windows up to 9 iterations unroll fully; longer reductions unroll by their
+    contiguous): reductions of 9 iterations and more (a 3x3 window and up) tile the innermost axis
+    by 2 when that leaves a multiple of 4 columns per element, and the other axis with
+    complementary load reuse (output channels of a convolution, rows of a matrix product) by 4,
+    or by 8 when the innermost is not tiled: 8 vector accumulators a tile, each input vector used
+    4 or 8 times. When the innermost extent is no multiple of 4, vectors run across its rows
+    (:func:`kiln.codegen.c.render`), so the axis outside it is not tiled. Windows up to 9 iterations unroll fully; longer reductions unroll by their
     largest divisor up to 8.
     """
     if reduction_size(t) < 9:
         return Schedule()
     axes = tile_axes(t)
-    inner = max((a for a, d in enumerate(t.shape) if d > 1), default=-1)
+    dims = [a for a, d in enumerate(t.shape) if d > 1]
+    inner = dims[-1] if dims else -1
+    second = dims[-2] if len(dims) > 1 else -1
+    split_inner = inner in axes and t.shape[inner] % 8 == 0  # two vectors a row, each a multiple of 4 wide
     splits = []
     for a in axes:
         if a == inner:
-            if t.shape[a] % 2 == 0 and t.shape[a] // 2 >= 8:
+            if split_inner:
                 splits.append(Split(a, 2, contiguous=False))
+        elif a == second and t.shape[inner] % 4:
+            continue  # vectors cross rows of the innermost axis: tiling the row axis would break their contiguity
         else:
-            f = min(4, t.shape[a])
+            f = min(4 if split_inner else 8, t.shape[a])
             if f > 1:
                 splits.append(Split(a, f, contiguous=True))
     return Schedule(splits=tuple(splits), unroll=9 if reduction_size(t) <= 9 else 8)
