@@ -58,9 +58,9 @@ def build_wasm(groups: list[Group], plan: MemoryPlan, progress: bool = False, th
         steps.append(wasm.WasmStep(by_source[digest], bufs, k.total, g.nodes[0].name))
     layout = wasm.plan_layout([b.nbytes for b in plan.buffers])
     source = c.PRELUDE + "\n" + "\n".join(sources)
-    module = wasm.compile_module(source, layout.pages)
+    module, *rest = wasm.compile_modules(source, layout.pages, (False, True) if threads else (False,))
     top = wasm.heap_base(module)
     if top > wasm.ARENA:
         raise KilnError(f"the wasm module's stack and data end at {top}, past the buffer arena at {wasm.ARENA}")
-    threaded = wasm.compile_module(source, layout.pages, threads=True) if threads else None
+    threaded = rest[0] if rest else None
     return wasm.WasmProgram(source, module, layout, kernels, steps, threaded)

@@ -137,17 +137,27 @@ def compile_module(source: str, pages: int, threads: bool = False) -> bytes:
     Raises:
         KilnError: the C compiler failed (its message attached) or ziglang is missing.
     """
-    flags = CFLAGS + [f"-Wl,--initial-memory={pages * PAGE}", f"-Wl,--max-memory={pages * PAGE}"]
-    if threads:
-        flags += THREAD_FLAGS
+    return compile_modules(source, pages, (threads,))[0]
+
+
+def compile_modules(source: str, pages: int, variants: tuple[bool, ...] = (False, True)) -> list[bytes]:
+    """:func:`compile_module` for each of ``variants`` (``threads`` flags), the compilers running in parallel."""
+    base = CFLAGS + [f"-Wl,--initial-memory={pages * PAGE}", f"-Wl,--max-memory={pages * PAGE}"]
     with tempfile.TemporaryDirectory(prefix="kiln-wasm-") as tmp:
-        src, out = Path(tmp) / "kernels.c", Path(tmp) / "kernels.wasm"
+        src = Path(tmp) / "kernels.c"
         src.write_text(source)
-        proc = subprocess.run(_zig() + ["cc", *flags, "-o", str(out), str(src)], capture_output=True, text=True,
-                              check=False)
-        if proc.returncode != 0:
-            raise KilnError(f"the WebAssembly C compiler failed:\n{proc.stderr.strip()[-4000:]}")
-        return out.read_bytes()
+        procs = []
+        for n, threads in enumerate(variants):
+            out = Path(tmp) / f"kernels{n}.wasm"
+            cmd = _zig() + ["cc", *base, *(THREAD_FLAGS if threads else []), "-o", str(out), str(src)]
+            procs.append((out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        results = []
+        for out, proc in procs:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise KilnError(f"the WebAssembly C compiler failed:\n{err.strip()[-4000:]}")
+            results.append(out.read_bytes())
+        return results
 
 
 def heap_base(module: bytes) -> int:

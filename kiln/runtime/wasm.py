@@ -1,4 +1,4 @@
-"""Native execution of a package's WebAssembly target through wasmtime (single-threaded).
+"""Native execution of a package's WebAssembly target through wasmtime.
 
 The runtime reads packages only; it never imports the compiler. At load the module
 (``targets.wasm.module``, SHA-256 checked) is compiled by wasmtime's Cranelift with SIMD, one
@@ -6,12 +6,17 @@ instance is made, and every weight is written into linear memory at its buffer's
 (``targets.wasm.memory.offsets``). Each :meth:`WasmSession.run` writes the inputs, calls each
 plan step's exported kernel over its tiles ``[0, total)`` and reads the outputs, all through one
 numpy view of the memory.
+
+With ``threads`` > 1 the package's threaded module is instantiated once per worker thread over
+one shared memory, and each step's tiles are split into contiguous ranges, one a worker, as the
+browser runtime does with Web Workers (wasmtime releases the GIL while wasm runs).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,19 @@ import numpy as np
 from kiln.errors import PackageError
 from kiln.package.format import from_storage, read_manifest, sha256_file, verify_weights
 from kiln.runtime.feeds import storage_feeds
+
+
+def _shared_memory_class():
+    """wasmtime's SharedMemory, importable by a Linker (wasmtime-py 50 wraps the pointer once too often)."""
+    import wasmtime
+    from wasmtime import _ffi as ffi
+
+    class SharedMemory(wasmtime.SharedMemory):
+        def _as_extern(self):
+            union = ffi.wasmtime_extern_union(sharedmemory=self.ptr())
+            return ffi.wasmtime_extern_t(ffi.WASMTIME_EXTERN_SHAREDMEMORY, union)
+
+    return SharedMemory
 
 
 class WasmSession:
@@ -31,13 +49,16 @@ class WasmSession:
         verify: check the weights' and the module's SHA-256 against the manifest.
         poison: fill activation and output buffers with NaN at load and the outputs before every
             run, so an element a kernel forgets to write shows up as NaN (for tests).
+        threads: worker threads (1: the single-threaded module; more: the threaded module over a
+            shared memory, which the package must have).
 
     Raises:
-        PackageError: missing, malformed, corrupted or newer-format package, or one without a
-            ``wasm`` target.
+        PackageError: missing, malformed, corrupted or newer-format package, one without a
+            ``wasm`` target, or without a threaded module when ``threads`` > 1.
     """
 
-    def __init__(self, package: str | os.PathLike, target: str = "wasm", verify: bool = True, poison: bool = False):
+    def __init__(self, package: str | os.PathLike, target: str = "wasm", verify: bool = True, poison: bool = False,
+                 threads: int = 1):
         import wasmtime
         from safetensors import safe_open
 
@@ -47,37 +68,61 @@ class WasmSession:
             raise PackageError(f"{self.path}: package has no 'wasm' target (has: {', '.join(self.manifest['targets'])}); "
                                "compile it with --target webgpu,wasm")
         tgt = self.manifest["targets"]["wasm"]
-        module_path = self.path / tgt["module"]
+        self.threads = max(1, int(threads))
+        if self.threads > 1 and not tgt.get("threads"):
+            raise PackageError(f"{self.path}: the package's wasm target has no threaded module")
+        entry = tgt["threads"] if self.threads > 1 else tgt
+        module_path = self.path / entry["module"]
         if not module_path.exists():
-            raise PackageError(f"{self.path}: wasm module {tgt['module']} is missing")
+            raise PackageError(f"{self.path}: wasm module {entry['module']} is missing")
         if verify:
             verify_weights(self.path, self.manifest)
-            if sha256_file(module_path) != tgt["sha256"]:
+            if sha256_file(module_path) != entry["sha256"]:
                 raise PackageError(f"{module_path}: checksum mismatch (corrupted or edited module)")
         config = wasmtime.Config()
         config.wasm_simd = True
+        config.wasm_threads = self.threads > 1
+        config.shared_memory = self.threads > 1
         config.cranelift_opt_level = "speed"
         self.engine = wasmtime.Engine(config)
-        self.store = wasmtime.Store(self.engine)
+        layout = tgt["memory"]
         try:
             module = wasmtime.Module(self.engine, module_path.read_bytes())
-            self.instance = wasmtime.Instance(self.store, module, [])
+            if self.threads > 1:
+                _SharedMemory = _shared_memory_class()
+                pages = int(layout["pages"])
+                shared = _SharedMemory(self.engine, wasmtime.MemoryType(wasmtime.Limits(pages, pages), shared=True))
+                self.workers = []
+                for _ in range(self.threads):
+                    store = wasmtime.Store(self.engine)
+                    linker = wasmtime.Linker(self.engine)
+                    linker.define(store, "env", "memory", shared)
+                    self.workers.append((store, linker.instantiate(store, module)))
+                self.store, self.instance = self.workers[0]
+                size, ptr = shared.data_len(), shared.data_ptr()
+            else:
+                self.store = wasmtime.Store(self.engine)
+                self.instance = wasmtime.Instance(self.store, module, [])
+                memory = self.instance.exports(self.store)["memory"]
+                if memory.data_len(self.store) < layout["bytes"]:
+                    memory.grow(self.store, -(-(layout["bytes"] - memory.data_len(self.store)) // 65536))
+                size, ptr = memory.data_len(self.store), memory.data_ptr(self.store)
         except wasmtime.WasmtimeError as e:
             raise PackageError(f"{module_path}: cannot instantiate the wasm module ({e})") from None
-        exports = self.instance.exports(self.store)
-        memory = exports["memory"]
-        size = memory.data_len(self.store)
-        layout = tgt["memory"]
-        if size < layout["bytes"]:
-            memory.grow(self.store, -(-(layout["bytes"] - size) // 65536))
-            size = memory.data_len(self.store)
-        self._memory = memory
-        self.mem = np.ctypeslib.as_array(memory.data_ptr(self.store), shape=(size,))
+        self.mem = np.ctypeslib.as_array(ptr, shape=(size,))
         self.offsets: list[int] = layout["offsets"]
+        exports = self.instance.exports(self.store)
         self.functions = [exports[k["export"]] for k in tgt["kernels"]]
         self.kernel_names = [k["name"] for k in tgt["kernels"]]
         self.steps = [(self.functions[s["kernel"]], tuple(self.offsets[b] for b in s["buffers"]), int(s["total"]))
                       for s in tgt["plan"]]
+        self._pool = None
+        if self.threads > 1:
+            per_worker = [[ex[k["export"]] for k in tgt["kernels"]]
+                          for ex in (inst.exports(st) for st, inst in self.workers)]
+            self._worker_steps = [[(fns[s["kernel"]], st) for st, fns in zip((w[0] for w in self.workers), per_worker)]
+                                  for s in tgt["plan"]]
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiln-wasm")
         handles: dict[str, Any] = {}
         try:
             for b in self.manifest["buffers"]:
@@ -121,12 +166,28 @@ class WasmSession:
         """What runs the kernels, in the keys :meth:`kiln.runtime.native.Session.adapter_info` uses."""
         import platform
 
-        return {"device": f"wasmtime on {platform.machine()}", "backend_type": "wasm (SIMD128, 1 thread)"}
+        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        return {"device": f"wasmtime on {platform.machine()}", "backend_type": f"wasm (SIMD128, {threads})"}
 
     def _compute(self) -> None:
-        store = self.store
-        for fn, ptrs, total in self.steps:
-            fn(store, *ptrs, 0, total)
+        if self._pool is None:
+            store = self.store
+            for fn, ptrs, total in self.steps:
+                fn(store, *ptrs, 0, total)
+            return
+        n = self.threads
+        for (_, ptrs, total), workers in zip(self.steps, self._worker_steps):
+            bounds = [total * w // n for w in range(n + 1)]
+            futures = [self._pool.submit(fn, store, *ptrs, bounds[w], bounds[w + 1])
+                       for w, (fn, store) in enumerate(workers) if bounds[w + 1] > bounds[w]]
+            for f in futures:
+                f.result()
+
+    def close(self) -> None:
+        """Stop the worker threads of a threaded session (later runs use one thread)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape).
