@@ -15,7 +15,6 @@ import kiln
 from kiln.frontend.onnx.importer import import_model
 from kiln.ir import interp
 
-
 #: the targets :func:`check_op` runs on unless a test says otherwise: ``KILN_OP_TARGETS`` (a comma list)
 #: or webgpu; tests/test_wasm.py runs its per-op tests with ("wasm",)
 TARGETS: tuple[str, ...] = tuple(os.environ.get("KILN_OP_TARGETS", "webgpu").split(","))
