@@ -20,6 +20,7 @@ four) and kernels the vectoriser cannot express run the plain scalar code. Loads
 lowering (the taken branch of a ``Select``: a padded window's border) read whole vectors; their
 base is clamped into ``[-3, size)``, which only moves vectors whose every lane is outside the
 buffer, so lanes that matter read exactly (the package's memory keeps slack around the arena).
+Loads at lane stride 2 (stride-2 convolutions) read two whole vectors and shuffle the even lanes.
 
 Semantics follow the WGSL renderer: float ``min``/``max`` propagate NaN (``f32.min``), integer
 ``/`` and ``%`` truncate and never trap (a zero divisor gives the dividend and 0, as WGSL),
@@ -73,6 +74,7 @@ double exp(double); double log(double);
 
 static inline int kiln_guard(int i, int hi) { return (unsigned)i > (unsigned)hi ? hi : i; }
 static inline int kiln_vbase(int i, int size) { return i < -3 ? -3 : (i >= size ? size - 1 : i); }
+static inline int kiln_vbase2(int i, int size) { return i < -7 ? -7 : (i >= size ? size - 1 : i); }
 static inline int kiln_idiv(int a, int b) { return b == 0 || (b == -1 && a == (-2147483647 - 1)) ? a : a / b; }
 static inline int kiln_imod(int a, int b) { return b == 0 || b == -1 ? 0 : a % b; }
 static inline float kiln_fmod(float a, float b) { return a - b * __builtin_truncf(a / b); }
@@ -178,6 +180,9 @@ static inline v128_t kiln_f32x4_sign(v128_t x) {
     v128_t one = wasm_f32x4_splat(1.0f), zero = wasm_f32x4_splat(0.0f);
     v128_t s = wasm_v128_bitselect(one, wasm_f32x4_neg(one), wasm_f32x4_gt(x, zero));
     return wasm_v128_bitselect(s, x, wasm_v128_or(wasm_f32x4_gt(x, zero), wasm_f32x4_lt(x, zero)));
+}
+static inline v128_t kiln_load_s2(const void* p) {  // elements 0, 2, 4, 6 from p
+    return wasm_i32x4_shuffle(wasm_v128_load(p), wasm_v128_load((const char*)p + 16), 0, 2, 4, 6);
 }
 static inline v128_t kiln_iota(int base, int stride) {
     return wasm_i32x4_make(base, base + stride, base + 2 * stride, base + 3 * stride);
@@ -305,6 +310,9 @@ class _Renderer:
         if i.kind == "a" and i.stride == 1:
             base = f"kiln_vbase({i.code}, {e.size})" if e.guard else i.code
             return Val("v", f"wasm_v128_load(&{e.buf}[{base}])", e.dtype)
+        if i.kind == "a" and i.stride == 2:  # two whole vectors, the even lanes shuffled together
+            base = f"kiln_vbase2({i.code}, {e.size})" if e.guard else i.code
+            return Val("v", f"kiln_load_s2(&{e.buf}[{base}])", e.dtype)
         if i.kind == "a" and not e.guard:
             ctor = "wasm_f32x4_make" if e.dtype == "float32" else "wasm_i32x4_make"
             lanes = ", ".join(f"{e.buf}[{i.code} + {k * i.stride}]" for k in range(LANES))
