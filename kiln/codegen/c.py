@@ -190,6 +190,10 @@ static inline v128_t kiln_iota(int base, int stride) {
 """
 
 
+#: kernels whose tile grid has at most this many blocks (rows of vectors) visit them column by column
+COLUMN_ROWS = 32
+
+
 class VectorUnsupported(Exception):
     """A kernel the lane vectoriser cannot express (it then runs scalar code only)."""
 
@@ -632,6 +636,10 @@ def _vector_body(k: LoweredKernel, grid: tuple[int, ...]) -> tuple[list[str], in
     return None
 
 
+def _args(k: LoweredKernel) -> str:
+    return ", ".join(p.name for p in k.params)
+
+
 def render(k: LoweredKernel, export: str, grid: tuple[int, ...], comment: str = "") -> tuple[str, bool]:
     """C source of kernel ``k`` as the exported function ``export``.
 
@@ -646,20 +654,47 @@ def render(k: LoweredKernel, export: str, grid: tuple[int, ...], comment: str = 
         ``(source, vectorised)``. The function takes one pointer per buffer parameter (byte
         offsets into linear memory), then ``begin`` and ``end``: it computes tiles ``[begin, end)``.
 
+    The tiles of a range are visited row by row of the vectors' block (``B`` tiles), except that
+    a kernel with reductions and at most :data:`COLUMN_ROWS` blocks visits whole blocks column by
+    column: four tiles of every block, then the next four. Blocks then are output channels, and
+    the input columns a vector reads stay in the L1 cache for all of them (a 1x1 convolution to
+    24 channels re-reads a 1.8 MB input once instead of six times).
+
     Raises:
         TypeError: a kernel with reduce lanes (workgroup barriers).
     """
     if k.lanes > 1:
         raise TypeError(f"C: kernel {k.name} has reduce lanes; schedule it for the CPU (no barriers)")
-    scalar = _Renderer({k.gid.name: Val("u", k.gid.name, "int32")}).stmts(k.body, 3)
+    params, args, g = _params(k).rsplit(", int begin", 1)[0], _args(k), k.gid.name
+    scalar = _Renderer({g: Val("u", g, "int32")}).stmts(k.body, 1)
     vector = _vector_body(k, grid)
     lines = [f"// {k.name}" + (f": {comment}" if comment else ""),
-             f"KILN_EXPORT(\"{export}\") void {export}({_params(k)}) {{", "    int g = begin;", "    while (g < end) {"]
-    if vector is not None:
-        body, block = vector
-        lines += [f"        if (g + {LANES} <= end && g % {block} <= {block - LANES}) {{",
-                  f"            const int {k.gid.name} = g;", *body, f"            g += {LANES};",
-                  "            continue;", "        }"]
-    lines += ["        {", f"            const int {k.gid.name} = g;", *scalar, "        }", "        g += 1;",
-              "    }", "}", ""]
-    return "\n".join(lines), vector is not None
+             f"static void {export}_s({params}, const int {g}) {{", *scalar, "}"]
+    if vector is None:
+        lines += [f"KILN_EXPORT(\"{export}\") void {export}({params}, int begin, int end) {{",
+                  f"    for (int g = begin; g < end; g++) {export}_s({args}, g);", "}", ""]
+        return "\n".join(lines), False
+    body, block = vector
+    lines += [f"static void {export}_v({params}, const int {g}) {{", *(line[8:] for line in body), "}",
+              f"static void {export}_rows({params}, int begin, int end) {{", "    int g = begin;", "    while (g < end) {",
+              f"        if (g + {LANES} <= end && g % {block} <= {block - LANES}) {{",
+              f"            {export}_v({args}, g);", f"            g += {LANES};", "        } else {",
+              f"            {export}_s({args}, g);", "            g += 1;", "        }", "    }", "}"]
+    rows = k.total // block if k.total % block == 0 else 0
+    has_loops = any(isinstance(s, For) for s in k.body)
+    lines.append(f"KILN_EXPORT(\"{export}\") void {export}({params}, int begin, int end) {{")
+    if has_loops and 2 <= rows <= COLUMN_ROWS:
+        lines += [f"    const int r0 = (begin + {block - 1}) / {block}, r1 = end / {block};",
+                  f"    if (r1 <= r0) {{ {export}_rows({args}, begin, end); return; }}",
+                  f"    {export}_rows({args}, begin, r0 * {block});",
+                  f"    for (int p = 0; p < {block}; ) {{",
+                  f"        if (p + {LANES} <= {block}) {{",
+                  f"            for (int r = r0; r < r1; r++) {export}_v({args}, r * {block} + p);",
+                  f"            p += {LANES};", "        } else {",
+                  f"            for (int r = r0; r < r1; r++) {export}_s({args}, r * {block} + p);",
+                  "            p += 1;", "        }", "    }",
+                  f"    {export}_rows({args}, r1 * {block}, end);"]
+    else:
+        lines.append(f"    {export}_rows({args}, begin, end);")
+    lines += ["}", ""]
+    return "\n".join(lines), True
