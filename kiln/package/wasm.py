@@ -20,7 +20,7 @@ def write_wasm_target(program: WasmProgram, root: Path) -> dict[str, Any]:
     if program.threads_module is not None:
         (root / THREADS_MODULE).write_bytes(program.threads_module)
         threads = {"module": THREADS_MODULE, "sha256": sha256(program.threads_module),
-                   "bytes": len(program.threads_module), "memory": "import env.memory (shared)"}
+                   "bytes": len(program.threads_module)}
     return {
         "module": MODULE,
         "sha256": sha256(program.module),
