@@ -162,6 +162,21 @@ def compile_modules(source: str, pages: int, variants: tuple[bool, ...] = (False
         return results
 
 
+def warm_up() -> None:
+    """Compile a tiny module in both variants, so that zig builds and caches its compiler-rt for them
+    (about a minute the first time on a machine; ``setup.sh`` calls this so tests and users do not wait).
+
+    Raises:
+        KilnError: the toolchain does not work.
+    """
+    from kiln.codegen.c import PRELUDE
+
+    src = PRELUDE + ('KILN_EXPORT("f") void f(float* x, int n) {\n'
+                     '    for (int i = 0; i < n; i++) x[i] = expf(x[i]) + logf(x[i]) + sinf(x[i]) + cosf(x[i])\n'
+                     '        + tanf(x[i]) + kiln_tanhf(x[i]) + kiln_powf(x[i], 0.5f);\n}\n')
+    compile_modules(src, 4)
+
+
 def heap_base(module: bytes) -> int:
     """The first address after the module's constant data and stack (its exported ``__heap_base``)."""
     import wasmtime
