@@ -20,4 +20,6 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test,examples]"
+# the wasm target's C compiler (zig) builds its compiler-rt once per machine: do it now, not in the first test
+.venv/bin/python -c "from kiln.codegen.wasm import warm_up; warm_up()"
 echo "setup: done ($(.venv/bin/kiln --version))"

@@ -71,6 +71,8 @@ class Compiled:
     target: WebGPUTarget
     passes: list[str] = field(default_factory=list)
     device_class: str = "gpu"
+    targets: tuple[str, ...] = ("webgpu",)
+    wasm: Any = None  # kiln.codegen.wasm.WasmProgram when "wasm" is among the targets
 
 
 def group_expr(group: Group) -> Tensor:
@@ -152,33 +154,64 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     return kernels, steps
 
 
-def compile_graph(graph: Graph, target: str = "webgpu", validate: bool = True, progress: bool = False,
-                  device_class: str = "gpu", schedule: Callable[[Tensor], Schedule] | None = None) -> Compiled:
-    """Optimise ``graph`` in place and generate its kernels and memory plan.
+#: targets ``kiln compile --target`` accepts (a comma list of them)
+TARGETS = ("webgpu", "wasm")
 
-    ``schedule`` chooses each kernel's schedule (a tuning database's
+
+def parse_targets(target: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``"webgpu,wasm"`` (or a list) as a tuple of known target names, in :data:`TARGETS` order.
+
+    Raises:
+        KilnError: an unknown target, or none.
+    """
+    names = [t.strip() for t in (target.split(",") if isinstance(target, str) else target) if t.strip()]
+    unknown = [t for t in names if t not in TARGETS]
+    if unknown or not names:
+        raise KilnError(f"unknown target {', '.join(map(repr, unknown)) or '(none)'}; known: {', '.join(TARGETS)} "
+                        "(several as a comma list: webgpu,wasm)")
+    return tuple(t for t in TARGETS if t in names)
+
+
+def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bool = True, progress: bool = False,
+                  device_class: str = "gpu", wasm_threads: bool = True,
+                  schedule: Callable[[Tensor], Schedule] | None = None) -> Compiled:
+    """Optimise ``graph`` in place and generate its kernels for each of ``target`` (a name or a comma
+    list: ``webgpu`` with the default schedules for ``device_class``, ``wasm``) and memory plan.
+
+    ``schedule`` chooses each WebGPU kernel's schedule (a tuning database's
     :meth:`~kiln.tune.db.TuningDB.scheduler`); by default the default schedules for ``device_class``.
     """
-    tgt = get_target(target)
+    targets = parse_targets(target)
+    tgt = get_target("webgpu")  # the groups and buffers serve every target: WebGPU's limits are the tightest
     verify(graph)
     fired = optimize(graph)
     groups = fuse(graph, max_inputs=tgt.limits["maxStorageBuffersPerShaderStage"] - 1)
     plan = plan_memory(graph, groups)
-    kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
-                                   schedule=schedule or functools.partial(default_schedule, device_class=device_class))
-    return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class)
+    kernels, steps = [], []
+    if "webgpu" in targets:
+        kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
+                                       schedule=schedule or functools.partial(default_schedule,
+                                                                                device_class=device_class))
+    program = None
+    if "wasm" in targets:
+        from kiln.compile_wasm import build_wasm
+
+        program = build_wasm(groups, plan, progress=progress, threads=wasm_threads)
+    return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=targets,
+                    wasm=program)
 
 
-def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str = "webgpu",
+def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",
                   dims: dict[str, int] | None = None, force: bool = False, preset: str = "auto",
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
-                  device_class: str = "gpu", schedule: Callable[[Tensor], Schedule] | None = None) -> Path:
+                  device_class: str = "gpu", wasm_threads: bool = True,
+                  schedule: Callable[[Tensor], Schedule] | None = None) -> Path:
     """Compile an ONNX model into a package directory.
 
     Args:
         model: path of an ``.onnx`` file.
         out: package directory to create.
-        target: code generation target (``webgpu``).
+        target: code generation target(s): ``webgpu``, ``wasm`` or a comma list (``webgpu,wasm``).
         dims: values of symbolic dims (``{"N": 1}``; unbound named dims default to 1).
         force: replace ``out`` if it already holds a Kiln package (never anything else).
         preset: ``auto`` (detect an ImageNet classifier), ``imagenet`` or ``none``: the
@@ -191,6 +224,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
             (see :func:`~kiln.te.schedule.default_schedule`); the package runs on both.
         schedule: chooses each kernel's schedule instead of the defaults (``kiln compile
             --tuning-db``: :meth:`kiln.tune.db.TuningDB.scheduler`, which falls back to them).
+        wasm_threads: with the wasm target, also build its shared-memory module for workers.
 
     Returns:
         The package directory.
@@ -202,6 +236,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     from kiln.package.writer import check_destination, write_package
 
     check_destination(out, force)
+    parse_targets(target)
     onnx_model = load_model(model)
     missing = unsupported_ops(onnx_model)
     if missing:
@@ -212,5 +247,5 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     if device_class not in DEVICE_CLASSES:
         raise KilnError(f"device class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
     compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
-                             schedule=schedule)
+                             wasm_threads=wasm_threads, schedule=schedule)
     return write_package(compiled, out, force=force, preset=preset, labels=labels, source=Path(model).name)

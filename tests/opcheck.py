@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -13,6 +14,15 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.frontend.onnx.importer import import_model
 from kiln.ir import interp
+
+#: the targets :func:`check_op` runs on unless a test says otherwise: ``KILN_OP_TARGETS`` (a comma list)
+#: or webgpu; tests/test_wasm.py runs its per-op tests with ("wasm",)
+TARGETS: tuple[str, ...] = tuple(os.environ.get("KILN_OP_TARGETS", "webgpu").split(","))
+
+#: per-target tolerance, as a factor on each test's own rtol and atol (which fit WebGPU's f32 math). The
+#: wasm target computes the same f32 expressions; its exp/log/sin/cos are compiler-rt's (musl's, <1 ulp)
+#: and tanh/atan/pow/sinh/... are computed in f64 and rounded once, so it needs no more
+TOLERANCE: dict[str, float] = {"webgpu": 1.0, "wasm": 1.0}
 
 
 def _onnx_type(dtype: np.dtype) -> int:
@@ -60,9 +70,11 @@ def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None =
 def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = None,
              initializers: dict[str, np.ndarray] | None = None, *, opset: int = 17, rtol: float = 1e-4,
              atol: float = 1e-5, input_order: list[str] | None = None, n_outputs: int = 1,
-             oracle: str = "onnxruntime") -> dict[str, np.ndarray]:
-    """Compile a one-node model with Kiln, run it natively on WebGPU with poisoned buffers, and compare
-    every output with onnxruntime (and the IR interpreter with onnxruntime). Returns Kiln's outputs.
+             oracle: str = "onnxruntime", targets: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+    """Compile a one-node model with Kiln for ``targets`` (default :data:`TARGETS`), run it natively on
+    each (WebGPU through wgpu-py, wasm through wasmtime) with poisoned buffers, and compare every output
+    with onnxruntime within ``rtol``/``atol`` times the target's :data:`TOLERANCE` (and the IR interpreter
+    with onnxruntime). Returns the first target's outputs.
 
     ``oracle="onnx"`` compares with onnx's ReferenceEvaluator instead, for operators newer than the
     installed onnxruntime supports (opset 27 ones such as LinearAttention)."""
@@ -75,15 +87,20 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
         expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None,
                                                                                                            inputs)
     spec = interp.run(import_model(model), inputs)
+    targets = targets or TARGETS
+    got = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
         onnx.save(model, path)
-        pkg = kiln.compile(path, Path(tmp) / "pkg")
-        got = kiln.load(pkg, poison=True).run(inputs)
+        pkg = kiln.compile(path, Path(tmp) / "pkg", target=",".join(targets), wasm_threads=False)
+        for target in targets:
+            got[target] = kiln.load(pkg, target=target, poison=True).run(inputs)
     for i, exp in enumerate(expected):
         name = f"y{i}"
-        for what, arr in (("interpreter", spec[name]), ("webgpu", got[name])):
+        for what, arr in (("interpreter", spec[name]), *((t, got[t][name]) for t in targets)):
             assert arr.shape == exp.shape, f"{op_type} {what}: shape {arr.shape} != onnxruntime {exp.shape}"
             assert arr.dtype == exp.dtype, f"{op_type} {what}: dtype {arr.dtype} != onnxruntime {exp.dtype}"
-            np.testing.assert_allclose(arr, exp, rtol=rtol, atol=atol, err_msg=f"{op_type} {what} vs onnxruntime")
-    return got
+            scale = TOLERANCE.get(what, 1.0)
+            np.testing.assert_allclose(arr, exp, rtol=rtol * scale, atol=atol * scale,
+                                       err_msg=f"{op_type} {what} vs onnxruntime")
+    return got[targets[0]]

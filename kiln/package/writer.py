@@ -155,16 +155,20 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                 "io_bytes": plan.bytes("input") + plan.bytes("output"),
             },
             "weights": {"files": files},
-            "targets": {
-                compiled.target.name: {
-                    "features": list(compiled.target.features),
-                    "device_class": compiled.device_class,
-                    "limits": needed_limits(compiled),
-                    "kernels": kernels,
-                    "plan": plan_steps,
-                }
-            },
+            "targets": {},
         }
+        if "webgpu" in compiled.targets:
+            manifest["targets"]["webgpu"] = {
+                "features": list(compiled.target.features),
+                "device_class": compiled.device_class,
+                "limits": needed_limits(compiled),
+                "kernels": kernels,
+                "plan": plan_steps,
+            }
+        if compiled.wasm is not None:
+            from kiln.package.wasm import write_wasm_target
+
+            manifest["targets"]["wasm"] = write_wasm_target(compiled.wasm, tmp)
         chosen = detect_preset(graph) if preset == "auto" else preset
         if chosen == "imagenet":
             pre = json.loads(json.dumps(IMAGENET))
