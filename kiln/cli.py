@@ -62,7 +62,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 @main.command("compile")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Package directory to write.")
-@click.option("--target", type=click.Choice(["webgpu"]), default="webgpu", show_default=True, help="Code generation target.")
+@click.option("--target", default="webgpu", show_default=True, metavar="NAME[,NAME...]",
+              help="Code generation targets, a comma list of webgpu and webgl2 (e.g. webgpu,webgl2).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
 @click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,
@@ -85,8 +86,11 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
                          device_class=device_class)
     m = read_manifest(path)
-    tgt = m["targets"][target]
-    click.echo(f"compiled {model} -> {path} ({len(tgt['plan'])} dispatches, {len(tgt['kernels'])} kernels, "
+    counts = ", ".join(f"{name}: {len(tgt['plan'])} {'dispatches' if name == 'webgpu' else 'steps'}, "
+                       f"{len(tgt['kernels'])} kernels" for name, tgt in m["targets"].items())
+    if len(m["targets"]) == 1:
+        counts = counts.split(": ", 1)[1]
+    click.echo(f"compiled {model} -> {path} ({counts}, "
                f"{m['memory']['weight_bytes'] / 1e6:.1f} MB weights, {time.perf_counter() - t0:.1f} s)")
     if print_ir:
         click.echo((path / "graph.txt").read_text())

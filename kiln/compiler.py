@@ -69,6 +69,10 @@ class Compiled:
     target: WebGPUTarget
     passes: list[str] = field(default_factory=list)
     device_class: str = "gpu"
+    #: the targets written into the package, in order (``kernels`` and ``steps`` are webgpu's, empty without it)
+    targets: list[str] = field(default_factory=lambda: ["webgpu"])
+    #: other targets' code by name: objects with ``manifest()`` (the ``targets`` entry) and ``files()`` (path -> text)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def group_expr(group: Group) -> Tensor:
@@ -150,21 +154,50 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     return kernels, steps
 
 
-def compile_graph(graph: Graph, target: str = "webgpu", validate: bool = True, progress: bool = False,
+#: code generation targets ``compile_graph`` knows, in the order a package lists them
+TARGET_NAMES = ("webgpu", "webgl2")
+
+
+def parse_targets(target: str | list[str] | tuple[str, ...]) -> list[str]:
+    """Target names from ``"webgpu,webgl2"`` or a list, deduplicated in order.
+
+    Raises:
+        KilnError: an empty list or an unknown target.
+    """
+    names = [t.strip() for t in (target.split(",") if isinstance(target, str) else target)]
+    names = list(dict.fromkeys(t for t in names if t))
+    if not names:
+        raise KilnError(f"no target given; known targets: {', '.join(TARGET_NAMES)}")
+    unknown = [t for t in names if t not in TARGET_NAMES]
+    if unknown:
+        raise KilnError(f"unknown target {', '.join(map(repr, unknown))}; known targets: {', '.join(TARGET_NAMES)}")
+    return names
+
+
+def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bool = True, progress: bool = False,
                   device_class: str = "gpu") -> Compiled:
-    """Optimise ``graph`` in place and generate its kernels (default schedules for ``device_class``)
-    and memory plan."""
-    tgt = get_target(target)
+    """Optimise ``graph`` in place, plan its memory and generate each target's kernels (default schedules
+    for ``device_class``); ``target`` is one name, a comma list (``"webgpu,webgl2"``) or a list."""
+    names = parse_targets(target)
+    tgt = get_target("webgpu")  # fusion keeps within WebGPU's default bindings, the strictest of the targets
     verify(graph)
     fired = optimize(graph)
     groups = fuse(graph, max_inputs=tgt.limits["maxStorageBuffersPerShaderStage"] - 1)
     plan = plan_memory(graph, groups)
-    kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
-                                   schedule=functools.partial(default_schedule, device_class=device_class))
-    return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class)
+    kernels, steps = [], []
+    if "webgpu" in names:
+        kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
+                                       schedule=functools.partial(default_schedule, device_class=device_class))
+    extra = {}
+    if "webgl2" in names:
+        from kiln import webgl2
+
+        extra["webgl2"] = webgl2.build(graph, groups, plan, progress=progress)
+    return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=names,
+                    extra=extra)
 
 
-def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str = "webgpu",
+def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",
                   dims: dict[str, int] | None = None, force: bool = False, preset: str = "auto",
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
                   device_class: str = "gpu") -> Path:
@@ -173,7 +206,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     Args:
         model: path of an ``.onnx`` file.
         out: package directory to create.
-        target: code generation target (``webgpu``).
+        target: code generation targets: ``webgpu``, ``webgl2``, or several (``"webgpu,webgl2"`` or a list).
         dims: values of symbolic dims (``{"N": 1}``; unbound named dims default to 1).
         force: replace ``out`` if it already holds a Kiln package (never anything else).
         preset: ``auto`` (detect an ImageNet classifier), ``imagenet`` or ``none``: the
@@ -195,6 +228,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     from kiln.package.writer import check_destination, write_package
 
     check_destination(out, force)
+    parse_targets(target)
     onnx_model = load_model(model)
     missing = unsupported_ops(onnx_model)
     if missing:

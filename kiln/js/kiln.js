@@ -42,6 +42,7 @@ export const TARGETS = ['webgpu', 'webgl2', 'wasm'];
 /** @type {Record<string, () => Promise<any>>} each target's backend module, imported when first needed */
 const BACKENDS = {
   webgpu: () => import('./webgpu.js'),
+  webgl2: () => import('./webgl2.js'),
 };
 
 /**

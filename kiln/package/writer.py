@@ -26,7 +26,8 @@ from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, sha256_file,
 SHARD_BYTES = 256 * 1024 * 1024
 
 #: the browser runtime (ES modules, kiln.js first) and the demo page, copied from kiln/js into every package
-RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "index.html")
+RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "webgl2.js",
+                 "index.html")
 
 IMAGENET = {
     "preprocess": {"type": "image", "input": None, "resize": 256, "crop": 224, "scale": 1 / 255,
@@ -157,16 +158,22 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                 "io_bytes": plan.bytes("input") + plan.bytes("output"),
             },
             "weights": {"files": files},
-            "targets": {
-                compiled.target.name: {
+            "targets": {},
+        }
+        for name in getattr(compiled, "targets", ["webgpu"]):
+            if name == "webgpu":
+                manifest["targets"]["webgpu"] = {
                     "features": list(compiled.target.features),
                     "device_class": compiled.device_class,
                     "limits": needed_limits(compiled),
                     "kernels": kernels,
                     "plan": plan_steps,
                 }
-            },
-        }
+            else:  # another target's code: its manifest entry and its files
+                code = compiled.extra[name]
+                for path, text in code.files().items():
+                    (tmp / path).write_text(text)
+                manifest["targets"][name] = code.manifest()
         chosen = detect_preset(graph) if preset == "auto" else preset
         if chosen == "imagenet":
             pre = json.loads(json.dumps(IMAGENET))
