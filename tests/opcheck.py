@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -57,15 +58,31 @@ def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None =
     return model
 
 
+#: where check_op runs Kiln's kernels: ``native`` (wgpu-py, the default), or a browser target in headless
+#: Chromium (``webgpu``, ``webgl2``); ``KILN_TEST_TARGET=webgl2 pytest tests/test_ops.py`` runs every per-op
+#: test on WebGL2
+TARGET = os.environ.get("KILN_TEST_TARGET", "native")
+
+#: the least tolerance (rtol, atol) each target's float results are compared with, whatever a test asks:
+#: every target computes in IEEE float32, but WebGL2 drivers may evaluate transcendental built-ins
+#: (exp, tanh, pow, ...) less accurately than WGSL's and onnxruntime's (GLSL ES 3.00 §8 leaves their
+#: precision to the implementation beyond highp's range)
+TOLERANCES = {"native": (0.0, 0.0), "webgpu": (0.0, 0.0), "webgl2": (1e-4, 1e-5)}
+
+
 def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = None,
              initializers: dict[str, np.ndarray] | None = None, *, opset: int = 17, rtol: float = 1e-4,
              atol: float = 1e-5, input_order: list[str] | None = None, n_outputs: int = 1,
-             oracle: str = "onnxruntime") -> dict[str, np.ndarray]:
-    """Compile a one-node model with Kiln, run it natively on WebGPU with poisoned buffers, and compare
-    every output with onnxruntime (and the IR interpreter with onnxruntime). Returns Kiln's outputs.
+             oracle: str = "onnxruntime", target: str | None = None) -> dict[str, np.ndarray]:
+    """Compile a one-node model with Kiln, run it with poisoned buffers natively on WebGPU (or on
+    ``target`` in headless Chromium, default :data:`TARGET`), and compare every output with onnxruntime
+    (and the IR interpreter with onnxruntime), within the larger of the given and the target's
+    :data:`TOLERANCES`. Returns Kiln's outputs.
 
     ``oracle="onnx"`` compares with onnx's ReferenceEvaluator instead, for operators newer than the
     installed onnxruntime supports (opset 27 ones such as LinearAttention)."""
+    target = target or TARGET
+    rtol, atol = max(rtol, TOLERANCES[target][0]), max(atol, TOLERANCES[target][1])
     model = make_model(op_type, inputs, attrs, initializers, opset=opset, input_order=input_order, n_outputs=n_outputs)
     if oracle == "onnx":
         from onnx.reference import ReferenceEvaluator
@@ -75,15 +92,32 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
         expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None,
                                                                                                            inputs)
     spec = interp.run(import_model(model), inputs)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.onnx"
-        onnx.save(model, path)
-        pkg = kiln.compile(path, Path(tmp) / "pkg")
-        got = kiln.load(pkg, poison=True).run(inputs)
+    if target == "native":
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.onnx"
+            onnx.save(model, path)
+            pkg = kiln.compile(path, Path(tmp) / "pkg")
+            got = kiln.load(pkg, poison=True).run(inputs)
+    else:
+        got = run_in_browser(model, inputs, target, name=op_type.lower())
     for i, exp in enumerate(expected):
         name = f"y{i}"
-        for what, arr in (("interpreter", spec[name]), ("webgpu", got[name])):
+        for what, arr in (("interpreter", spec[name]), ("webgpu" if target == "native" else target, got[name])):
             assert arr.shape == exp.shape, f"{op_type} {what}: shape {arr.shape} != onnxruntime {exp.shape}"
             assert arr.dtype == exp.dtype, f"{op_type} {what}: dtype {arr.dtype} != onnxruntime {exp.dtype}"
             np.testing.assert_allclose(arr, exp, rtol=rtol, atol=atol, err_msg=f"{op_type} {what} vs onnxruntime")
     return got
+
+
+def run_in_browser(model: onnx.ModelProto, inputs: dict[str, np.ndarray], target: str, name: str = "model",
+                   device_class: str = "cpu") -> dict[str, np.ndarray]:
+    """Compile ``model`` for ``target`` alone and run it in the shared headless Chromium page
+    (:func:`browser.shared_runner`, poisoned textures/buffers); returns its outputs."""
+    from browser import shared_runner
+
+    runner = shared_runner()
+    out = runner.package_dir(name)
+    out.mkdir(parents=True)
+    onnx.save(model, out / "model.onnx")
+    pkg = kiln.compile(out / "model.onnx", out / "pkg", target=target, device_class=device_class)
+    return runner.run(pkg, inputs, target)

@@ -11,7 +11,7 @@ element per fragment (the GPGPU scheme of TensorFlow.js's WebGL backend and Tens
 - loads are ``texelFetch`` calls (exact texels, no filtering or normalised coordinates);
 - the fragment at ``gl_FragCoord.xy`` computes flat output element ``y * w_out + x``, drawn by a
   full-screen triangle into a viewport of the output's ``w_out x h_out`` texels (fragments past the
-  last element of a partial last row return at once);
+  last element of a partial last row are discarded: they write nothing);
 - the result goes to ``layout(location = 0) out`` of a float (``EXT_color_buffer_float``) or
   integer render target, and runtimes read outputs back with ``readPixels``.
 
@@ -226,7 +226,7 @@ def render(k: LoweredKernel, comment: str = "", width: int = TEXTURE_WIDTH, node
         lines.append("int kiln_rem(int a, int b) { return a - (a / b) * b; }")
     lines += ["", "void main() {", f"    int {k.gid.name} = int(gl_FragCoord.y) * {out_w} + int(gl_FragCoord.x);"]
     if out.size % out_w:
-        lines += [f"    if ({k.gid.name} >= {out.size}) {{", "        return;", "    }"]
+        lines += [f"    if ({k.gid.name} >= {out.size}) {{", "        discard;", "    }"]
     for name, bits in SPECIAL_FLOATS.items():
         if name in text:  # made from a run-time value, so compilers cannot fold it into a literal they reject
             lines.append(f"    float {name} = intBitsToFloat({bits} + min({k.gid.name}, 0));")

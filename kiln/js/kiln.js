@@ -59,6 +59,8 @@ const BACKENDS = {
  * @property {GPUPowerPreference} [powerPreference='high-performance'] adapter preference (WebGPU, WebGL2).
  * @property {boolean} [timing=false] also request the adapter's 'timestamp-query' feature, where it
  *   has one, so that {@link Session#time} measures with GPU timestamps rather than the wall clock (WebGPU).
+ * @property {boolean} [poison=false] (WebGL2) fill activation and output textures with NaN before each run, so
+ *   that an element no kernel writes shows up; for tests.
  * @property {number} [threads] WebAssembly worker threads (default: the hardware's, when the page is
  *   cross-origin isolated; otherwise 1).
  */

@@ -65,7 +65,9 @@ export async function unavailable() {
  * Create a WebGL2 context and build the package's textures, programs and framebuffers.
  * @param {import('./package.js').PackageSource} source
  * @param {any} manifest
- * @param {{verify: boolean, powerPreference?: WebGLPowerPreference}} options
+ * @param {{verify: boolean, powerPreference?: WebGLPowerPreference, poison?: boolean}} options  `poison`
+ *   fills every activation and output texture with NaN (int32: -1234567) before each run, so that an
+ *   element no kernel writes shows up (for tests)
  * @returns {Promise<WebGL2Backend>}
  * @throws {DeviceError} no WebGL2 with float render targets, or a texture larger than MAX_TEXTURE_SIZE.
  * @throws {PackageError} a kernel that does not compile, bad weights, or a bad plan.
@@ -73,7 +75,7 @@ export async function unavailable() {
 export async function create(source, manifest, options) {
   const {gl, reason} = createContext(options.powerPreference);
   if (!gl) throw new DeviceError(`WebGL2 is not available: ${reason}`);
-  const backend = new WebGL2Backend(gl, manifest);
+  const backend = new WebGL2Backend(gl, manifest, Boolean(options.poison));
   try {
     await backend.build(source, options.verify);
   } catch (error) {
@@ -88,9 +90,10 @@ export class WebGL2Backend {
   /**
    * @param {WebGL2RenderingContext} gl
    * @param {any} manifest
+   * @param {boolean} poison
    * @private
    */
-  constructor(gl, manifest) {
+  constructor(gl, manifest, poison) {
     /** The manifest target this backend runs. */
     this.target = target;
     const debug = gl.getExtension('WEBGL_debug_renderer_info');
@@ -113,6 +116,7 @@ export class WebGL2Backend {
     /** @private @type {{program: WebGLProgram, inputs: WebGLTexture[], framebuffer: WebGLFramebuffer, viewport: number[]}[]} */
     this.steps = [];
     /** @private */ this.lost = false;
+    /** @private */ this.poison = poison;
     gl.canvas.addEventListener?.('webglcontextlost', (event) => {
       event.preventDefault();
       this.lost = true;
@@ -280,6 +284,18 @@ export class WebGL2Backend {
     }
   }
 
+  /** Fill every activation and output texture with NaN (float) or -1234567 (int32). @private */
+  fillPoison() {
+    const {gl, manifest} = this;
+    for (const [index, t] of this.spec.textures.entries()) {
+      const kind = manifest.buffers[t.buffer].kind;
+      if (kind !== 'activation' && kind !== 'output') continue;
+      gl.bindFramebuffer(gl.DRAW_FRAMEBUFFER, this.framebuffer(index));
+      if (t.format === 'R32F') gl.clearBufferfv(gl.COLOR, 0, [NaN, NaN, NaN, NaN]);
+      else gl.clearBufferiv(gl.COLOR, 0, [-1234567, -1234567, -1234567, -1234567]);
+    }
+  }
+
   /** Draw every plan step. @private */
   draw() {
     const {gl} = this;
@@ -332,6 +348,7 @@ export class WebGL2Backend {
   async run(inputs) {
     this.checkLost();
     const {gl} = this;
+    if (this.poison) this.fillPoison();
     this.writeInputs(inputs);
     this.draw();
     const results = {};
