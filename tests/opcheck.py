@@ -110,7 +110,7 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
 
 
 def run_in_browser(model: onnx.ModelProto, inputs: dict[str, np.ndarray], target: str, name: str = "model",
-                   device_class: str = "cpu") -> dict[str, np.ndarray]:
+                   device_class: str = "cpu", dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     """Compile ``model`` for ``target`` alone and run it in the shared headless Chromium page
     (:func:`browser.shared_runner`, poisoned textures/buffers); returns its outputs."""
     from browser import shared_runner
@@ -119,5 +119,5 @@ def run_in_browser(model: onnx.ModelProto, inputs: dict[str, np.ndarray], target
     out = runner.package_dir(name)
     out.mkdir(parents=True)
     onnx.save(model, out / "model.onnx")
-    pkg = kiln.compile(out / "model.onnx", out / "pkg", target=target, device_class=device_class)
+    pkg = kiln.compile(out / "model.onnx", out / "pkg", target=target, device_class=device_class, dims=dims)
     return runner.run(pkg, inputs, target)
