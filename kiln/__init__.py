@@ -22,11 +22,17 @@ def compile(model, out, **options):
     return compile_model(model, out, **options)
 
 
-def load(package, **options):
-    """Load a package for native execution; see :class:`kiln.runtime.native.Session`."""
+def load(package, target: str = "webgpu", **options):
+    """Load a package for native execution of its ``target``: ``webgpu`` (wgpu-py; see
+    :class:`kiln.runtime.native.Session`) or ``wasm`` (wasmtime; see :class:`kiln.runtime.wasm.WasmSession`).
+    Both sessions have the same API (``run``, ``inputs``, ``outputs``, ``benchmark``, ``profile``)."""
+    if target == "wasm":
+        from kiln.runtime.wasm import WasmSession
+
+        return WasmSession(package, **options)
     from kiln.runtime.native import Session
 
-    return Session(package, **options)
+    return Session(package, target=target, **options)
 
 
 __all__ = [

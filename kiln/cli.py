@@ -55,15 +55,15 @@ class KilnGroup(click.Group):
 @click.version_option(package_name="kiln", prog_name="kiln")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
-    """Kiln: compile ONNX models to WebGPU packages that run natively and in any browser."""
+    """Kiln: compile ONNX models to WebGPU and WebAssembly packages that run natively and in any browser."""
     ctx.obj = {"debug": debug}
 
 
 @main.command("compile")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Package directory to write.")
-@click.option("--target", default="webgpu", show_default=True, metavar="NAME[,NAME...]",
-              help="Code generation targets, a comma list of webgpu and webgl2 (e.g. webgpu,webgl2).")
+@click.option("--target", default="webgpu", show_default=True, metavar="TARGETS",
+              help="Code generation targets, a comma list of webgpu, webgl2 and wasm (e.g. webgpu,webgl2,wasm).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
 @click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,
@@ -78,20 +78,22 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     """Compile an ONNX MODEL into a package directory."""
     import time
 
-    from kiln.compiler import compile_model
+    from kiln.compiler import compile_model, parse_targets
     from kiln.package.format import read_manifest
 
+    targets = parse_targets(target)
     t0 = time.perf_counter()
     path = compile_model(model, out, target=target, dims=_parse_dims(dims), force=force, preset=preset,
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
                          device_class=device_class)
     m = read_manifest(path)
-    counts = ", ".join(f"{name}: {len(tgt['plan'])} {'dispatches' if name == 'webgpu' else 'steps'}, "
-                       f"{len(tgt['kernels'])} kernels" for name, tgt in m["targets"].items())
-    if len(m["targets"]) == 1:
-        counts = counts.split(": ", 1)[1]
-    click.echo(f"compiled {model} -> {path} ({counts}, "
-               f"{m['memory']['weight_bytes'] / 1e6:.1f} MB weights, {time.perf_counter() - t0:.1f} s)")
+    parts = []
+    for name in targets:
+        tgt = m["targets"][name]
+        steps = "dispatches" if name == "webgpu" else "calls"
+        parts.append(f"{name}: {len(tgt['plan'])} {steps}, {len(tgt['kernels'])} kernels")
+    click.echo(f"compiled {model} -> {path} ({'; '.join(parts)}; {m['memory']['weight_bytes'] / 1e6:.1f} MB weights, "
+               f"{time.perf_counter() - t0:.1f} s)")
     if print_ir:
         click.echo((path / "graph.txt").read_text())
 
@@ -117,19 +119,21 @@ def _load_npz(path: Path) -> dict:
 @click.option("--repeat", type=click.IntRange(1), default=20, show_default=True, help="Timed runs (median printed).")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
 @click.option("--top", type=click.IntRange(1), default=5, show_default=True, help="Classes to show with --image.")
-@click.option("--profile", is_flag=True, help="Also print GPU time per kernel (WebGPU timestamp queries).")
+@click.option("--profile", is_flag=True, help="Also print time per kernel (WebGPU timestamp queries; wasm: wall clock).")
+@click.option("--target", type=click.Choice(["webgpu", "wasm"]), default="webgpu", show_default=True,
+              help="The package's target to run: webgpu (wgpu-py) or wasm (wasmtime, one thread).")
 def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, warmup: int, top: int,
-            profile: bool) -> None:
-    """Run PACKAGE natively (wgpu-py) on an image or on named inputs, and time it."""
+            profile: bool, target: str) -> None:
+    """Run PACKAGE natively (wgpu-py, or wasmtime for --target wasm) on an image or on named inputs, and time it."""
     import numpy as np
 
-    from kiln.runtime.native import Session
+    import kiln
 
     if image and inputs:
         raise click.UsageError("give either --image or --inputs, not both")
     if outputs and outputs.exists() and not force:
         raise KilnError(f"{outputs} already exists; pass --force to overwrite it")
-    session = Session(package)
+    session = kiln.load(package, target=target)
     m = session.manifest
     if image:
         pre = m.get("preprocess")
@@ -169,10 +173,10 @@ def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, war
     click.echo(f"median {np.median(times):.2f} ms per run over {repeat} runs "
                f"({info.get('device', '?')}, {info.get('backend_type', '?')})")
     if profile:
-        _print_profile(session.profile(feeds, repeat=min(repeat, 10)), m)
+        _print_profile(session.profile(feeds, repeat=min(repeat, 10)), m, target)
 
 
-def _print_profile(rows: list[dict], manifest: dict, limit: int = 15) -> None:
+def _print_profile(rows: list[dict], manifest: dict, target: str = "webgpu", limit: int = 15) -> None:
     """A table of the slowest kernels: total GPU ms over their dispatches, share, schedule."""
     from rich.console import Console
     from rich.table import Table
@@ -181,8 +185,8 @@ def _print_profile(rows: list[dict], manifest: dict, limit: int = 15) -> None:
     by_kernel: dict[str, list[dict]] = {}
     for r in rows:
         by_kernel.setdefault(r["kernel"], []).append(r)
-    kernels = {k["name"]: k for k in manifest["targets"]["webgpu"]["kernels"]}
-    table = Table(title=f"GPU time per kernel ({rows[0]['clock'] if rows else '-'}): {total:.3f} ms in "
+    kernels = {k["name"]: k for k in manifest["targets"][target]["kernels"]}
+    table = Table(title=f"{'GPU' if target == 'webgpu' else 'CPU'} time per kernel ({rows[0]['clock'] if rows else '-'}): {total:.3f} ms in "
                         f"{len(rows)} dispatches")
     for col in ("kernel", "dispatches", "ms", "share", "schedule"):
         table.add_column(col, justify="right" if col in ("dispatches", "ms", "share") else "left")
@@ -191,8 +195,8 @@ def _print_profile(rows: list[dict], manifest: dict, limit: int = 15) -> None:
         ms = sum(r["ms"] for r in rs)
         sched = kernels.get(name, {}).get("schedule", {})
         tile = "x".join(f"{sp['factor']}@{sp['axis']}" for sp in sched.get("splits", [])) or "1"
-        table.add_row(name, str(len(rs)), f"{ms:.3f}", f"{ms / total:.1%}",
-                      f"tile {tile} u{sched.get('unroll', 1)} wg{sched.get('workgroup_size', '?')}")
+        where = f" wg{sched.get('workgroup_size', '?')}" if target == "webgpu" else ""
+        table.add_row(name, str(len(rs)), f"{ms:.3f}", f"{ms / total:.1%}", f"tile {tile} u{sched.get('unroll', 1)}{where}")
     Console().print(table)
 
 
@@ -291,8 +295,12 @@ def info_cmd(package: Path, as_json: bool) -> None:
         uses: dict[int, int] = {}
         for s in tgt["plan"]:
             uses[s["kernel"]] = uses.get(s["kernel"], 0) + 1
-        click.echo(f"target {name}: {len(tgt['kernels'])} kernels, {len(tgt['plan'])} dispatches"
-                   + (f", features {tgt['features']}" if tgt["features"] else ""))
+        extra = (f", features {tgt['features']}" if tgt.get("features") else "")
+        if name == "wasm":
+            extra += (f", {_fmt_bytes(tgt['bytes'])} module, {_fmt_bytes(tgt['memory']['bytes'])} memory"
+                      + (", threads" if tgt.get("threads") else ""))
+        click.echo(f"target {name}: {len(tgt['kernels'])} kernels, {len(tgt['plan'])} "
+                   f"{'dispatches' if name == 'webgpu' else 'calls'}{extra}")
         for i, k in enumerate(tgt["kernels"]):
             click.echo(f"  {k['name']:<40} {'+'.join(k['ops']):<28} x{uses.get(i, 0)}")
     nweights = sum(1 for b in m["buffers"] if b["kind"] == "weight")

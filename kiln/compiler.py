@@ -69,10 +69,9 @@ class Compiled:
     target: WebGPUTarget
     passes: list[str] = field(default_factory=list)
     device_class: str = "gpu"
-    #: the targets written into the package, in order (``kernels`` and ``steps`` are webgpu's, empty without it)
-    targets: list[str] = field(default_factory=lambda: ["webgpu"])
-    #: other targets' code by name: objects with ``manifest()`` (the ``targets`` entry) and ``files()`` (path -> text)
-    extra: dict[str, Any] = field(default_factory=dict)
+    targets: tuple[str, ...] = ("webgpu",)
+    wasm: Any = None  # kiln.codegen.wasm.WasmProgram when "wasm" is among the targets
+    webgl2: Any = None  # kiln.webgl2.WebGL2Code when "webgl2" is among the targets
 
 
 def group_expr(group: Group) -> Tensor:
@@ -154,59 +153,62 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     return kernels, steps
 
 
-#: code generation targets ``compile_graph`` knows, in the order a package lists them
-TARGET_NAMES = ("webgpu", "webgl2")
+#: targets ``kiln compile --target`` accepts (a comma list of them)
+TARGETS = ("webgpu", "webgl2", "wasm")
 
 
-def parse_targets(target: str | list[str] | tuple[str, ...]) -> list[str]:
-    """Target names from ``"webgpu,webgl2"`` or a list, deduplicated in order.
+def parse_targets(target: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``"webgpu,wasm"`` (or a list) as a tuple of known target names, in :data:`TARGETS` order.
 
     Raises:
-        KilnError: an empty list or an unknown target.
+        KilnError: an unknown target, or none.
     """
-    names = [t.strip() for t in (target.split(",") if isinstance(target, str) else target)]
-    names = list(dict.fromkeys(t for t in names if t))
-    if not names:
-        raise KilnError(f"no target given; known targets: {', '.join(TARGET_NAMES)}")
-    unknown = [t for t in names if t not in TARGET_NAMES]
-    if unknown:
-        raise KilnError(f"unknown target {', '.join(map(repr, unknown))}; known targets: {', '.join(TARGET_NAMES)}")
-    return names
+    names = [t.strip() for t in (target.split(",") if isinstance(target, str) else target) if t.strip()]
+    unknown = [t for t in names if t not in TARGETS]
+    if unknown or not names:
+        raise KilnError(f"unknown target {', '.join(map(repr, unknown)) or '(none)'}; known: {', '.join(TARGETS)} "
+                        "(several as a comma list: webgpu,wasm)")
+    return tuple(t for t in TARGETS if t in names)
 
 
 def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bool = True, progress: bool = False,
-                  device_class: str = "gpu") -> Compiled:
-    """Optimise ``graph`` in place, plan its memory and generate each target's kernels (default schedules
-    for ``device_class``); ``target`` is one name, a comma list (``"webgpu,webgl2"``) or a list."""
-    names = parse_targets(target)
-    tgt = get_target("webgpu")  # fusion keeps within WebGPU's default bindings, the strictest of the targets
+                  device_class: str = "gpu", wasm_threads: bool = True) -> Compiled:
+    """Optimise ``graph`` in place and generate its kernels for each of ``target`` (a name or a comma
+    list: ``webgpu`` with the default schedules for ``device_class``, ``webgl2``, ``wasm``) and memory plan."""
+    targets = parse_targets(target)
+    tgt = get_target("webgpu")  # the groups and buffers serve every target: WebGPU's limits are the tightest
     verify(graph)
     fired = optimize(graph)
     groups = fuse(graph, max_inputs=tgt.limits["maxStorageBuffersPerShaderStage"] - 1)
     plan = plan_memory(graph, groups)
     kernels, steps = [], []
-    if "webgpu" in names:
+    if "webgpu" in targets:
         kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
                                        schedule=functools.partial(default_schedule, device_class=device_class))
-    extra = {}
-    if "webgl2" in names:
+    webgl2_code = None
+    if "webgl2" in targets:
         from kiln import webgl2
 
-        extra["webgl2"] = webgl2.build(graph, groups, plan, progress=progress)
-    return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=names,
-                    extra=extra)
+        webgl2_code = webgl2.build(graph, groups, plan, progress=progress)
+    program = None
+    if "wasm" in targets:
+        from kiln.compile_wasm import build_wasm
+
+        program = build_wasm(groups, plan, progress=progress, threads=wasm_threads)
+    return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=targets,
+                    wasm=program, webgl2=webgl2_code)
 
 
 def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",
                   dims: dict[str, int] | None = None, force: bool = False, preset: str = "auto",
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
-                  device_class: str = "gpu") -> Path:
+                  device_class: str = "gpu", wasm_threads: bool = True) -> Path:
     """Compile an ONNX model into a package directory.
 
     Args:
         model: path of an ``.onnx`` file.
         out: package directory to create.
-        target: code generation targets: ``webgpu``, ``webgl2``, or several (``"webgpu,webgl2"`` or a list).
+        target: code generation target(s): ``webgpu``, ``webgl2``, ``wasm`` or a comma list (``webgpu,webgl2``).
         dims: values of symbolic dims (``{"N": 1}``; unbound named dims default to 1).
         force: replace ``out`` if it already holds a Kiln package (never anything else).
         preset: ``auto`` (detect an ImageNet classifier), ``imagenet`` or ``none``: the
@@ -217,6 +219,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         device_class: ``gpu`` (discrete or integrated GPUs) or ``cpu`` (WebGPU on a CPU:
             SwiftShader, lavapipe): the kind of device the default schedules are made for
             (see :func:`~kiln.te.schedule.default_schedule`); the package runs on both.
+        wasm_threads: with the wasm target, also build its shared-memory module for workers.
 
     Returns:
         The package directory.
@@ -238,5 +241,6 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         graph.name = Path(model).stem
     if device_class not in DEVICE_CLASSES:
         raise KilnError(f"device class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
-    compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class)
+    compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
+                             wasm_threads=wasm_threads)
     return write_package(compiled, out, force=force, preset=preset, labels=labels, source=Path(model).name)

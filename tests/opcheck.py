@@ -15,6 +15,23 @@ import kiln
 from kiln.frontend.onnx.importer import import_model
 from kiln.ir import interp
 
+#: the targets :func:`check_op` runs on unless a test says otherwise: ``KILN_OP_TARGETS`` (a comma list)
+#: or webgpu; tests/test_wasm.py runs its per-op tests with ("wasm",), tests/test_webgl2.py with ("webgl2",).
+#: ``webgpu`` and ``wasm`` run natively (wgpu-py, wasmtime); ``webgl2`` and ``browser:NAME`` (``browser:webgpu``,
+#: ``browser:wasm``) run kiln.js in headless Chromium: ``KILN_OP_TARGETS=webgl2 pytest tests/test_ops.py`` runs
+#: every per-op test on WebGL2
+TARGETS: tuple[str, ...] = tuple(os.environ.get("KILN_OP_TARGETS", "webgpu").split(","))
+
+#: targets with a native runtime (the others run in the browser)
+NATIVE_TARGETS = ("webgpu", "wasm")
+
+#: per-target tolerance, as a factor on each test's own rtol and atol (which fit WebGPU's f32 math). The
+#: wasm target computes the same f32 expressions; its exp/log/sin/cos are compiler-rt's (musl's, <1 ulp)
+#: and tanh/atan/pow/sinh/... are computed in f64 and rounded once, so it needs no more. WebGL2 computes in
+#: GLSL ES highp (IEEE f32 storage; SwiftShader's built-ins are as exact as WGSL's there, so a factor of 1;
+#: GPUs' WebGL drivers may approximate exp/tanh/pow more loosely)
+TOLERANCE: dict[str, float] = {"webgpu": 1.0, "wasm": 1.0, "webgl2": 1.0, "browser:webgpu": 1.0, "browser:wasm": 1.0}
+
 
 def _onnx_type(dtype: np.dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
@@ -58,31 +75,18 @@ def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None =
     return model
 
 
-#: where check_op runs Kiln's kernels: ``native`` (wgpu-py, the default), or a browser target in headless
-#: Chromium (``webgpu``, ``webgl2``); ``KILN_TEST_TARGET=webgl2 pytest tests/test_ops.py`` runs every per-op
-#: test on WebGL2
-TARGET = os.environ.get("KILN_TEST_TARGET", "native")
-
-#: the least tolerance (rtol, atol) each target's float results are compared with, whatever a test asks:
-#: every target computes in IEEE float32, but WebGL2 drivers may evaluate transcendental built-ins
-#: (exp, tanh, pow, ...) less accurately than WGSL's and onnxruntime's (GLSL ES 3.00 §8 leaves their
-#: precision to the implementation beyond highp's range)
-TOLERANCES = {"native": (0.0, 0.0), "webgpu": (0.0, 0.0), "webgl2": (1e-4, 1e-5)}
-
-
 def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = None,
              initializers: dict[str, np.ndarray] | None = None, *, opset: int = 17, rtol: float = 1e-4,
              atol: float = 1e-5, input_order: list[str] | None = None, n_outputs: int = 1,
-             oracle: str = "onnxruntime", target: str | None = None) -> dict[str, np.ndarray]:
-    """Compile a one-node model with Kiln, run it with poisoned buffers natively on WebGPU (or on
-    ``target`` in headless Chromium, default :data:`TARGET`), and compare every output with onnxruntime
-    (and the IR interpreter with onnxruntime), within the larger of the given and the target's
-    :data:`TOLERANCES`. Returns Kiln's outputs.
+             oracle: str = "onnxruntime", targets: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+    """Compile a one-node model with Kiln for ``targets`` (default :data:`TARGETS`), run it natively on
+    each (WebGPU through wgpu-py, wasm through wasmtime; webgl2 and ``browser:NAME`` with kiln.js in headless
+    Chromium) with poisoned buffers, and compare every output
+    with onnxruntime within ``rtol``/``atol`` times the target's :data:`TOLERANCE` (and the IR interpreter
+    with onnxruntime). Returns the first target's outputs.
 
     ``oracle="onnx"`` compares with onnx's ReferenceEvaluator instead, for operators newer than the
     installed onnxruntime supports (opset 27 ones such as LinearAttention)."""
-    target = target or TARGET
-    rtol, atol = max(rtol, TOLERANCES[target][0]), max(atol, TOLERANCES[target][1])
     model = make_model(op_type, inputs, attrs, initializers, opset=opset, input_order=input_order, n_outputs=n_outputs)
     if oracle == "onnx":
         from onnx.reference import ReferenceEvaluator
@@ -92,32 +96,40 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
         expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None,
                                                                                                            inputs)
     spec = interp.run(import_model(model), inputs)
-    if target == "native":
+    targets = targets or TARGETS
+    got = {}
+    native = [t for t in targets if t in NATIVE_TARGETS]
+    if native:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.onnx"
             onnx.save(model, path)
-            pkg = kiln.compile(path, Path(tmp) / "pkg")
-            got = kiln.load(pkg, poison=True).run(inputs)
-    else:
-        got = run_in_browser(model, inputs, target, name=op_type.lower())
+            pkg = kiln.compile(path, Path(tmp) / "pkg", target=",".join(native), wasm_threads=False)
+            for target in native:
+                got[target] = kiln.load(pkg, target=target, poison=True).run(inputs)
+    for target in targets:
+        if target not in NATIVE_TARGETS:
+            got[target] = run_in_browser(model, inputs, target, name=op_type.lower())
     for i, exp in enumerate(expected):
         name = f"y{i}"
-        for what, arr in (("interpreter", spec[name]), ("webgpu" if target == "native" else target, got[name])):
+        for what, arr in (("interpreter", spec[name]), *((t, got[t][name]) for t in targets)):
             assert arr.shape == exp.shape, f"{op_type} {what}: shape {arr.shape} != onnxruntime {exp.shape}"
             assert arr.dtype == exp.dtype, f"{op_type} {what}: dtype {arr.dtype} != onnxruntime {exp.dtype}"
-            np.testing.assert_allclose(arr, exp, rtol=rtol, atol=atol, err_msg=f"{op_type} {what} vs onnxruntime")
-    return got
+            scale = TOLERANCE.get(what, 1.0)
+            np.testing.assert_allclose(arr, exp, rtol=rtol * scale, atol=atol * scale,
+                                       err_msg=f"{op_type} {what} vs onnxruntime")
+    return got[targets[0]]
 
 
 def run_in_browser(model: onnx.ModelProto, inputs: dict[str, np.ndarray], target: str, name: str = "model",
                    device_class: str = "cpu", dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Compile ``model`` for ``target`` alone and run it in the shared headless Chromium page
-    (:func:`browser.shared_runner`, poisoned textures/buffers); returns its outputs."""
+    """Compile ``model`` for ``target`` alone (``webgl2``, or ``browser:NAME``) and run it with kiln.js in
+    the shared headless Chromium page (:func:`browser.shared_runner`, poisoned textures); returns its outputs."""
     from browser import shared_runner
 
+    js_target = target.removeprefix("browser:")
     runner = shared_runner()
     out = runner.package_dir(name)
     out.mkdir(parents=True)
     onnx.save(model, out / "model.onnx")
-    pkg = kiln.compile(out / "model.onnx", out / "pkg", target=target, device_class=device_class, dims=dims)
-    return runner.run(pkg, inputs, target)
+    pkg = kiln.compile(out / "model.onnx", out / "pkg", target=js_target, device_class=device_class, dims=dims)
+    return runner.run(pkg, inputs, js_target)

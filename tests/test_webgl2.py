@@ -2,9 +2,9 @@
 headless Chromium (SwiftShader through ANGLE) against onnxruntime.
 
 The per-op cases are the per-op tests themselves (tests/test_ops.py, test_ops_breadth.py,
-test_dtypes.py), called with check_op's target set to ``webgl2``; every per-op test runs on WebGL2
-with ``KILN_TEST_TARGET=webgl2 pytest tests/test_ops.py``. Tolerances per target are
-``opcheck.TOLERANCES``.
+test_dtypes.py), called with check_op's targets set to ``("webgl2",)``; every per-op test runs on WebGL2
+with ``KILN_OP_TARGETS=webgl2 pytest tests/test_ops.py``. Tolerances per target are
+``opcheck.TOLERANCE``.
 """
 
 from __future__ import annotations
@@ -76,10 +76,10 @@ CASES = [
 @pytest.fixture(scope="module")
 def on_webgl2():
     """check_op runs on WebGL2 in the shared Chromium page for this module's tests, which is closed after them."""
-    saved = opcheck.TARGET
-    opcheck.TARGET = "webgl2"
+    saved = opcheck.TARGETS
+    opcheck.TARGETS = ("webgl2",)
     yield
-    opcheck.TARGET = saved
+    opcheck.TARGETS = saved
     close_shared_runner()
 
 

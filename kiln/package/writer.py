@@ -160,20 +160,22 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "weights": {"files": files},
             "targets": {},
         }
-        for name in getattr(compiled, "targets", ["webgpu"]):
-            if name == "webgpu":
-                manifest["targets"]["webgpu"] = {
-                    "features": list(compiled.target.features),
-                    "device_class": compiled.device_class,
-                    "limits": needed_limits(compiled),
-                    "kernels": kernels,
-                    "plan": plan_steps,
-                }
-            else:  # another target's code: its manifest entry and its files
-                code = compiled.extra[name]
-                for path, text in code.files().items():
-                    (tmp / path).write_text(text)
-                manifest["targets"][name] = code.manifest()
+        if "webgpu" in compiled.targets:
+            manifest["targets"]["webgpu"] = {
+                "features": list(compiled.target.features),
+                "device_class": compiled.device_class,
+                "limits": needed_limits(compiled),
+                "kernels": kernels,
+                "plan": plan_steps,
+            }
+        if compiled.webgl2 is not None:
+            for path, text in compiled.webgl2.files().items():
+                (tmp / path).write_text(text)
+            manifest["targets"]["webgl2"] = compiled.webgl2.manifest()
+        if compiled.wasm is not None:
+            from kiln.package.wasm import write_wasm_target
+
+            manifest["targets"]["wasm"] = write_wasm_target(compiled.wasm, tmp)
         chosen = detect_preset(graph) if preset == "auto" else preset
         if chosen == "imagenet":
             pre = json.loads(json.dumps(IMAGENET))

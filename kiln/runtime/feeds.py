@@ -39,3 +39,16 @@ def check_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tupl
                              f"(symbolic {spec['symbolic_shape']}), got {list(a.shape)}")
         out.append((spec, np.ascontiguousarray(a)))
     return out
+
+
+def storage_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tuple[dict[str, Any], np.ndarray]]:
+    """:func:`check_feeds`, then each array converted to its buffer's element type (the manifest's
+    ``storage``: bool, 8/16-bit and int64 tensors become int32), C-contiguous.
+
+    Raises:
+        ShapeError: as :func:`check_feeds`, or an int64 value outside int32's range.
+    """
+    from kiln.package.format import to_storage
+
+    return [(spec, np.ascontiguousarray(to_storage(a, spec["dtype"], f"input {spec['name']!r}")))
+            for spec, a in check_feeds(specs, feeds)]

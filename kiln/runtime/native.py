@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import DeviceError, PackageError
-from kiln.package.format import DEFAULT_LIMITS, from_storage, read_manifest, to_storage, verify_weights
-from kiln.runtime.feeds import check_feeds
+from kiln.package.format import DEFAULT_LIMITS, from_storage, read_manifest, verify_weights
+from kiln.runtime.feeds import storage_feeds
 
 
 def _request_device(limits: dict[str, int], features: list[str], optional: tuple[str, ...] = ()):
@@ -177,8 +177,7 @@ class Session:
         return dict(self.adapter.info)
 
     def _check_feeds(self, feeds: dict[str, np.ndarray]) -> list[tuple[dict, np.ndarray]]:
-        return [(spec, np.ascontiguousarray(to_storage(a, spec["dtype"], f"input {spec['name']!r}")))
-                for spec, a in check_feeds(self.inputs, feeds)]
+        return storage_feeds(self.inputs, feeds)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape).
