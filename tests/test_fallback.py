@@ -1,6 +1,7 @@
 """Target selection in the browser runtime: kiln.load picks WebGPU, then WebGL2, then WebAssembly by feature
 detection among the targets a package holds; a forced target that the package lacks or the browser cannot
-run is a clear error (headless Chromium; WebGPU and WebGL2 are disabled by page init scripts)."""
+run is a clear error (headless Chromium; WebGPU, WebGL2 and WebAssembly SIMD are disabled by page init
+scripts). The served pages are cross-origin isolated (COOP/COEP), so the wasm target runs on workers."""
 
 from __future__ import annotations
 
@@ -26,17 +27,18 @@ NO_WEBGL2 = """for (const Canvas of [globalThis.HTMLCanvasElement, globalThis.Of
     return type === 'webgl2' ? null : getContext.call(this, type, ...rest);
   };
 }"""
+NO_WASM_SIMD = "WebAssembly.validate = () => false"
 
 WEIGHT = np.array([[1, -2, 3, -4], [-5, 6, -7, 8]], dtype=np.float32)
 
 #: loads the package with `target`, runs y = relu(x @ w) and reports the target, or the error
-LOAD_AND_RUN = """async ({target, x}) => {
+LOAD_AND_RUN = """async ({target, x, threads}) => {
   const kiln = await import('./kiln.js');
   try {
-    const session = await kiln.load('./', {target});
+    const session = await kiln.load('./', {target, threads, poison: true});
     const {y} = await session.run({x: new kiln.Tensor('float32', Float32Array.from(x), [1, 2])});
     session.destroy();
-    return {target: session.target, y: Array.from(y.data)};
+    return {target: session.target, device: session.adapterInfo.device, y: Array.from(y.data)};
   } catch (error) {
     return {error: `${error.name}: ${error.message}`};
   }
@@ -55,8 +57,8 @@ def _compile(tmp_path, target: str):
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
-    """A package holding the webgpu and webgl2 targets, served."""
-    with serving(_compile(tmp_path_factory.mktemp("both"), "webgpu,webgl2")) as url:
+    """A package holding the webgpu, webgl2 and wasm targets, served."""
+    with serving(_compile(tmp_path_factory.mktemp("both"), "webgpu,webgl2,wasm")) as url:
         yield url
 
 
@@ -66,7 +68,7 @@ def webgpu_only(tmp_path_factory):
         yield url
 
 
-def _load(browser, url: str, target: str, *init_scripts: str) -> dict:
+def _load(browser, url: str, target: str, *init_scripts: str, threads: int | None = None) -> dict:
     page = browser.new_page()
     log = ConsoleLog(page)
     try:
@@ -74,7 +76,7 @@ def _load(browser, url: str, target: str, *init_scripts: str) -> dict:
             page.add_init_script(script)
         page.goto(url + "manifest.json")
         x = np.array([0.5, -1.5], np.float32)
-        result = log.evaluate(LOAD_AND_RUN, {"target": target, "x": x.tolist()})
+        result = log.evaluate(LOAD_AND_RUN, {"target": target, "x": x.tolist(), "threads": threads})
         if "y" in result:
             np.testing.assert_allclose(result["y"], np.maximum(x @ WEIGHT, 0), rtol=1e-6)
         return result
@@ -90,8 +92,19 @@ def test_without_webgpu_auto_falls_back_to_webgl2(browser, both):
     assert _load(browser, both, "auto", NO_WEBGPU)["target"] == "webgl2"
 
 
+def test_without_webgpu_and_webgl2_auto_falls_back_to_wasm(browser, both):
+    result = _load(browser, both, "auto", NO_WEBGPU, NO_WEBGL2)
+    assert result.get("target") == "wasm" and result["device"].endswith("threads"), result  # isolated: workers
+
+
 def test_forcing_webgl2(browser, both):
     assert _load(browser, both, "webgl2")["target"] == "webgl2"
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_forcing_wasm(browser, both, threads):
+    result = _load(browser, both, "wasm", threads=threads)
+    assert result["target"] == "wasm" and result["device"] == f"{threads} thread{'s' if threads > 1 else ''}"
 
 
 def test_demo_page_reports_the_chosen_target(browser, both):
@@ -121,9 +134,10 @@ def test_forcing_a_target_the_browser_cannot_run_is_an_error(browser, both):
 
 
 def test_no_runnable_target_names_each_reason(browser, both):
-    error = _load(browser, both, "auto", NO_WEBGPU, NO_WEBGL2)["error"]
+    error = _load(browser, both, "auto", NO_WEBGPU, NO_WEBGL2, NO_WASM_SIMD)["error"]
     assert error.startswith("DeviceError: this browser can run none of the package's targets: "
                             "webgpu (navigator.gpu is missing); webgl2 (canvas.getContext"), error
+    assert error.endswith("; wasm (WebAssembly has no SIMD128 (fixed-width SIMD))"), error
 
 
 def test_unknown_target_is_an_error(browser, both):
