@@ -120,16 +120,24 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
     return got[targets[0]]
 
 
-def run_in_browser(model: onnx.ModelProto, inputs: dict[str, np.ndarray], target: str, name: str = "model",
-                   device_class: str = "cpu", dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Compile ``model`` for ``target`` alone (``webgl2``, or ``browser:NAME``) and run it with kiln.js in
-    the shared headless Chromium page (:func:`browser.shared_runner`, poisoned textures); returns its outputs."""
+def run_in_browser(model: onnx.ModelProto, inputs: dict[str, np.ndarray], target: str | tuple[str, ...],
+                   name: str = "model", device_class: str = "cpu",
+                   dims: dict[str, int] | None = None) -> dict[str, np.ndarray] | dict[str, dict[str, np.ndarray]]:
+    """Compile ``model`` once for the browser ``target`` (``webgl2``, or ``browser:NAME``) or targets, and run
+    it with kiln.js on each in the shared headless Chromium page (:func:`browser.shared_runner`, poisoned
+    textures and buffers).
+
+    Returns:
+        One target: its outputs (name -> array); several: target -> its outputs.
+    """
     from browser import shared_runner
 
-    js_target = target.removeprefix("browser:")
+    targets = (target,) if isinstance(target, str) else tuple(target)
+    js = [t.removeprefix("browser:") for t in targets]
     runner = shared_runner()
     out = runner.package_dir(name)
     out.mkdir(parents=True)
     onnx.save(model, out / "model.onnx")
-    pkg = kiln.compile(out / "model.onnx", out / "pkg", target=js_target, device_class=device_class, dims=dims)
-    return runner.run(pkg, inputs, js_target)
+    pkg = kiln.compile(out / "model.onnx", out / "pkg", target=",".join(js), device_class=device_class, dims=dims)
+    got = {t: runner.run(pkg, inputs, j) for t, j in zip(targets, js)}
+    return got[target] if isinstance(target, str) else got
