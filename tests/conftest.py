@@ -43,11 +43,12 @@ def reference_npz() -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="session")
 def mobilenet_package(tmp_path_factory) -> Path:
-    """MobileNetV2 compiled once per test session (with kiln.js and index.html); tests must not modify it."""
+    """MobileNetV2 compiled once per test session for webgpu and wasm (with kiln.js and index.html); tests must
+    not modify it."""
     import kiln
 
     return kiln.compile(str(MOBILENET), str(tmp_path_factory.mktemp("mobilenet") / "mobilenet_v2"), force=True,
-                        device_class="cpu")  # run in SwiftShader (RPC tests)
+                        device_class="cpu", target="webgpu,wasm")  # run in SwiftShader (RPC tests)
 
 
 @pytest.hookimpl(hookwrapper=True)

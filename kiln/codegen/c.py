@@ -20,6 +20,7 @@ four) and kernels the vectoriser cannot express run the plain scalar code. Loads
 lowering (the taken branch of a ``Select``: a padded window's border) read whole vectors; their
 base is clamped into ``[-3, size)``, which only moves vectors whose every lane is outside the
 buffer, so lanes that matter read exactly (the package's memory keeps slack around the arena).
+Loads at lane stride 2 (stride-2 convolutions) read two whole vectors and shuffle the even lanes.
 
 Semantics follow the WGSL renderer: float ``min``/``max`` propagate NaN (``f32.min``), integer
 ``/`` and ``%`` truncate and never trap (a zero divisor gives the dividend and 0, as WGSL),
@@ -73,6 +74,7 @@ double exp(double); double log(double);
 
 static inline int kiln_guard(int i, int hi) { return (unsigned)i > (unsigned)hi ? hi : i; }
 static inline int kiln_vbase(int i, int size) { return i < -3 ? -3 : (i >= size ? size - 1 : i); }
+static inline int kiln_vbase2(int i, int size) { return i < -7 ? -7 : (i >= size ? size - 1 : i); }
 static inline int kiln_idiv(int a, int b) { return b == 0 || (b == -1 && a == (-2147483647 - 1)) ? a : a / b; }
 static inline int kiln_imod(int a, int b) { return b == 0 || b == -1 ? 0 : a % b; }
 static inline float kiln_fmod(float a, float b) { return a - b * __builtin_truncf(a / b); }
@@ -179,10 +181,17 @@ static inline v128_t kiln_f32x4_sign(v128_t x) {
     v128_t s = wasm_v128_bitselect(one, wasm_f32x4_neg(one), wasm_f32x4_gt(x, zero));
     return wasm_v128_bitselect(s, x, wasm_v128_or(wasm_f32x4_gt(x, zero), wasm_f32x4_lt(x, zero)));
 }
+static inline v128_t kiln_load_s2(const void* p) {  // elements 0, 2, 4, 6 from p
+    return wasm_i32x4_shuffle(wasm_v128_load(p), wasm_v128_load((const char*)p + 16), 0, 2, 4, 6);
+}
 static inline v128_t kiln_iota(int base, int stride) {
     return wasm_i32x4_make(base, base + stride, base + 2 * stride, base + 3 * stride);
 }
 """
+
+
+#: kernels whose tile grid has at most this many blocks (rows of vectors) visit them column by column
+COLUMN_ROWS = 32
 
 
 class VectorUnsupported(Exception):
@@ -305,6 +314,9 @@ class _Renderer:
         if i.kind == "a" and i.stride == 1:
             base = f"kiln_vbase({i.code}, {e.size})" if e.guard else i.code
             return Val("v", f"wasm_v128_load(&{e.buf}[{base}])", e.dtype)
+        if i.kind == "a" and i.stride == 2:  # two whole vectors, the even lanes shuffled together
+            base = f"kiln_vbase2({i.code}, {e.size})" if e.guard else i.code
+            return Val("v", f"kiln_load_s2(&{e.buf}[{base}])", e.dtype)
         if i.kind == "a" and not e.guard:
             ctor = "wasm_f32x4_make" if e.dtype == "float32" else "wasm_i32x4_make"
             lanes = ", ".join(f"{e.buf}[{i.code} + {k * i.stride}]" for k in range(LANES))
@@ -624,6 +636,10 @@ def _vector_body(k: LoweredKernel, grid: tuple[int, ...]) -> tuple[list[str], in
     return None
 
 
+def _args(k: LoweredKernel) -> str:
+    return ", ".join(p.name for p in k.params)
+
+
 def render(k: LoweredKernel, export: str, grid: tuple[int, ...], comment: str = "") -> tuple[str, bool]:
     """C source of kernel ``k`` as the exported function ``export``.
 
@@ -638,20 +654,47 @@ def render(k: LoweredKernel, export: str, grid: tuple[int, ...], comment: str = 
         ``(source, vectorised)``. The function takes one pointer per buffer parameter (byte
         offsets into linear memory), then ``begin`` and ``end``: it computes tiles ``[begin, end)``.
 
+    The tiles of a range are visited row by row of the vectors' block (``B`` tiles), except that
+    a kernel with reductions and at most :data:`COLUMN_ROWS` blocks visits whole blocks column by
+    column: four tiles of every block, then the next four. Blocks then are output channels, and
+    the input columns a vector reads stay in the L1 cache for all of them (a 1x1 convolution to
+    24 channels re-reads a 1.8 MB input once instead of six times).
+
     Raises:
         TypeError: a kernel with reduce lanes (workgroup barriers).
     """
     if k.lanes > 1:
         raise TypeError(f"C: kernel {k.name} has reduce lanes; schedule it for the CPU (no barriers)")
-    scalar = _Renderer({k.gid.name: Val("u", k.gid.name, "int32")}).stmts(k.body, 3)
+    params, args, g = _params(k).rsplit(", int begin", 1)[0], _args(k), k.gid.name
+    scalar = _Renderer({g: Val("u", g, "int32")}).stmts(k.body, 1)
     vector = _vector_body(k, grid)
     lines = [f"// {k.name}" + (f": {comment}" if comment else ""),
-             f"KILN_EXPORT(\"{export}\") void {export}({_params(k)}) {{", "    int g = begin;", "    while (g < end) {"]
-    if vector is not None:
-        body, block = vector
-        lines += [f"        if (g + {LANES} <= end && g % {block} <= {block - LANES}) {{",
-                  f"            const int {k.gid.name} = g;", *body, f"            g += {LANES};",
-                  "            continue;", "        }"]
-    lines += ["        {", f"            const int {k.gid.name} = g;", *scalar, "        }", "        g += 1;",
-              "    }", "}", ""]
-    return "\n".join(lines), vector is not None
+             f"static void {export}_s({params}, const int {g}) {{", *scalar, "}"]
+    if vector is None:
+        lines += [f"KILN_EXPORT(\"{export}\") void {export}({params}, int begin, int end) {{",
+                  f"    for (int g = begin; g < end; g++) {export}_s({args}, g);", "}", ""]
+        return "\n".join(lines), False
+    body, block = vector
+    lines += [f"static void {export}_v({params}, const int {g}) {{", *(line[8:] for line in body), "}",
+              f"static void {export}_rows({params}, int begin, int end) {{", "    int g = begin;", "    while (g < end) {",
+              f"        if (g + {LANES} <= end && g % {block} <= {block - LANES}) {{",
+              f"            {export}_v({args}, g);", f"            g += {LANES};", "        } else {",
+              f"            {export}_s({args}, g);", "            g += 1;", "        }", "    }", "}"]
+    rows = k.total // block if k.total % block == 0 else 0
+    has_loops = any(isinstance(s, For) for s in k.body)
+    lines.append(f"KILN_EXPORT(\"{export}\") void {export}({params}, int begin, int end) {{")
+    if has_loops and 2 <= rows <= COLUMN_ROWS:
+        lines += [f"    const int r0 = (begin + {block - 1}) / {block}, r1 = end / {block};",
+                  f"    if (r1 <= r0) {{ {export}_rows({args}, begin, end); return; }}",
+                  f"    {export}_rows({args}, begin, r0 * {block});",
+                  f"    for (int p = 0; p < {block}; ) {{",
+                  f"        if (p + {LANES} <= {block}) {{",
+                  f"            for (int r = r0; r < r1; r++) {export}_v({args}, r * {block} + p);",
+                  f"            p += {LANES};", "        } else {",
+                  f"            for (int r = r0; r < r1; r++) {export}_s({args}, r * {block} + p);",
+                  "            p += 1;", "        }", "    }",
+                  f"    {export}_rows({args}, r1 * {block}, end);"]
+    else:
+        lines.append(f"    {export}_rows({args}, begin, end);")
+    lines += ["}", ""]
+    return "\n".join(lines), True

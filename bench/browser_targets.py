@@ -3,8 +3,8 @@ workers), on one package holding all three, against onnxruntime (CPU, in Python)
 
 Usage::
 
-    python -m bench.browser [--model models/mobilenet_v2_imagenet.onnx] [--repeat 5] [--warmup 1]
-                            [--threads 2] [--out bench/results]
+    python -m bench.browser_targets [--model models/mobilenet_v2_imagenet.onnx] [--repeat 5] [--warmup 1]
+                                    [--threads 2] [--out bench/results]
 
 Chromium runs WebGPU and WebGL2 on SwiftShader (the CPU) here, so those numbers say what a machine
 without a GPU gets, not what a GPU does. For each target the page loads the package with

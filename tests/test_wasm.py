@@ -1,0 +1,236 @@
+"""The WebAssembly target natively (wasmtime): per-op parity with onnxruntime, real models, threads, SIMD, errors.
+
+The per-op tests here are a subset of tests/test_ops.py, test_ops_breadth.py and test_dtypes.py (one or
+more cases of every op family, every unary math function, since those are the wasm target's own C), run
+through the same helper (``opcheck.check_op``) on the ``wasm`` target. Every per-op test passes on wasm;
+run them all with ``KILN_OP_TARGETS=webgpu,wasm python -m pytest tests/test_ops.py tests/test_ops_breadth.py
+tests/test_dtypes.py`` (about 4 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import onnxruntime as ort
+import opcheck
+import pytest
+import test_dtypes
+import test_ops
+import test_ops_breadth
+from conftest import CHELSEA, MOBILENET, SHARED_MODELS
+
+import kiln
+from kiln.codegen import c, wasm
+from kiln.errors import KilnError, PackageError
+
+T, B, D = test_ops, test_ops_breadth, test_dtypes
+
+#: (test function, its arguments besides rng): a cross-section of every op family
+OP_CASES = [
+    *((T.test_unary, {"op": op}) for op in T.UNARY),
+    *((B.test_unary_math, {"op": op}) for op in B.UNARY),
+    (T.test_conv2d, {"case": T.CONV_CASES[0]}),  # 3x3 stride 2: gathers in vectors
+    (T.test_conv2d, {"case": T.CONV_CASES[1]}),  # depthwise, padded: guarded whole-vector loads
+    (T.test_conv2d, {"case": T.CONV_CASES[3]}),  # pointwise
+    (T.test_conv2d, {"case": T.CONV_CASES[4]}),  # grouped
+    (T.test_conv_auto_pad, {"auto_pad": "SAME_LOWER"}),
+    (T.test_conv1d, {}),
+    (B.test_conv_transpose, {"case": B.CONV_T[0]}),
+    (T.test_gemm, {"case": T.GEMM_CASES[0]}),
+    (T.test_gemm, {"case": T.GEMM_CASES[2]}),
+    (T.test_matmul, {"sa": (2, 1, 3, 4), "sb": (5, 4, 2)}),
+    (T.test_pool2d, {"case": T.POOL_CASES[0]}),
+    (T.test_pool2d, {"case": T.POOL_CASES[4]}),
+    (T.test_global_average_pool, {"shape": (1, 1280, 7, 7)}),
+    (T.test_binary_broadcast, {"op": "Div", "shapes": T.BROADCASTS[-1]}),
+    (T.test_pow, {}),
+    (T.test_pow_negative_base_integral_exponent, {}),
+    (T.test_clip_11_runtime_bounds, {}),
+    (T.test_softmax_13, {"axis": 1}),
+    (T.test_reduce, {"op": "ReduceMax", "axes": [0, 2], "keepdims": 0}),
+    (T.test_transpose, {"perm": [2, 0, 1]}),
+    (B.test_layer_normalization, {"axis": -1}),
+    (B.test_reduce_composites, {"op": "ReduceLogSumExp", "axes": [1], "keepdims": 1}),
+    (B.test_arg_reduce, {"op": "ArgMax", "axis": -1, "keepdims": 0, "last": 1}),
+    (B.test_comparison, {"op": "LessOrEqual", "dtype": "int64"}),
+    (B.test_logic, {"op": "Xor"}),
+    (B.test_where_with_scalar_branch_and_int64, {}),
+    (B.test_mod, {"fmod": 0}),
+    (B.test_mod, {"fmod": 1}),
+    (B.test_bitwise_and_integer_pow, {}),
+    (B.test_bit_shift, {"direction": "RIGHT", "dtype": "uint8"}),
+    (B.test_gather_runtime_data_and_indices, {"axis": -1}),
+    (B.test_slice, {"case": B.SLICES[-1]}),
+    (B.test_pad_modes, {"mode": "reflect"}),
+    (B.test_resize, {"case": B.RESIZES[0]}),
+    (B.test_cumsum, {"exclusive": 1, "reverse": 1}),
+    (B.test_topk, {"largest": 0}),
+    (B.test_scatter_elements, {"reduction": "max"}),
+    (B.test_einsum, {"case": B.EINSUMS[0]}),
+    (B.test_attention, {"causal": 1, "gqa": True, "mask": "float"}),
+    (B.test_recurrent, {"kind": "LSTM", "direction": "bidirectional"}),
+    (B.test_bitcast, {}),
+    (B.test_quantize_dequantize_per_axis, {}),
+    (D.test_cast_between_kernel_dtypes, {"src": "float32", "dst": "int8"}),
+    (D.test_cast_between_kernel_dtypes, {"src": "bool", "dst": "float16"}),
+    (D.test_integer_arithmetic_wraps_like_onnxruntime, {"dtype": "int8"}),
+    (D.test_float16_computes_in_float32_rounded_at_kernel_boundaries, {}),
+]
+
+
+def _case_id(case) -> str:
+    fn, kwargs = case
+    args = "-".join(str(v[0] if isinstance(v, tuple) else v) for v in kwargs.values())
+    return fn.__name__.removeprefix("test_") + (f"[{args}]" if args else "")
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=[_case_id(c) for c in OP_CASES])
+def test_op_on_wasm(rng, monkeypatch, case):
+    monkeypatch.setattr(opcheck, "TARGETS", ("wasm",))
+    fn, kwargs = case
+    fn(rng, **kwargs)
+
+
+# ----------------------------------------------------------------------------- real models
+IMAGES = ["chelsea", "coffee", "astronaut", "camera"]
+
+
+@pytest.fixture(scope="module")
+def mobilenet_wasm(mobilenet_package):
+    return kiln.load(mobilenet_package, target="wasm", poison=True)
+
+
+def test_mobilenet_reference_images(mobilenet_wasm, reference_npz):
+    for name in IMAGES:
+        logits = mobilenet_wasm.run({"input": reference_npz[f"{name}_input"]})["logits"]
+        assert np.abs(logits - reference_npz[f"{name}_logits"]).max() <= 1e-3, name
+        assert logits.argmax() == reference_npz[f"{name}_logits"].argmax()
+
+
+def _ort(path, feeds):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_mobilenet_fresh_input_single_and_two_threads(mobilenet_package, mobilenet_wasm, rng):
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    expected = _ort(MOBILENET, {"input": x})[0]
+    np.testing.assert_allclose(mobilenet_wasm.run({"input": x})["logits"], expected, atol=1e-4, rtol=0)
+    threaded = kiln.load(mobilenet_package, target="wasm", threads=2, poison=True)
+    try:
+        assert threaded.adapter_info()["backend_type"] == "wasm (SIMD128, 2 threads)"
+        np.testing.assert_allclose(threaded.run({"input": x})["logits"], expected, atol=1e-4, rtol=0)
+    finally:
+        threaded.close()
+
+
+def test_mobilenet_kernels_are_vectorised(mobilenet_package):
+    m = json.loads((mobilenet_package / "manifest.json").read_text())
+    kernels = m["targets"]["wasm"]["kernels"]
+    assert all(k["vectorized"] for k in kernels), [k["name"] for k in kernels if not k["vectorized"]]
+    assert all(k["schedule"]["reduce_lanes"] == 1 for k in kernels)
+
+
+def test_minilm_matches_onnxruntime(tmp_path):
+    path = SHARED_MODELS / "all_minilm_l6_v2.onnx"
+    with np.load(SHARED_MODELS / "reference" / "all_minilm_l6_v2_inputs.npz") as z:
+        feeds = {k: z[k] for k in z.files}
+    batch, seq = feeds["input_ids"].shape
+    pkg = kiln.compile(path, tmp_path / "minilm", target="wasm", dims={"batch": batch, "seq": seq},
+                       wasm_threads=False)
+    hidden = kiln.load(pkg, target="wasm", poison=True).run(feeds)["last_hidden_state"]
+    np.testing.assert_allclose(hidden, _ort(path, feeds)[0], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name,shape,dims", [
+    ("ch_ppocr_mobile_v2.0_cls_infer", (2, 3, 48, 192), {"x_dim0": 2, "x_dim2": 48, "x_dim3": 192}),
+    ("ch_PP-OCRv4_rec_infer", (1, 3, 48, 160), {"p2o.DynamicDimension.0": 1, "x_dim2": 48,
+                                                "p2o.DynamicDimension.1": 160}),
+    ("ch_PP-OCRv4_det_infer", (1, 3, 64, 96), {"p2o.DynamicDimension.0": 1, "p2o.DynamicDimension.1": 64,
+                                               "p2o.DynamicDimension.2": 96}),
+])
+def test_ppocr_models_match_onnxruntime(tmp_path, rng, name, shape, dims):
+    path = SHARED_MODELS / f"{name}.onnx"
+    x = rng.uniform(-1, 1, size=shape).astype(np.float32)
+    pkg = kiln.compile(path, tmp_path / "pkg", target="wasm", dims=dims, wasm_threads=False)
+    got = list(kiln.load(pkg, target="wasm", poison=True).run({"x": x}).values())
+    for g, e in zip(got, _ort(path, {"x": x})):
+        np.testing.assert_allclose(g, e, atol=1e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------- codegen
+def test_conv_kernel_uses_simd128_and_no_stack(mobilenet_package, tmp_path):
+    """The C of a package compiles to v128 loads and f32x4 arithmetic, and never touches the stack
+    pointer (workers of the threaded module share one memory, so kernels must keep no stack)."""
+    src = (mobilenet_package / "kernels" / "kiln.c").read_text()
+    kernels = src[len(c.PRELUDE):].split("\n// ")
+    conv = next(k for k in kernels if k.split("\n", 1)[0].endswith("[1, 144, 56, 56]") and "KILN_EXPORT" in k)
+    (tmp_path / "k.c").write_text(c.PRELUDE + "\n// " + conv)  # a convolution (with bias and clip)
+    flags = [f for f in wasm.CFLAGS if not f.startswith("-Wl") and f != "-s"]
+    subprocess.run(wasm._zig() + ["cc", *flags, "-S", "-g0", "-o", str(tmp_path / "k.s"), str(tmp_path / "k.c")],
+                   check=True, capture_output=True)
+    asm = (tmp_path / "k.s").read_text(errors="replace")
+    body = [line for line in asm.splitlines() if line.startswith("\t") and not line.startswith("\t.")]
+    assert any("v128.load" in line for line in body) and any("f32x4.mul" in line for line in body)
+    assert not any("__stack_pointer" in line for line in body)
+
+
+def test_strided_reads_become_lane_gathers():
+    from kiln.te.compute import compute, placeholder
+    from kiln.te.lower import lower
+
+    x = placeholder((3, 8), "float32", name="x")
+    t = compute((8, 3), lambda i, j: x[j, i] * 2.0, "transpose")  # lanes along j read 8 floats apart
+    k = lower(t, wasm.wasm_schedule(t))
+    src, vectorised = c.render(k, "f", wasm.grid_shape(t.shape, k.schedule))
+    assert vectorised and ("KILN_GATHER" in src or "wasm_f32x4_make(in0[" in src)
+
+
+# ----------------------------------------------------------------------------- package and errors
+def test_manifest_wasm_section(mobilenet_package):
+    m = json.loads((mobilenet_package / "manifest.json").read_text())
+    assert m["version"] == "1.2"
+    w = m["targets"]["wasm"]
+    assert set(m["targets"]) == {"webgpu", "wasm"}
+    assert (mobilenet_package / w["module"]).read_bytes()[:4] == b"\0asm"
+    assert w["threads"] and (mobilenet_package / w["threads"]["module"]).exists()
+    offsets = w["memory"]["offsets"]
+    assert len(offsets) == len(m["buffers"]) and min(offsets) >= w["memory"]["arena"]
+    spans = sorted((offsets[b["id"]], offsets[b["id"]] + b["bytes"]) for b in m["buffers"])
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # no two buffers overlap
+    assert spans[-1][1] <= w["memory"]["bytes"] <= w["memory"]["pages"] * 65536
+    for s in w["plan"]:
+        assert len(s["buffers"]) == w["kernels"][s["kernel"]]["params"] and s["total"] > 0
+
+
+def test_wasm_target_missing_or_corrupted_is_a_clear_error(mobilenet_package, tmp_path):
+    webgpu_only = tmp_path / "webgpu_only"
+    shutil.copytree(mobilenet_package, webgpu_only)
+    m = json.loads((webgpu_only / "manifest.json").read_text())
+    del m["targets"]["wasm"]
+    (webgpu_only / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(PackageError, match="no 'wasm' target"):
+        kiln.load(webgpu_only, target="wasm")
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(mobilenet_package, corrupt)
+    data = bytearray((corrupt / "kernels" / "kiln.wasm").read_bytes())
+    data[-1] ^= 0xFF
+    (corrupt / "kernels" / "kiln.wasm").write_bytes(bytes(data))
+    with pytest.raises(PackageError, match="checksum mismatch"):
+        kiln.load(corrupt, target="wasm")
+    with pytest.raises(KilnError, match="unknown target 'wasm64'"):
+        kiln.compile(MOBILENET, tmp_path / "x", target="webgpu,wasm64")
+
+
+def test_cli_runs_the_wasm_target(mobilenet_package):
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    r = CliRunner().invoke(main, ["run", str(mobilenet_package), "--target", "wasm", "--image", str(CHELSEA),
+                                  "--repeat", "1", "--warmup", "0"])
+    assert r.exit_code == 0, r.output
+    assert "285  Egyptian cat" in r.output and "wasm (SIMD128, 1 thread)" in r.output
