@@ -90,7 +90,7 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     parts = []
     for name in targets:
         tgt = m["targets"][name]
-        steps = "dispatches" if name == "webgpu" else "calls"
+        steps = {"webgpu": "dispatches", "webgl2": "draws"}.get(name, "calls")
         parts.append(f"{name}: {len(tgt['plan'])} {steps}, {len(tgt['kernels'])} kernels")
     click.echo(f"compiled {model} -> {path} ({'; '.join(parts)}; {m['memory']['weight_bytes'] / 1e6:.1f} MB weights, "
                f"{time.perf_counter() - t0:.1f} s)")
@@ -300,7 +300,7 @@ def info_cmd(package: Path, as_json: bool) -> None:
             extra += (f", {_fmt_bytes(tgt['bytes'])} module, {_fmt_bytes(tgt['memory']['bytes'])} memory"
                       + (", threads" if tgt.get("threads") else ""))
         click.echo(f"target {name}: {len(tgt['kernels'])} kernels, {len(tgt['plan'])} "
-                   f"{'dispatches' if name == 'webgpu' else 'calls'}{extra}")
+                   f"{ {'webgpu': 'dispatches', 'webgl2': 'draws'}.get(name, 'calls')}{extra}")
         for i, k in enumerate(tgt["kernels"]):
             click.echo(f"  {k['name']:<40} {'+'.join(k['ops']):<28} x{uses.get(i, 0)}")
     nweights = sum(1 for b in m["buffers"] if b["kind"] == "weight")

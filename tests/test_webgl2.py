@@ -138,3 +138,31 @@ def test_texture_layout():
     assert glsl.layout(4096) == (4096, 1)
     assert glsl.layout(4097) == (4096, 2)
     assert glsl.layout(10, width=4) == (4, 3)
+
+
+def test_compile_cli_writes_the_webgl2_target(tmp_path):
+    import json
+
+    import numpy as np
+    import onnx
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    onnx.save(opcheck.make_model("Relu", {"x": np.zeros((2, 3), np.float32)}), tmp_path / "relu.onnx")
+    result = CliRunner().invoke(main, ["compile", str(tmp_path / "relu.onnx"), "--target", "webgpu,webgl2",
+                                       "-o", str(tmp_path / "pkg")])
+    assert result.exit_code == 0, result.output
+    assert "webgpu: 1 dispatches, 1 kernels; webgl2: 1 draws, 1 kernels" in result.output
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert list(manifest["targets"]) == ["webgpu", "webgl2"] and manifest["version"] == "1.2"
+    gl = manifest["targets"]["webgl2"]
+    assert gl["extensions"] == ["EXT_color_buffer_float"] and gl["texture_width"] == glsl.TEXTURE_WIDTH
+    assert gl["plan"] == [{"kernel": 0, "inputs": [0], "output": 1, "viewport": [6, 1], "node": "Relu_0"}]
+    assert [t["format"] for t in gl["textures"]] == ["R32F", "R32F"]
+    assert (tmp_path / "pkg" / gl["kernels"][0]["source"]).read_text().startswith("#version 300 es")
+    for module in ("kiln.js", "webgl2.js", "wasm.js", "wasm-worker.js"):
+        assert (tmp_path / "pkg" / module).is_file(), module
+    result = CliRunner().invoke(main, ["compile", str(tmp_path / "relu.onnx"), "--target", "webgpu,webgl3",
+                                       "-o", str(tmp_path / "other")])
+    assert result.exit_code == 1 and "unknown target 'webgl3'" in result.output
