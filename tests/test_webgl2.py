@@ -166,3 +166,10 @@ def test_compile_cli_writes_the_webgl2_target(tmp_path):
     result = CliRunner().invoke(main, ["compile", str(tmp_path / "relu.onnx"), "--target", "webgpu,webgl3",
                                        "-o", str(tmp_path / "other")])
     assert result.exit_code == 1 and "unknown target 'webgl3'" in result.output
+
+
+def test_the_native_runtime_refuses_webgl2(tmp_path):
+    import kiln
+
+    with pytest.raises(KilnError, match=r"not 'webgl2' \(WebGL2 runs in browsers"):
+        kiln.load(tmp_path, target="webgl2")
