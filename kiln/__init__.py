@@ -46,6 +46,9 @@ def load(package, target: str = "webgpu", **options):
     """Load a package for native execution of its ``target``: ``webgpu`` (wgpu-py; see
     :class:`kiln.runtime.native.Session`) or ``wasm`` (wasmtime; see :class:`kiln.runtime.wasm.WasmSession`).
     Both sessions have the same API (``run``, ``inputs``, ``outputs``, ``benchmark``, ``profile``)."""
+    if target not in ("webgpu", "wasm"):
+        raise KilnError(f"the native runtime runs the webgpu and wasm targets, not {target!r}"
+                        + (" (WebGL2 runs in browsers: kiln serve PACKAGE, or kiln.js)" if target == "webgl2" else ""))
     if target == "wasm":
         from kiln.runtime.wasm import WasmSession
 

@@ -63,7 +63,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Package directory to write.")
 @click.option("--target", default="webgpu", show_default=True, metavar="TARGETS",
-              help="Code generation targets, a comma list of webgpu and wasm (e.g. webgpu,wasm).")
+              help="Code generation targets, a comma list of webgpu, webgl2 and wasm (e.g. webgpu,webgl2,wasm).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
 @click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,
@@ -96,7 +96,7 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     parts = []
     for name in targets:
         tgt = m["targets"][name]
-        steps = "dispatches" if name == "webgpu" else "calls"
+        steps = {"webgpu": "dispatches", "webgl2": "draws"}.get(name, "calls")
         tuned = sum(1 for k in tgt["kernels"] if k.get("tuned"))
         parts.append(f"{name}: {len(tgt['plan'])} {steps}, {len(tgt['kernels'])} kernels"
                      + (f", {tuned} tuned" if tuning_db and name == "webgpu" else ""))
@@ -338,7 +338,7 @@ def info_cmd(package: Path, as_json: bool) -> None:
             extra += (f", {_fmt_bytes(tgt['bytes'])} module, {_fmt_bytes(tgt['memory']['bytes'])} memory"
                       + (", threads" if tgt.get("threads") else ""))
         click.echo(f"target {name}: {len(tgt['kernels'])} kernels, {len(tgt['plan'])} "
-                   f"{'dispatches' if name == 'webgpu' else 'calls'}{extra}")
+                   f"{ {'webgpu': 'dispatches', 'webgl2': 'draws'}.get(name, 'calls')}{extra}")
         for i, k in enumerate(tgt["kernels"]):
             tuned = f"  tuned {k['tuning'].get('speedup', 1):.2f}x" if k.get("tuned") else ""
             click.echo(f"  {k['name']:<40} {'+'.join(k['ops']):<28} x{uses.get(i, 0)}{tuned}")

@@ -73,6 +73,7 @@ class Compiled:
     device_class: str = "gpu"
     targets: tuple[str, ...] = ("webgpu",)
     wasm: Any = None  # kiln.codegen.wasm.WasmProgram when "wasm" is among the targets
+    webgl2: Any = None  # kiln.webgl2.WebGL2Code when "webgl2" is among the targets
 
 
 def group_expr(group: Group) -> Tensor:
@@ -155,7 +156,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
 
 
 #: targets ``kiln compile --target`` accepts (a comma list of them)
-TARGETS = ("webgpu", "wasm")
+TARGETS = ("webgpu", "webgl2", "wasm")
 
 
 def parse_targets(target: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -176,7 +177,7 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
                   device_class: str = "gpu", wasm_threads: bool = True,
                   schedule: Callable[[Tensor], Schedule] | None = None) -> Compiled:
     """Optimise ``graph`` in place and generate its kernels for each of ``target`` (a name or a comma
-    list: ``webgpu`` with the default schedules for ``device_class``, ``wasm``) and memory plan.
+    list: ``webgpu`` with the default schedules for ``device_class``, ``webgl2``, ``wasm``) and memory plan.
 
     ``schedule`` chooses each WebGPU kernel's schedule (a tuning database's
     :meth:`~kiln.tune.db.TuningDB.scheduler`); by default the default schedules for ``device_class``.
@@ -192,13 +193,18 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
                                        schedule=schedule or functools.partial(default_schedule,
                                                                                 device_class=device_class))
+    webgl2_code = None
+    if "webgl2" in targets:
+        from kiln import webgl2
+
+        webgl2_code = webgl2.build(graph, groups, plan, progress=progress)
     program = None
     if "wasm" in targets:
         from kiln.compile_wasm import build_wasm
 
         program = build_wasm(groups, plan, progress=progress, threads=wasm_threads)
     return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=targets,
-                    wasm=program)
+                    wasm=program, webgl2=webgl2_code)
 
 
 def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",
@@ -211,7 +217,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     Args:
         model: path of an ``.onnx`` file.
         out: package directory to create.
-        target: code generation target(s): ``webgpu``, ``wasm`` or a comma list (``webgpu,wasm``).
+        target: code generation target(s): ``webgpu``, ``webgl2``, ``wasm`` or a comma list (``webgpu,webgl2``).
         dims: values of symbolic dims (``{"N": 1}``; unbound named dims default to 1).
         force: replace ``out`` if it already holds a Kiln package (never anything else).
         preset: ``auto`` (detect an ImageNet classifier), ``imagenet`` or ``none``: the

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from kiln.runtime.serve import make_server, server_url
 
@@ -111,3 +111,157 @@ class ConsoleLog:
             status = self.page.text_content("#status") if self.page.query_selector("#status") else "(none)"
             raise AssertionError(f"waiting for {selector} failed: {e.message}\n#status: {status}\n"
                                  f"--- browser console ---\n{self.report()}") from None
+
+
+@contextmanager
+def serving_tree(root: str | os.PathLike) -> Iterator[str]:
+    """Serve a directory of packages (each in a subdirectory) like :func:`serving` serves one.
+
+    Yields:
+        The root's base URL, ``http://127.0.0.1:PORT/``.
+    """
+    import functools
+    from http.server import ThreadingHTTPServer
+
+    from kiln.runtime.serve import PackageRequestHandler
+
+    handler = functools.partial(PackageRequestHandler, directory=str(Path(root).resolve()))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, name="kiln-test-tree-server", daemon=True)
+    thread.start()
+    try:
+        yield server_url(server)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+#: numpy dtype name -> (kiln.js Tensor type, numpy dtype of the bytes sent: float16 travels as its bits)
+JS_TYPES = {"float32": ("float32", "float32"), "float16": ("float16", "uint16"), "int32": ("int32", "int32"),
+            "int64": ("int64", "int64"), "bool": ("bool", "uint8"), "uint8": ("uint8", "uint8"),
+            "int8": ("int8", "int8"), "uint16": ("uint16", "uint16"), "int16": ("int16", "int16")}
+
+#: loads the package at ./{path}/ with {target, poison}, runs it on base64 feeds and returns base64 outputs
+RUN_PACKAGE = """async ({path, target, feeds}) => {
+  const kiln = await import(`./${path}/kiln.js`);
+  const arrays = {float32: Float32Array, float16: Uint16Array, int32: Int32Array, int64: BigInt64Array, bool: Uint8Array,
+                  uint8: Uint8Array, int8: Int8Array, uint16: Uint16Array, int16: Int16Array};
+  const decode = (text) => Uint8Array.from(atob(text), (c) => c.charCodeAt(0)).buffer;
+  const encode = (view) => {
+    const raw = new Uint8Array(view.buffer, view.byteOffset, view.byteLength);
+    let text = '';
+    for (let i = 0; i < raw.length; i += 8192) text += String.fromCharCode(...raw.subarray(i, i + 8192));
+    return btoa(text);
+  };
+  const session = await kiln.load(`./${path}/`, {target, poison: true});
+  try {
+    const inputs = {};
+    for (const [name, {type, dims, data}] of Object.entries(feeds)) {
+      let values = new arrays[type](decode(data));
+      if (type === 'float16' && globalThis.Float16Array) values = new Float16Array(values.buffer);
+      inputs[name] = new kiln.Tensor(type, values, dims);
+    }
+    const outputs = await session.run(inputs);
+    const result = {target: session.target, outputs: {}};
+    for (const [name, t] of Object.entries(outputs)) {
+      let data = t.data;
+      if (t.type === 'float16' && !(data instanceof Uint16Array)) data = new Uint16Array(data.buffer, data.byteOffset, data.length);
+      result.outputs[name] = {type: t.type, dims: t.dims, data: encode(data)};
+    }
+    return result;
+  } finally {
+    session.destroy();
+  }
+}"""
+
+
+class PackageRunner:
+    """Run packages in one headless Chromium page on a chosen target (``webgpu`` or ``webgl2``).
+
+    Packages are compiled into :attr:`root` (:meth:`package_dir`) and served from it; each
+    :meth:`run` loads one with ``kiln.load(url, {target, poison: true})``, runs it and
+    destroys the session. Use as a context manager; it owns its Playwright instance, so it must
+    not overlap another sync Playwright in the same thread.
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self._count = 0
+
+    def __enter__(self) -> Self:
+        from playwright.sync_api import sync_playwright
+
+        self._serving = serving_tree(self.root)
+        self.url = self._serving.__enter__()
+        self._playwright = sync_playwright().start()
+        self.browser = launch_chromium(self._playwright)
+        self.page = self.browser.new_page()
+        self.log = ConsoleLog(self.page)
+        self.page.goto(self.url)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.browser.close()
+        self._playwright.stop()
+        self._serving.__exit__(*exc)
+
+    def package_dir(self, name: str) -> Path:
+        """A fresh directory path under the served root for a package (not created)."""
+        self._count += 1
+        return self.root / f"{self._count:04d}_{name}"
+
+    def run(self, package: str | os.PathLike, inputs: dict[str, Any], target: str) -> dict[str, Any]:
+        """Run ``package`` (a directory under :attr:`root`) on ``inputs`` (numpy arrays) with ``target``.
+
+        Returns:
+            Output name -> numpy array (dtype and shape as the page returned them).
+
+        Raises:
+            AssertionError: the page failed (with its console log), or ran another target.
+        """
+        import base64
+
+        import numpy as np
+
+        feeds = {}
+        for name, array in inputs.items():
+            a = np.array(array, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
+            js_type, wire = JS_TYPES[a.dtype.name]
+            feeds[name] = {"type": js_type, "dims": list(a.shape),
+                           "data": base64.b64encode(a.view(wire).tobytes() if a.dtype.name == "float16"
+                                                    else a.astype(wire).tobytes()).decode()}
+        path = Path(package).resolve().relative_to(self.root.resolve()).as_posix()
+        result = self.log.evaluate(RUN_PACKAGE, {"path": path, "target": target, "feeds": feeds})
+        assert result["target"] == target, f"ran {result['target']}, not {target}"
+        outputs = {}
+        for name, out in result["outputs"].items():
+            dtype = next(k for k, (js, _) in JS_TYPES.items() if js == out["type"])
+            raw = np.frombuffer(base64.b64decode(out["data"]), dtype=JS_TYPES[dtype][1])
+            arr = raw.view(np.float16) if dtype == "float16" else raw.astype(dtype)
+            outputs[name] = arr.reshape(out["dims"])
+        return outputs
+
+
+_RUNNER: list[PackageRunner] = []
+
+
+def shared_runner() -> PackageRunner:
+    """The process's :class:`PackageRunner` (started on first use in a temporary directory; stop it
+    with :func:`close_shared_runner`)."""
+    if not _RUNNER:
+        import tempfile
+
+        root = tempfile.mkdtemp(prefix="kiln-browser-ops-")
+        _RUNNER.append(PackageRunner(root).__enter__())
+    return _RUNNER[0]
+
+
+def close_shared_runner() -> None:
+    """Stop the shared runner, if one was started, and delete its packages."""
+    import shutil
+
+    while _RUNNER:
+        runner = _RUNNER.pop()
+        runner.__exit__(None, None, None)
+        shutil.rmtree(runner.root, ignore_errors=True)

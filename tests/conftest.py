@@ -71,3 +71,10 @@ def browser():
         chromium = launch_chromium(playwright)
         yield chromium
         chromium.close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the shared browser of check_op's browser targets (tests/browser.py), if a test started it."""
+    from browser import close_shared_runner
+
+    close_shared_runner()

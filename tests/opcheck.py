@@ -16,13 +16,23 @@ from kiln.frontend.onnx.importer import import_model
 from kiln.ir import interp
 
 #: the targets :func:`check_op` runs on unless a test says otherwise: ``KILN_OP_TARGETS`` (a comma list)
-#: or webgpu; tests/test_wasm.py runs its per-op tests with ("wasm",)
+#: or webgpu; tests/test_wasm.py runs its per-op tests with ("wasm",), tests/test_webgl2.py with ("webgl2",).
+#: ``webgpu`` and ``wasm`` run natively (wgpu-py, wasmtime); ``webgl2`` and ``browser:NAME`` (``browser:webgpu``,
+#: ``browser:wasm``) run kiln.js in headless Chromium: ``KILN_OP_TARGETS=webgl2 pytest tests/test_ops.py`` runs
+#: every per-op test on WebGL2
 TARGETS: tuple[str, ...] = tuple(os.environ.get("KILN_OP_TARGETS", "webgpu").split(","))
+
+#: targets with a native runtime (the others run in the browser)
+NATIVE_TARGETS = ("webgpu", "wasm")
 
 #: per-target tolerance, as a factor on each test's own rtol and atol (which fit WebGPU's f32 math). The
 #: wasm target computes the same f32 expressions; its exp/log/sin/cos are compiler-rt's (musl's, <1 ulp)
-#: and tanh/atan/pow/sinh/... are computed in f64 and rounded once, so it needs no more
-TOLERANCE: dict[str, float] = {"webgpu": 1.0, "wasm": 1.0}
+#: and tanh/atan/pow/sinh/... are computed in f64 and rounded once, so it needs no more. WebGL2 computes in
+#: GLSL ES highp f32; GLSL ES 3.00 leaves the built-ins' precision to the implementation (SwiftShader's
+#: sin/cos are off by 2e-4), so the GLSL renderer computes sin and cos itself (kiln.codegen.glsl.SINCOS)
+#: and every per-op test passes on WebGL2 at a factor of 1 (KILN_OP_TARGETS=webgl2); a GPU's WebGL driver
+#: may still approximate exp, tanh or pow more loosely than SwiftShader
+TOLERANCE: dict[str, float] = {"webgpu": 1.0, "wasm": 1.0, "webgl2": 1.0, "browser:webgpu": 1.0, "browser:wasm": 1.0}
 
 
 def _onnx_type(dtype: np.dtype) -> int:
@@ -72,7 +82,8 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
              atol: float = 1e-5, input_order: list[str] | None = None, n_outputs: int = 1,
              oracle: str = "onnxruntime", targets: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
     """Compile a one-node model with Kiln for ``targets`` (default :data:`TARGETS`), run it natively on
-    each (WebGPU through wgpu-py, wasm through wasmtime) with poisoned buffers, and compare every output
+    each (WebGPU through wgpu-py, wasm through wasmtime; webgl2 and ``browser:NAME`` with kiln.js in headless
+    Chromium) with poisoned buffers, and compare every output
     with onnxruntime within ``rtol``/``atol`` times the target's :data:`TOLERANCE` (and the IR interpreter
     with onnxruntime). Returns the first target's outputs.
 
@@ -89,12 +100,17 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
     spec = interp.run(import_model(model), inputs)
     targets = targets or TARGETS
     got = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.onnx"
-        onnx.save(model, path)
-        pkg = kiln.compile(path, Path(tmp) / "pkg", target=",".join(targets), wasm_threads=False)
-        for target in targets:
-            got[target] = kiln.load(pkg, target=target, poison=True).run(inputs)
+    native = [t for t in targets if t in NATIVE_TARGETS]
+    if native:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.onnx"
+            onnx.save(model, path)
+            pkg = kiln.compile(path, Path(tmp) / "pkg", target=",".join(native), wasm_threads=False)
+            for target in native:
+                got[target] = kiln.load(pkg, target=target, poison=True).run(inputs)
+    for target in targets:
+        if target not in NATIVE_TARGETS:
+            got[target] = run_in_browser(model, inputs, target, name=op_type.lower())
     for i, exp in enumerate(expected):
         name = f"y{i}"
         for what, arr in (("interpreter", spec[name]), *((t, got[t][name]) for t in targets)):
@@ -104,3 +120,26 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
             np.testing.assert_allclose(arr, exp, rtol=rtol * scale, atol=atol * scale,
                                        err_msg=f"{op_type} {what} vs onnxruntime")
     return got[targets[0]]
+
+
+def run_in_browser(model: onnx.ModelProto, inputs: dict[str, np.ndarray], target: str | tuple[str, ...],
+                   name: str = "model", device_class: str = "cpu",
+                   dims: dict[str, int] | None = None) -> dict[str, np.ndarray] | dict[str, dict[str, np.ndarray]]:
+    """Compile ``model`` once for the browser ``target`` (``webgl2``, or ``browser:NAME``) or targets, and run
+    it with kiln.js on each in the shared headless Chromium page (:func:`browser.shared_runner`, poisoned
+    textures and buffers).
+
+    Returns:
+        One target: its outputs (name -> array); several: target -> its outputs.
+    """
+    from browser import shared_runner
+
+    targets = (target,) if isinstance(target, str) else tuple(target)
+    js = [t.removeprefix("browser:") for t in targets]
+    runner = shared_runner()
+    out = runner.package_dir(name)
+    out.mkdir(parents=True)
+    onnx.save(model, out / "model.onnx")
+    pkg = kiln.compile(out / "model.onnx", out / "pkg", target=",".join(js), device_class=device_class, dims=dims)
+    got = {t: runner.run(pkg, inputs, j) for t, j in zip(targets, js)}
+    return got[target] if isinstance(target, str) else got

@@ -25,6 +25,10 @@ from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, sha256_file,
 #: weights are split into files of at most this many bytes (browsers and WebGPU limit single buffers)
 SHARD_BYTES = 256 * 1024 * 1024
 
+#: the browser runtime (ES modules, kiln.js first) and the demo page, copied from kiln/js into every package
+RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "webgl2.js",
+                 "wasm.js", "wasm-worker.js", "index.html")
+
 IMAGENET = {
     "preprocess": {"type": "image", "input": None, "resize": 256, "crop": 224, "scale": 1 / 255,
                    "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "layout": "NCHW"},
@@ -165,6 +169,10 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                 "kernels": kernels,
                 "plan": plan_steps,
             }
+        if compiled.webgl2 is not None:
+            for path, text in compiled.webgl2.files().items():
+                (tmp / path).write_text(text)
+            manifest["targets"]["webgl2"] = compiled.webgl2.manifest()
         if compiled.wasm is not None:
             from kiln.package.wasm import write_wasm_target
 
@@ -186,7 +194,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
 
         (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
         js = resources.files("kiln") / "js"
-        for name in ("kiln.js", "index.html"):
+        for name in RUNTIME_FILES:
             with resources.as_file(js / name) as f:
                 shutil.copyfile(f, tmp / name)
         if out.exists():

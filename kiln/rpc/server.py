@@ -2,7 +2,7 @@
 
 One asyncio server (the ``websockets`` library) on one port answers:
 
-- ``GET /`` (the join page), ``/rpc.js`` and ``/kiln.js``: plain HTTP, no token needed (they hold no secret);
+- ``GET /`` (the join page), ``/rpc.js``, ``/kiln.js`` and the runtime's other modules: plain HTTP, no token needed (they hold no secret);
 - ``/device?token=...``: the WebSocket a joining tab opens; it sends ``hello`` and then answers requests;
 - ``/client?token=...``: the WebSocket a Python program (:mod:`kiln.rpc.client`) drives devices through.
 
@@ -58,9 +58,8 @@ _JS = Path(__file__).resolve().parents[1] / "js"
 PAGES = {
     "/": ("rpc.html", "text/html; charset=utf-8"),
     "/index.html": ("rpc.html", "text/html; charset=utf-8"),
-    "/rpc.js": ("rpc.js", "text/javascript; charset=utf-8"),
-    "/kiln.js": ("kiln.js", "text/javascript; charset=utf-8"),
-    "/measure.js": ("measure.js", "text/javascript; charset=utf-8"),
+    # rpc.js, kiln.js and the runtime's other ES modules (kiln.js imports them)
+    **{f"/{f.name}": (f.name, "text/javascript; charset=utf-8") for f in sorted(_JS.glob("*.js"))},
 }
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 

@@ -32,6 +32,7 @@ MIME_TYPES = {
     ".mjs": "text/javascript; charset=utf-8",
     ".json": "application/json",
     ".wgsl": "text/plain; charset=utf-8",
+    ".glsl": "text/plain; charset=utf-8",
     ".txt": "text/plain; charset=utf-8",
     ".safetensors": "application/octet-stream",
     ".wasm": "application/wasm",
