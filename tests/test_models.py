@@ -33,14 +33,15 @@ def test_mobilenet_fresh_input_matches_onnxruntime(mobilenet, rng):
     np.testing.assert_allclose(mobilenet.run({"input": x})["logits"], expected, atol=1e-3, rtol=0)
 
 
-def test_mobilenet_batch_of_four_from_symbolic_dim(tmp_path, reference_npz):
-    # cpu-class schedules: this test is about symbolic dims, and they run 3x faster on lavapipe
-    pkg = kiln.compile(MOBILENET, tmp_path / "b4", dims={"N": 4}, device_class="cpu")
+def test_mobilenet_batch_of_two_from_symbolic_dim(tmp_path, reference_npz):
+    # cpu-class schedules: this test is about symbolic dims, and they run 3x faster on lavapipe; two images
+    # rather than four keep it affordable on CI's two cores (the PP-OCR tests bind symbolic dims too)
+    pkg = kiln.compile(MOBILENET, tmp_path / "b2", dims={"N": 2}, device_class="cpu")
     session = kiln.load(pkg)
-    assert session.inputs[0]["shape"] == [4, 3, 224, 224]
+    assert session.inputs[0]["shape"] == [2, 3, 224, 224]
     assert session.inputs[0]["symbolic_shape"] == ["N", 3, 224, 224]
-    x = np.concatenate([reference_npz[f"{n}_input"] for n in IMAGES])
-    expected = np.concatenate([reference_npz[f"{n}_logits"] for n in IMAGES])
+    x = np.concatenate([reference_npz[f"{n}_input"] for n in IMAGES[:2]])
+    expected = np.concatenate([reference_npz[f"{n}_logits"] for n in IMAGES[:2]])
     assert np.abs(session.run({"input": x})["logits"] - expected).max() <= 1e-3
 
 

@@ -122,13 +122,34 @@ def _stmts(stmts, indent: int) -> list[str]:
     return out
 
 
-def render(k: LoweredKernel, comment: str = "") -> str:
-    """WGSL source of kernel ``k`` with entry point ``main``."""
+#: name of the uniform buffer of run-time parameters (shapes, scalars) a kernel may read, see :func:`uniform`
+UNIFORM = "kiln_u"
+
+
+def uniform(i: int) -> str:
+    """The WGSL reference to 32-bit word ``i`` of a kernel's uniform buffer, as an ``i32``.
+
+    Uniform arrays need 16-byte element strides (WGSL §14.4.4), so the words are packed four to
+    a ``vec4<i32>``. Use it as the name of a :class:`~kiln.te.expr.Var` in an expression (a float
+    is ``call("bitcast_f32", ...)`` of it) and pass ``uniform_words`` to :func:`render`.
+    """
+    return f"{UNIFORM}[{i // 4}][{i % 4}]"
+
+
+def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
+    """WGSL source of kernel ``k`` with entry point ``main``.
+
+    ``uniform_words`` > 0 declares a uniform buffer of that many ``i32`` words (see :func:`uniform`)
+    at the binding after the storage buffers: shape-generic kernels read their shapes from it.
+    """
     wg = k.schedule.workgroup_size
     lines = [f"// Kiln kernel {k.name}" + (f": {comment}" if comment else ""), "// generated from a tensor expression; do not edit", ""]
     for i, p in enumerate(k.params):
         access = "read" if p.access == "read" else "read_write"
         lines.append(f"@group(0) @binding({i}) var<storage, {access}> {p.name}: array<{TYPES[p.dtype]}>;")
+    if uniform_words:
+        lines.append(f"@group(0) @binding({len(k.params)}) var<uniform> {UNIFORM}: array<vec4<i32>, "
+                     f"{-(-uniform_words // 4)}>;")
     for name, (dtype, size) in k.shared.items():
         lines.append(f"var<workgroup> {name}: array<{TYPES[dtype]}, {size}>;")
     lines += ["", f"@compute @workgroup_size({wg})"]

@@ -51,10 +51,32 @@ class Expr:
     def __neg__(self): return binop("-", const(0, self.dtype), self)
     def __and__(self, o): return binop("&&", self, o)
 
+    def _hash(self) -> int:
+        """Structural hash, computed once per node (expressions are immutable and often deep)."""
+        try:
+            return self.__dict__["_hash_value"]
+        except KeyError:
+            h = hash((type(self).__name__, *(self.__dict__[f] for f in self.__dataclass_fields__)))
+            object.__setattr__(self, "_hash_value", h)
+            return h
+
+    def _repr(self) -> str:
+        """``repr``, computed once per node (lowering sorts terms by it)."""
+        try:
+            return self.__dict__["_repr_value"]
+        except KeyError:
+            fields = ", ".join(f"{f}={self.__dict__[f]!r}" for f in self.__dataclass_fields__)
+            r = f"{type(self).__name__}({fields})"
+            object.__setattr__(self, "_repr_value", r)
+            return r
+
 
 @dataclass(frozen=True, eq=True)
 class Var(Expr):
     """An integer loop or axis variable; ``extent`` is set for reduction axes."""
+
+    __hash__ = Expr._hash
+    __repr__ = Expr._repr
 
     name: str
     extent: int = 0
@@ -65,6 +87,9 @@ class Var(Expr):
 class Const(Expr):
     """A literal (``value`` is a Python float, int or bool)."""
 
+    __hash__ = Expr._hash
+    __repr__ = Expr._repr
+
     value: float | int | bool
     dtype: str
 
@@ -72,6 +97,9 @@ class Const(Expr):
 @dataclass(frozen=True, eq=True)
 class Bin(Expr):
     """A binary arithmetic, comparison or logical operation."""
+
+    __hash__ = Expr._hash
+    __repr__ = Expr._repr
 
     op: str
     a: Expr
@@ -83,6 +111,9 @@ class Bin(Expr):
 class Call(Expr):
     """A math function from :data:`CALLS` applied to ``args``."""
 
+    __hash__ = Expr._hash
+    __repr__ = Expr._repr
+
     fn: str
     args: tuple[Expr, ...]
     dtype: str
@@ -91,6 +122,9 @@ class Call(Expr):
 @dataclass(frozen=True, eq=True)
 class Select(Expr):
     """``t if cond else f``. Loads inside ``t`` may be out of bounds when ``cond`` is false; lowering guards them."""
+
+    __hash__ = Expr._hash
+    __repr__ = Expr._repr
 
     cond: Expr
     t: Expr
@@ -102,6 +136,9 @@ class Select(Expr):
 class Cast(Expr):
     """Numeric conversion of ``x`` to ``dtype``."""
 
+    __hash__ = Expr._hash
+    __repr__ = Expr._repr
+
     x: Expr
     dtype: str
 
@@ -109,6 +146,9 @@ class Cast(Expr):
 @dataclass(frozen=True, eq=True)
 class Load(Expr):
     """Element ``indices`` of ``tensor`` (one index per dim)."""
+
+    __hash__ = Expr._hash
+    __repr__ = Expr._repr
 
     tensor: Tensor  # noqa: F821  (kiln.te.compute.Tensor; hashed by identity)
     indices: tuple[Expr, ...]
@@ -118,6 +158,9 @@ class Load(Expr):
 @dataclass(frozen=True, eq=True)
 class Reduce(Expr):
     """``op`` (``sum``, ``prod``, ``max``, ``min``) of ``body`` over the reduction ``axes``."""
+
+    __hash__ = Expr._hash
+    __repr__ = Expr._repr
 
     op: str
     body: Expr

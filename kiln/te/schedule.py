@@ -158,8 +158,9 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     reduction (each lane keeping at least 4 iterations of the outermost axis), in workgroups
     whose partial sums fit ``shared_bytes`` of workgroup memory (the WebGPU default limit).
     ``device_class="cpu"`` (WebGPU on a CPU: SwiftShader, lavapipe) has few cores and slow
-    workgroup barriers: full 4 x 4 tiles and no lanes (MobileNetV2 on lavapipe: 0.9 s a run,
-    against 2.6 s with the GPU schedules).
+    workgroup barriers: full 4 x 4 tiles, no lanes and no unrolling (MobileNetV2 on lavapipe: 0.9 s a run,
+    against 2.6 s with the GPU schedules; unrolling made its shaders 5x slower to generate and 4x slower for
+    lavapipe to compile, with no faster runs).
 
     Raises:
         ValueError: unknown ``device_class``.
@@ -187,6 +188,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     lanes = 1
     while lanes < 64 and tiles * lanes < target_invocations and lanes * 2 * 4 <= outer:
         lanes *= 2
+    if device_class == "cpu":
+        return Schedule(splits=splits)
     if lanes == 1:
         return Schedule(splits=splits, unroll=16 if big else 9)
     accs = _prod(factors.values()) * len(reds)
