@@ -29,7 +29,7 @@ from kiln.train import OptimizerConfig, TrainOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
-from finetune_mobilenet import CLASSES, MEAN, MODEL, STD, crop_images  # noqa: E402
+from finetune_mobilenet import CLASSES, MEAN, MODEL, STD, crop_images
 
 HEAD = ("classifier.1.weight", "classifier.1.bias")
 
