@@ -283,3 +283,26 @@ def test_errors(tmp_path, rng, mobilenet_package):
         build_train_graph(model, TrainOptions(loss="mse", optimizer=OptimizerConfig("adam", lr=-1)))
     with pytest.raises(KilnError, match="not a train-step package"):
         kiln.load(mobilenet_package).train_step({})
+
+
+def test_cli_compile_train(tmp_path, rng):
+    import os
+    import subprocess
+    import sys
+
+    model, _ = mlp(rng)
+    onnx.save(model, str(tmp_path / "mlp.onnx"))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-c", "from kiln.cli import run; run()", *map(str, args)],
+                              check=False, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    proc = cli("compile", tmp_path / "mlp.onnx", "-o", tmp_path / "pkg", "--train", "--trainable", "w*,b2",
+               "--loss", "mse", "--optimizer", "adam", "--lr", "0.01", "--device-class", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "train step:" in proc.stdout and "3 trainable tensors, adam" in proc.stdout, proc.stdout
+    training = json.loads((tmp_path / "pkg" / "manifest.json").read_text())["training"]
+    assert training["trainable"] == ["w1", "w2", "b2"] and training["optimizer"]["lr"] == 0.01
+    proc = cli("compile", tmp_path / "mlp.onnx", "-o", tmp_path / "pkg2", "--train", "--trainable", "fc.*")
+    assert proc.returncode != 0 and proc.stderr.startswith("error: ") and "'fc.*'" in proc.stderr, proc.stderr
