@@ -170,10 +170,12 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "outputs": [_io(v, plan.of[id(v)]) for v in model_outputs],
             "buffers": buffers,
             "memory": {
-                "weight_bytes": plan.bytes("weight"),
+                "weight_bytes": sum(b["bytes"] for b in buffers if b["kind"] == "weight"),
                 "activation_bytes": plan.bytes("activation"),
                 "activation_bytes_unshared": plan.unshared_bytes,
-                "io_bytes": plan.bytes("input") + plan.bytes("output"),
+                "io_bytes": sum(b["bytes"] for b in buffers if b["kind"] in ("input", "output")),
+                **({"state_bytes": sum(b["bytes"] for b in buffers if b["kind"] in ("state", "update"))}
+                   if training is not None else {}),
             },
             **({"training": training} if training is not None else {}),
             "weights": {"files": files},
