@@ -43,9 +43,9 @@ def feature_package(build: Path) -> Path:
     return kiln.compile(str(cut), str(build), force=True, preset="none", device_class=device_class)
 
 
-def crops(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` random crops (40-90% of the shorter side, random place, random flip) of sample ``name``, preprocessed
-    for MobileNetV2 (224 x 224, ImageNet mean/std, NCHW): float32 [n, 3, 224, 224]."""
+def crop_images(name: str, n: int, rng: np.random.Generator, size: int = 224) -> list:
+    """``n`` random crops (40-90% of the shorter side, random place, random flip) of sample ``name``, as
+    ``size`` x ``size`` RGB PIL images."""
     from PIL import Image
 
     img = Image.open(SAMPLES / f"{name}.png").convert("RGB")
@@ -54,12 +54,23 @@ def crops(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
     for _ in range(n):
         s = int(min(w, h) * rng.uniform(0.4, 0.9))
         x0, y0 = int(rng.integers(0, w - s + 1)), int(rng.integers(0, h - s + 1))
-        c = img.crop((x0, y0, x0 + s, y0 + s)).resize((224, 224), Image.BILINEAR)
+        c = img.crop((x0, y0, x0 + s, y0 + s)).resize((size, size), Image.BILINEAR)
         if rng.random() < 0.5:
             c = c.transpose(Image.FLIP_LEFT_RIGHT)
-        a = (np.asarray(c, np.float32) / 255 - MEAN) / STD
-        out.append(a.transpose(2, 0, 1))
-    return np.stack(out).astype(np.float32)
+        out.append(c)
+    return out
+
+
+def normalize(images: list) -> np.ndarray:
+    """RGB images preprocessed for MobileNetV2 (ImageNet mean/std, NCHW): float32 [n, 3, H, W]."""
+    return np.stack([((np.asarray(c, np.float32) / 255 - MEAN) / STD).transpose(2, 0, 1) for c in images]).astype(
+        np.float32)
+
+
+def crops(name: str, n: int, rng: np.random.Generator, size: int = 224) -> np.ndarray:
+    """``n`` random crops (40-90% of the shorter side, random place, random flip) of sample ``name``, preprocessed
+    for MobileNetV2 (``size`` x ``size``, ImageNet mean/std, NCHW): float32 [n, 3, size, size]."""
+    return normalize(crop_images(name, n, rng, size))
 
 
 def features(session, images: np.ndarray) -> np.ndarray:

@@ -78,8 +78,21 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--adapter", metavar="WORDS",
               help="With --tuning-db: the target adapter, words matching one adapter of the database "
                    "(e.g. 'nvidia h100'); default: this machine's adapter.")
+@click.option("--train", is_flag=True, help="Also build the train step (forward, loss, backward, optimizer update; "
+              "docs/training.md). The batch size (--dim N=...) serves training and inference.")
+@click.option("--trainable", default="*", show_default=True, metavar="PATTERNS",
+              help="With --train: fnmatch patterns of the initializers to train, comma-separated (e.g. 'classifier.*').")
+@click.option("--loss", type=click.Choice(["cross_entropy", "mse"]), default="cross_entropy", show_default=True,
+              help="With --train: the loss of the first model output against a new 'labels' input.")
+@click.option("--optimizer", type=click.Choice(["sgd", "adam", "adamw"]), default="sgd", show_default=True,
+              help="With --train: the update rule (torch.optim's).")
+@click.option("--lr", type=float, default=None, help="With --train: learning rate (default 0.01 for sgd, 0.001 for adam).")
+@click.option("--momentum", type=float, default=0.0, show_default=True, help="With --train: SGD momentum.")
+@click.option("--weight-decay", type=float, default=0.0, show_default=True,
+              help="With --train: L2 penalty (sgd, adam) or decoupled weight decay (adamw).")
 def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: str, labels, no_validate: bool,
-                print_ir: bool, device_class: str, tuning_db, adapter) -> None:
+                print_ir: bool, device_class: str, tuning_db, adapter, train: bool, trainable: str, loss: str,
+                optimizer: str, lr: float | None, momentum: float, weight_decay: float) -> None:
     """Compile an ONNX MODEL into a package directory."""
     import time
 
@@ -87,11 +100,18 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     from kiln.package.format import read_manifest
 
     targets = parse_targets(target)
+    train_options = None
+    if train:
+        from kiln.train import OptimizerConfig, TrainOptions
+
+        cfg = OptimizerConfig(optimizer, lr=lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3),
+                              momentum=momentum, weight_decay=weight_decay)
+        train_options = TrainOptions(trainable=trainable, loss=loss, optimizer=cfg)
     t0 = time.perf_counter()
     schedule = _tuned_scheduler(tuning_db, adapter, device_class)
     path = compile_model(model, out, target=target, dims=_parse_dims(dims), force=force, preset=preset,
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
-                         device_class=device_class, schedule=schedule)
+                         device_class=device_class, schedule=schedule, train=train_options)
     m = read_manifest(path)
     parts = []
     for name in targets:
@@ -100,6 +120,9 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
         tuned = sum(1 for k in tgt["kernels"] if k.get("tuned"))
         parts.append(f"{name}: {len(tgt['plan'])} {steps}, {len(tgt['kernels'])} kernels"
                      + (f", {tuned} tuned" if tuning_db and name == "webgpu" else ""))
+        if "train_plan" in tgt:
+            parts.append(f"train step: {len(tgt['train_plan'])} dispatches, {len(m['training']['trainable'])} "
+                         f"trainable tensors, {m['training']['optimizer']['name']}")
     click.echo(f"compiled {model} -> {path} ({'; '.join(parts)}; {m['memory']['weight_bytes'] / 1e6:.1f} MB weights, "
                f"{time.perf_counter() - t0:.1f} s)")
     if print_ir:

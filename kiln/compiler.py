@@ -74,6 +74,32 @@ class Compiled:
     targets: tuple[str, ...] = ("webgpu",)
     wasm: Any = None  # kiln.codegen.wasm.WasmProgram when "wasm" is among the targets
     webgl2: Any = None  # kiln.webgl2.WebGL2Code when "webgl2" is among the targets
+    training: Any = None  # kiln.train.TrainGraph of a train-step package
+    infer_steps: list[int] | None = None  # a train-step package: the steps inference runs (indices into steps)
+
+
+def steps_for(groups: list[Group], outputs: list[Any]) -> list[int]:
+    """Indices of the plan steps (the non-alias, non-empty groups in order, as :func:`build_kernels` makes
+    them) that ``outputs`` (IR values) depend on: running just those, in order, computes ``outputs``.
+
+    Running a subset of the steps in order is safe with the shared activation buffers: every value is
+    still written before it is read and not overwritten in between (dropping steps drops only writes).
+    """
+    producer: dict[int, Group] = {}
+    for g in groups:
+        for n in g.nodes:
+            for o in n.outputs:
+                producer[id(o)] = g
+    needed: set[int] = set()
+    todo = [producer[id(v)] for v in outputs if id(v) in producer]
+    while todo:
+        g = todo.pop()
+        if id(g) in needed:
+            continue
+        needed.add(id(g))
+        todo += [producer[id(v)] for n in g.nodes for v in n.inputs if id(v) in producer]
+    work = [g for g in groups if not g.alias and g.output.size]
+    return [i for i, g in enumerate(work) if id(g) in needed]
 
 
 def group_expr(group: Group) -> Tensor:
@@ -175,14 +201,22 @@ def parse_targets(target: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bool = True, progress: bool = False,
                   device_class: str = "gpu", wasm_threads: bool = True,
-                  schedule: Callable[[Tensor], Schedule] | None = None) -> Compiled:
+                  schedule: Callable[[Tensor], Schedule] | None = None, training: Any = None) -> Compiled:
     """Optimise ``graph`` in place and generate its kernels for each of ``target`` (a name or a comma
     list: ``webgpu`` with the default schedules for ``device_class``, ``webgl2``, ``wasm``) and memory plan.
 
     ``schedule`` chooses each WebGPU kernel's schedule (a tuning database's
     :meth:`~kiln.tune.db.TuningDB.scheduler`); by default the default schedules for ``device_class``.
+    With ``training`` (a :class:`kiln.train.TrainGraph` whose ``graph`` is ``graph``) the result also
+    records the steps inference runs (``infer_steps``); train-step packages have the webgpu target only.
+
+    Raises:
+        KilnError: an unknown target, or a train step for a target other than webgpu.
     """
     targets = parse_targets(target)
+    if training is not None and targets != ("webgpu",):
+        raise KilnError("train-step packages (--train) have the webgpu target only for now; the webgl2 and wasm "
+                        "runtimes do not run train steps yet")
     tgt = get_target("webgpu")  # the groups and buffers serve every target: WebGPU's limits are the tightest
     verify(graph)
     fired = optimize(graph)
@@ -203,15 +237,19 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         from kiln.compile_wasm import build_wasm
 
         program = build_wasm(groups, plan, progress=progress, threads=wasm_threads)
+    infer = None
+    if training is not None:
+        names = set(training.forward_outputs)
+        infer = steps_for(groups, [v for v in graph.outputs if v.name in names])
     return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=targets,
-                    wasm=program, webgl2=webgl2_code)
+                    wasm=program, webgl2=webgl2_code, training=training, infer_steps=infer)
 
 
 def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",
                   dims: dict[str, int] | None = None, force: bool = False, preset: str = "auto",
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
                   device_class: str = "gpu", wasm_threads: bool = True,
-                  schedule: Callable[[Tensor], Schedule] | None = None) -> Path:
+                  schedule: Callable[[Tensor], Schedule] | None = None, train: Any = None) -> Path:
     """Compile an ONNX model into a package directory.
 
     Args:
@@ -231,6 +269,10 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         schedule: chooses each kernel's schedule instead of the defaults (``kiln compile
             --tuning-db``: :meth:`kiln.tune.db.TuningDB.scheduler`, which falls back to them).
         wasm_threads: with the wasm target, also build its shared-memory module for workers.
+        train: a :class:`kiln.train.TrainOptions`: also build the train step (forward, loss, backward,
+            optimizer update; docs/training.md) into the package, whose trainable weights and optimizer
+            state persist in device buffers (``Session.train_step``, ``session.trainStep`` in kiln.js).
+            The package's dims (batch size) serve both training and inference.
 
     Returns:
         The package directory.
@@ -247,11 +289,18 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     missing = unsupported_ops(onnx_model)
     if missing:
         raise UnsupportedOpError(missing)
-    graph = import_model(onnx_model, dims)
-    if graph.name in ("", "main_graph", "model", "torch_jit"):
-        graph.name = Path(model).stem
     if device_class not in DEVICE_CLASSES:
         raise KilnError(f"device class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
+    training = None
+    if train is not None:
+        from kiln.train import build_train_graph
+
+        training = build_train_graph(onnx_model, train, dims)
+        graph = training.graph
+    else:
+        graph = import_model(onnx_model, dims)
+    if graph.name in ("", "main_graph", "model", "torch_jit"):
+        graph.name = Path(model).stem
     compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
-                             wasm_threads=wasm_threads, schedule=schedule)
+                             wasm_threads=wasm_threads, schedule=schedule, training=training)
     return write_package(compiled, out, force=force, preset=preset, labels=labels, source=Path(model).name)

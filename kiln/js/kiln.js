@@ -8,6 +8,10 @@
 //   const {logits} = await session.run({input: x});              // {name: kiln.Tensor}
 //   session.target;                                              // 'webgpu', 'webgl2' or 'wasm'
 //
+// Train-step packages (`kiln compile --train`, docs/training.md) also train on WebGPU (train.js):
+//   const loss = await session.trainStep({input: x, labels});    // one SGD/Adam step, the loss before it
+//   const bytes = await session.exportWeights();                  // the trained weights as safetensors
+//
 // `loadFiles` loads a package from memory ({path: ArrayBuffer}) instead of a URL (the RPC
 // runtime, rpc.js, uses it), and `Session.time` measures runs on the device.
 //
@@ -29,6 +33,7 @@
 
 import {DeviceError, KilnError, PackageError, ShapeError} from './errors.js';
 import {memorySource, readManifest, urlSource} from './package.js';
+import {encodeSafetensors} from './train.js';
 import {Tensor, fromStorage, shapeText, toStorage} from './tensor.js';
 
 export {DeviceError, KilnError, PackageError, ShapeError} from './errors.js';
@@ -199,6 +204,9 @@ export class Session {
     this.adapterInfo = backend.adapterInfo;
     /** Whether runs can be timed with GPU timestamps ({@link Session#time}). */
     this.timestampQuery = backend.timestampQuery;
+    /** The manifest's `training` section (inputs, outputs, trainable, state, loss, optimizer) of a
+     * train-step package, or null. */
+    this.training = manifest.training ?? null;
     /** @private */ this.backend = backend;
     /** @private @type {Promise<unknown>} runs are serialised: backends reuse their staging memory */
     this.queue = Promise.resolve();
@@ -254,6 +262,78 @@ export class Session {
     return result;
   }
 
+  /**
+   * Run one train step of a train-step package: forward, loss, backward and the optimizer's update of
+   * the trainable weights, which stay on the device (later runs and steps use the updated weights).
+   *
+   * @param {Record<string, Tensor>} feeds the model's inputs and the labels (`session.training.inputs`):
+   *   class indices `int64 [N]` for cross-entropy, targets shaped like the prediction for mse.
+   * @param {{outputs?: boolean}} [options] `outputs: true` resolves to every training output (the loss,
+   *   and `grad/<weight>` in packages compiled with gradient outputs) instead of the loss alone.
+   * @returns {Promise<number | Record<string, Tensor>>} the loss before the update.
+   * @throws {KilnError} not a train-step package, or a target that does not train (only WebGPU does).
+   * @throws {ShapeError} a bad feed (see {@link Session#run}).
+   * @throws {DeviceError} the device was lost or rejected the work.
+   */
+  async trainStep(feeds, options = {}) {
+    const training = this.requireTraining('trainStep');
+    const checked = this.checkFeeds(feeds, training.inputs);
+    const result = this.queue.then(async () => {
+      const raw = await this.backend.trainStep(checked);
+      const outs = Object.fromEntries(training.outputs.map((spec) => [spec.name, fromStorage(spec, raw[spec.name])]));
+      return options.outputs ? outs : outs[training.loss.output].data[0];
+    });
+    this.queue = result.catch(() => undefined);
+    return result;
+  }
+
+  /**
+   * The current trainable weights (and, with `optimizer`, the optimizer's state), copied from the device.
+   * @param {{optimizer?: boolean}} [options]
+   * @returns {Promise<Record<string, Tensor>>} state name (the ONNX initializer name of a weight) -> tensor
+   * @throws {KilnError} not a train-step package, or a target that does not train.
+   */
+  async weights(options = {}) {
+    const training = this.requireTraining('weights');
+    const chosen = training.state.filter((s) => s.kind === 'param' || options.optimizer);
+    const result = this.queue.then(async () => {
+      const raw = await this.backend.readBuffers(chosen.map((s) => ({id: s.buffer, bytes: s.bytes})));
+      return Object.fromEntries(chosen.map((s, i) => [s.name, fromStorage(s, raw[i])]));
+    });
+    this.queue = result.catch(() => undefined);
+    return result;
+  }
+
+  /**
+   * The current trainable weights (and optimizer state with `optimizer`) as a safetensors file, keyed by
+   * the ONNX initializer names (load it with `safetensors.numpy.load_file` or `safetensors.torch`).
+   * @param {{optimizer?: boolean}} [options]
+   * @returns {Promise<Uint8Array>} the file's bytes (e.g. for a download: `new Blob([bytes])`)
+   * @throws {KilnError} as for {@link Session#weights}.
+   */
+  async exportWeights(options = {}) {
+    const tensors = await this.weights(options);
+    return encodeSafetensors(Object.entries(tensors).map(([name, t]) => ({
+      name, dtype: t.type, shape: t.dims, bytes: t.data.buffer.slice(t.data.byteOffset, t.data.byteOffset + t.data.byteLength),
+    })), {format: 'pt', source: 'kiln train step'});
+  }
+
+  /**
+   * @param {string} what the method called
+   * @returns {any} the training section
+   * @private
+   */
+  requireTraining(what) {
+    if (!this.training) {
+      throw new KilnError(`${what}: this package has no train step; compile it with \`kiln compile --train\``);
+    }
+    if (typeof this.backend.trainStep !== 'function') {
+      throw new KilnError(`${what}: train steps run on the WebGPU target only; this session runs '${this.target}' ` +
+        "(load the package with {target: 'webgpu'} in a browser with WebGPU)");
+    }
+    return this.training;
+  }
+
   /** Free the session's device memory (and device); the session cannot run afterwards. */
   destroy() {
     this.backend.dispose();
@@ -261,22 +341,23 @@ export class Session {
 
   /**
    * @param {Record<string, Tensor>} feeds
+   * @param {TensorSpec[]} [specs] the inputs to check against (default: the model's)
    * @returns {{spec: TensorSpec, data: ArrayBufferView}[]} one per manifest input, in manifest order, its data
    *   converted to the buffer's storage type
    * @private
    */
-  checkFeeds(feeds) {
+  checkFeeds(feeds, specs = this.inputs) {
     if (feeds === null || typeof feeds !== 'object') {
       throw new ShapeError(`run() takes an object {inputName: Tensor}, got ${feeds === null ? 'null' : typeof feeds}`);
     }
-    const names = this.inputs.map((i) => i.name);
+    const names = specs.map((i) => i.name);
     const quoted = names.map((n) => `'${n}'`).join(', ');
     const unknown = Object.keys(feeds).filter((n) => !names.includes(n));
     if (unknown.length) {
       throw new ShapeError(`unknown input${unknown.length > 1 ? 's' : ''} ${unknown.map((n) => `'${n}'`).join(', ')}; ` +
         `the model's inputs are ${quoted}`);
     }
-    return this.inputs.map((spec) => {
+    return specs.map((spec) => {
       const expected = `${spec.dtype}${shapeText(spec.shape)}`;
       const tensor = feeds[spec.name];
       if (tensor === undefined) throw new ShapeError(`missing input '${spec.name}' (${expected})`);

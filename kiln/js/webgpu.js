@@ -6,6 +6,7 @@
 // compute pass, copies the outputs to mappable staging buffers, submits once and maps them.
 // See kiln.js for the backend interface this module implements.
 
+import {createTrainer, readBuffers, runTrainStep} from './train.js';
 import {DeviceError, PackageError} from './errors.js';
 import {kernelText, readWeights} from './package.js';
 
@@ -216,8 +217,14 @@ export class WebGPUBackend {
       size: manifest.buffers[o.buffer].bytes,
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
     })]));
+    const trainer = manifest.training ? createTrainer(device, manifest, buffers, pipelines) : null;
     await throwScopeError(device, PackageError, `${root}: invalid execution plan`);
-    return new WebGPUBackend(adapter, device, manifest, buffers, steps, staging);
+    const backend = new WebGPUBackend(adapter, device, manifest, buffers, steps, staging);
+    /** @private the train plan of a train-step package (train.js), or null */
+    backend.trainer = trainer;
+    /** @private the manifest's training section, or null */
+    backend.training = manifest.training ?? null;
+    return backend;
   }
 
   /**
@@ -343,6 +350,27 @@ export class WebGPUBackend {
       readback?.destroy();
     }
     return {clock: querySet ? 'timestamp-query' : 'wall', times, wall};
+  }
+
+  /**
+   * Run one train step of a train-step package (train.js): the train plan, then every state update.
+   * @param {{spec: any, data: ArrayBufferView}[]} inputs every training input, in storage form
+   * @returns {Promise<Record<string, ArrayBuffer>>} each training output's bytes (storage form)
+   * @throws {DeviceError} the device was lost or rejected the work.
+   */
+  async trainStep(inputs) {
+    this.checkLost();
+    return runTrainStep(this, inputs, writePadded);
+  }
+
+  /**
+   * Read buffers back (trained weights, optimizer state).
+   * @param {{id: number, bytes: number}[]} sources buffer ids and byte counts
+   * @returns {Promise<ArrayBuffer[]>}
+   */
+  async readBuffers(sources) {
+    this.checkLost();
+    return readBuffers(this.device, sources.map(({id, bytes}) => ({buffer: this.buffers[id], bytes})));
   }
 
   /** Free the GPU buffers and the device. */

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.ir import ops
-from kiln.kernels import elementwise, index, layout, nn, resample
+from kiln.kernels import elementwise, grad, index, layout, nn, resample
 from kiln.kernels.elementwise import Operand
 from kiln.te.compute import Tensor
 
@@ -47,6 +47,14 @@ def build(op: str, inputs: list[Operand], attrs: dict[str, Any], out_shape: tupl
         return resample.grid_sample(inputs[0], inputs[1], attrs, out_shape, name)
     if op == "ConvTranspose":
         return resample.conv_transpose(inputs[0], inputs[1], attrs, out_shape, name)
+    if op == "ConvWeightGrad":
+        return grad.conv_weight_grad(inputs[0], inputs[1], attrs, name)
+    if op == "PoolGradSum":
+        return grad.pool_grad_sum(inputs[0], attrs, name)
+    if op == "MaxPoolArgWindow":
+        return grad.maxpool_arg_window(inputs[0], inputs[1], attrs, name)
+    if op == "MaxPoolGrad":
+        return grad.maxpool_grad(inputs[0], inputs[1], attrs, name)
     if op in _INDEX:
         return _INDEX[op](inputs, attrs, out_shape, name)
     raise NotImplementedError(f"no tensor expression for primitive {op}")

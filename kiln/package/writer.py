@@ -27,7 +27,10 @@ SHARD_BYTES = 256 * 1024 * 1024
 
 #: the browser runtime (ES modules, kiln.js first) and the demo page, copied from kiln/js into every package
 RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "webgl2.js",
-                 "wasm.js", "wasm-worker.js", "index.html")
+                 "wasm.js", "wasm-worker.js", "train.js", "index.html")
+
+#: pages copied into train-step packages besides RUNTIME_FILES (the fine-tuning demo)
+TRAINING_FILES = ("train.html",)
 
 IMAGENET = {
     "preprocess": {"type": "image", "input": None, "resize": 256, "crop": 224, "scale": 1 / 255,
@@ -70,10 +73,10 @@ def needed_limits(compiled) -> dict[str, int]:
     }
 
 
-def detect_preset(graph) -> str:
+def detect_preset(inputs, outputs) -> str:
     """``imagenet`` for a model with one [N,3,H,W] float input and one [N,1000] output, else ``none``."""
-    if len(graph.inputs) == 1 and len(graph.outputs) == 1:
-        i, o = graph.inputs[0], graph.outputs[0]
+    if len(inputs) == 1 and len(outputs) == 1:
+        i, o = inputs[0], outputs[0]
         if i.dtype == "float32" and len(i.shape) == 4 and i.shape[1] == 3 and len(o.shape) == 2 and o.shape[1] == 1000:
             return "imagenet"
     return "none"
@@ -90,12 +93,16 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
     try:
         (tmp / "kernels").mkdir()
         # weights, sharded
-        values = {}
+        values = {}  # buffer id -> (tensor name, array, model dtype)
         for g in compiled.groups:
             for n in g.nodes:
                 for v in n.inputs:
                     if v.is_const and id(v) in plan.of:
-                        values[plan.of[id(v)]] = v
+                        values[plan.of[id(v)]] = (v.name, v.const, v.dtype)
+        if compiled.training is not None:
+            from kiln.package.training import param_weights
+
+            values.update(param_weights(compiled))
         files: list[dict[str, Any]] = []
         shard: dict[str, np.ndarray] = {}
         shard_bytes = 0
@@ -112,25 +119,33 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
 
         stored: dict[int, np.ndarray] = {}
         for bid in sorted(values):
-            v = values[bid]
+            vname, varray, vdtype = values[bid]
             try:
-                stored[bid] = to_storage(v.const, v.dtype, f"constant %{v.name}")
+                stored[bid] = to_storage(varray, vdtype, f"constant %{vname}")
             except KilnError as e:
                 raise KilnError(f"{e} (a constant must fit the buffer type it is stored in)") from None
             if shard and shard_bytes + stored[bid].nbytes > SHARD_BYTES:
                 flush()
-            shard[v.name] = stored[bid]
+            shard[vname] = stored[bid]
             shard_bytes += stored[bid].nbytes
             where[bid] = "weights.safetensors" if not files else f"weights-{len(files):05d}.safetensors"
         flush()
         buffers = []
         for b in plan.buffers:
             entry: dict[str, Any] = {"id": b.id, "kind": b.kind, "bytes": b.nbytes, "values": b.values}
-            if b.kind == "weight":
-                v = values[b.id]
-                entry.update(tensor=v.name, file=where[b.id], dtype=str(stored[b.id].dtype), shape=list(v.shape),
-                             model_dtype=v.dtype)
+            if b.id in values:
+                vname, varray, vdtype = values[b.id]
+                entry.update(kind="weight", tensor=vname, file=where[b.id], dtype=str(stored[b.id].dtype),
+                             shape=list(varray.shape), model_dtype=vdtype)
             buffers.append(entry)
+        training = None
+        if compiled.training is not None:
+            from kiln.package.training import training_manifest
+
+            training = training_manifest(compiled, buffers)
+        from kiln.package.training import io_lists
+
+        model_inputs, model_outputs = io_lists(compiled)
         kernels = []
         for k in compiled.kernels:
             path = f"kernels/{k.name}.wgsl"
@@ -142,6 +157,9 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                             **({"tuned": True, "tuning": k.tuning} if k.tuning else {})})
         plan_steps = [{"kernel": s.kernel, "dispatch": list(s.dispatch), "buffers": s.buffers, "node": s.name}
                       for s in compiled.steps]
+        train_steps = None
+        if compiled.infer_steps is not None:
+            train_steps, plan_steps = plan_steps, [plan_steps[i] for i in compiled.infer_steps]
         manifest: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
@@ -149,15 +167,18 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "name": graph.name,
             "source": source,
             "dims": graph.dims,
-            "inputs": [_io(v, plan.of[id(v)]) for v in graph.inputs],
-            "outputs": [_io(v, plan.of[id(v)]) for v in graph.outputs],
+            "inputs": [_io(v, plan.of[id(v)]) for v in model_inputs],
+            "outputs": [_io(v, plan.of[id(v)]) for v in model_outputs],
             "buffers": buffers,
             "memory": {
-                "weight_bytes": plan.bytes("weight"),
+                "weight_bytes": sum(b["bytes"] for b in buffers if b["kind"] == "weight"),
                 "activation_bytes": plan.bytes("activation"),
                 "activation_bytes_unshared": plan.unshared_bytes,
-                "io_bytes": plan.bytes("input") + plan.bytes("output"),
+                "io_bytes": sum(b["bytes"] for b in buffers if b["kind"] in ("input", "output")),
+                **({"state_bytes": sum(b["bytes"] for b in buffers if b["kind"] in ("state", "update"))}
+                   if training is not None else {}),
             },
+            **({"training": training} if training is not None else {}),
             "weights": {"files": files},
             "targets": {},
         }
@@ -168,6 +189,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                 "limits": needed_limits(compiled),
                 "kernels": kernels,
                 "plan": plan_steps,
+                **({"train_plan": train_steps} if train_steps is not None else {}),
             }
         if compiled.webgl2 is not None:
             for path, text in compiled.webgl2.files().items():
@@ -177,24 +199,24 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             from kiln.package.wasm import write_wasm_target
 
             manifest["targets"]["wasm"] = write_wasm_target(compiled.wasm, tmp)
-        chosen = detect_preset(graph) if preset == "auto" else preset
+        chosen = detect_preset(model_inputs, model_outputs) if preset == "auto" else preset
         if chosen == "imagenet":
             pre = json.loads(json.dumps(IMAGENET))
-            pre["preprocess"]["input"] = graph.inputs[0].name
-            pre["postprocess"]["output"] = graph.outputs[0].name
+            pre["preprocess"]["input"] = model_inputs[0].name
+            pre["postprocess"]["output"] = model_outputs[0].name
             manifest.update(pre)
             with resources.as_file(resources.files("kiln") / "data" / "imagenet_classes.txt") as default:
                 shutil.copyfile(labels or default, tmp / "labels.txt")
         elif labels:
             shutil.copyfile(labels, tmp / "labels.txt")
-            manifest["postprocess"] = {"type": "classification", "output": graph.outputs[0].name,
+            manifest["postprocess"] = {"type": "classification", "output": model_outputs[0].name,
                                        "softmax": True, "labels": "labels.txt"}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         from kiln.ir.printer import format_graph
 
         (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
         js = resources.files("kiln") / "js"
-        for name in RUNTIME_FILES:
+        for name in RUNTIME_FILES + (TRAINING_FILES if training is not None else ()):
             with resources.as_file(js / name) as f:
                 shutil.copyfile(f, tmp / name)
         if out.exists():

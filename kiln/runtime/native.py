@@ -19,6 +19,7 @@ import numpy as np
 from kiln.errors import DeviceError, PackageError
 from kiln.package.format import DEFAULT_LIMITS, from_storage, read_manifest, verify_weights
 from kiln.runtime.feeds import storage_feeds
+from kiln.runtime.training import TrainingMixin
 
 
 def _request_device(limits: dict[str, int], features: list[str], optional: tuple[str, ...] = ()):
@@ -50,8 +51,9 @@ def _request_device(limits: dict[str, int], features: list[str], optional: tuple
     return adapter, adapter.request_device_sync(required_features=features, required_limits=required)
 
 
-class Session:
-    """A loaded package, ready to run natively.
+class Session(TrainingMixin):
+    """A loaded package, ready to run natively (and, for train-step packages, to train: ``train_step``,
+    ``state``, ``export_weights``; see :class:`~kiln.runtime.training.TrainingMixin`).
 
     Args:
         package: package directory (made by ``kiln compile``).
@@ -119,6 +121,7 @@ class Session:
             self.steps.append((pipeline, group, tuple(s["dispatch"])))
         self._raw = self._raw_steps()
         self._ran = False
+        self._init_training(tgt)
         self.step_names = [f"{tgt['kernels'][s['kernel']]['name']}" for s in tgt["plan"]]
         self.poison = poison
         if poison:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Collection
 from typing import Any
 
 import onnx
@@ -120,12 +121,16 @@ def _call(fn, b: Builder, inputs: list[Value | None], attrs: dict[str, Any], nod
     return fn(b, *inputs, **attrs)
 
 
-def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int] | None = None) -> Graph:
+def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int] | None = None,
+                 variables: Collection[str] = ()) -> Graph:
     """Convert an ONNX model to a :class:`~kiln.ir.graph.Graph`.
 
     Args:
         model: a loaded ``ModelProto`` or a path to an ``.onnx`` file.
         dims: values for symbolic dims (``{"N": 1}``); an unbound named dim defaults to 1.
+        variables: initializer names to import as graph inputs (appended after the model's
+            inputs, in this order) instead of constants, so nothing folds them: the trainable
+            weights of a train-step graph (:mod:`kiln.train`).
 
     Raises:
         ModelFormatError: the file is not a valid ONNX model.
@@ -155,7 +160,16 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         env[inp.name] = v
     graph.dims = {k: v for k, v in dims.items() if any(k in (x.sym_shape or ()) for x in graph.inputs)}
     b = Builder(graph, fold=True)
+    inits = {t.name: t for t in g.initializer}
+    for name in variables:
+        t = inits[name]
+        v = Value(name, dtypes.from_onnx(t.data_type), tuple(int(d) for d in t.dims))
+        graph.inputs.append(v)
+        b._names.add(name)
+        env[name] = v
     for t in g.initializer:
+        if t.name in env:
+            continue
         arr = numpy_helper.to_array(t)
         env[t.name] = b.const(arr, name=t.name, dtype=dtypes.from_onnx(t.data_type))
 
