@@ -14,7 +14,7 @@ JSON (``wasm-<model>-<date>.json``) with versions and the commit.
 
 onnxruntime here runs native x86 code (AVX2/AVX-512, FMA); Kiln runs 128-bit WebAssembly SIMD
 without FMA, so this is a harder comparison than the acceptance one (onnxruntime-web's wasm
-backend in the same browser, ``bench/browser_wasm.py``).
+backend in the same browser, ``bench/browser.py --contestants kiln-wasm,ort-wasm``).
 """
 
 from __future__ import annotations

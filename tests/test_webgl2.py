@@ -18,6 +18,7 @@ from browser import CHROMIUM, close_shared_runner
 
 from kiln.codegen import glsl
 from kiln.errors import KilnError
+from kiln.package.format import VERSION
 from kiln.te.compute import compute, inline, placeholder
 from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, Split
@@ -155,7 +156,7 @@ def test_compile_cli_writes_the_webgl2_target(tmp_path):
     assert result.exit_code == 0, result.output
     assert "webgpu: 1 dispatches, 1 kernels; webgl2: 1 draws, 1 kernels" in result.output
     manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
-    assert list(manifest["targets"]) == ["webgpu", "webgl2"] and manifest["version"] == "1.2"
+    assert list(manifest["targets"]) == ["webgpu", "webgl2"] and manifest["version"] == VERSION
     gl = manifest["targets"]["webgl2"]
     assert gl["extensions"] == ["EXT_color_buffer_float"] and gl["texture_width"] == glsl.TEXTURE_WIDTH
     assert gl["plan"] == [{"kernel": 0, "inputs": [0], "output": 1, "viewport": [6, 1], "node": "Relu_0"}]
