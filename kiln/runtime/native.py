@@ -19,6 +19,7 @@ import numpy as np
 from kiln.errors import DeviceError, PackageError
 from kiln.package.format import DEFAULT_LIMITS, from_storage, read_manifest, verify_weights
 from kiln.runtime.feeds import storage_feeds
+from kiln.runtime.timing import wall_clock_ms
 from kiln.runtime.training import TrainingMixin
 
 
@@ -236,14 +237,7 @@ class Session(TrainingMixin):
 
     def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:
         """Wall-clock milliseconds of ``repeat`` full runs (upload, compute, readback) after ``warmup`` runs."""
-        for _ in range(warmup):
-            self.run(feeds)
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            self.run(feeds)
-            times.append((time.perf_counter() - t0) * 1e3)
-        return times
+        return wall_clock_ms(lambda: self.run(feeds), repeat, warmup)
 
     def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
         """GPU milliseconds of every dispatch, median over ``repeat`` runs (after one warm-up run).

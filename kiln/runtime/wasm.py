@@ -25,6 +25,7 @@ import numpy as np
 from kiln.errors import PackageError
 from kiln.package.format import from_storage, read_manifest, sha256_file, verify_weights
 from kiln.runtime.feeds import storage_feeds
+from kiln.runtime.timing import wall_clock_ms
 
 
 def _shared_memory_class():
@@ -211,14 +212,7 @@ class WasmSession:
 
     def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:
         """Wall-clock milliseconds of ``repeat`` full runs (inputs written, kernels, outputs read) after ``warmup``."""
-        for _ in range(warmup):
-            self.run(feeds)
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            self.run(feeds)
-            times.append((time.perf_counter() - t0) * 1e3)
-        return times
+        return wall_clock_ms(lambda: self.run(feeds), repeat, warmup)
 
     def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
         """Milliseconds of every plan step (wall clock around each call), median over ``repeat`` runs
