@@ -153,3 +153,31 @@ def verify_weights(package: str | os.PathLike, manifest: dict[str, Any]) -> None
             raise PackageError(f"{root}: weight file {f['path']} is missing")
         if p.stat().st_size != f["bytes"] or sha256_file(p) != f["sha256"]:
             raise PackageError(f"{p}: checksum mismatch (corrupted or edited weights)")
+
+
+def read_weights(package: str | os.PathLike, manifest: dict[str, Any]):
+    """Yield ``(buffer entry, array)`` for every ``weight`` buffer of a package, in manifest order.
+
+    Each array is C-contiguous, of the buffer's stored dtype (see :data:`STORAGE`). Check the files
+    first with :func:`verify_weights`; runtimes copy each array into their buffer or linear memory.
+
+    Raises:
+        PackageError: a weights file or tensor is missing or unreadable, or a tensor is larger than its buffer.
+    """
+    from safetensors import safe_open
+
+    path = Path(package)
+    handles: dict[str, Any] = {}
+    try:
+        for b in manifest["buffers"]:
+            if b["kind"] != "weight":
+                continue
+            f = b["file"]
+            if f not in handles:
+                handles[f] = safe_open(str(path / f), framework="numpy")
+            data = np.ascontiguousarray(handles[f].get_tensor(b["tensor"]))
+            if data.nbytes > b["bytes"]:
+                raise PackageError(f"{path}: weight {b['tensor']} is larger than its buffer")
+            yield b, data
+    except (OSError, KeyError) as e:
+        raise PackageError(f"{path}: cannot read weights ({e})") from None

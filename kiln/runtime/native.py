@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import DeviceError, PackageError
-from kiln.package.format import DEFAULT_LIMITS, from_storage, read_manifest, verify_weights
+from kiln.package.format import DEFAULT_LIMITS, from_storage, read_manifest, read_weights, verify_weights
 from kiln.runtime.feeds import storage_feeds
 from kiln.runtime.timing import wall_clock_ms
 from kiln.runtime.training import TrainingMixin
@@ -70,7 +70,6 @@ class Session(TrainingMixin):
 
     def __init__(self, package: str | os.PathLike, target: str = "webgpu", verify: bool = True, poison: bool = False):
         import wgpu
-        from safetensors import safe_open
 
         self.path = Path(package)
         self.manifest: dict[str, Any] = read_manifest(self.path)
@@ -86,21 +85,9 @@ class Session(TrainingMixin):
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         self.buffers = [dev.create_buffer(size=b["bytes"], usage=usage, label=f"b{b['id']}_{b['kind']}")
                         for b in self.manifest["buffers"]]
-        handles: dict[str, Any] = {}
-        try:
-            for b in self.manifest["buffers"]:
-                if b["kind"] != "weight":
-                    continue
-                f = b["file"]
-                if f not in handles:
-                    handles[f] = safe_open(str(self.path / f), framework="numpy")
-                data = np.ascontiguousarray(handles[f].get_tensor(b["tensor"]))
-                if data.nbytes > b["bytes"]:
-                    raise PackageError(f"{self.path}: weight {b['tensor']} is larger than its buffer")
-                if data.size:
-                    dev.queue.write_buffer(self.buffers[b["id"]], 0, data.tobytes())
-        except (OSError, KeyError) as e:
-            raise PackageError(f"{self.path}: cannot read weights ({e})") from None
+        for b, data in read_weights(self.path, self.manifest):
+            if data.size:
+                dev.queue.write_buffer(self.buffers[b["id"]], 0, data.tobytes())
         self.pipelines = []
         for k in tgt["kernels"]:
             src = (self.path / k["source"]).read_text()

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import PackageError
-from kiln.package.format import from_storage, read_manifest, sha256_file, verify_weights
+from kiln.package.format import from_storage, read_manifest, read_weights, sha256_file, verify_weights
 from kiln.runtime.feeds import storage_feeds
 from kiln.runtime.timing import wall_clock_ms
 
@@ -61,7 +61,6 @@ class WasmSession:
     def __init__(self, package: str | os.PathLike, target: str = "wasm", verify: bool = True, poison: bool = False,
                  threads: int = 1):
         import wasmtime
-        from safetensors import safe_open
 
         self.path = Path(package)
         self.manifest: dict[str, Any] = read_manifest(self.path)
@@ -124,20 +123,8 @@ class WasmSession:
             self._worker_steps = [[(fns[s["kernel"]], st) for st, fns in zip((w[0] for w in self.workers), per_worker)]
                                   for s in tgt["plan"]]
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiln-wasm")
-        handles: dict[str, Any] = {}
-        try:
-            for b in self.manifest["buffers"]:
-                if b["kind"] != "weight":
-                    continue
-                f = b["file"]
-                if f not in handles:
-                    handles[f] = safe_open(str(self.path / f), framework="numpy")
-                data = np.ascontiguousarray(handles[f].get_tensor(b["tensor"]))
-                if data.nbytes > b["bytes"]:
-                    raise PackageError(f"{self.path}: weight {b['tensor']} is larger than its buffer")
-                self._view(b["id"], data.nbytes)[:] = data.reshape(-1).view(np.uint8)
-        except (OSError, KeyError) as e:
-            raise PackageError(f"{self.path}: cannot read weights ({e})") from None
+        for b, data in read_weights(self.path, self.manifest):
+            self._view(b["id"], data.nbytes)[:] = data.reshape(-1).view(np.uint8)
         self.poison = poison
         if poison:
             for b in self.manifest["buffers"]:
