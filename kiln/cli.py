@@ -323,6 +323,10 @@ from kiln.tune.cli import tune_cmd  # the command lives with the tuner
 
 main.add_command(tune_cmd)
 
+from kiln.zoo.cli import zoo_cmd  # the command lives with the zoo
+
+main.add_command(zoo_cmd)
+
 
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
