@@ -88,3 +88,55 @@ def test_printer_shows_ops_shapes_and_symbolic_inputs():
     assert text.startswith("graph ")
     assert "%input: float32['N', 3, 224, 224]" in text
     assert "Conv(" in text and "float32[1, 32, 112, 112]" in text
+
+
+def _layernorm_softmax_conv(rng, n: int = 24):
+    """LayerNormalization -> Softmax (elementwise producers with several readers), then a Conv whose input is
+    an elementwise chain (must not be inlined into the Conv: it would be recomputed per reduction step)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 4, n])
+    y = h.make_tensor_value_info("y", T.FLOAT, [2, 4, n])
+    z = h.make_tensor_value_info("z", T.FLOAT, [2, 3, n - 2])
+    inits = [h.make_tensor("g", T.FLOAT, [n], rng.uniform(0.5, 1.5, n).astype(np.float32)),
+             h.make_tensor("b", T.FLOAT, [n], rng.standard_normal(n).astype(np.float32)),
+             h.make_tensor("w", T.FLOAT, [3, 4, 3], rng.standard_normal((3, 4, 3)).astype(np.float32))]
+    nodes = [h.make_node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1, epsilon=1e-5),
+             h.make_node("Softmax", ["t"], ["y"], axis=-1),
+             h.make_node("Sigmoid", ["t"], ["s"]),
+             h.make_node("Conv", ["s", "w"], ["z"])]
+    return h.make_model(h.make_graph(nodes, "lnsm", [x], [y, z], inits), opset_imports=[h.make_opsetid("", 17)],
+                        ir_version=8)
+
+
+def test_fusion_inlines_elementwise_producers_into_reductions_and_consumers(rng, tmp_path):
+    """Elementwise producers are inlined (duplicated) into elementwise and reduction consumers, never into a
+    Conv; the compiled package still matches onnxruntime, with NaN-poisoned buffers."""
+    import onnx
+    import onnxruntime as ort
+
+    import kiln
+
+    model = _layernorm_softmax_conv(rng)
+    graph = import_model(model)
+    optimize(graph)
+    groups = fuse(graph)
+    kinds = [[n.op for n in g.nodes] for g in groups]
+    reductions = [k for k in kinds if any(op.startswith("Reduce") for op in k)]
+    assert len(reductions) == 4, kinds  # LN mean, LN variance, softmax max, softmax exp-sum
+    conv = next(k for k in kinds if "Conv" in k)
+    assert conv[0] == "Conv", kinds  # the Sigmoid feeding the Conv stays a kernel of its own
+    assert len(groups) == 7, kinds  # mean, var, max, sum, softmax divide, sigmoid, conv
+    # every value a group reads is a graph input, a constant, or another group's output (nothing inlined is read)
+    written = {id(g.output) for g in groups} | {id(v) for v in graph.inputs}
+    for g in groups:
+        for v in g.inputs:
+            assert v.is_const or id(v) in written, f"{v} is read but no kernel writes it"
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    x = rng.standard_normal((2, 4, 24)).astype(np.float32)
+    got = kiln.load(kiln.compile(path, tmp_path / "pkg"), poison=True).run({"x": x})
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["z"], want[1], rtol=1e-5, atol=1e-5)

@@ -6,6 +6,16 @@ previous one's result and nothing else reading it (for example
 Conv → Add(bias) → Clip, or Conv → Add(bias) → Add(residual)). The chain becomes
 one tensor expression, so intermediate values never reach memory.
 
+Then purely elementwise groups are *inlined into their consumers* when every
+consumer reads each of their elements once per element it computes (elementwise
+chains and reductions; never a convolution or matmul, which would recompute the
+producer for every reduction step): the producer's nodes are prepended to each
+consumer's group, duplicated when there are several, and the producer's result
+never reaches memory (TVM's rule of fusing injective operators into their
+consumers). LayerNormalization (mean, centre, square, mean, rsqrt, scale) thus
+becomes two reductions and one elementwise kernel instead of five kernels, and
+Softmax (max, exp-sum, divide) three instead of four, with no full-size temporaries.
+
 Reshapes (``view`` ops) make no kernel at all: their output aliases the input's
 buffer (see :mod:`kiln.passes.memory_plan`) unless it is a graph output fed
 straight by a graph input, which gets a copy kernel.
@@ -20,6 +30,10 @@ from kiln.ir.graph import Graph, Node, Value
 
 #: kinds of ops that can be fused into the kernel of their producer
 FUSIBLE = ("elementwise", "binary", "ternary")
+#: kinds of consumers an elementwise producer is inlined into (each reads an element once per element computed)
+INLINE_INTO = FUSIBLE + ("reduce",)
+#: most nodes a group may reach by inlining (duplicated producers must not grow kernels without bound)
+MAX_INLINED_NODES = 24
 
 
 @dataclass(eq=False)
@@ -78,8 +92,6 @@ def fuse(graph: Graph, max_inputs: int = 7) -> list[Group]:
             nxt = readers[0]
             if ops.kind(nxt.op) not in FUSIBLE or nxt.outputs[0].shape != out.shape or id(nxt) in assigned:
                 break
-            if sum(1 for v in nxt.inputs if v is out) != 1:
-                break
             extra = [v for v in nxt.inputs if v is not out and v not in external]
             if len([v for v in external + extra if not (v.is_const and v.size == 1)]) > max_inputs:
                 break
@@ -88,4 +100,51 @@ def fuse(graph: Graph, max_inputs: int = 7) -> list[Group]:
             assigned.add(id(nxt))
         groups.append((position[id(chain[-1])], Group(chain, external)))
     groups.sort(key=lambda g: g[0])
-    return [g for _, g in groups]
+    return inline_elementwise(graph, [g for _, g in groups], max_inputs)
+
+
+def _buffers(values: list[Value]) -> int:
+    """Buffers a kernel reading ``values`` binds (scalar constants become literals)."""
+    return len([v for v in values if not (v.is_const and v.size == 1)])
+
+
+def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7) -> list[Group]:
+    """Inline purely elementwise groups into the groups that consume them (see the module docstring).
+
+    A group is inlined when its output is not a graph output, every node reading it is elementwise or
+    a reduction, and every consumer group stays within ``max_inputs`` buffers and
+    :data:`MAX_INLINED_NODES` nodes; otherwise it stays a kernel of its own. Repeats until nothing
+    changes, so chains of such groups collapse into their consumers.
+    """
+    uses = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    changed = True
+    while changed:
+        changed = False
+        group_of: dict[int, list[Group]] = {}  # an inlined node lives in every group it was copied into
+        for g in groups:
+            for n in g.nodes:
+                group_of.setdefault(id(n), []).append(g)
+        for p in groups:
+            if p.alias or any(ops.kind(n.op) not in FUSIBLE for n in p.nodes) or id(p.output) in outputs:
+                continue
+            readers = uses.get(id(p.output), [])
+            if not readers or any(ops.kind(r.op) not in INLINE_INTO for r in readers):
+                continue
+            targets = list({id(g): g for r in readers for g in group_of[id(r)]}.values())
+            merged = []
+            for t in targets:
+                if t is p or t.alias:
+                    break
+                inputs = list(dict.fromkeys([*p.inputs, *(v for v in t.inputs if v is not p.output)]))
+                if _buffers(inputs) > max_inputs or len(p.nodes) + len(t.nodes) > MAX_INLINED_NODES:
+                    break
+                merged.append((t, inputs))
+            else:
+                for t, inputs in merged:
+                    t.nodes[:0] = p.nodes
+                    t.inputs = inputs
+                groups.remove(p)
+                changed = True
+                break
+    return groups
