@@ -337,7 +337,7 @@ def _fmt_bytes(n: int) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
 def info_cmd(package: Path, as_json: bool) -> None:
     """Print a package's inputs, outputs, kernels, and weight and activation bytes."""
-    from kiln.package.format import read_manifest
+    from kiln.package.format import kernel_steps, read_manifest
 
     m = read_manifest(package)
     mem = m["memory"]
@@ -354,7 +354,7 @@ def info_cmd(package: Path, as_json: bool) -> None:
         click.echo("dims: " + ", ".join(f"{k}={v}" for k, v in m["dims"].items()))
     for name, tgt in m["targets"].items():
         uses: dict[int, int] = {}
-        for s in tgt["plan"]:
+        for s in kernel_steps(tgt["plan"]):
             uses[s["kernel"]] = uses.get(s["kernel"], 0) + 1
         extra = (f", features {tgt['features']}" if tgt.get("features") else "")
         if name == "wasm":
