@@ -192,9 +192,12 @@ def _inline(model: onnx.ModelProto, b: Builder, env: Mapping[str, Value]):
         inner.update({i.name: v for i, v in zip(sub.input, inputs)})
         for t in sub.initializer:
             inner[t.name] = b.const(numpy_helper.to_array(t), name=t.name, dtype=dtypes.from_onnx(t.data_type))
-        scope = b.scope
-        _convert_nodes(model, b, sub.node, inner)
-        b.scope = scope
+        scope, outer = b.scope, (b.subgraph, b.region)
+        b.subgraph, b.region = _inline(model, b, inner), _region(model, b, inner)  # nested ones see this scope
+        try:
+            _convert_nodes(model, b, sub.node, inner)
+        finally:
+            b.scope, (b.subgraph, b.region) = scope, outer
         return [inner[o.name] for o in sub.output]
 
     return subgraph
