@@ -17,8 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.errors import KilnError
-from kiln.package.format import VERSION
 from kiln.ir import interp
+from kiln.package.format import VERSION
 from kiln.train import OptimizerConfig, TrainOptions, build_train_graph
 
 F = torch.nn.functional

@@ -42,7 +42,7 @@ def _run(graph, args: list[np.ndarray]) -> list[np.ndarray]:
 
 # ----------------------------------------------------------------------------- If
 def _if_infer(ts, a):
-    (dc, sc), *captured = ts
+    (_, sc), *captured = ts
     if int(np.prod(sc, dtype=np.int64)) != 1:
         raise ShapeError(f"If: the condition must hold one element, got shape {list(sc)}")
     branches = [g for g in (a["then_branch"], a["else_branch"]) if not isinstance(g, str)]
