@@ -204,7 +204,7 @@ def test_loop_scan_outputs_need_a_static_trip_count():
         import_model(model)
 
 
-def test_loop_with_runtime_if_in_its_body(tmp_path, rng):
+def _loop_with_if():
     """for i in range(M): x = x + 1 if i is even else x * -0.5 (the If's condition changes every iteration)."""
     then_g = helper.make_graph([helper.make_node("Add", ["x_in", "one"], ["a"])], "even", [], [_vi("a", F, [3])])
     else_g = helper.make_graph([helper.make_node("Mul", ["x_in", "mhalf"], ["b"])], "odd", [], [_vi("b", F, [3])])
@@ -217,6 +217,11 @@ def test_loop_with_runtime_if_in_its_body(tmp_path, rng):
     model = _model([helper.make_node("Loop", ["M", "", "x0"], ["x"], body=body)],
                    [_vi("M", I64, []), _vi("x0", F, [3])], [_vi("x", F, [3])],
                    [("one", np.array(1, np.float32)), ("mhalf", np.array(-0.5, np.float32))])
+    return model
+
+
+def test_loop_with_runtime_if_in_its_body(tmp_path, rng):
+    model = _loop_with_if()
     session = kiln.load(_compile(model, tmp_path), poison=True)
     for m in (0, 1, 4, 7):
         _check(session, model, {"M": np.array(m, np.int64), "x0": rng.standard_normal(3).astype(np.float32)})
@@ -278,3 +283,28 @@ def test_lstm_peepholes(rng):
              "c0": rng.standard_normal((1, batch, hidden)).astype(np.float32)}
     check_op("LSTM", feeds, {"hidden_size": hidden}, inits, opset=14, atol=1e-5,
              input_order=["x", "w", "r", "b", "", "h0", "c0", "p"], n_outputs=3)
+
+
+# ----------------------------------------------------------------------------- in the browser (kiln.js, WebGPU)
+@pytest.mark.browser
+def test_loop_and_if_on_webgpu_in_chromium(rng):
+    """The Loop with a run-time If in its body, and the counter Loop, on kiln.js's WebGPU backend (control.js)."""
+    from browser import CHROMIUM, close_shared_runner
+    from opcheck import run_in_browser
+
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing (Debian package chromium)")
+    try:
+        cases = [(_counter_loop(), {"M": np.array(4, np.int64), "cond": np.array(True),
+                                    "x0": rng.standard_normal(3).astype(np.float32), "k0": np.array(2, np.int64),
+                                    "w0": rng.standard_normal(3).astype(np.float32)}),
+                 (_if_model(), {"x": rng.standard_normal((3, 4)).astype(np.float32), "t": np.array(0.5, np.float32)})]
+        body_if = _loop_with_if()
+        cases += [(body_if, {"M": np.array(m, np.int64), "x0": rng.standard_normal(3).astype(np.float32)}) for m in (0, 5)]
+        for model, feeds in cases:
+            got = run_in_browser(model, feeds, "browser:webgpu", name="control")
+            expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+            for o, e in zip(model.graph.output, expected):
+                np.testing.assert_allclose(got[o.name], e, atol=1e-5, rtol=1e-5, err_msg=o.name)
+    finally:
+        close_shared_runner()
