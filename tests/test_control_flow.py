@@ -175,15 +175,16 @@ def test_loop_condition_from_body(tmp_path, rng):
 
 
 def _scan_loop(trip=4):
-    """for i in range(trip): acc += x * i; scan outputs acc and i (stacked)."""
+    """for i in range(trip) while go: acc += x * i; scan outputs acc and i (stacked); ``go`` is an input, so the
+    loop runs at run time (not unrolled)."""
     body = helper.make_graph(
         [helper.make_node("Cast", ["i"], ["fi"], to=F), helper.make_node("Mul", ["x", "fi"], ["xi"]),
          helper.make_node("Add", ["acc_in", "xi"], ["acc_out"]), helper.make_node("Identity", ["acc_out"], ["row"]),
          helper.make_node("Identity", ["i"], ["irow"]), helper.make_node("Identity", ["c_in"], ["c_out"])],
         "body", [_vi("i", I64, []), _vi("c_in", B, []), _vi("acc_in", F, [2, 3])],
         [_vi("c_out", B, []), _vi("acc_out", F, [2, 3]), _vi("row", F, [2, 3]), _vi("irow", I64, [])])
-    return _model([helper.make_node("Loop", ["M", "", "acc0"], ["acc", "rows", "iters"], body=body)],
-                  [_vi("x", F, [2, 3]), _vi("acc0", F, [2, 3])],
+    return _model([helper.make_node("Loop", ["M", "go", "acc0"], ["acc", "rows", "iters"], body=body)],
+                  [_vi("x", F, [2, 3]), _vi("acc0", F, [2, 3]), _vi("go", B, [])],
                   [_vi("acc", F, [2, 3]), _vi("rows", F, [trip, 2, 3]), _vi("iters", I64, [trip])],
                   [("M", np.array(trip, np.int64))], opset=16)
 
@@ -191,9 +192,31 @@ def _scan_loop(trip=4):
 def test_loop_scan_outputs(tmp_path, rng):
     model = _scan_loop()
     session = kiln.load(_compile(model, tmp_path), poison=True)
+    plan = json.loads((session.path / "manifest.json").read_text())["targets"]["webgpu"]["plan"]
+    assert any("loop" in s for s in plan)
     got = _check(session, model, {"x": rng.standard_normal((2, 3)).astype(np.float32),
-                                  "acc0": rng.standard_normal((2, 3)).astype(np.float32)})
+                                  "acc0": rng.standard_normal((2, 3)).astype(np.float32), "go": np.array(True)})
     np.testing.assert_array_equal(got["iters"], np.arange(4))
+    with pytest.raises(ShapeError, match="ran 0 iterations but its scan outputs were sized for 4"):
+        session.run({"x": np.ones((2, 3), np.float32), "acc0": np.ones((2, 3), np.float32), "go": np.array(False)})
+
+
+def test_loop_with_a_constant_trip_count_is_unrolled(tmp_path, rng):
+    """for i in range(3): y = y + x[i:i+1] (Slice starts from the iteration number: they fold once unrolled), and
+    the rows as a scan output; onnx's test_loop11 has this shape with a run-time trip count."""
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["i", "ax"], ["s"]), helper.make_node("Add", ["s", "one"], ["e"]),
+         helper.make_node("Slice", ["x", "s", "e"], ["row"]), helper.make_node("Add", ["y_in", "row"], ["y_out"]),
+         helper.make_node("Identity", ["row"], ["scan"]), helper.make_node("Identity", ["c_in"], ["c_out"])],
+        "body", [_vi("i", I64, []), _vi("c_in", B, []), _vi("y_in", F, [1])],
+        [_vi("c_out", B, []), _vi("y_out", F, [1]), _vi("scan", F, [1])],
+        [numpy_helper.from_array(np.array([0], np.int64), "ax"), numpy_helper.from_array(np.array([1], np.int64), "one")])
+    model = _model([helper.make_node("Loop", ["M", "", "y0"], ["y", "rows"], body=body)],
+                   [_vi("x", F, [5]), _vi("y0", F, [1])], [_vi("y", F, [1]), _vi("rows", F, [3, 1])],
+                   [("M", np.array(3, np.int64))], opset=13)
+    session = kiln.load(_compile(model, tmp_path), poison=True)
+    assert session.control is None  # unrolled: a flat plan
+    _check(session, model, {"x": rng.standard_normal(5).astype(np.float32), "y0": rng.standard_normal(1).astype(np.float32)})
 
 
 def test_loop_scan_outputs_need_a_static_trip_count():

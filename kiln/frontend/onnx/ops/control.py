@@ -63,6 +63,51 @@ def runtime_if(b: Builder, cond: Value, then_branch, else_branch) -> list[Value]
     return b.op("If", [cond, *outer], then_branch=graphs[0], else_branch=graphs[1])
 
 
+#: most iterations a Loop with a constant trip count is unrolled over (longer loops run at run time)
+MAX_UNROLL = 64
+
+
+def _unroll(b: Builder, m: Value | None, cond: Value | None, carried: list[Value], body) -> list[Value] | None:
+    """A Loop whose trip count is a constant of at most :data:`MAX_UNROLL` and whose condition is constant in
+    every iteration, converted inline once per iteration (the iteration number a constant in each, so indexing
+    by it folds); its scan outputs are stacked with Concat. Returns None, leaving the graph as it was, when the
+    loop is not such a loop."""
+    if m is None or not m.is_const or (cond is not None and not cond.is_const):
+        return None
+    trips = int(m.const.reshape(-1)[0])
+    if trips > MAX_UNROLL:
+        return None
+    mark = len(b.graph.nodes)
+    go = bool(cond.const.reshape(-1)[0]) if cond is not None else True
+    values, scans = list(carried), []
+    try:
+        for i in range(trips):
+            if not go:
+                break
+            outs = b.subgraph(body, [b.const(np.array(i, np.int64), name="iteration_num"),
+                                     b.const(np.array(go), name="cond"), *values])
+            if not outs[0].is_const:
+                raise _NotUnrollable
+            go = bool(outs[0].const.reshape(-1)[0])
+            values = outs[1:1 + len(carried)]
+            scans.append(outs[1 + len(carried):])
+    except (_NotUnrollable, KilnError):  # a condition computed at run time, or a body that needs it: run-time Loop
+        del b.graph.nodes[mark:]
+        return None
+    n_scan = len(body.output) - 1 - len(carried)
+    if n_scan and not scans:
+        raise ShapeError("Loop: runs no iteration, so Kiln cannot tell the shapes of its (empty) scan outputs")
+    stacked = []
+    for k in range(n_scan):
+        rows = [b.op("Reshape", [s[k]], shape=(1, *s[k].shape)) for s in scans]
+        stacked.append(rows[0] if len(rows) == 1 else b.op("Concat", rows, axis=0))
+    return [*values, *stacked]
+
+
+class _NotUnrollable(Exception):
+    pass
+
+
 @onnx_op("Loop", since=1)
 def loop(b: Builder, m: Value | None, cond: Value | None, *v_initial: Value, body) -> list[Value] | Value:
     """ONNX Loop-1/11/13/16/19/21 run at run time: ``for i in range(M) while cond``, the body's loop-carried
@@ -80,6 +125,9 @@ def loop(b: Builder, m: Value | None, cond: Value | None, *v_initial: Value, bod
         m = None
     if m is None and cond is None:
         raise KilnError("Loop: neither a trip count M nor a condition is given; the loop would never end")
+    unrolled = _unroll(b, m, cond, list(v_initial), body)
+    if unrolled is not None:
+        return unrolled
     params = [Value(b.fresh("iteration_num"), "int64", ()), Value(b.fresh("cond_in"), "bool", ()),
               *[Value(b.fresh(f"{v.name}_carried"), v.dtype, v.shape) for v in v_initial]]
     graph, caps = b.region(body, params)
