@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 
-from kiln.errors import KilnError, ShapeError
+from kiln.errors import ConstantInputError, KilnError, ShapeError
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
 
@@ -119,7 +119,8 @@ def loop(b: Builder, m: Value | None, cond: Value | None, *v_initial: Value, bod
 
     Raises:
         KilnError: neither M nor cond is given (the loop would never end).
-        ShapeError: a loop-carried value changes shape, or scan outputs with a trip count known only at run time.
+        ShapeError: a loop-carried value changes shape.
+        ConstantInputError: scan outputs with a trip count known only at run time.
     """
     if m is not None and m.is_const and int(m.const.reshape(-1)[0]) > _INT32_MAX:
         m = None
@@ -135,8 +136,8 @@ def loop(b: Builder, m: Value | None, cond: Value | None, *v_initial: Value, bod
     rows = None
     if len(graph.outputs) > 1 + n:
         if m is None or not m.is_const:
-            raise ShapeError("Loop: scan outputs need a trip count M known at compile time (their size depends on "
-                             "data otherwise)")
+            raise ConstantInputError("Loop: scan outputs need a trip count M known at compile time (their size "
+                                     "depends on data otherwise)", m.name if m is not None else None)
         rows = max(int(m.const.reshape(-1)[0]), 0)
         if cond is not None and cond.is_const and not bool(cond.const.reshape(-1)[0]):
             rows = 0
