@@ -93,6 +93,8 @@ class _PlanBuilder:
             else:
                 kind = b.kind if bind is None or b.kind == "weight" else "activation"
                 local[b.id] = self.buffer(kind, b.nbytes, b.values)
+                if kind == "activation" and b.kind != "activation":  # a sub-graph's result buffer
+                    self.unshared += self.buffers[local[b.id]].nbytes
         for key, bid in plan.of.items():
             self.of.setdefault(key, local[bid])
         steps: list[dict] = []
@@ -169,6 +171,7 @@ class _PlanBuilder:
         init, captured = ins[:n], ins[n:]
         read = {id(v) for m in body.nodes for v in m.inputs}
         params = [self.buffer("activation", storage_bytes(v), [v.name]) for v in body.inputs[:2 + n]]
+        self.unshared += sum(self.buffers[p].nbytes for p in params)
         steps = self.build(body, params + [self.of[id(v)] for v in captured])
         c_out = body.outputs[0]
         src = c_out.producer.inputs[0] if c_out.producer is not None and c_out.producer.op == "Identity" else None
