@@ -97,7 +97,7 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     import time
 
     from kiln.compiler import compile_model, parse_targets
-    from kiln.package.format import read_manifest
+    from kiln.package.format import kernel_steps, read_manifest
 
     targets = parse_targets(target)
     train_options = None
@@ -118,7 +118,7 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
         tgt = m["targets"][name]
         steps = {"webgpu": "dispatches", "webgl2": "draws"}.get(name, "calls")
         tuned = sum(1 for k in tgt["kernels"] if k.get("tuned"))
-        parts.append(f"{name}: {len(tgt['plan'])} {steps}, {len(tgt['kernels'])} kernels"
+        parts.append(f"{name}: {len(kernel_steps(tgt['plan']))} {steps}, {len(tgt['kernels'])} kernels"
                      + (f", {tuned} tuned" if tuning_db and name == "webgpu" else ""))
         if "train_plan" in tgt:
             parts.append(f"train step: {len(tgt['train_plan'])} dispatches, {len(m['training']['trainable'])} "
@@ -341,7 +341,7 @@ def _fmt_bytes(n: int) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
 def info_cmd(package: Path, as_json: bool) -> None:
     """Print a package's inputs, outputs, kernels, and weight and activation bytes."""
-    from kiln.package.format import read_manifest
+    from kiln.package.format import kernel_steps, read_manifest
 
     m = read_manifest(package)
     mem = m["memory"]
@@ -358,13 +358,13 @@ def info_cmd(package: Path, as_json: bool) -> None:
         click.echo("dims: " + ", ".join(f"{k}={v}" for k, v in m["dims"].items()))
     for name, tgt in m["targets"].items():
         uses: dict[int, int] = {}
-        for s in tgt["plan"]:
+        for s in kernel_steps(tgt["plan"]):
             uses[s["kernel"]] = uses.get(s["kernel"], 0) + 1
         extra = (f", features {tgt['features']}" if tgt.get("features") else "")
         if name == "wasm":
             extra += (f", {_fmt_bytes(tgt['bytes'])} module, {_fmt_bytes(tgt['memory']['bytes'])} memory"
                       + (", threads" if tgt.get("threads") else ""))
-        click.echo(f"target {name}: {len(tgt['kernels'])} kernels, {len(tgt['plan'])} "
+        click.echo(f"target {name}: {len(tgt['kernels'])} kernels, {len(kernel_steps(tgt['plan']))} "
                    f"{ {'webgpu': 'dispatches', 'webgl2': 'draws'}.get(name, 'calls')}{extra}")
         for i, k in enumerate(tgt["kernels"]):
             tuned = f"  tuned {k['tuning'].get('speedup', 1):.2f}x" if k.get("tuned") else ""

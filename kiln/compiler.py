@@ -76,6 +76,9 @@ class Compiled:
     webgl2: Any = None  # kiln.webgl2.WebGL2Code when "webgl2" is among the targets
     training: Any = None  # kiln.train.TrainGraph of a train-step package
     infer_steps: list[int] | None = None  # a train-step package: the steps inference runs (indices into steps)
+    #: the nested plan of a graph with run-time If/Loop (kiln.compile_control; ``steps`` then lists every
+    #: kernel step of every branch and body); None for a flat plan
+    control_plan: list[dict] | None = None
 
 
 def steps_for(groups: list[Group], outputs: list[Any]) -> list[int]:
@@ -217,6 +220,12 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     if training is not None and targets != ("webgpu",):
         raise KilnError("train-step packages (--train) have the webgpu target only for now; the webgl2 and wasm "
                         "runtimes do not run train steps yet")
+    from kiln.compile_control import compile_control, has_control
+
+    if has_control(graph):  # If/Loop decided at run time: a nested plan
+        if training is not None:
+            raise KilnError("train-step packages of models with run-time control flow (If/Loop) are not supported")
+        return compile_control(graph, targets, validate=validate, device_class=device_class, schedule=schedule)
     tgt = get_target("webgpu")  # the groups and buffers serve every target: WebGPU's limits are the tightest
     verify(graph)
     fired = optimize(graph)

@@ -7,6 +7,8 @@ slow (MobileNetV2: about 20 s a run on 2 cores), and compiling the wasm module t
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -67,3 +69,50 @@ def test_ppocr(rng, name, shape, dims):
     for target, outs in got.items():
         for g, e in zip(outs, expected):
             np.testing.assert_allclose(g, e, atol=1e-4 * TOLERANCE[target], rtol=0, err_msg=target)
+
+
+#: loads ./{path}/ on WebGPU and runs Silero VAD over {chunks} (each [1, L] of float32 values), the state carried
+STREAM_VAD = """async ({path, chunks, sr}) => {
+  const kiln = await import(`./${path}/kiln.js`);
+  const session = await kiln.load(`./${path}/`, {target: 'webgpu', poison: true});
+  try {
+    let state = new kiln.Tensor('float32', new Float32Array(2 * 128), [2, 1, 128]);
+    const probs = [], states = [];
+    for (const chunk of chunks) {
+      const out = await session.run({input: new kiln.Tensor('float32', Float32Array.from(chunk), [1, chunk.length]),
+                                     state, sr: new kiln.Tensor('int64', BigInt64Array.from([BigInt(sr)]), [])});
+      probs.push(out.output.data[0]);
+      state = out.stateN;
+      states.push(Array.from(state.data));
+    }
+    return {target: session.target, probs, states};
+  } finally {
+    session.destroy();
+  }
+}"""
+
+
+@pytest.mark.parametrize("sr", [16000, 8000])
+def test_silero_vad_webgpu_stream(sr):
+    """Silero VAD (run-time If on sr, LSTM, state in and out) on kiln.js's WebGPU backend (SwiftShader): a stream of
+    chunks, each chunk's probability and state against onnxruntime's over the same stream."""
+    from browser import shared_runner
+    from test_models import SILERO, VAD_CHUNKS, _ort_vad, vad_audio, vad_stream
+
+    import kiln
+
+    n, context = VAD_CHUNKS[sr]
+    runner = shared_runner()
+    with warnings.catch_warnings():  # 16 kHz chunks do not fit the 8 kHz branch (tests/test_models.py checks the warning)
+        warnings.simplefilter("ignore")
+        pkg = kiln.compile(SILERO, runner.package_dir(f"silero_{sr}"), device_class="cpu",
+                           dims={"input_dim0": 1, "input_dim1": n + context, "state_dim1": 1})
+    audio = vad_audio(sr, chunks=6)
+    inputs = []
+    vad_stream(lambda x, state, rate: (inputs.append(x[0].tolist()) or (np.zeros((1, 1)), state)), audio, sr)
+    path = pkg.resolve().relative_to(runner.root.resolve()).as_posix()
+    got = runner.log.evaluate(STREAM_VAD, {"path": path, "chunks": inputs, "sr": sr})
+    assert got["target"] == "webgpu"
+    ref_probs, ref_states = vad_stream(_ort_vad(), audio, sr)
+    np.testing.assert_allclose(np.array(got["probs"]), ref_probs, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.array(got["states"]).reshape(ref_states.shape), ref_states, atol=1e-4, rtol=0)

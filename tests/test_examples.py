@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import ocr
 import package_cache
 import sentence_embeddings as st
+import vad
 
 pytestmark = pytest.mark.skipif(not SHARED_MODELS.is_dir(), reason="needs ../shared/models")
 
@@ -162,3 +163,18 @@ def test_package_cache_refuses_inconsistent_shapes(tmp_path):
     with pytest.raises(kiln.ShapeError, match="'token_type_ids' needs a shape of rank 2"):
         package_cache.cached_package(model, tmp_path, {"input_ids": (2, 16), "attention_mask": (2, 16)})
     assert not any(tmp_path.iterdir())  # nothing compiled
+
+
+def test_vad_example_finds_the_bursts_like_onnxruntime(tmp_path, capsys):
+    """examples/vad.py on its synthetic signal (two voiced bursts at 0.5-1.2 s and 1.8-2.5 s): Kiln and onnxruntime
+    find the same two segments, with probabilities within 1e-4."""
+    audio = vad.synthetic_audio(16000)
+    probs = vad.probabilities(vad.kiln_model(16000, tmp_path / "cache", SHARED_MODELS), audio, 16000)
+    ref = vad.probabilities(vad.onnxruntime_model(SHARED_MODELS), audio, 16000)
+    np.testing.assert_allclose(probs, ref, atol=1e-4, rtol=0)
+    spans = vad.segments(probs, 512 / 16000)
+    assert spans == vad.segments(ref, 512 / 16000) and len(spans) == 2
+    assert abs(spans[0][0] - 0.5) < 0.1 and abs(spans[1][0] - 1.8) < 0.1
+    assert vad.main(["--engine", "both", "--cache", str(tmp_path / "cache"), "--models", str(SHARED_MODELS)]) == 0
+    assert "same segments: True" in capsys.readouterr().out
+

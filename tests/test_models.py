@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -87,3 +89,79 @@ def test_ppocr_models_match_onnxruntime(tmp_path, rng, name, shape, dims):
     got = list(session.run({"x": x}).values())
     for g, e in zip(got, _ort(path, {"x": x})):
         np.testing.assert_allclose(g, e, atol=1e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------- Silero VAD: run-time If, LSTM, state
+SILERO = SHARED_MODELS / "silero_vad.onnx"
+
+#: sample rate -> (new samples per chunk, context samples from the previous chunk): Silero's streaming protocol
+VAD_CHUNKS = {16000: (512, 64), 8000: (256, 32)}
+
+
+def vad_audio(sr: int, chunks: int, seed: int = 0) -> np.ndarray:
+    """Deterministic audio of ``chunks`` chunks: low noise, then a voiced burst (harmonics of a 150 Hz pitch,
+    amplitude-modulated at 4 Hz) over the middle half, so the speech probability really changes."""
+    n = VAD_CHUNKS[sr][0] * chunks
+    t = np.arange(n) / sr
+    x = 0.003 * np.random.default_rng(seed).standard_normal(n)
+    on = (t >= t[-1] / 4) & (t < 3 * t[-1] / 4)
+    x[on] += 0.3 * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t[on])) * sum(np.sin(2 * np.pi * 150 * k * t[on]) / k
+                                                                      for k in range(1, 11))
+    return x.astype(np.float32)
+
+
+def vad_stream(run, audio: np.ndarray, sr: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every chunk's probability [chunks] and state [chunks, 2, 1, 128], the state and context carried along;
+    ``run(input, state, sr)`` returns ``(output, stateN)``."""
+    n, context = VAD_CHUNKS[sr]
+    state, ctx = np.zeros((2, 1, 128), np.float32), np.zeros(context, np.float32)
+    probs, states = [], []
+    for i in range(len(audio) // n):
+        chunk = audio[i * n:(i + 1) * n]
+        prob, state = run(np.concatenate([ctx, chunk])[None], state, sr)
+        ctx = chunk[-context:]
+        probs.append(prob.reshape(-1)[0])
+        states.append(state)
+    return np.array(probs), np.stack(states)
+
+
+def _ort_vad():
+    session = ort.InferenceSession(str(SILERO), providers=["CPUExecutionProvider"])
+    return lambda x, state, sr: tuple(session.run(None, {"input": x, "state": state, "sr": np.array(sr, np.int64)}))
+
+
+@pytest.fixture(scope="module")
+def silero_packages(tmp_path_factory):
+    """One package per sample rate: a package's input length is fixed, and 16 kHz chunks (576 samples) do not fit
+    the 8 kHz branch (a warning at compile time; taking it raises), while 8 kHz chunks (288) fit both."""
+    out = {}
+    for sr, (n, context) in VAD_CHUNKS.items():
+        with pytest.warns(UserWarning, match="else branch cannot run") if sr == 16000 else contextlib.nullcontext():
+            out[sr] = kiln.compile(SILERO, tmp_path_factory.mktemp("vad") / f"silero_{sr}", device_class="cpu",
+                                   dims={"input_dim0": 1, "input_dim1": n + context, "state_dim1": 1})
+    return out
+
+
+@pytest.mark.parametrize("sr", [16000, 8000])
+def test_silero_vad_stream_matches_onnxruntime(silero_packages, sr):
+    session = kiln.load(silero_packages[sr], poison=True)
+
+    def run(x, state, rate):
+        out = session.run({"input": x, "state": state, "sr": np.array(rate, np.int64)})
+        return out["output"], out["stateN"]
+
+    audio = vad_audio(sr, chunks=8)
+    probs, states = vad_stream(run, audio, sr)
+    ref_probs, ref_states = vad_stream(_ort_vad(), audio, sr)
+    np.testing.assert_allclose(probs, ref_probs, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(states, ref_states, atol=1e-4, rtol=0)
+    assert ref_probs.max() - ref_probs.min() > 0.3  # the burst moves the probability: the state matters
+    assert session.control.readbacks == 1  # the sr == 16000 condition, computed on the GPU
+
+
+def test_silero_vad_branch_that_does_not_fit_raises(silero_packages):
+    session = kiln.load(silero_packages[16000])
+    feeds = {"input": np.zeros((1, 576), np.float32), "state": np.zeros((2, 1, 128), np.float32),
+             "sr": np.array(8000, np.int64)}
+    with pytest.raises(kiln.KilnError, match="else branch cannot run with the compiled shapes"):
+        session.run(feeds)

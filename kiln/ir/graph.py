@@ -132,6 +132,8 @@ class Builder:
         self.fold = fold
         #: set by the ONNX importer: converts a subgraph (If branch) inline, returning its outputs
         self.subgraph = None
+        #: set by the ONNX importer: converts a subgraph into a closed Graph of its own (run-time If and Loop)
+        self.region = None
         self._names: set[str] = {v.name for v in graph.inputs}
         self._counter = itertools.count()
         self.scope = ""

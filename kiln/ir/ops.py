@@ -393,6 +393,7 @@ register("AveragePool", "pool", _pool_infer, _avgpool_eval)
 
 
 from kiln.ir import (
+    ops_control,  # noqa: F401  (registers If and Loop with run-time conditions)
     ops_data,  # noqa: F401  (registers the indexing and data-movement primitives)
     ops_grad,  # noqa: F401  (registers the gradient primitives of reverse-mode autodiff)
     ops_resample,  # noqa: F401  (registers Resize and ConvTranspose)

@@ -21,16 +21,22 @@ def _ref(v: Value) -> str:
     return f"%{v.name}"
 
 
-def format_graph(graph: Graph) -> str:
-    """Render ``graph`` as text, one node a line (shapes after each result)."""
+def format_graph(graph: Graph, indent: str = "") -> str:
+    """Render ``graph`` as text, one node a line (shapes after each result); the sub-graphs of control-flow
+    nodes (If branches, Loop bodies) follow their node, indented."""
     ins = ", ".join(f"%{v.name}: {v.dtype}{list(v.sym_shape or v.shape)}" for v in graph.inputs)
-    lines = [f"graph {graph.name}({ins}) {{"]
+    lines = [f"{indent}graph {graph.name}({ins}) {{"]
     for n in graph.nodes:
-        attrs = ", ".join(f"{k}={v}" for k, v in sorted(n.attrs.items()))
+        attrs = ", ".join(f"{k}={v if not isinstance(v, Graph) else '<' + v.name + '>'}"
+                          for k, v in sorted(n.attrs.items()))
         outs = ", ".join(f"%{o.name}" for o in n.outputs)
         types = ", ".join(f"{o.dtype}{list(o.shape)}" for o in n.outputs)
         args = ", ".join(_ref(v) for v in n.inputs)
-        lines.append(f"  {outs} = {n.op}({args}){' {' + attrs + '}' if attrs else ''}  # {types}")
-    lines.append("  return " + ", ".join(_ref(v) for v in graph.outputs))
-    lines.append("}")
+        lines.append(f"{indent}  {outs} = {n.op}({args}){' {' + attrs + '}' if attrs else ''}  # {types}")
+        for k, v in sorted(n.attrs.items()):
+            if isinstance(v, Graph):
+                lines.append(f"{indent}    {k}:")
+                lines.append(format_graph(v, indent + "    "))
+    lines.append(f"{indent}  return " + ", ".join(_ref(v) for v in graph.outputs))
+    lines.append(f"{indent}}}")
     return "\n".join(lines)

@@ -6,6 +6,7 @@
 // compute pass, copies the outputs to mappable staging buffers, submits once and maps them.
 // See kiln.js for the backend interface this module implements.
 
+import {ControlRunner, isControlPlan, kernelSteps} from './control.js';
 import {createTrainer, readBuffers, runTrainStep} from './train.js';
 import {DeviceError, PackageError} from './errors.js';
 import {kernelText, readWeights} from './package.js';
@@ -202,7 +203,8 @@ export class WebGPUBackend {
     ]);
 
     device.pushErrorScope('validation');
-    const steps = spec.plan.map((step, index) => {
+    const control = isControlPlan(spec.plan);  // run-time If/Loop (format 1.4): control.js runs the plan
+    const steps = (control ? kernelSteps(spec.plan) : spec.plan).map((step, index) => {
       const {pipeline, layout} = pipelines[step.kernel] ?? {};
       if (!pipeline) throw new PackageError(`${root}: plan step ${index} names kernel ${step.kernel}, which does not exist`);
       const bindGroup = device.createBindGroup({
@@ -220,6 +222,8 @@ export class WebGPUBackend {
     const trainer = manifest.training ? createTrainer(device, manifest, buffers, pipelines) : null;
     await throwScopeError(device, PackageError, `${root}: invalid execution plan`);
     const backend = new WebGPUBackend(adapter, device, manifest, buffers, steps, staging);
+    /** @private the runner of a plan with control steps, or null */
+    backend.control = control ? new ControlRunner(device, buffers, spec.plan, steps) : null;
     /** @private the train plan of a train-step package (train.js), or null */
     backend.trainer = trainer;
     /** @private the manifest's training section, or null */
@@ -238,8 +242,15 @@ export class WebGPUBackend {
     const {device} = this;
     device.pushErrorScope('validation');
     this.writeInputs(inputs);
-    const encoder = device.createCommandEncoder();
-    this.encodePass(encoder);
+    let encoder = device.createCommandEncoder();
+    if (this.control) {  // run-time If/Loop: control.js submits and reads conditions as it goes
+      encoder = await this.control.execute(encoder, inputs).catch(async (error) => {
+        await device.popErrorScope().catch(() => undefined);
+        throw error;
+      });
+    } else {
+      this.encodePass(encoder);
+    }
     for (const output of this.outputs) {
       const staging = this.staging.get(output.name);
       encoder.copyBufferToBuffer(this.buffers[output.buffer], 0, staging, 0, staging.size);
@@ -304,6 +315,14 @@ export class WebGPUBackend {
     const {device} = this;
     device.pushErrorScope('validation');
     this.writeInputs(inputs);
+    if (this.control) {  // run-time If/Loop: whole runs on the wall clock
+      const result = await this.control.time(inputs, {repeat, warmup}).catch(async (error) => {
+        await device.popErrorScope().catch(() => undefined);
+        throw error;
+      });
+      await throwScopeError(device, DeviceError, 'WebGPU rejected the timed runs');
+      return result;
+    }
     let querySet = null, resolve = null, readback = null;
     if (useTimestamps && this.timestampQuery) {
       querySet = device.createQuerySet({label: 'kiln_time', type: 'timestamp', count: 2});

@@ -66,7 +66,7 @@ def from_storage(raw: bytes | memoryview | np.ndarray, dtype: str, shape) -> np.
     return stored.astype(dtype, copy=True)
 
 FORMAT = "kiln-package"
-VERSION = "1.3"
+VERSION = "1.4"
 MAJOR = 1
 MANIFEST = "manifest.json"
 
@@ -181,3 +181,17 @@ def read_weights(package: str | os.PathLike, manifest: dict[str, Any]):
             yield b, data
     except (OSError, KeyError) as e:
         raise PackageError(f"{path}: cannot read weights ({e})") from None
+
+
+def kernel_steps(plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every kernel step of an execution plan in order, those inside the control steps of format 1.4 included
+    (both branches of an ``if``, the body of a ``loop``; docs/package-format.md). A flat plan comes back as is."""
+    out: list[dict[str, Any]] = []
+    for step in plan:
+        if "kernel" in step:
+            out.append(step)
+        elif "if" in step:
+            out += kernel_steps(step["then"]) + kernel_steps(step["else"])
+        elif "loop" in step:
+            out += kernel_steps(step["loop"]["body"])
+    return out

@@ -27,7 +27,7 @@ SHARD_BYTES = 256 * 1024 * 1024
 
 #: the browser runtime (ES modules, kiln.js first) and the demo page, copied from kiln/js into every package
 RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "webgl2.js",
-                 "wasm.js", "wasm-worker.js", "train.js", "index.html")
+                 "wasm.js", "wasm-worker.js", "train.js", "control.js", "index.html")
 
 #: pages copied into train-step packages besides RUNTIME_FILES (the fine-tuning demo)
 TRAINING_FILES = ("train.html",)
@@ -157,6 +157,8 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                             **({"tuned": True, "tuning": k.tuning} if k.tuning else {})})
         plan_steps = [{"kernel": s.kernel, "dispatch": list(s.dispatch), "buffers": s.buffers, "node": s.name}
                       for s in compiled.steps]
+        if getattr(compiled, "control_plan", None) is not None:  # run-time If/Loop: nested steps (format 1.4)
+            plan_steps = compiled.control_plan
         train_steps = None
         if compiled.infer_steps is not None:
             train_steps, plan_steps = plan_steps, [plan_steps[i] for i in compiled.infer_steps]

@@ -77,6 +77,9 @@ def fuse(graph: Graph, max_inputs: int = 7) -> list[Group]:
         if id(node) in assigned:
             continue
         assigned.add(id(node))
+        if ops.kind(node.op) == "control":  # If/Loop: a step of its own, never fused (kiln.compile_control)
+            groups.append((position[id(node)], Group([node], list(dict.fromkeys(node.inputs)))))
+            continue
         if ops.kind(node.op) == "view":
             src = node.inputs[0]
             alias = not (id(node.outputs[0]) in outputs and (id(src) in ins or src.is_const))

@@ -106,10 +106,11 @@ def plan_memory(graph: Graph, groups: list[Group]) -> MemoryPlan:
             if id(r) in start:
                 end[id(r)] = step
         if not g.alias:
-            r = g.output
-            if id(r) not in of:
-                start[id(r)] = end[id(r)] = step
-                vals[id(r)] = r
+            last = g.nodes[-1]  # a control-flow group (If, Loop) writes every output of its node
+            for r in last.outputs if ops.kind(last.op) == "control" else [g.output]:
+                if id(r) not in of:
+                    start[id(r)] = end[id(r)] = step
+                    vals[id(r)] = r
     unshared = sum(aligned(storage_bytes(vals[k])) for k in start)
     slots: list[tuple[Buffer, list[tuple[int, int]]]] = []
     for key in sorted(start, key=lambda k: (-storage_bytes(vals[k]), start[k])):

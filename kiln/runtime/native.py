@@ -100,8 +100,13 @@ class Session(TrainingMixin):
                 layout=dev.create_pipeline_layout(bind_group_layouts=[layout]),
                 compute={"module": module, "entry_point": k["entry_point"]})
             self.pipelines.append((pipeline, layout))
+        from kiln.runtime.control import ControlPlan, is_control_plan
+
+        #: runs plans with run-time If/Loop (format 1.4); None for a flat plan
+        self.control = ControlPlan(self, tgt["plan"]) if is_control_plan(tgt["plan"]) else None
+        plan = self.control.kernel_steps if self.control is not None else tgt["plan"]
         self.steps = []
-        for s in tgt["plan"]:
+        for s in plan:
             pipeline, layout = self.pipelines[s["kernel"]]
             group = dev.create_bind_group(layout=layout, entries=[
                 {"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0, "size": self.buffers[bid].size}}
@@ -110,7 +115,7 @@ class Session(TrainingMixin):
         self._raw = self._raw_steps()
         self._ran = False
         self._init_training(tgt)
-        self.step_names = [f"{tgt['kernels'][s['kernel']]['name']}" for s in tgt["plan"]]
+        self.step_names = [f"{tgt['kernels'][s['kernel']]['name']}" for s in plan]
         self.poison = poison
         if poison:
             for b in self.manifest["buffers"]:
@@ -194,18 +199,21 @@ class Session(TrainingMixin):
             for o in self.outputs:
                 self._fill_nan(o["buffer"])
         enc = dev.create_command_encoder()
-        cpass = enc.begin_compute_pass()
-        if self._raw is not None and self._ran:
-            self._encode_raw(cpass)
+        if self.control is not None:  # run-time If/Loop: submits and reads conditions as it goes
+            enc = self.control.execute(enc, checked)
         else:
-            last = None
-            for pipeline, group, (x, y, z) in self.steps:
-                if pipeline is not last:
-                    cpass.set_pipeline(pipeline)
-                    last = pipeline
-                cpass.set_bind_group(0, group)
-                cpass.dispatch_workgroups(x, y, z)
-        cpass.end()
+            cpass = enc.begin_compute_pass()
+            if self._raw is not None and self._ran:
+                self._encode_raw(cpass)
+            else:
+                last = None
+                for pipeline, group, (x, y, z) in self.steps:
+                    if pipeline is not last:
+                        cpass.set_pipeline(pipeline)
+                        last = pipeline
+                    cpass.set_bind_group(0, group)
+                    cpass.dispatch_workgroups(x, y, z)
+            cpass.end()
         for o in self.outputs:
             st = self.staging[o["name"]]
             enc.copy_buffer_to_buffer(self.buffers[o["buffer"]], 0, st, 0, st.size)
@@ -282,7 +290,7 @@ class Session(TrainingMixin):
                     self.device.queue.submit([enc.finish()])
                     self.device.queue.read_buffer(self.buffers[0], 0, 4)  # waits for the submission
                     samples[i].append((time.perf_counter() - t0) * 1e3)
-        plan = self.manifest["targets"]["webgpu"]["plan"]
+        plan = self.control.kernel_steps if self.control is not None else self.manifest["targets"]["webgpu"]["plan"]
         return [{"step": plan[i].get("node", str(i)), "kernel": self.step_names[i], "dispatch": list(self.steps[i][2]),
                  "ms": float(np.median(samples[i])), "clock": "timestamp-query" if timestamps else "wall"}
                 for i in range(n)]

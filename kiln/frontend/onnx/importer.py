@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Collection
+from collections import ChainMap
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import onnx
@@ -173,24 +174,97 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         arr = numpy_helper.to_array(t)
         env[t.name] = b.const(arr, name=t.name, dtype=dtypes.from_onnx(t.data_type))
 
+    b.subgraph = _inline(model, b, env)
+    b.region = _region(model, b, env)
+    _convert_nodes(model, b, g.node, env)
+    _name_outputs(graph, b, [(o.name, env[o.name]) for o in g.output], g.output, dims)
+    return graph
+
+
+def _inline(model: onnx.ModelProto, b: Builder, env: Mapping[str, Value]):
+    """The builder's ``subgraph``: converts a branch or body graph inline, its inputs bound to ``inputs``;
+    it sees the enclosing values (returns its outputs)."""
+
     def subgraph(sub: onnx.GraphProto, inputs: list[Value] | tuple[Value, ...] = ()) -> list[Value]:
-        """Convert a branch or body graph inline, its inputs bound to ``inputs``; it sees the enclosing values
-        (returns its outputs)."""
-        inner = dict(env)
+        inner = ChainMap({}, env)
         if len(inputs) != len(sub.input):
             raise ModelFormatError(f"subgraph {sub.name!r} takes {len(sub.input)} inputs, given {len(inputs)}")
         inner.update({i.name: v for i, v in zip(sub.input, inputs)})
         for t in sub.initializer:
             inner[t.name] = b.const(numpy_helper.to_array(t), name=t.name, dtype=dtypes.from_onnx(t.data_type))
-        scope = b.scope
-        _convert_nodes(model, b, sub.node, inner)
-        b.scope = scope
+        scope, outer = b.scope, (b.subgraph, b.region)
+        b.subgraph, b.region = _inline(model, b, inner), _region(model, b, inner)  # nested ones see this scope
+        try:
+            _convert_nodes(model, b, sub.node, inner)
+        finally:
+            b.scope, (b.subgraph, b.region) = scope, outer
         return [inner[o.name] for o in sub.output]
 
-    b.subgraph = subgraph
-    _convert_nodes(model, b, g.node, env)
-    _name_outputs(graph, b, [(o.name, env[o.name]) for o in g.output], g.output, dims)
-    return graph
+    return subgraph
+
+
+class _Captures(Mapping):
+    """The enclosing scope as a sub-graph sees it: reading an outer value that is computed at run time makes
+    it an input of the sub-graph (captured once); constants are shared as they are."""
+
+    def __init__(self, outer: Mapping[str, Value], graph: Graph, b: Builder):
+        self.outer, self.graph, self.b = outer, graph, b
+        self.captured: dict[int, tuple[Value, Value]] = {}
+
+    def __getitem__(self, name: str) -> Value:
+        v = self.outer[name]
+        if v.is_const:
+            return v
+        if id(v) not in self.captured:
+            inner = Value(self.b.fresh(v.name), v.dtype, v.shape)
+            self.captured[id(v)] = (v, inner)
+            self.graph.inputs.append(inner)
+        return self.captured[id(v)][1]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.outer
+
+    def __iter__(self):
+        return iter(self.outer)
+
+    def __len__(self) -> int:
+        return len(self.outer)
+
+
+def _region(model: onnx.ModelProto, b: Builder, env: Mapping[str, Value]):
+    """The builder's ``region``: converts a branch or loop body into a closed sub-graph of its own (for If and
+    Loop nodes whose condition is known only at run time)."""
+
+    def region(sub: onnx.GraphProto, params: list[Value]) -> tuple[Graph, list[tuple[Value, Value]]]:
+        """Convert ``sub`` into a new :class:`Graph` whose first inputs are ``params`` (fresh values standing for
+        the sub-graph's declared inputs, in order). Every run-time value it reads from the enclosing scopes
+        becomes a further input; returns the graph and those captures as ``(outer value, inner input)`` pairs
+        in input order. Outputs are distinct values computed in the sub-graph (an Identity is added where one
+        would be an input, a constant or a repeat)."""
+        if len(params) != len(sub.input):
+            raise ModelFormatError(f"subgraph {sub.name!r} takes {len(sub.input)} inputs, given {len(params)}")
+        graph = Graph(name=sub.name or "region")
+        sb = Builder(graph, fold=True)
+        sb._names, sb._counter = b._names, b._counter  # one namespace: weights keep unique names in the package
+        graph.inputs.extend(params)
+        captures = _Captures(env, graph, sb)
+        inner = ChainMap({i.name: p for i, p in zip(sub.input, params)}, captures)
+        for t in sub.initializer:
+            inner[t.name] = sb.const(numpy_helper.to_array(t), name=t.name, dtype=dtypes.from_onnx(t.data_type))
+        sb.subgraph = _inline(model, sb, inner)
+        sb.region = _region(model, sb, inner)
+        _convert_nodes(model, sb, sub.node, inner)
+        sb.fold = False
+        for o in sub.output:
+            if o.name not in inner:
+                raise ModelFormatError(f"subgraph {sub.name!r} returns {o.name!r}, which nothing defines")
+            v = inner[o.name]
+            if v.is_const or v.producer is None or any(v is x for x in graph.outputs):
+                v = sb.op("Identity", [v], name=sb.fresh(o.name))
+            graph.outputs.append(v)
+        return graph, list(captures.captured.values())
+
+    return region
 
 
 def _convert_nodes(model: onnx.ModelProto, b: Builder, nodes, env: dict[str, Value]) -> None:

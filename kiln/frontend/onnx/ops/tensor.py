@@ -113,10 +113,14 @@ def shape(b: Builder, x: Value, *, start: int = 0, end: int | None = None) -> Va
 
 @onnx_op("If", since=1)
 def if_(b: Builder, cond: Value, *, then_branch, else_branch) -> list[Value]:
-    """ONNX If-1/11/13/16/19/21 with a condition known at compile time: the taken branch is converted inline.
-
-    Raises ConstantInputError if the condition is computed at run time.
+    """ONNX If-1/11/13/16/19/21. A condition known at compile time: the taken branch is converted inline.
+    A condition computed at run time: both branches become sub-graphs of an IR ``If`` node
+    (:func:`kiln.frontend.onnx.ops.control.runtime_if`).
     """
+    if cond is not None and not cond.is_const:
+        from kiln.frontend.onnx.ops.control import runtime_if
+
+        return runtime_if(b, cond, then_branch, else_branch)
     taken = then_branch if bool(const_value(cond, "cond").reshape(-1)[0]) else else_branch
     return b.subgraph(taken)
 
