@@ -56,7 +56,8 @@ def literal(value, dtype: str) -> str:
         v = int(value)
         return f"{v}i" if v != -(2**31) else "i32(-2147483647 - 1)"
     if dtype == "float16":  # only finite values: kiln.te.half keeps other constants in f32
-        h = float(np.float16(value))
+        with np.errstate(over="ignore"):
+            h = float(np.float16(value))
         if not math.isfinite(h):
             raise ValueError(f"WGSL: f16 literal {value!r} is not finite")
         return f"({h!r}h)" if h < 0 else f"{h!r}h"
