@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import MOBILENET, SHARED_MODELS
 from onnx import TensorProto, helper, numpy_helper
-from opcheck import FP16, check_op, make_model
+from opcheck import FP16, check_op, fp16_model, make_model
 
 import kiln
 from kiln.cli import main as cli
@@ -196,7 +196,7 @@ def test_weights_beyond_f16_range_stay_f32(tmp_path, rng):
     x[:, 1] = 0  # 0 * -3.4e38 is 0; with the weight rounded to f16's -inf it would be NaN
     big = np.array([[1.0, -3.4e38, 2.0, 0.5]], np.float32)  # a mask's "-inf" (torch.finfo(float32).min)
     model = make_model("Mul", {"x": x}, initializers={"m": big})
-    onnx.save(fp16_wrapped := __import__("opcheck").fp16_model(model), tmp_path / "m.onnx")
+    onnx.save(fp16_wrapped := fp16_model(model), tmp_path / "m.onnx")
     pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", precision="fp16")
     m = json.loads((pkg / "manifest.json").read_text())
     assert next(b for b in m["buffers"] if b.get("tensor") == "m")["dtype"] == "float32"
