@@ -17,6 +17,13 @@ batch 32 x seq 128. Contestants:
 - ``ort-webgpu``: onnxruntime's WebGPU execution provider (``onnxruntime-webgpu``, Dawn), host copies included;
 - ``torch-eager`` and ``torch-compile``: PyTorch CUDA, strict fp32 (TF32 off), input already on the GPU, synchronised.
 
+With ``--precision fp32,fp16`` (or ``fp16-acc16``) Kiln also runs packages compiled with ``--precision fp16``
+(f16 storage and arithmetic, f32 accumulation; the device needs ``shader-f16``) as ``kiln-native-fp16`` rows,
+and PyTorch runs under ``torch.autocast(float16)`` as ``torch-eager-fp16``; ORT's WebGPU EP and the fp32 torch
+rows stay the fp32 references. Every row's accuracy against onnxruntime CPU fp32 is reported (max and mean
+absolute error, relative error, top-1 agreement for the classifiers, the smallest mean-pooled embedding cosine
+for MiniLM; torch rows only where they share the ONNX weights).
+
 Medians over ``--repeat`` runs after ``--warmup``; first-run (cold) time and peak GPU memory
 reported separately; ONNX-based outputs checked against onnxruntime CPU. Prints a table and
 writes JSON (``gpu-<date>.json``).
@@ -35,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import ROOT, summary, time_runs, write_record
+from bench.precision import accuracy, quality
 
 
 def torch_model(name: str):
@@ -145,6 +153,11 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
     feeds = model_inputs(name, np.random.default_rng(0))
     dims = dict(zip(("batch", "seq"), MINILM_SHAPES[name])) if name in MINILM_SHAPES else {}
     expected = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    kind = "embedding" if name in MINILM_SHAPES else "classifier"
+
+    def acc(got):
+        return accuracy(got, expected, kind, feeds.get("attention_mask"))
+
     rows: dict[str, dict] = {}
 
     def attempt(contestant: str, fn):
@@ -155,13 +168,13 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             rows[contestant] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
             console.print(traceback.format_exc(limit=3))
 
-    def run_kiln():
+    def run_kiln(precision: str = "fp32"):
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            session = kiln.load(kiln.compile(onnx_path, Path(tmp) / "pkg", dims=dims))
+            session = kiln.load(kiln.compile(onnx_path, Path(tmp) / "pkg", dims=dims, precision=precision))
             load_s = time.perf_counter() - t0
             out = session.outputs[0]["name"]
-            err = float(np.abs(session.run(feeds)[out] - expected).max())
+            accuracy_row = acc(session.run(feeds)[out])
             cold, times = time_runs(lambda: session.run(feeds), args.repeat, args.warmup)
             info = session.adapter_info()
             mem = sum(b["bytes"] for b in session.manifest["buffers"])
@@ -172,7 +185,7 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]
             console.print(f"  kiln GPU time {sum(by_kernel.values()):.3f} ms ({prof[0]['clock']}); slowest kernels: "
                           + ", ".join(f"{k} {ms:.3f}" for k, ms in top))
-            return {**summary(times, cold), "compile_load_s": load_s, "max_abs_error": err,
+            return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row, "precision": precision,
                     "gpu_bytes": mem, "device": f"{info.get('device')} ({info.get('backend_type')})",
                     "dispatches": len(session.steps), "gpu_ms": sum(by_kernel.values()), "profile": prof}
 
@@ -180,12 +193,12 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         t0 = time.perf_counter()
         s = ort.InferenceSession(str(onnx_path), providers=["WebGpuExecutionProvider"])
         load_s = time.perf_counter() - t0
-        err = float(np.abs(s.run(None, feeds)[0] - expected).max())
+        accuracy_row = acc(s.run(None, feeds)[0])
         cold, times = time_runs(lambda: s.run(None, feeds), args.repeat, args.warmup)
-        return {**summary(times, cold), "compile_load_s": load_s, "max_abs_error": err,
+        return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row,
                 "providers": s.get_providers(), "device": "Dawn"}
 
-    def run_torch(compiled: bool):
+    def run_torch(compiled: bool, half: bool = False):
         def go():
             torch.backends.cuda.matmul.allow_tf32 = False  # strict fp32, like the WGSL contestants
             torch.backends.cudnn.allow_tf32 = False
@@ -193,19 +206,24 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             xs = [torch.from_numpy(v).cuda() for v in feeds.values()]
             fn = torch.compile(m) if compiled else m
             torch.cuda.reset_peak_memory_stats()
-            with torch.inference_mode():
+            with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=half):
                 cold, times = time_runs(lambda: fn(*xs), args.repeat, args.warmup, sync=torch.cuda.synchronize)
                 out = fn(*xs).float().cpu().numpy()
             res = {**summary(times, cold), "gpu_bytes": int(torch.cuda.max_memory_allocated()),
                    "device": torch.cuda.get_device_name()}
             if args.same_weights:
-                res["max_abs_error"] = float(np.abs(out - expected).max())
+                res.update(acc(out))
             return res
         return go
 
     attempt("kiln-native", run_kiln)
+    for precision in args.precision.split(","):
+        if precision != "fp32":
+            attempt(f"kiln-native-{precision}", lambda p=precision: run_kiln(p))
     attempt("ort-webgpu", run_ort_webgpu)
     attempt("torch-eager", run_torch(False))
+    if any(p != "fp32" for p in args.precision.split(",")):
+        attempt("torch-eager-fp16", run_torch(False, half=True))
     if not args.no_compile:
         attempt("torch-compile", run_torch(True))
     return rows
@@ -218,6 +236,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--precision", default="fp32", metavar="LIST",
+                    help="Kiln precisions, a comma list of fp32, fp16, fp16-acc16: each other than fp32 adds a "
+                         "kiln-native-<precision> row (kiln compile --precision; needs shader-f16) and a "
+                         "torch-eager-fp16 (autocast) row; accuracy against onnxruntime CPU fp32 in every row")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)
     console = Console(width=140)
@@ -232,21 +254,25 @@ def main(argv: list[str] | None = None) -> dict:
                 onnx_path = export_onnx(module, name, Path(tmp) / f"{name}.onnx")
                 args.same_weights = True
             results[name] = bench_model(name, onnx_path, module, args, console)
-    table = Table(title=f"fp32 (batch 1 unless named), median ms of {args.repeat} runs after {args.warmup} warm-up")
-    for col in ("model", "contestant", "median ms", "min ms", "cold ms", "GPU MiB", "max err", "kiln / this"):
+    table = Table(title=f"fp32 unless named (batch 1 unless named), median ms of {args.repeat} runs after "
+                        f"{args.warmup} warm-up; errors against onnxruntime CPU fp32")
+    for col in ("model", "contestant", "median ms", "min ms", "cold ms", "GPU MiB", "max err", "rel err", "agreement",
+                "kiln / this"):
         table.add_column(col, justify="left" if col in ("model", "contestant") else "right")
     for model, rows in results.items():
         kiln_ms = rows.get("kiln-native", {}).get("median_ms")
         for contestant, r in rows.items():
             if "error" in r:
-                table.add_row(model, contestant, "error: " + r["error"][:60], "", "", "", "", "")
+                table.add_row(model, contestant, "error: " + r["error"][:60], "", "", "", "", "", "", "")
                 continue
             ratio = kiln_ms / r["median_ms"] if kiln_ms else float("nan")
             table.add_row(model, contestant, f"{r['median_ms']:.3f}", f"{r['min_ms']:.3f}", f"{r['cold_ms']:.1f}",
                           f"{r['gpu_bytes'] / 2**20:.1f}" if "gpu_bytes" in r else "-",
-                          f"{r['max_abs_error']:.1e}" if "max_abs_error" in r else "-", f"{ratio:.2f}")
+                          f"{r['max_abs_error']:.1e}" if "max_abs_error" in r else "-",
+                          f"{r['rel_error']:.1e}" if "rel_error" in r else "-", quality(r), f"{ratio:.2f}")
     console.print(table)
-    record = {"benchmark": "gpu", "repeat": args.repeat, "warmup": args.warmup, "results": results}
+    record = {"benchmark": "gpu", "repeat": args.repeat, "warmup": args.warmup, "precision": args.precision,
+              "results": results}
     path = write_record(record, args.out, "gpu")
     console.print(f"wrote {path}")
     return record

@@ -3,6 +3,7 @@
 Usage::
 
     python -m bench.native [--model models/mobilenet_v2_imagenet.onnx] [--repeat 20] [--warmup 3] [--out bench/results]
+                           [--precision fp32|fp16|fp16-acc16]
 
 Prints a table of median / min / max milliseconds per run (after warm-up; first-run
 time separately) and the Kiln / onnxruntime ratio, and writes the same numbers as
@@ -38,11 +39,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "fp16-acc16"),
+                    help="Kiln's precision (kiln compile --precision); python -m bench.precision compares them")
     args = ap.parse_args(argv)
     console = Console()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        session = kiln.load(kiln.compile(args.model, Path(tmp) / "pkg"))
+        session = kiln.load(kiln.compile(args.model, Path(tmp) / "pkg", precision=args.precision))
         compile_s = time.perf_counter() - t0
         rng = np.random.default_rng(0)
         feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in session.inputs}
@@ -73,7 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
     console.print(table)
     console.print(f"kiln / onnxruntime = {ratio:.2f}x (lower is better); max abs error vs onnxruntime {err:.2e}; "
                   f"compile + load {compile_s:.1f} s")
-    record = {"benchmark": "native", "model": args.model.name, "repeat": args.repeat, "warmup": args.warmup,
+    record = {"benchmark": "native", "model": args.model.name, "precision": args.precision, "repeat": args.repeat,
+              "warmup": args.warmup,
               "results": rows, "ratio_kiln_over_onnxruntime": ratio, "max_abs_error": err,
               "versions": {"kiln": kiln.__version__, "onnxruntime": ort.__version__}}
     path = write_record(record, args.out, f"native-{args.model.stem}")

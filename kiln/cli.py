@@ -73,6 +73,10 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--print-ir", is_flag=True, help="Print the optimised graph IR.")
 @click.option("--device-class", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True,
               help="Make the default schedules for GPUs, or for WebGPU on a CPU (SwiftShader, lavapipe).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "fp16-acc16"]), default="fp32", show_default=True,
+              help="fp16: float weights and activations stored as f16, arithmetic in f16 with f32 accumulation "
+                   "(fragile ops in f32); needs WebGPU's shader-f16, webgpu target only. fp16-acc16: dot products "
+                   "accumulated in f16 too. Model inputs and outputs keep their dtypes.")
 @click.option("--tuning-db", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Use the schedules `kiln tune` recorded for the target adapter (defaults for other kernels).")
 @click.option("--adapter", metavar="WORDS",
@@ -91,8 +95,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--weight-decay", type=float, default=0.0, show_default=True,
               help="With --train: L2 penalty (sgd, adam) or decoupled weight decay (adamw).")
 def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: str, labels, no_validate: bool,
-                print_ir: bool, device_class: str, tuning_db, adapter, train: bool, trainable: str, loss: str,
-                optimizer: str, lr: float | None, momentum: float, weight_decay: float) -> None:
+                print_ir: bool, device_class: str, precision: str, tuning_db, adapter, train: bool, trainable: str,
+                loss: str, optimizer: str, lr: float | None, momentum: float, weight_decay: float) -> None:
     """Compile an ONNX MODEL into a package directory."""
     import time
 
@@ -111,7 +115,7 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     schedule = _tuned_scheduler(tuning_db, adapter, device_class)
     path = compile_model(model, out, target=target, dims=_parse_dims(dims), force=force, preset=preset,
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
-                         device_class=device_class, schedule=schedule, train=train_options)
+                         device_class=device_class, schedule=schedule, train=train_options, precision=precision)
     m = read_manifest(path)
     parts = []
     for name in targets:
@@ -123,6 +127,8 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
         if "train_plan" in tgt:
             parts.append(f"train step: {len(tgt['train_plan'])} dispatches, {len(m['training']['trainable'])} "
                          f"trainable tensors, {m['training']['optimizer']['name']}")
+    if precision != "fp32":
+        parts.append(f"precision {precision}")
     click.echo(f"compiled {model} -> {path} ({'; '.join(parts)}; {m['memory']['weight_bytes'] / 1e6:.1f} MB weights, "
                f"{time.perf_counter() - t0:.1f} s)")
     if print_ir:
@@ -346,9 +352,12 @@ def info_cmd(package: Path, as_json: bool) -> None:
     m = read_manifest(package)
     mem = m["memory"]
     if as_json:
-        click.echo(json.dumps({k: m[k] for k in ("name", "version", "inputs", "outputs", "memory", "dims")}, indent=1))
+        click.echo(json.dumps({**{k: m[k] for k in ("name", "version", "inputs", "outputs", "memory", "dims")},
+                               "precision": m.get("precision", "fp32")}, indent=1))
         return
     click.echo(f"package {package}: {m.get('name')} (format {m['version']}, {m.get('generator', '?')})")
+    click.echo(f"precision: {m.get('precision', 'fp32')}" + (" (float weights and activations in f16; needs shader-f16)"
+                                                              if m.get("precision", "fp32") != "fp32" else ""))
     for kind in ("inputs", "outputs"):
         click.echo(f"{kind}:")
         for io in m[kind]:

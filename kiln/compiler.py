@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -26,6 +27,9 @@ from kiln.passes.memory_plan import MemoryPlan, needs_buffer, plan_memory
 from kiln.te.compute import Tensor, inline, placeholder
 from kiln.te.lower import lower
 from kiln.te.schedule import DEVICE_CLASSES, Schedule, default_schedule
+
+#: ``kiln compile --precision`` values -> the accumulator of dot products (None: fp32 compute); see kiln.te.half
+PRECISIONS = {"fp32": None, "fp16": "float32", "fp16-acc16": "float16"}
 
 #: dtypes the WebGPU target's kernels read and write (stored as in kiln.kernels.storage)
 KERNEL_DTYPES = {"float32", "float16", "int32", "int64", "bool", "uint8", "int8", "uint16", "int16"}
@@ -75,6 +79,7 @@ class Compiled:
     wasm: Any = None  # kiln.codegen.wasm.WasmProgram when "wasm" is among the targets
     webgl2: Any = None  # kiln.webgl2.WebGL2Code when "webgl2" is among the targets
     training: Any = None  # kiln.train.TrainGraph of a train-step package
+    precision: str = "fp32"  # a key of PRECISIONS
     infer_steps: list[int] | None = None  # a train-step package: the steps inference runs (indices into steps)
     #: the nested plan of a graph with run-time If/Loop (kiln.compile_control; ``steps`` then lists every
     #: kernel step of every branch and body); None for a flat plan
@@ -105,10 +110,12 @@ def steps_for(groups: list[Group], outputs: list[Any]) -> list[int]:
     return [i for i, g in enumerate(work) if id(g) in needed]
 
 
-def group_expr(group: Group) -> Tensor:
+def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "float32") -> Tensor:
     """The tensor expression of a fused group, producers inlined into the group's output.
 
-    Each placeholder's ``attrs["value"]`` is the IR value it binds to.
+    Each placeholder's ``attrs["value"]`` is the IR value it binds to. With a ``plan`` that stores
+    values as f16 (fp16 compute) the expression reads and writes them as f16 and computes by the
+    mixed-precision rules of :mod:`kiln.te.half` (dot products accumulated in ``accumulate``).
 
     Raises:
         KilnError: if the group touches a dtype the WebGPU kernels do not support yet.
@@ -126,7 +133,7 @@ def group_expr(group: Group) -> Tensor:
                 if v.dtype not in KERNEL_DTYPES:
                     raise KilnError(f"node {node.name!r} ({node.op}): {v.dtype} tensors are not supported by the "
                                     f"webgpu target yet (input %{v.name})")
-                t = placeholder(v.shape, storage.buffer_dtype(v.dtype), name=v.name)
+                t = placeholder(v.shape, storage.placeholder_dtype(v.dtype, plan and plan.storage(v)), name=v.name)
                 t.attrs["value"] = v
                 env[id(v)] = storage.load_view(t, v.dtype)
                 operands.append(env[id(v)])
@@ -135,26 +142,34 @@ def group_expr(group: Group) -> Tensor:
             raise KilnError(f"node {node.name!r} ({node.op}): {out.dtype} results are not supported by the webgpu "
                             "target yet")
         env[id(out)] = library.build(node.op, operands, node.attrs, out.shape, group.name)
-    return inline(storage.store_view(env[id(group.output)], group.output.dtype))
+    final = inline(storage.store_view(env[id(group.output)], group.output.dtype, plan and plan.storage(group.output)))
+    if plan is not None and plan.half:
+        from kiln.te.half import demote
+
+        final = demote(final, accumulate)
+    return final
 
 
-def build_group(group: Group, schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule):
-    """A fused group lowered under ``schedule`` (or the one ``schedule(expr)`` picks).
+def build_group(group: Group, schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule,
+                plan: MemoryPlan | None = None, accumulate: str = "float32"):
+    """A fused group lowered under ``schedule`` (or the one ``schedule(expr)`` picks); ``plan`` and
+    ``accumulate`` as for :func:`group_expr` (fp16 compute).
 
     Returns:
         ``(LoweredKernel, input values in binding order)``.
     """
-    final = group_expr(group)
+    final = group_expr(group, plan, accumulate)
     k = lower(final, schedule if isinstance(schedule, Schedule) else schedule(final), name=group.name)
     return k, [t.attrs["value"] for t in k.inputs]
 
 
 def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, progress: bool = False,
-                  schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule):
+                  schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule, accumulate: str = "float32"):
     """Generate, deduplicate and validate the WGSL of every non-alias group; returns ``(kernels, steps)``.
 
     ``schedule`` is one schedule for every kernel or a function choosing one per kernel
-    expression (default :func:`~kiln.te.schedule.default_schedule`).
+    expression (default :func:`~kiln.te.schedule.default_schedule`). Values ``plan`` stores as f16
+    are computed with fp16 compute (dot products accumulated in ``accumulate``, see :mod:`kiln.te.half`).
     """
     from kiln.codegen.validate import validate_wgsl
 
@@ -168,14 +183,14 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
 
         it = track(work, description="generating kernels", transient=True)
     for g in it:
-        k, ins = build_group(g, schedule)
+        k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
         desc = " -> ".join(f"{n.op}" for n in g.nodes) + f" {list(g.output.shape)}"
         src = wgsl.render(k, desc)
         digest = hashlib.sha256(src.encode()).hexdigest()
         if digest not in by_source:
             name = f"k{len(kernels):03d}_{g.name}"[:64]
             if validate:
-                validate_wgsl(src, name)
+                validate_wgsl(src, name, features=("shader-f16",) if plan.half else ())
             by_source[digest] = len(kernels)
             kernels.append(Kernel(name, src, [p.access for p in k.params], [n.op for n in g.nodes],
                                   k.schedule.to_json(), dict(getattr(k.schedule, "tuning", None) or {})))
@@ -202,9 +217,28 @@ def parse_targets(target: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(t for t in TARGETS if t in names)
 
 
+def check_precision(precision: str, targets: tuple[str, ...], training: Any = None) -> str | None:
+    """The dot-product accumulator of ``precision`` (a key of :data:`PRECISIONS`; None for fp32).
+
+    Raises:
+        KilnError: an unknown precision, or fp16 with a target other than webgpu or with a train step.
+    """
+    if precision not in PRECISIONS:
+        raise KilnError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    if PRECISIONS[precision] is None:
+        return None
+    if targets != ("webgpu",):
+        raise KilnError(f"--precision {precision} is for the webgpu target only (WGSL f16, WebGPU feature "
+                        "shader-f16); compile webgl2 and wasm targets in a separate fp32 package")
+    if training is not None:
+        raise KilnError(f"--precision {precision} does not apply to train-step packages (--train): they train in fp32")
+    return PRECISIONS[precision]
+
+
 def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bool = True, progress: bool = False,
                   device_class: str = "gpu", wasm_threads: bool = True,
-                  schedule: Callable[[Tensor], Schedule] | None = None, training: Any = None) -> Compiled:
+                  schedule: Callable[[Tensor], Schedule] | None = None, training: Any = None,
+                  precision: str = "fp32") -> Compiled:
     """Optimise ``graph`` in place and generate its kernels for each of ``target`` (a name or a comma
     list: ``webgpu`` with the default schedules for ``device_class``, ``webgl2``, ``wasm``) and memory plan.
 
@@ -212,11 +246,15 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     :meth:`~kiln.tune.db.TuningDB.scheduler`); by default the default schedules for ``device_class``.
     With ``training`` (a :class:`kiln.train.TrainGraph` whose ``graph`` is ``graph``) the result also
     records the steps inference runs (``infer_steps``); train-step packages have the webgpu target only.
+    ``precision`` ``fp16`` (or ``fp16-acc16``) stores float weights and activations as f16 and computes
+    in f16 by the rules of :mod:`kiln.te.half`; the package then needs WebGPU's ``shader-f16``.
 
     Raises:
-        KilnError: an unknown target, or a train step for a target other than webgpu.
+        KilnError: an unknown target or precision, a train step for a target other than webgpu, or fp16
+            with a target other than webgpu or a train step.
     """
     targets = parse_targets(target)
+    accumulate = check_precision(precision, targets, training)
     if training is not None and targets != ("webgpu",):
         raise KilnError("train-step packages (--train) have the webgpu target only for now; the webgl2 and wasm "
                         "runtimes do not run train steps yet")
@@ -225,17 +263,23 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     if has_control(graph):  # If/Loop decided at run time: a nested plan
         if training is not None:
             raise KilnError("train-step packages of models with run-time control flow (If/Loop) are not supported")
+        if accumulate is not None:
+            raise KilnError(f"--precision {precision} is not supported yet for models with run-time control flow "
+                            "(If/Loop); compile them in fp32")
         return compile_control(graph, targets, validate=validate, device_class=device_class, schedule=schedule)
     tgt = get_target("webgpu")  # the groups and buffers serve every target: WebGPU's limits are the tightest
     verify(graph)
     fired = optimize(graph)
     groups = fuse(graph, max_inputs=tgt.limits["maxStorageBuffersPerShaderStage"] - 1)
-    plan = plan_memory(graph, groups)
+    plan = plan_memory(graph, groups, half=accumulate is not None)
+    if accumulate is not None:
+        tgt = dataclasses.replace(tgt, features=(*tgt.features, "shader-f16"))
     kernels, steps = [], []
     if "webgpu" in targets:
         kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
                                        schedule=schedule or functools.partial(default_schedule,
-                                                                                device_class=device_class))
+                                                                                device_class=device_class),
+                                       accumulate=accumulate or "float32")
     webgl2_code = None
     if "webgl2" in targets:
         from kiln import webgl2
@@ -251,14 +295,15 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         names = set(training.forward_outputs)
         infer = steps_for(groups, [v for v in graph.outputs if v.name in names])
     return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=targets,
-                    wasm=program, webgl2=webgl2_code, training=training, infer_steps=infer)
+                    wasm=program, webgl2=webgl2_code, training=training, infer_steps=infer, precision=precision)
 
 
 def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",
                   dims: dict[str, int] | None = None, force: bool = False, preset: str = "auto",
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
                   device_class: str = "gpu", wasm_threads: bool = True,
-                  schedule: Callable[[Tensor], Schedule] | None = None, train: Any = None) -> Path:
+                  schedule: Callable[[Tensor], Schedule] | None = None, train: Any = None,
+                  precision: str = "fp32") -> Path:
     """Compile an ONNX model into a package directory.
 
     Args:
@@ -282,6 +327,10 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
             optimizer update; docs/training.md) into the package, whose trainable weights and optimizer
             state persist in device buffers (``Session.train_step``, ``session.trainStep`` in kiln.js).
             The package's dims (batch size) serve both training and inference.
+        precision: ``fp32`` (default), ``fp16`` (float weights and activations stored as f16, arithmetic
+            in f16 with f32 accumulation and f32 for fragile ops, see :mod:`kiln.te.half`; the package
+            needs WebGPU's ``shader-f16``; webgpu target only) or ``fp16-acc16`` (dot products also
+            accumulated in f16). Model inputs and outputs keep their dtypes.
 
     Returns:
         The package directory.
@@ -293,7 +342,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     from kiln.package.writer import check_destination, write_package
 
     check_destination(out, force)
-    parse_targets(target)
+    check_precision(precision, parse_targets(target), train)
     onnx_model = load_model(model)
     missing = unsupported_ops(onnx_model)
     if missing:
@@ -311,5 +360,5 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     if graph.name in ("", "main_graph", "model", "torch_jit"):
         graph.name = Path(model).stem
     compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
-                             wasm_threads=wasm_threads, schedule=schedule, training=training)
+                             wasm_threads=wasm_threads, schedule=schedule, training=training, precision=precision)
     return write_package(compiled, out, force=force, preset=preset, labels=labels, source=Path(model).name)

@@ -25,6 +25,76 @@ TARGETS: tuple[str, ...] = tuple(os.environ.get("KILN_OP_TARGETS", "webgpu").spl
 #: targets with a native runtime (the others run in the browser)
 NATIVE_TARGETS = ("webgpu", "wasm")
 
+#: fp16 compute (``kiln compile --precision fp16``) natively on WebGPU: the one-node model is wrapped by
+#: :func:`fp16_model` so that the node reads and writes f16 activations, and compared with onnxruntime's
+#: fp32 run of the same wrapped model within :data:`FP16_TOLERANCE`
+FP16 = "webgpu-fp16"
+
+#: fp16's ``(rtol, atol)``: atol is a fraction of the output's largest magnitude (at least 1). f16 has an
+#: 11-bit significand: the op's inputs, weights and result are each rounded once to 2^-11 relative (a dot
+#: product's error then scales with the sum of |terms|, hence the magnitude-relative atol)
+FP16_TOLERANCE = (5e-3, 5e-3)
+
+
+def fp16_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (one node) with every float input read through ``Neg(Neg(x))`` and every float output
+    written through ``Neg``, each intermediate read twice (an extra ``Abs`` output), so that fusion keeps
+    them apart: the node then reads and writes f16 activations in an fp16 package instead of the model's
+    f32 inputs and outputs (which stay f32), and computes in f16 where :mod:`kiln.te.half` says."""
+    g = model.graph
+    floats = {TensorProto.FLOAT, TensorProto.FLOAT16}
+    node = g.node[0]
+    nodes, outputs = [], []
+    renamed = {}
+    for v in g.input:
+        if v.type.tensor_type.elem_type in floats:
+            renamed[v.name] = f"{v.name}_h"
+            nodes += [helper.make_node("Neg", [v.name], [f"{v.name}_n"]),
+                      helper.make_node("Neg", [f"{v.name}_n"], [f"{v.name}_h"]),
+                      helper.make_node("Abs", [f"{v.name}_h"], [f"{v.name}_aux"])]
+            outputs.append(helper.make_tensor_value_info(f"{v.name}_aux", v.type.tensor_type.elem_type, None))
+    core = helper.make_node(node.op_type, [renamed.get(i, i) for i in node.input], [f"{o}_core" for o in node.output],
+                            name=node.name)
+    core.attribute.extend(node.attribute)
+    nodes.append(core)
+    for out in g.output:
+        if out.type.tensor_type.elem_type in floats:
+            nodes += [helper.make_node("Neg", [f"{out.name}_core"], [out.name]),
+                      helper.make_node("Abs", [f"{out.name}_core"], [f"{out.name}_aux"])]
+            outputs += [out, helper.make_tensor_value_info(f"{out.name}_aux", out.type.tensor_type.elem_type, None)]
+        else:
+            nodes.append(helper.make_node("Identity", [f"{out.name}_core"], [out.name]))
+            outputs.append(out)
+    graph = helper.make_graph(nodes, g.name + "_fp16", list(g.input), outputs, list(g.initializer))
+    wrapped = helper.make_model(graph, opset_imports=list(model.opset_import))
+    wrapped.ir_version = model.ir_version
+    return onnx.shape_inference.infer_shapes(wrapped)
+
+
+def check_fp16(model: onnx.ModelProto, inputs: dict[str, np.ndarray], op_type: str, oracle: str) -> dict:
+    """Run :func:`fp16_model` of ``model`` natively with ``--precision fp16`` and compare every output with
+    the fp32 oracle's run of the same model within :data:`FP16_TOLERANCE`; returns Kiln's outputs."""
+    wrapped = fp16_model(model)
+    if oracle == "onnx":
+        from onnx.reference import ReferenceEvaluator
+
+        expected = ReferenceEvaluator(wrapped).run(None, inputs)
+    else:
+        expected = ort.InferenceSession(wrapped.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, inputs)
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(wrapped, Path(tmp) / "model.onnx")
+        pkg = kiln.compile(Path(tmp) / "model.onnx", Path(tmp) / "pkg", precision="fp16")
+        got = kiln.load(pkg, poison=True).run(inputs)
+    rtol, atol = FP16_TOLERANCE
+    for out, exp in zip(wrapped.graph.output, expected):
+        arr = got[out.name]
+        assert arr.shape == exp.shape and arr.dtype == exp.dtype, f"{op_type} fp16 {out.name}: {arr.dtype}{arr.shape}"
+        scale = max(1.0, float(np.abs(exp[np.isfinite(exp)]).max(initial=0))) if exp.dtype.kind == "f" else 0
+        np.testing.assert_allclose(arr, exp, rtol=rtol if scale else 0, atol=atol * scale,
+                                   err_msg=f"{op_type} fp16 {out.name} vs fp32 {oracle}")
+    return {o.name: got[o.name] for o in model.graph.output}
+
 #: per-target tolerance, as a factor on each test's own rtol and atol (which fit WebGPU's f32 math). The
 #: wasm target computes the same f32 expressions; its exp/log/sin/cos are compiler-rt's (musl's, <1 ulp)
 #: and tanh/atan/pow/sinh/... are computed in f64 and rounded once, so it needs no more. WebGL2 computes in
@@ -100,6 +170,11 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
     spec = interp.run(import_model(model), inputs)
     targets = targets or TARGETS
     got = {}
+    if FP16 in targets:
+        got[FP16] = check_fp16(model, inputs, op_type, oracle)
+        if targets == (FP16,):
+            return got[FP16]
+        targets = tuple(t for t in targets if t != FP16)
     native = [t for t in targets if t in NATIVE_TARGETS]
     if native:
         with tempfile.TemporaryDirectory() as tmp:

@@ -143,3 +143,53 @@ def test_no_runnable_target_names_each_reason(browser, both):
 def test_unknown_target_is_an_error(browser, both):
     error = _load(browser, both, "webgl3")["error"]
     assert error == "KilnError: load: target must be 'auto' or one of webgpu, webgl2, wasm, got 'webgl3'"
+
+
+# ----------------------------------------------------------------------------- fp16 packages (shader-f16)
+def _needs_f16(package):
+    """``package``'s manifest with its webgpu target requiring ``shader-f16``, as an fp16 package's does."""
+    import json
+
+    path = package / "manifest.json"
+    m = json.loads(path.read_text())
+    m["targets"]["webgpu"]["features"] = ["shader-f16"]
+    path.write_text(json.dumps(m))
+    return package
+
+
+def _lacks_f16(browser, url: str) -> bool:
+    page = browser.new_page()
+    try:
+        page.goto(url + "manifest.json")  # WebGPU needs a secure context (localhost)
+        return not page.evaluate("async () => (await navigator.gpu.requestAdapter()).features.has('shader-f16')")
+    finally:
+        page.close()
+
+
+def test_fp16_package_on_an_adapter_without_shader_f16_is_a_clear_error(browser, tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["h2"]),
+         helper.make_node("Neg", ["h2"], ["y"])], "tiny", [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [numpy_helper.from_array(WEIGHT, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "tiny.onnx")
+    pkg = kiln.compile(str(tmp_path / "tiny.onnx"), str(tmp_path / "fp16"), precision="fp16")
+    with serving(pkg) as url:
+        if not _lacks_f16(browser, url):
+            pytest.skip("this Chromium's adapter has shader-f16")
+        for target in ("auto", "webgpu"):
+            error = _load(browser, url, target)["error"]
+            assert error.startswith("DeviceError: ") and "shader-f16" in error, error
+        error = _load(browser, url, "auto")["error"]
+        assert "lacks WebGPU features shader-f16, which the package needs (it computes in fp16: load a package " \
+               "compiled with --precision fp32 on this adapter)" in error, error
+
+
+def test_auto_falls_back_when_the_adapter_lacks_a_webgpu_feature(browser, tmp_path):
+    with serving(_needs_f16(_compile(tmp_path, "webgpu,webgl2,wasm"))) as url:
+        if not _lacks_f16(browser, url):
+            pytest.skip("this Chromium's adapter has shader-f16")
+        assert _load(browser, url, "auto")["target"] == "webgl2"
+        error = _load(browser, url, "webgpu")["error"]
+        assert error == "DeviceError: cannot run the webgpu target in this browser: the adapter lacks WebGPU " \
+                        "features shader-f16", error

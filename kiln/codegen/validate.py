@@ -15,19 +15,25 @@ class ShaderError(KilnError):
     """Generated WGSL failed validation (a Kiln bug: please report it with the model)."""
 
 
-@functools.lru_cache(maxsize=1)
-def _device():
+@functools.lru_cache(maxsize=4)
+def _device(features: tuple[str, ...] = ()):
     import wgpu
 
     adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     if adapter is None:
         return None
-    return adapter.request_device_sync()
+    missing = [f for f in features if f not in adapter.features]
+    if missing:
+        raise ShaderError(f"the WebGPU adapter here ({adapter.info.get('device', '?')}) lacks {', '.join(missing)}, "
+                          "so naga cannot validate these shaders (pass validate=False to skip)")
+    return adapter.request_device_sync(required_features=list(features))
 
 
-def validate_wgsl(source: str, name: str) -> None:
-    """Compile ``source`` with naga; raise :class:`ShaderError` naming kernel ``name`` if it is invalid."""
-    dev = _device()
+def validate_wgsl(source: str, name: str, features: tuple[str, ...] = ()) -> None:
+    """Compile ``source`` with naga on a device with WebGPU ``features`` (``shader-f16`` for shaders that
+    ``enable f16``); raise :class:`ShaderError` naming kernel ``name`` if it is invalid or no adapter here
+    has the features."""
+    dev = _device(tuple(features))
     if dev is None:
         raise ShaderError("no WebGPU adapter to validate shaders with (pass validate=False to skip)")
     try:

@@ -11,6 +11,7 @@ and ``num_workgroups`` so dispatches wider than 65535 workgroups wrap into y.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -29,6 +30,9 @@ BUILTINS = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "
 
 #: name -> IEEE-754 bits of the special float values a kernel body may use (see :func:`literal`)
 SPECIAL_FLOATS = {"kiln_pos_inf": 0x7F800000, "kiln_neg_inf": 0xFF800000, "kiln_nan": 0x7FC00000}
+
+#: a use of the f16 type: WGSL's ``enable f16;`` (WebGPU feature ``shader-f16``) must come first
+_F16 = re.compile(r"\bf16\b")
 
 _BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "&", "|", "^"}
 
@@ -51,6 +55,12 @@ def literal(value, dtype: str) -> str:
     if dtype == "int32":
         v = int(value)
         return f"{v}i" if v != -(2**31) else "i32(-2147483647 - 1)"
+    if dtype == "float16":  # only finite values: kiln.te.half keeps other constants in f32
+        with np.errstate(over="ignore"):
+            h = float(np.float16(value))
+        if not math.isfinite(h):
+            raise ValueError(f"WGSL: f16 literal {value!r} is not finite")
+        return f"({h!r}h)" if h < 0 else f"{h!r}h"
     f = float(np.float32(value))
     if math.isnan(f):
         return "kiln_nan"
@@ -170,6 +180,8 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
         ]
     body = _stmts(k.body, 1)
     text = "\n".join(body)
+    if any(_F16.search(line) for line in lines[3:] + body):  # f16 types need the extension (WGSL §4.1.2)
+        lines.insert(3, "enable f16;")
     for name, bits in SPECIAL_FLOATS.items():
         if name in text:
             lines += [f"    let {name}_bits = {bits:#010x}u;", f"    let {name} = bitcast<f32>({name}_bits);"]

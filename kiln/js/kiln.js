@@ -21,7 +21,8 @@
 //
 // A backend module exports
 //   target: string                                   the manifest target it runs ('webgpu', ...)
-//   unavailable(): Promise<string | null>            why this browser cannot run it, or null
+//   unavailable(spec?): Promise<string | null>       why this browser cannot run it (the package's target entry
+//                                                     `spec`, e.g. its WebGPU features), or null
 //   create(source, manifest, options): Promise<Backend>
 // and a Backend has
 //   target, adapterInfo {vendor, architecture, device, description}, timestampQuery: boolean
@@ -109,15 +110,18 @@ export async function loadFiles(files, options = {}) {
  * The targets this browser can run, in preference order, each with why not if it cannot:
  * WebGPU needs `navigator.gpu` and an adapter; WebGL2 a `webgl2` context with
  * `EXT_color_buffer_float`; WebAssembly the SIMD128 proposal (a tiny SIMD module validates).
+ * With a `manifest`, a target also needs what the package's entry for it asks for: WebGPU an adapter with
+ * its `features` (an fp16 package's 'shader-f16').
  * @param {readonly string[]} [targets=TARGETS] the targets to probe.
+ * @param {any} [manifest] a package's manifest.
  * @returns {Promise<{target: string, reason: string | null}[]>} `reason` null where the target can run.
  */
-export async function availableTargets(targets = TARGETS) {
+export async function availableTargets(targets = TARGETS, manifest = undefined) {
   const out = [];
   for (const target of targets) {
     let reason;
     try {
-      reason = await (await backendModule(target)).unavailable();
+      reason = await (await backendModule(target)).unavailable(manifest?.targets?.[target]);
     } catch (error) {
       reason = `${error.name}: ${error.message}`;
     }
@@ -153,7 +157,7 @@ async function loadFrom(source, options) {
     if (candidates.length === 1) {
       chosen = candidates[0];  // its own errors say best why it cannot run
     } else {
-      const probed = await availableTargets(candidates);
+      const probed = await availableTargets(candidates, manifest);
       chosen = probed.find((p) => p.reason === null)?.target;
       if (!chosen) {
         throw new DeviceError(`this browser can run none of the package's targets: ` +
@@ -172,7 +176,7 @@ async function loadFrom(source, options) {
   }
   const module = await backendModule(chosen);
   if (target !== 'auto') {
-    const reason = await module.unavailable();
+    const reason = await module.unavailable(manifest.targets[chosen]);
     if (reason) throw new DeviceError(`cannot run the ${chosen} target in this browser: ${reason}`);
   }
   const backend = await module.create(source, manifest, {...options, verify});

@@ -16,14 +16,19 @@ export const target = 'webgpu';
 
 /**
  * Why this browser cannot run WebGPU packages, or null if it can (it has `navigator.gpu`
- * and an adapter).
+ * and an adapter, with the WebGPU features the package's target entry `spec` lists, such as
+ * an fp16 package's 'shader-f16').
+ * @param {any} [spec] the manifest's `targets.webgpu`
  * @returns {Promise<string | null>}
  */
-export async function unavailable() {
+export async function unavailable(spec = undefined) {
   const gpu = globalThis.navigator?.gpu;
   if (!gpu) return 'navigator.gpu is missing';
   try {
-    return (await gpu.requestAdapter()) ? null : 'requestAdapter() returned null';
+    const adapter = await gpu.requestAdapter();
+    if (!adapter) return 'requestAdapter() returned null';
+    const missing = (spec?.features ?? []).filter((f) => !adapter.features.has(f));
+    return missing.length ? `the adapter lacks WebGPU features ${missing.join(', ')}` : null;
   } catch (error) {
     return `requestAdapter() failed: ${error.message}`;
   }
@@ -77,7 +82,9 @@ async function requestDevice(spec, powerPreference, timing) {
   const features = spec.features ?? [];
   const missing = features.filter((f) => !adapter.features.has(f));
   if (missing.length) {
-    throw new DeviceError(`adapter ${name} lacks WebGPU features ${missing.join(', ')}, which the package needs`);
+    const fp16 = missing.includes('shader-f16') ?
+      ' (it computes in fp16: load a package compiled with --precision fp32 on this adapter)' : '';
+    throw new DeviceError(`adapter ${name} lacks WebGPU features ${missing.join(', ')}, which the package needs${fp16}`);
   }
   /** @type {Record<string, number>} */
   const requiredLimits = {};

@@ -8,6 +8,10 @@ uint16, int8, uint8 and bool (0 or 1) as ``i32``. A kernel reads its buffers thr
 :func:`store_view` (``bool`` becomes 0/1, 8- and 16-bit integers wrap around as ONNX's
 fixed-width arithmetic does).
 The runtimes convert model inputs and outputs on upload and readback.
+
+With fp16 compute (``kiln compile --precision fp16``) float weights and activations are stored as
+``f16`` instead (:meth:`kiln.passes.memory_plan.MemoryPlan.storage`), read through a cast to f32 and
+written through a cast to f16; :func:`kiln.te.half.demote` then moves arithmetic to f16.
 """
 
 from __future__ import annotations
@@ -64,9 +68,19 @@ def round_half(x):
     return select(isnan(x), x, select(binop(">=", call("abs", x), 65520.0), inf, r))
 
 
-def store_view(t: Tensor, dtype: str) -> Tensor:
+def placeholder_dtype(dtype: str, stored: str | None = None) -> str:
+    """The expression dtype of a placeholder for a buffer holding ``dtype`` tensors as ``stored``
+    elements (``float16`` with fp16 compute, see :mod:`kiln.te.half`; by default :func:`buffer_dtype`)."""
+    return "float16" if stored == "float16" else buffer_dtype(dtype)
+
+
+def store_view(t: Tensor, dtype: str, stored: str | None = None) -> Tensor:
     """``t`` (a kernel's result of ``dtype``) as the values its buffer stores (float16: rounded to half
-    precision, so values match a device computing in f16 at every kernel boundary)."""
+    precision, so values match a device computing in f16 at every kernel boundary). With ``stored``
+    ``float16`` (fp16 compute) the result is cast to ``f16``; :func:`kiln.te.half.demote` then decides
+    where the arithmetic happens."""
+    if stored == "float16":
+        return compute(t.shape, lambda *i: cast(t[i], "float16"), t.name)
     store = buffer_dtype(dtype)
     if dtype == "float16":
         return compute(t.shape, lambda *i: round_half(cast(t[i], store)), t.name)

@@ -94,11 +94,14 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         (tmp / "kernels").mkdir()
         # weights, sharded
         values = {}  # buffer id -> (tensor name, array, model dtype)
+        half = set()  # buffer ids of weights stored as f16 (fp16 compute)
         for g in compiled.groups:
             for n in g.nodes:
                 for v in n.inputs:
                     if v.is_const and id(v) in plan.of:
                         values[plan.of[id(v)]] = (v.name, v.const, v.dtype)
+                        if id(v) in plan.half:
+                            half.add(plan.of[id(v)])
         if compiled.training is not None:
             from kiln.package.training import param_weights
 
@@ -121,7 +124,8 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         for bid in sorted(values):
             vname, varray, vdtype = values[bid]
             try:
-                stored[bid] = to_storage(varray, vdtype, f"constant %{vname}")
+                stored[bid] = (np.ascontiguousarray(np.asarray(varray).astype(np.float16)) if bid in half
+                               else to_storage(varray, vdtype, f"constant %{vname}"))
             except KilnError as e:
                 raise KilnError(f"{e} (a constant must fit the buffer type it is stored in)") from None
             if shard and shard_bytes + stored[bid].nbytes > SHARD_BYTES:
@@ -168,6 +172,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "generator": f"kiln {__version__}",
             "name": graph.name,
             "source": source,
+            "precision": getattr(compiled, "precision", "fp32"),
             "dims": graph.dims,
             "inputs": [_io(v, plan.of[id(v)]) for v in model_inputs],
             "outputs": [_io(v, plan.of[id(v)]) for v in model_outputs],

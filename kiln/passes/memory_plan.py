@@ -28,6 +28,16 @@ def storage_bytes(v: Value) -> int:
     return v.size * dtypes.storage_itemsize(v.dtype)
 
 
+def fits_half(a) -> bool:
+    """Whether every finite value of array ``a`` is within f16's range (|x| <= 65504): fp16 compute
+    stores such weights as f16 and keeps the others (an attention mask's -3.4e38, say) in f32."""
+    import numpy as np
+
+    a = np.asarray(a, dtype=np.float64)
+    finite = a[np.isfinite(a)]
+    return finite.size == 0 or float(np.abs(finite).max()) <= 65504.0
+
+
 def aligned(nbytes: int) -> int:
     """``nbytes`` rounded up to a multiple of 4 (WebGPU storage bindings), at least 4."""
     return max(4, (nbytes + 3) // 4 * 4)
@@ -63,19 +73,44 @@ class MemoryPlan:
     buffers: list[Buffer]
     of: dict[int, int]
     unshared_bytes: int
+    #: ``id(value)`` of the values stored as f16 (fp16 compute: float weights and activations)
+    half: set[int] = field(default_factory=set)
+
+    def storage(self, v: Value) -> str:
+        """The element type ``v``'s buffer holds: ``float16`` for an f16-stored value, else its
+        dtype's (``package.format.STORAGE``)."""
+        from kiln.package.format import STORAGE
+
+        return "float16" if id(v) in self.half else STORAGE.get(v.dtype, v.dtype)
 
     def bytes(self, kind: str) -> int:
         """Total bytes of buffers of ``kind``."""
         return sum(b.nbytes for b in self.buffers if b.kind == kind)
 
 
-def plan_memory(graph: Graph, groups: list[Group]) -> MemoryPlan:
-    """Assign every value the kernels touch to a buffer (see the module docstring)."""
+def plan_memory(graph: Graph, groups: list[Group], half: bool = False) -> MemoryPlan:
+    """Assign every value the kernels touch to a buffer (see the module docstring).
+
+    With ``half`` (fp16 compute) float weights and activations are stored as f16, 2 bytes an
+    element (buffer sizes still rounded up to 4 bytes), except weights with finite values beyond
+    f16's range (see :func:`fits_half`); model inputs and outputs keep their storage type, so the
+    first and last kernels convert them.
+    """
     buffers: list[Buffer] = []
     of: dict[int, int] = {}
+    io = {id(v) for v in graph.inputs} | {id(v) for v in graph.outputs}
+    halves: set[int] = set()
+
+    def nbytes(v: Value) -> int:
+        if half and dtypes.is_float(v.dtype) and id(v) not in io and (not v.is_const or fits_half(v.const)):
+            halves.add(id(v))
+            return v.size * 2
+        return storage_bytes(v)
 
     def new(kind: str, v: Value) -> int:
-        b = Buffer(len(buffers), kind, aligned(storage_bytes(v)), [v.name])
+        if kind in ("input", "output"):
+            io.add(id(v))
+        b = Buffer(len(buffers), kind, aligned(nbytes(v)), [v.name])
         buffers.append(b)
         of[id(v)] = b.id
         return b.id
@@ -111,11 +146,11 @@ def plan_memory(graph: Graph, groups: list[Group]) -> MemoryPlan:
                 if id(r) not in of:
                     start[id(r)] = end[id(r)] = step
                     vals[id(r)] = r
-    unshared = sum(aligned(storage_bytes(vals[k])) for k in start)
+    unshared = sum(aligned(nbytes(vals[k])) for k in start)
     slots: list[tuple[Buffer, list[tuple[int, int]]]] = []
-    for key in sorted(start, key=lambda k: (-storage_bytes(vals[k]), start[k])):
+    for key in sorted(start, key=lambda k: (-nbytes(vals[k]), start[k])):
         v, lo, hi = vals[key], start[key], end[key]
-        size = aligned(storage_bytes(v))
+        size = aligned(nbytes(v))
         free = [(b, iv) for b, iv in slots if all(hi < a or lo > z for a, z in iv)]
         fits = [s for s in free if s[0].nbytes >= size]
         if fits:
@@ -139,4 +174,6 @@ def plan_memory(graph: Graph, groups: list[Group]) -> MemoryPlan:
                 of[id(g.output)] = of[id(r)]
                 if g.output.name not in buffers[of[id(r)]].values:
                     buffers[of[id(r)]].values.append(g.output.name)
-    return MemoryPlan(buffers, of, unshared)
+                if id(r) in halves:
+                    halves.add(id(g.output))
+    return MemoryPlan(buffers, of, unshared, halves)

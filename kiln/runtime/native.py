@@ -47,7 +47,9 @@ def _request_device(limits: dict[str, int], features: list[str], optional: tuple
             required[key] = value
     missing = [f for f in features if f not in adapter.features]
     if missing:
-        raise DeviceError(f"adapter {adapter.info.get('device', '?')} lacks WebGPU features {missing}")
+        why = (" (the package computes in fp16: compile it with --precision fp32 for this adapter)"
+               if "shader-f16" in missing else "")
+        raise DeviceError(f"adapter {adapter.info.get('device', '?')} lacks WebGPU features {missing}{why}")
     features = list(features) + [f for f in optional if f in adapter.features and f not in features]
     return adapter, adapter.request_device_sync(required_features=features, required_limits=required)
 
@@ -86,8 +88,9 @@ class Session(TrainingMixin):
         self.buffers = [dev.create_buffer(size=b["bytes"], usage=usage, label=f"b{b['id']}_{b['kind']}")
                         for b in self.manifest["buffers"]]
         for b, data in read_weights(self.path, self.manifest):
-            if data.size:
-                dev.queue.write_buffer(self.buffers[b["id"]], 0, data.tobytes())
+            if data.size:  # f16 weights of odd length: padded to WebGPU's 4-byte write granularity
+                raw = data.tobytes()
+                dev.queue.write_buffer(self.buffers[b["id"]], 0, raw + bytes(-len(raw) % 4))
         self.pipelines = []
         for k in tgt["kernels"]:
             src = (self.path / k["source"]).read_text()
@@ -155,8 +158,9 @@ class Session(TrainingMixin):
             lib.wgpuComputePassEncoderDispatchWorkgroups(h, x, y, z)
 
     def _fill_nan(self, buffer_id: int) -> None:
+        # 0x7FC07FC0 is a NaN as one f32 and as two f16 (fp16 packages' buffers)
         self.device.queue.write_buffer(self.buffers[buffer_id], 0,
-                                       np.full(self.buffers[buffer_id].size // 4, np.nan, np.float32).tobytes())
+                                       np.full(self.buffers[buffer_id].size // 4, 0x7FC07FC0, np.uint32).tobytes())
 
     @property
     def inputs(self) -> list[dict[str, Any]]:

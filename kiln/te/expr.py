@@ -7,7 +7,8 @@ structurally, so equal sub-expressions (for example a reduction inlined twice)
 are recognised. Builders fold constants and trivial identities as they go
 (``x * 1 -> x``, ``i + 0 -> i``), which keeps generated index arithmetic short.
 
-Dtypes: ``float32``, ``int32`` (index arithmetic and integer tensors) and ``bool``.
+Dtypes: ``float32``, ``int32`` (index arithmetic and integer tensors) and ``bool``; ``float16`` appears
+only after :func:`kiln.te.half.demote` (fp16 compute, ``kiln compile --precision fp16``).
 Integer ``//`` and ``%`` truncate toward zero (as WGSL's ``/`` and ``%``); ``&``, ``|``, ``^``,
 ``<<`` and ``>>`` (arithmetic) are bitwise on int32.
 """
@@ -28,6 +29,9 @@ CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "ma
 #: unary functions folded on constants (expression function -> numpy function)
 _FOLD = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil", "sin": "sin",
          "cos": "cos", "tanh": "tanh", "tan": "tan", "round": "rint", "sign": "sign", "trunc": "trunc"}
+
+#: floating-point expression dtypes
+FLOATS = ("float32", "float16")
 
 #: functions whose result dtype is fixed (the others return their operands' dtype)
 CALL_DTYPES = {"bitcast_i32": "int32", "bitcast_f32": "float32"}
@@ -194,7 +198,7 @@ def as_expr(x: ExprLike, like: str = "float32") -> Expr:
         return x
     if isinstance(x, bool):
         return const(x, "bool")
-    if isinstance(x, int) and like != "float32":
+    if isinstance(x, int) and like not in FLOATS:
         return const(x, "int32")
     return const(x, like if like != "bool" else "float32")
 
@@ -303,12 +307,12 @@ def reduce(op: str, body: Expr, axes: list[Var] | tuple[Var, ...]) -> Expr:
 
 def lowest(dtype: str) -> float:
     """The identity of ``max``: -inf for floats."""
-    return -math.inf if dtype == "float32" else -(2**31)
+    return -math.inf if dtype in FLOATS else -(2**31)
 
 
 def highest(dtype: str) -> float:
     """The identity of ``min``: +inf for floats."""
-    return math.inf if dtype == "float32" else 2**31 - 1
+    return math.inf if dtype in FLOATS else 2**31 - 1
 
 
 def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from kiln.te.compute import Tensor, placeholders
 from kiln.te.expr import (
+    FLOATS,
     Bin,
     Call,
     Cast,
@@ -330,7 +331,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         accs = {}
         for r in group:
             acc = Var(f"acc{next(counter)}", 0, r.dtype)
-            init = {"sum": 0.0 if r.dtype == "float32" else 0, "max": lowest(r.dtype), "min": highest(r.dtype),
+            init = {"sum": 0.0 if r.dtype in FLOATS else 0, "max": lowest(r.dtype), "min": highest(r.dtype),
                     "prod": 1}[r.op]
             block.append(Decl(acc, const(init, r.dtype)))
             accs[r] = acc
@@ -425,14 +426,16 @@ def _combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: li
     Returns the workgroup arrays used.
     """
     lid, lane = Var("lid"), Var("lane")
-    dtype = accs[0][0].dtype
+    dtypes = {acc.dtype for acc, _ in accs}
+    # one workgroup array: f16 and f32 accumulators (fp16 compute) meet in f32
+    dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
     size = len(accs) * width
 
     def slot(a: int, offset: int = 0) -> Expr:
         return linear(lid + (a * width + offset))
 
     for a, (acc, _) in enumerate(accs):
-        body.append(Store("red", slot(a), acc))
+        body.append(Store("red", slot(a), cast(acc, dtype)))
     stride = lanes // 2
     while stride >= 1:
         body.append(Barrier())
@@ -445,7 +448,7 @@ def _combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: li
         stride //= 2
     body.append(Barrier())
     for a, (acc, _) in enumerate(accs):
-        body.append(Assign(acc, BufLoad("red", linear(lid - lane + a * width), size, False, dtype)))
+        body.append(Assign(acc, cast(BufLoad("red", linear(lid - lane + a * width), size, False, dtype), acc.dtype)))
     return {"red": (dtype, size)}
 
 
