@@ -15,6 +15,7 @@ microseconds a run on a fast GPU.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -194,6 +195,50 @@ class Readback:
             lib.wgpuBufferUnmap(handle)
 
 
+#: bytes of dropped GPUTensors' buffers kept per device for reuse (see _Pool)
+POOL_BYTES = 256 << 20
+
+
+class _Pool:
+    """Buffers of garbage-collected :class:`GPUTensor` s of one device, by size, for the next ones.
+
+    Releasing a buffer that a submission still uses costs wgpu-native a few hundred microseconds,
+    as much as a whole small run, and ``run(output="gpu")`` makes new tensors every run; reusing
+    the buffers avoids both the release and the allocation. A reused buffer is safe: WebGPU
+    executes submissions in order, so work submitted before the tensor died has read it first.
+    """
+
+    def __init__(self):
+        self.free: dict[int, list[Any]] = {}
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def take(self, size: int):
+        with self.lock:
+            bucket = self.free.get(size)
+            if bucket:
+                self.bytes -= size
+                return bucket.pop()
+        return None
+
+    def give(self, buffer) -> None:
+        with self.lock:
+            if self.bytes + buffer.size <= POOL_BYTES:
+                self.free.setdefault(buffer.size, []).append(buffer)
+                self.bytes += buffer.size
+
+
+_pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _pool(device) -> _Pool:
+    with _lock:
+        pool = _pools.get(device)
+        if pool is None:
+            pool = _pools[device] = _Pool()
+        return pool
+
+
 def _elements(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
@@ -206,8 +251,9 @@ class GPUTensor:
     are kept in their storage type (package format, *Dtypes*: bool, 8/16-bit and int64 as int32,
     float16 as float32), converted on :meth:`numpy`.
 
-    Each tensor owns its buffer: later runs never overwrite it. The buffer is freed when the
-    tensor is garbage-collected, or at once by :meth:`release`.
+    Each tensor owns its buffer: later runs never overwrite it. When the tensor is garbage-collected
+    its buffer goes to a per-device pool (at most :data:`POOL_BYTES`) that later tensors of the same
+    size reuse; :meth:`release` frees it at once instead.
 
     Attributes:
         shape: dimensions (tuple of ints).
@@ -225,6 +271,13 @@ class GPUTensor:
             raise ShapeError(f"GPUTensor: {self.dtype} tensors cannot be stored in WebGPU buffers")
         self.storage = np.dtype(STORAGE[self.dtype.name])
         self.device = device
+        self._recycle = None
+
+    def _own(self, buffer, pool: _Pool) -> None:
+        """Hold ``buffer``; it goes back to ``pool`` when this tensor is garbage-collected."""
+        self.buffer = buffer
+        self._recycle = weakref.finalize(self, pool.give, buffer)
+        self._recycle.atexit = False
 
     @property
     def size(self) -> int:
@@ -258,6 +311,8 @@ class GPUTensor:
     def release(self) -> None:
         """Free the buffer now (work already submitted that uses it still completes); the tensor is unusable after."""
         if self.buffer is not None:
+            if self._recycle is not None:
+                self._recycle.detach()
             self.buffer.destroy()
             self.buffer = None
 
@@ -267,12 +322,18 @@ class GPUTensor:
 
 
 def empty(shape, dtype, device, label: str = "") -> GPUTensor:
-    """A new :class:`GPUTensor` of ``shape`` and ``dtype`` on ``device`` (contents zero)."""
+    """A new :class:`GPUTensor` of ``shape`` and ``dtype`` on ``device``; its contents are undefined
+    (a buffer of a dropped tensor is reused when one of the size is pooled)."""
     import wgpu
 
     t = GPUTensor(None, shape, dtype, device)
-    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-    t.buffer = device.create_buffer(size=max(4, t.nbytes), usage=usage, label=label)
+    size = max(4, -(-t.nbytes // 4) * 4)
+    pool = _pool(device)
+    buffer = pool.take(size)
+    if buffer is None:
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        buffer = device.create_buffer(size=size, usage=usage, label=label)
+    t._own(buffer, pool)
     return t
 
 
