@@ -213,3 +213,20 @@ def test_pipeline_cache_compiles_concurrently_and_reports_errors():
     assert cache.get(specs[2]) is got[2] and cache.stats()["hits"] == after["hits"] + 1
     with pytest.raises(KilnError, match="kernel broken does not compile"):
         cache.get(KernelSpec("fn main( {", "main", ("read_write",), "broken"))
+
+
+def test_dropped_gpu_outputs_are_pooled_and_live_ones_kept(models, rng):
+    import gc
+
+    _, pkg = models["mlp"]
+    session = Session(pkg)
+    x1, x2 = (rng.standard_normal((2, 8)).astype(np.float32) for _ in range(2))
+    gc.collect()  # earlier tests' garbage goes to the pool now, not in the middle of this test
+    kept = session.run({"x": x1}, output="gpu")
+    dropped = session.run({"x": x2}, output="gpu")
+    reusable = {id(dropped["h"].buffer), id(dropped["s"].buffer)}
+    del dropped  # freed by reference counting: its buffers go to the pool
+    again = session.run({"x": x2}, output="gpu")
+    assert {id(again["h"].buffer), id(again["s"].buffer)} == reusable  # the dropped tensors' buffers, reused
+    np.testing.assert_array_equal(kept["h"].numpy(), session.run({"x": x1})["h"])
+    np.testing.assert_array_equal(again["s"].numpy(), session.run({"x": x2})["s"])
