@@ -14,6 +14,9 @@ batch 32 x seq 128. Contestants:
 
 - ``kiln-native``: Kiln's WGSL through wgpu-py on Vulkan; a run includes uploading the input and
   reading the output back (like onnxruntime's ``run``);
+- ``kiln-gpu-io``: the same session with GPU-resident I/O: the inputs uploaded once
+  (``session.upload``), the outputs kept on the GPU (``run(feeds, output="gpu")``); a timed run is
+  the run plus a device sync (``session.sync()``), like the torch rows whose input is on the GPU;
 - ``ort-webgpu``: onnxruntime's WebGPU execution provider (``onnxruntime-webgpu``, Dawn), host copies included;
 - ``torch-eager`` and ``torch-compile``: PyTorch CUDA, strict fp32 (TF32 off), input already on the GPU, synchronised.
 
@@ -25,7 +28,9 @@ absolute error, relative error, top-1 agreement for the classifiers, the smalles
 for MiniLM; torch rows only where they share the ONNX weights).
 
 Medians over ``--repeat`` runs after ``--warmup``; first-run (cold) time and peak GPU memory
-reported separately; ONNX-based outputs checked against onnxruntime CPU. Prints a table and
+reported separately; for Kiln also the load time (``load_ms``: the package's first load in the process,
+its phases, and ``reload_ms``: a second load of the same package, whose pipelines come from the
+device's cache); ONNX-based outputs checked against onnxruntime CPU. Prints a table and
 writes JSON (``gpu-<date>.json``).
 """
 
@@ -107,6 +112,9 @@ def MiniLM():
     return _minilm_class()()
 
 
+#: every contestant, in the order they run
+CONTESTANTS = ("kiln-native", "kiln-gpu-io", "ort-webgpu", "torch-eager", "torch-compile")
+
 #: model -> (batch, seq) of the MiniLM rows
 MINILM_SHAPES = {"minilm_b1": (1, 128), "minilm_b32": (32, 128)}
 
@@ -146,7 +154,6 @@ def export_onnx(module, name: str, path: Path) -> Path:
 def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> dict:
     """All contestants on one model; returns ``{contestant: result or {"error": ...}}``."""
     import onnxruntime as ort
-    import torch
 
     import kiln
 
@@ -168,26 +175,40 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             rows[contestant] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
             console.print(traceback.format_exc(limit=3))
 
-    def run_kiln(precision: str = "fp32"):
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            session = kiln.load(kiln.compile(onnx_path, Path(tmp) / "pkg", dims=dims, precision=precision))
-            load_s = time.perf_counter() - t0
-            out = session.outputs[0]["name"]
-            accuracy_row = acc(session.run(feeds)[out])
-            cold, times = time_runs(lambda: session.run(feeds), args.repeat, args.warmup)
-            info = session.adapter_info()
-            mem = sum(b["bytes"] for b in session.manifest["buffers"])
-            prof = session.profile(feeds, repeat=10)
-            by_kernel: dict[str, float] = {}
-            for r in prof:
-                by_kernel[r["kernel"]] = by_kernel.get(r["kernel"], 0.0) + r["ms"]
-            top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]
+    def run_kiln(state: dict, precision: str = "fp32"):
+        tmp = state["tmp"] = tempfile.TemporaryDirectory()  # kept for the kiln-gpu-io row
+        t0 = time.perf_counter()
+        pkg = kiln.compile(onnx_path, Path(tmp.name) / "pkg", dims=dims, precision=precision)
+        t1 = time.perf_counter()
+        session = kiln.load(pkg)
+        load_s = time.perf_counter() - t0
+        load_ms = {**session.load_ms, "wall": (time.perf_counter() - t1) * 1e3}
+        t2 = time.perf_counter()
+        again = kiln.load(pkg)
+        reload_ms = {**again.load_ms, "wall": (time.perf_counter() - t2) * 1e3, "pipeline_hits": again.pipeline_hits}
+        del again
+        out = session.outputs[0]["name"]
+        accuracy_row = acc(session.run(feeds)[out])
+        cold, times = time_runs(lambda: session.run(feeds), args.repeat, args.warmup)
+        info = session.adapter_info()
+        mem = sum(b["bytes"] for b in session.manifest["buffers"])
+        prof = session.profile(feeds, repeat=args.profile_repeat) if args.profile_repeat > 0 else []
+        by_kernel: dict[str, float] = {}
+        for r in prof:
+            by_kernel[r["kernel"]] = by_kernel.get(r["kernel"], 0.0) + r["ms"]
+        top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]
+        if prof:
             console.print(f"  kiln GPU time {sum(by_kernel.values()):.3f} ms ({prof[0]['clock']}); slowest kernels: "
                           + ", ".join(f"{k} {ms:.3f}" for k, ms in top))
-            return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row, "precision": precision,
-                    "gpu_bytes": mem, "device": f"{info.get('device')} ({info.get('backend_type')})",
-                    "dispatches": len(session.steps), "gpu_ms": sum(by_kernel.values()), "profile": prof}
+        console.print(f"  kiln load {load_ms['wall']:.0f} ms (device {load_ms['device']:.0f}, pipelines "
+                      f"{load_ms['pipelines']:.0f}); second load {reload_ms['wall']:.0f} ms "
+                      f"({reload_ms['pipeline_hits']} cached pipelines)")
+        state["session"] = session
+        state["device"] = f"{info.get('device')} ({info.get('backend_type')})"
+        return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row, "precision": precision,
+                "load_ms": load_ms, "reload_ms": reload_ms,
+                "gpu_bytes": mem, "device": state["device"],
+                "dispatches": len(session.steps), "gpu_ms": sum(by_kernel.values()), "profile": prof}
 
     def run_ort_webgpu():
         t0 = time.perf_counter()
@@ -200,6 +221,8 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
 
     def run_torch(compiled: bool, half: bool = False):
         def go():
+            import torch
+
             torch.backends.cuda.matmul.allow_tf32 = False  # strict fp32, like the WGSL contestants
             torch.backends.cudnn.allow_tf32 = False
             m = module.cuda()
@@ -216,26 +239,61 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             return res
         return go
 
-    attempt("kiln-native", run_kiln)
-    for precision in args.precision.split(","):
-        if precision != "fp32":
-            attempt(f"kiln-native-{precision}", lambda p=precision: run_kiln(p))
-    attempt("ort-webgpu", run_ort_webgpu)
-    attempt("torch-eager", run_torch(False))
-    if any(p != "fp32" for p in args.precision.split(",")):
-        attempt("torch-eager-fp16", run_torch(False, half=True))
-    if not args.no_compile:
+    def run_kiln_gpu_io():
+        session = kiln_state["session"]
+        gpu_feeds = session.upload(feeds)
+        out = session.outputs[0]["name"]
+        accuracy_row = acc(session.run(gpu_feeds, output="gpu")[out].numpy())
+
+        def once():
+            session.run(gpu_feeds, output="gpu")
+            session.sync()
+        cold, times = time_runs(once, args.repeat, args.warmup)
+        return {**summary(times, cold), **accuracy_row, "device": kiln_state["device"]}
+
+    kiln_state: dict = {}
+    chosen = args.contestants.split(",")
+    if "kiln-native" in chosen or "kiln-gpu-io" in chosen:
+        attempt("kiln-native", lambda: run_kiln(kiln_state))
+        if "kiln-gpu-io" in chosen and "session" in kiln_state:
+            attempt("kiln-gpu-io", run_kiln_gpu_io)
+        kiln_state.pop("session", None)
+        if "tmp" in kiln_state:
+            kiln_state.pop("tmp").cleanup()
+        for precision in args.precision.split(","):
+            if precision != "fp32":
+                state: dict = {}
+                attempt(f"kiln-native-{precision}", lambda p=precision, st=state: run_kiln(st, p))
+                state.pop("session", None)
+                if "tmp" in state:
+                    state.pop("tmp").cleanup()
+    if "ort-webgpu" in chosen:
+        attempt("ort-webgpu", run_ort_webgpu)
+    if "torch-eager" in chosen:
+        attempt("torch-eager", run_torch(False))
+        if any(p != "fp32" for p in args.precision.split(",")):
+            attempt("torch-eager-fp16", run_torch(False, half=True))
+    if "torch-compile" in chosen and not args.no_compile:
         attempt("torch-compile", run_torch(True))
+    if "kiln-native" not in chosen:
+        rows.pop("kiln-native", None)
     return rows
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the GPU benchmark; returns the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="mobilenet_v2,resnet50,minilm_b1,minilm_b32")
-    ap.add_argument("--repeat", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--models", default="mobilenet_v2,resnet50,minilm_b1,minilm_b32",
+                    help="comma list of mobilenet_v2, resnet50, minilm_b1, minilm_b32")
+    ap.add_argument("--repeat", type=int, default=50, help="timed runs per contestant")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed runs before them")
+    ap.add_argument("--profile-repeat", type=int, default=10,
+                    help="Kiln's per-dispatch GPU profile: runs per dispatch (0 skips it, e.g. for smoke runs on lavapipe)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--contestants", default=",".join(CONTESTANTS),
+                    help="comma list of " + ", ".join(CONTESTANTS) + " (default: all; only the torch rows and the "
+                    "resnet50/minilm exports need torch, so kiln-native,kiln-gpu-io,ort-webgpu --models mobilenet_v2 "
+                    "runs without it)")
     ap.add_argument("--precision", default="fp32", metavar="LIST",
                     help="Kiln precisions, a comma list of fp32, fp16, fp16-acc16: each other than fp32 adds a "
                          "kiln-native-<precision> row (kiln compile --precision; needs shader-f16) and a "
@@ -245,8 +303,9 @@ def main(argv: list[str] | None = None) -> dict:
     console = Console(width=140)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        needs_torch = any(c.startswith("torch") for c in args.contestants.split(","))
         for name in args.models.split(","):
-            module = torch_model(name)
+            module = torch_model(name) if needs_torch or name != "mobilenet_v2" else None
             if name == "mobilenet_v2":
                 onnx_path = ROOT / "models" / "mobilenet_v2_imagenet.onnx"
                 args.same_weights = False  # the shipped ONNX has trained weights, the module random ones
@@ -256,20 +315,25 @@ def main(argv: list[str] | None = None) -> dict:
             results[name] = bench_model(name, onnx_path, module, args, console)
     table = Table(title=f"fp32 unless named (batch 1 unless named), median ms of {args.repeat} runs after "
                         f"{args.warmup} warm-up; errors against onnxruntime CPU fp32")
-    for col in ("model", "contestant", "median ms", "min ms", "cold ms", "GPU MiB", "max err", "rel err", "agreement",
-                "kiln / this"):
+    for col in ("model", "contestant", "median ms", "min ms", "cold ms", "load ms", "reload ms", "GPU MiB", "max err",
+                "rel err", "agreement", "kiln / this", "kiln gpu-io / this"):
         table.add_column(col, justify="left" if col in ("model", "contestant") else "right")
     for model, rows in results.items():
         kiln_ms = rows.get("kiln-native", {}).get("median_ms")
+        gpu_io_ms = rows.get("kiln-gpu-io", {}).get("median_ms")
         for contestant, r in rows.items():
             if "error" in r:
-                table.add_row(model, contestant, "error: " + r["error"][:60], "", "", "", "", "", "", "")
+                table.add_row(model, contestant, "error: " + r["error"][:60], *[""] * 10)
                 continue
             ratio = kiln_ms / r["median_ms"] if kiln_ms else float("nan")
+            ratio_gpu = gpu_io_ms / r["median_ms"] if gpu_io_ms else float("nan")
             table.add_row(model, contestant, f"{r['median_ms']:.3f}", f"{r['min_ms']:.3f}", f"{r['cold_ms']:.1f}",
+                          f"{r['load_ms']['wall']:.0f}" if "load_ms" in r else "-",
+                          f"{r['reload_ms']['wall']:.0f}" if "reload_ms" in r else "-",
                           f"{r['gpu_bytes'] / 2**20:.1f}" if "gpu_bytes" in r else "-",
                           f"{r['max_abs_error']:.1e}" if "max_abs_error" in r else "-",
-                          f"{r['rel_error']:.1e}" if "rel_error" in r else "-", quality(r), f"{ratio:.2f}")
+                          f"{r['rel_error']:.1e}" if "rel_error" in r else "-", quality(r), f"{ratio:.2f}",
+                          f"{ratio_gpu:.2f}")
     console.print(table)
     record = {"benchmark": "gpu", "repeat": args.repeat, "warmup": args.warmup, "precision": args.precision,
               "results": results}

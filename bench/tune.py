@@ -3,7 +3,9 @@
 For each model: tune its kernels on this machine's adapter within a time budget (or load a
 tuning database that already has them, resuming), compile it twice (default schedules; the
 database's schedules), check both against onnxruntime CPU, then time both in the same process,
-interleaved: end-to-end ``Session.run`` medians (upload, compute, readback), GPU-only medians (the
+interleaved: end-to-end ``Session.run`` medians in both I/O modes (host I/O: upload, compute,
+readback; GPU-resident I/O: the input uploaded once as a GPUTensor, ``run(feeds, output="gpu")``
+plus a device sync, no host copies), GPU-only medians (the
 sum of ``Session.profile``'s per-dispatch timestamp medians: each dispatch in a pass of its own, so a
 fixed per-pass cost is in every row) and whole-pass GPU medians (every dispatch in one compute pass,
 as ``Session.run`` records them, timestamps at its start and end). Prints a table and writes JSON.
@@ -49,8 +51,11 @@ def load(pkg: Path, x: np.ndarray, expected: np.ndarray) -> dict:
     session = Session(pkg)
     feeds = {session.inputs[0]["name"]: x}
     out = next(iter(session.run(feeds).values()))
-    return {"session": session, "feeds": feeds, "max_abs_error": float(np.abs(out - expected).max()),
-            "e2e": [], "gpu": [], "pass": [], "kernels": len(session.manifest["targets"]["webgpu"]["kernels"]),
+    gpu_feeds = session.upload(feeds)
+    out_gpu = next(iter(session.run(gpu_feeds, output="gpu").values())).numpy()
+    return {"session": session, "feeds": feeds, "gpu_feeds": gpu_feeds,
+            "max_abs_error": max(float(np.abs(out - expected).max()), float(np.abs(out_gpu - expected).max())),
+            "e2e": [], "e2e_gpu_io": [], "gpu": [], "pass": [], "kernels": len(session.manifest["targets"]["webgpu"]["kernels"]),
             "tuned": sum(1 for k in session.manifest["targets"]["webgpu"]["kernels"] if k.get("tuned"))}
 
 
@@ -118,6 +123,7 @@ def bench_model(name: str, args, console: Console, tmp: Path) -> dict:
     for _ in range(args.rounds):  # interleaved, so drifting clocks affect both alike
         for r in runs.values():
             r["e2e"] += r["session"].benchmark(r["feeds"], repeat=args.repeat, warmup=3)
+            r["e2e_gpu_io"] += r["session"].benchmark(r["gpu_feeds"], repeat=args.repeat, warmup=3, output="gpu")
             prof = r["session"].profile(r["feeds"], repeat=args.repeat)
             r["gpu"].append(sum(p["ms"] for p in prof))
             r["clock"] = prof[0]["clock"]
@@ -129,11 +135,14 @@ def bench_model(name: str, args, console: Console, tmp: Path) -> dict:
               "kernels": [{"kernel": t.name, "ops": t.ops, "shape": t.shape, "uses": t.uses,
                            "profile_ms": t.profile_ms, **t.result} for t in tasks]}
     for k, r in runs.items():
-        result[k] = {"e2e_median_ms": float(np.median(r["e2e"])), "gpu_median_ms": float(np.median(r["gpu"])),
+        result[k] = {"e2e_median_ms": float(np.median(r["e2e"])),
+                     "e2e_gpu_io_median_ms": float(np.median(r["e2e_gpu_io"])),
+                     "gpu_median_ms": float(np.median(r["gpu"])),
                      "pass_median_ms": float(np.median(r["pass"])) if r["pass"] else None,
                      "max_abs_error": r["max_abs_error"], "kernels": r["kernels"], "tuned_kernels": r["tuned"],
                      "clock": r["clock"]}
     result["speedup_e2e"] = result["default"]["e2e_median_ms"] / result["tuned"]["e2e_median_ms"]
+    result["speedup_e2e_gpu_io"] = result["default"]["e2e_gpu_io_median_ms"] / result["tuned"]["e2e_gpu_io_median_ms"]
     result["speedup_gpu"] = result["default"]["gpu_median_ms"] / result["tuned"]["gpu_median_ms"]
     if result["tuned"]["pass_median_ms"]:
         result["speedup_pass"] = result["default"]["pass_median_ms"] / result["tuned"]["pass_median_ms"]
@@ -145,7 +154,7 @@ def main() -> None:
     import os
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="mobilenet_v2,resnet50")
+    parser.add_argument("--models", default="mobilenet_v2,resnet50", help="comma list of mobilenet_v2, resnet50")
     parser.add_argument("--minutes", type=float, default=6.0, help="tuning budget per model (0: only load --db)")
     parser.add_argument("--trials", type=int, default=400, help="candidates per kernel at most")
     parser.add_argument("--db", type=Path, default=Path("tuning.json"), help="tuning database to resume/record")
@@ -163,11 +172,13 @@ def main() -> None:
             r = results[name]
             console.print(f"{name}: GPU {r['default']['gpu_median_ms']:.3f} -> {r['tuned']['gpu_median_ms']:.3f} ms "
                           f"({r['speedup_gpu']:.2f}x), end to end {r['default']['e2e_median_ms']:.3f} -> "
-                          f"{r['tuned']['e2e_median_ms']:.3f} ms ({r['speedup_e2e']:.2f}x)")
+                          f"{r['tuned']['e2e_median_ms']:.3f} ms ({r['speedup_e2e']:.2f}x), GPU-resident I/O "
+                          f"{r['default']['e2e_gpu_io_median_ms']:.3f} -> {r['tuned']['e2e_gpu_io_median_ms']:.3f} ms "
+                          f"({r['speedup_e2e_gpu_io']:.2f}x)")
     table = Table(title="Kiln tuned vs untuned (default schedules), native wgpu")
     for col in ("model", "tuning s", "tuned kernels", "GPU ms default", "GPU ms tuned", "GPU speedup",
                 "pass ms default", "pass ms tuned", "pass speedup", "e2e ms default", "e2e ms tuned", "e2e speedup",
-                "max err tuned"):
+                "gpu-io e2e default", "gpu-io e2e tuned", "gpu-io e2e speedup", "max err tuned"):
         table.add_column(col, justify="left" if col == "model" else "right")
     for name, r in results.items():
         table.add_row(name, f"{r['tune_s']:.0f}", f"{r['tuned']['tuned_kernels']}/{r['tuned']['kernels']}",
@@ -176,14 +187,16 @@ def main() -> None:
                       f"{r['tuned']['pass_median_ms'] or float('nan'):.3f}", f"{r.get('speedup_pass', float('nan')):.2f}x",
                       f"{r['default']['e2e_median_ms']:.3f}",
                       f"{r['tuned']['e2e_median_ms']:.3f}", f"{r['speedup_e2e']:.2f}x",
-                      f"{r['tuned']['max_abs_error']:.1e}")
+                      f"{r['default']['e2e_gpu_io_median_ms']:.3f}", f"{r['tuned']['e2e_gpu_io_median_ms']:.3f}",
+                      f"{r['speedup_e2e_gpu_io']:.2f}x", f"{r['tuned']['max_abs_error']:.1e}")
     console.print(table)
     path = write_record({"benchmark": "tune", "repeat": args.repeat, "rounds": args.rounds, "results": results},
                         args.out, "tune")
     console.print(f"wrote {path}")
     if args.db.exists() and args.out.resolve() != args.db.parent.resolve():
         shutil.copy(args.db, args.out / args.db.name)
-    print(json.dumps({n: {"gpu": r["speedup_gpu"], "pass": r.get("speedup_pass"), "e2e": r["speedup_e2e"]}
+    print(json.dumps({n: {"gpu": r["speedup_gpu"], "pass": r.get("speedup_pass"), "e2e": r["speedup_e2e"],
+                          "e2e_gpu_io": r["speedup_e2e_gpu_io"]}
                       for n, r in results.items()}))
 
 

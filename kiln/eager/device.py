@@ -142,12 +142,13 @@ class Runtime:
         """Compile WGSL ``source`` (cached by the caller under its signature).
 
         Raises:
-            wgpu's GPUError with the shader compiler's message (a bug in a generated kernel).
+            PackageError with the shader compiler's message (a bug in a generated kernel).
         """
-        module = self.device.create_shader_module(code=source)
-        pipeline = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        from kiln.runtime.pipelines import KernelSpec, pipeline_cache
+
+        cached = pipeline_cache(self.device).get(KernelSpec(source, "main", None, "eager"))  # shared with sessions
         self.stats.compiles += 1
-        return Pipeline(source, pipeline, pipeline.get_bind_group_layout(0), workgroup_size, generic, uniform_words)
+        return Pipeline(source, cached.pipeline, cached.layout, workgroup_size, generic, uniform_words)
 
     def dispatch(self, p: Pipeline, buffers: list, groups: tuple[int, int, int], uniforms: np.ndarray | None = None):
         """Record one dispatch of ``p`` over storage ``buffers`` (binding order) and its ``uniforms`` (int32 words).

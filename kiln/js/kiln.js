@@ -12,6 +12,12 @@
 //   const loss = await session.trainStep({input: x, labels});    // one SGD/Adam step, the loss before it
 //   const bytes = await session.exportWeights();                  // the trained weights as safetensors
 //
+// On WebGPU, inputs and outputs can stay on the GPU between runs (gputensor.js, docs/runtime.md):
+//   const x = await session.upload(input);                        // a kiln.GPUTensor
+//   const {logits} = await session.run({input: x}, {output: 'gpu'}); // GPUTensors, nothing read back
+//   const t = await logits.read();                                // a kiln.Tensor
+// Sessions share one WebGPU device per page (load option `device`) and its pipeline cache.
+//
 // `loadFiles` loads a package from memory ({path: ArrayBuffer}) instead of a URL (the RPC
 // runtime, rpc.js, uses it), and `Session.time` measures runs on the device.
 //
@@ -26,8 +32,10 @@
 //   create(source, manifest, options): Promise<Backend>
 // and a Backend has
 //   target, adapterInfo {vendor, architecture, device, description}, timestampQuery: boolean
-//   run(inputs): Promise<{[output]: ArrayBuffer}>    inputs [{spec, data}] in storage form (tensor.js),
-//                                                    outputs' storage bytes (at least their elements)
+//   run(inputs, {output}): Promise<{[output]: ArrayBuffer}>   inputs [{spec, data}] in storage form (tensor.js),
+//                                                    outputs' storage bytes (at least their elements);
+//                                                    WebGPU also takes [{spec, gpu: GPUTensor}] and
+//                                                    {output: 'gpu'} (GPUTensors out)
 //   time(inputs, {repeat, warmup, useTimestamps}): Promise<{clock, times, wall}>   milliseconds
 //   dispose()
 // This module checks feeds, converts dtypes, serialises runs and picks the target.
@@ -36,10 +44,12 @@ import {DeviceError, KilnError, PackageError, ShapeError} from './errors.js';
 import {memorySource, readManifest, urlSource} from './package.js';
 import {encodeSafetensors} from './train.js';
 import {Tensor, fromStorage, shapeText, toStorage} from './tensor.js';
+import {GPUTensor} from './gputensor.js';
 
 export {DeviceError, KilnError, PackageError, ShapeError} from './errors.js';
 export {FORMAT, FORMAT_MAJOR} from './package.js';
 export {Tensor} from './tensor.js';
+export {GPUTensor} from './gputensor.js';
 export {preprocessImage, topK} from './preprocess.js';
 
 /** Targets in the order `target: 'auto'` tries them: the fastest first. */
@@ -68,6 +78,9 @@ const BACKENDS = {
  *   has one, so that {@link Session#time} measures with GPU timestamps rather than the wall clock (WebGPU).
  * @property {boolean} [poison=false] (WebGL2) fill activation and output textures with NaN before each run, so
  *   that an element no kernel writes shows up; for tests.
+ * @property {'shared' | 'own' | GPUDevice} [device='shared'] (WebGPU) the device: the page's shared one, so that
+ *   sessions exchange GPUTensors and reuse each other's compiled pipelines; a new one of the session's own
+ *   (freed by {@link Session#destroy}); or a given GPUDevice, e.g. another session's {@link Session#device}.
  * @property {number} [threads] WebAssembly worker threads (default: the hardware's, when the page is
  *   cross-origin isolated; otherwise 1).
  */
@@ -211,6 +224,10 @@ export class Session {
     /** The manifest's `training` section (inputs, outputs, trainable, state, loss, optimizer) of a
      * train-step package, or null. */
     this.training = manifest.training ?? null;
+    /** Kernels whose compiled pipeline the device's cache already held at load (WebGPU; 0 elsewhere). */
+    this.pipelineHits = backend.pipelineHits ?? 0;
+    /** Milliseconds of the load's phases where the backend reports them (WebGPU: device, pipelines, total). */
+    this.loadMs = backend.loadMs ?? {};
     /** @private */ this.backend = backend;
     /** @private @type {Promise<unknown>} runs are serialised: backends reuse their staging memory */
     this.queue = Promise.resolve();
@@ -219,15 +236,24 @@ export class Session {
   /**
    * Run the model.
    *
-   * @param {Record<string, Tensor>} feeds input name -> tensor of the manifest's dtype and shape.
-   * @returns {Promise<Record<string, Tensor>>} output name -> new tensor (copied out of device memory).
+   * @param {Record<string, Tensor | GPUTensor>} feeds input name -> tensor of the manifest's dtype and shape;
+   *   on WebGPU also a {@link GPUTensor} on this session's device, copied into the input on the GPU.
+   * @param {{output?: 'cpu' | 'gpu'}} [options] `output: 'gpu'` (WebGPU): the outputs are copied, on the GPU,
+   *   into new GPUTensors that later runs never change, and nothing is read back (`tensor.read()` does).
+   * @returns {Promise<Record<string, Tensor | GPUTensor>>} output name -> new tensor (copied out of device
+   *   memory), or new GPUTensor with `output: 'gpu'`.
    * @throws {ShapeError} unknown, missing, wrongly typed or wrongly shaped input.
-   * @throws {DeviceError} the device was lost or rejected the work.
+   * @throws {DeviceError} a GPUTensor of another device; the device was lost or rejected the work.
+   * @throws {KilnError} a destroyed GPUTensor, a bad `output`, or GPU tensors on a target other than WebGPU.
    */
-  async run(feeds) {
+  async run(feeds, options = {}) {
+    const {output = 'cpu'} = options;
+    if (output !== 'cpu' && output !== 'gpu') throw new KilnError(`run: output must be 'cpu' or 'gpu', got '${output}'`);
+    if (output === 'gpu') this.requireWebGPU("run(feeds, {output: 'gpu'})");
     const checked = this.checkFeeds(feeds);
     const result = this.queue.then(async () => {
-      const raw = await this.backend.run(checked);
+      const raw = await this.backend.run(checked, {output});
+      if (output === 'gpu') return raw;
       return Object.fromEntries(this.outputs.map((spec) => [spec.name, fromStorage(spec, raw[spec.name])]));
     });
     this.queue = result.catch(() => undefined);
@@ -282,6 +308,7 @@ export class Session {
   async trainStep(feeds, options = {}) {
     const training = this.requireTraining('trainStep');
     const checked = this.checkFeeds(feeds, training.inputs);
+    if (checked.some((c) => c.gpu)) throw new KilnError('trainStep: feeds must be kiln.Tensors (GPUTensors feed run and time)');
     const result = this.queue.then(async () => {
       const raw = await this.backend.trainStep(checked);
       const outs = Object.fromEntries(training.outputs.map((spec) => [spec.name, fromStorage(spec, raw[spec.name])]));
@@ -338,7 +365,36 @@ export class Session {
     return this.training;
   }
 
-  /** Free the session's device memory (and device); the session cannot run afterwards. */
+  /**
+   * Copy tensors to the GPU once, to feed {@link Session#run} without uploads later (WebGPU).
+   * @param {Tensor | Record<string, Tensor>} tensors one tensor, or name -> tensor
+   * @returns {Promise<GPUTensor | Record<string, GPUTensor>>} new GPUTensors on this session's device
+   * @throws {KilnError} not the WebGPU target. @throws {ShapeError} an int64 value outside int32's range.
+   */
+  async upload(tensors) {
+    this.requireWebGPU('upload');
+    const device = this.backend.gpuDevice;
+    const one = (t) => {
+      if (!(t instanceof Tensor)) throw new ShapeError(`upload: expected a kiln.Tensor, got ${t?.constructor?.name ?? typeof t}`);
+      return GPUTensor.upload(device, t);
+    };
+    return tensors instanceof Tensor ? one(tensors)
+      : Object.fromEntries(Object.entries(tensors).map(([name, t]) => [name, one(t)]));
+  }
+
+  /** The WebGPU device the session runs on (pass it as `load(url, {device})` to share it), or null on other targets. */
+  get device() {
+    return this.backend.gpuDevice ?? null;
+  }
+
+  /** @param {string} what @private @throws {KilnError} the session does not run WebGPU */
+  requireWebGPU(what) {
+    if (this.target !== 'webgpu') {
+      throw new KilnError(`${what}: GPU tensors need the WebGPU target; this session runs '${this.target}'`);
+    }
+  }
+
+  /** Free the session's device memory (and its device, unless shared); the session cannot run afterwards. */
   destroy() {
     this.backend.dispose();
   }
@@ -365,6 +421,7 @@ export class Session {
       const expected = `${spec.dtype}${shapeText(spec.shape)}`;
       const tensor = feeds[spec.name];
       if (tensor === undefined) throw new ShapeError(`missing input '${spec.name}' (${expected})`);
+      if (tensor instanceof GPUTensor) return this.checkGPUFeed(spec, tensor);
       if (!(tensor instanceof Tensor)) {
         throw new ShapeError(`input '${spec.name}': expected a kiln.Tensor (${expected}), got ${tensor?.constructor?.name ?? typeof tensor}`);
       }
@@ -377,5 +434,28 @@ export class Session {
       }
       return {spec, data: toStorage(spec, tensor.data)};
     });
+  }
+
+  /**
+   * @param {TensorSpec} spec @param {GPUTensor} tensor
+   * @returns {{spec: TensorSpec, gpu: GPUTensor}}
+   * @private
+   */
+  checkGPUFeed(spec, tensor) {
+    this.requireWebGPU(`input '${spec.name}'`);
+    if (!tensor.buffer) throw new KilnError(`input '${spec.name}': the GPUTensor was destroyed`);
+    if (tensor.type !== spec.dtype) {
+      throw new ShapeError(`input '${spec.name}': expected dtype ${spec.dtype}, got a GPUTensor of ${tensor.type}`);
+    }
+    if (tensor.dims.length !== spec.shape.length || tensor.dims.some((d, i) => d !== spec.shape[i])) {
+      throw new ShapeError(`input '${spec.name}': expected shape ${shapeText(spec.shape)} ` +
+        `(symbolic ${shapeText(spec.symbolic_shape ?? spec.shape)}), got a GPUTensor of shape ${shapeText(tensor.dims)}`);
+    }
+    if (tensor.device !== this.backend.gpuDevice) {
+      throw new DeviceError(`input '${spec.name}': the GPUTensor lives on another WebGPU device than this session ` +
+        "(buffers cannot move between devices); load both sessions on one device (the default, device: 'shared') " +
+        'or upload it again with session.upload()');
+    }
+    return {spec, gpu: tensor};
   }
 }

@@ -3,13 +3,20 @@
 // Execution matches the native runtime (kiln/runtime/native.py): one GPUBuffer per
 // manifest buffer, weights uploaded once at load, one compute pipeline per kernel and one
 // bind group per plan step; each run writes the inputs, records every dispatch in one
-// compute pass, copies the outputs to mappable staging buffers, submits once and maps them.
+// compute pass, copies the outputs into one mappable staging buffer, submits once and maps it once.
+// Feeds may be GPUTensors (gputensor.js), copied into the input buffers on the GPU, and
+// `run(inputs, {output: 'gpu'})` copies the outputs into new GPUTensors instead of reading them back.
+// Sessions share one device per page by default (`sharedDevice`), and every device has a
+// pipeline cache keyed by the SHA-256 of the kernel's WGSL (`pipelineCache`): a second session of
+// a package, or of one sharing kernels, compiles nothing.
 // See kiln.js for the backend interface this module implements.
 
 import {ControlRunner, isControlPlan, kernelSteps} from './control.js';
 import {createTrainer, readBuffers, runTrainStep} from './train.js';
 import {DeviceError, PackageError} from './errors.js';
+import {GPUTensor, storageType} from './gputensor.js';
 import {kernelText, readWeights} from './package.js';
+import {DTYPES, product} from './tensor.js';
 
 /** The manifest target this backend runs. */
 export const target = 'webgpu';
@@ -44,15 +51,79 @@ export async function unavailable(spec = undefined) {
  * @throws {PackageError} a kernel that does not compile, bad weights, or an invalid plan.
  */
 export async function create(source, manifest, options) {
-  const {verify, powerPreference = 'high-performance', timing = false} = options;
+  const {verify, powerPreference = 'high-performance', timing = false, device: wanted = 'shared'} = options;
   const spec = manifest.targets.webgpu;
-  const {adapter, device} = await requestDevice(spec, powerPreference, timing);
+  const started = performance.now();
+  const {adapter, device, shared} = await chooseDevice(spec, powerPreference, timing, wanted);
+  const deviceMs = performance.now() - started;
   try {
-    return await WebGPUBackend.create(source, manifest, adapter, device, verify);
+    const backend = await WebGPUBackend.create(source, manifest, adapter, device, verify);
+    /** @private whether the device outlives this backend (shared, or the caller's) */
+    backend.sharedDevice = shared;
+    backend.loadMs = {...backend.loadMs, device: deviceMs, total: performance.now() - started};
+    return backend;
   } catch (error) {
-    device.destroy();
+    if (!shared) device.destroy();
     throw error;
   }
+}
+
+/** @type {{key: string, promise: Promise<{adapter: GPUAdapter, device: GPUDevice}>}[]} the page's shared devices */
+const SHARED = [];
+
+/**
+ * The device a backend runs on: `'own'` a new one, `'shared'` the page's shared device for this power
+ * preference (made with the adapter's maxima for the limits packages name, so later packages fit), or a
+ * GPUDevice the caller gives (another session's `device`), checked against the package's needs.
+ * @param {any} spec @param {GPUPowerPreference} powerPreference @param {boolean} timing
+ * @param {'shared' | 'own' | GPUDevice} wanted
+ * @returns {Promise<{adapter: any, device: GPUDevice, shared: boolean}>}
+ * @throws {DeviceError} as {@link requestDevice}, or a given device that lacks a feature or limit.
+ */
+async function chooseDevice(spec, powerPreference, timing, wanted) {
+  if (wanted === 'own') return {...await requestDevice(spec, powerPreference, timing), shared: false};
+  if (wanted !== 'shared') {
+    if (!(globalThis.GPUDevice && wanted instanceof GPUDevice)) {
+      throw new DeviceError(`load: device must be 'shared', 'own' or a GPUDevice (e.g. another session's device), ` +
+        `got ${wanted?.constructor?.name ?? typeof wanted}`);
+    }
+    const lacking = fitsDevice(wanted, spec, false);
+    if (lacking) throw new DeviceError(`the given device ${lacking}`);
+    return {adapter: {info: wanted.adapterInfo}, device: wanted, shared: true};
+  }
+  for (const entry of SHARED) {
+    if (entry.key !== powerPreference) continue;
+    const {adapter, device} = await entry.promise.catch(() => ({}));
+    if (device && !fitsDevice(device, spec, timing && adapter.features.has('timestamp-query'))) {
+      return {adapter, device, shared: true};
+    }
+  }
+  const entry = {key: powerPreference, promise: requestDevice(spec, powerPreference, timing, true)};
+  SHARED.push(entry);
+  try {
+    const {adapter, device} = await entry.promise;
+    device.lost.then(() => SHARED.splice(SHARED.indexOf(entry) >>> 0, 1));
+    return {adapter, device, shared: true};
+  } catch (error) {
+    SHARED.splice(SHARED.indexOf(entry) >>> 0, 1);
+    throw error;
+  }
+}
+
+/**
+ * What `device` lacks of the package's features and limits (and 'timestamp-query' if `timestamps`), or null.
+ * @param {GPUDevice} device @param {any} spec @param {boolean} timestamps
+ * @returns {string | null}
+ */
+function fitsDevice(device, spec, timestamps) {
+  const features = [...(spec.features ?? []), ...(timestamps ? ['timestamp-query'] : [])];
+  const missing = features.filter((f) => !device.features.has(f));
+  if (missing.length) return `lacks WebGPU features ${missing.join(', ')}`;
+  for (const [limit, needed] of Object.entries(spec.limits ?? {})) {
+    const have = device.limits[limit];
+    if (have !== undefined && have < needed) return `has ${limit}=${have}, the package needs ${needed}`;
+  }
+  return null;
 }
 
 /**
@@ -65,9 +136,11 @@ export async function create(source, manifest, options) {
  * @param {any} spec the manifest's target entry (features, limits, kernels, plan)
  * @param {GPUPowerPreference} powerPreference
  * @param {boolean} timing also request 'timestamp-query' if the adapter has it
+ * @param {boolean} [maximal=false] request the adapter's own value of every limit the package names, and
+ *   'timestamp-query' when the adapter has it (a device to share with later packages)
  * @returns {Promise<{adapter: GPUAdapter, device: GPUDevice}>}
  */
-async function requestDevice(spec, powerPreference, timing) {
+async function requestDevice(spec, powerPreference, timing, maximal = false) {
   const gpu = globalThis.navigator?.gpu;
   if (!gpu) {
     throw new DeviceError('WebGPU is not available in this browser (navigator.gpu is missing); use a recent ' +
@@ -94,10 +167,10 @@ async function requestDevice(spec, powerPreference, timing) {
     if (have < needed) {
       throw new DeviceError(`adapter ${name} has ${limit}=${have}, the package needs ${needed}`);
     }
-    requiredLimits[limit] = needed;
+    requiredLimits[limit] = maximal ? have : needed;
   }
   const requiredFeatures = [...features];
-  if (timing && adapter.features.has('timestamp-query') && !requiredFeatures.includes('timestamp-query')) {
+  if ((timing || maximal) && adapter.features.has('timestamp-query') && !requiredFeatures.includes('timestamp-query')) {
     requiredFeatures.push('timestamp-query');
   }
   let device;
@@ -156,7 +229,8 @@ export class WebGPUBackend {
    * @param {any} manifest
    * @param {GPUBuffer[]} buffers one per manifest buffer, indexed by buffer id
    * @param {{pipeline: GPUComputePipeline, bindGroup: GPUBindGroup, dispatch: number[]}[]} steps
-   * @param {Map<string, GPUBuffer>} staging mappable copy of each output, by output name
+   * @param {{buffer: GPUBuffer, offsets: number[], sizes: number[]}} staging one mappable buffer taking every
+   *   output's copy, at `offsets[i]` for the i-th output
    * @private
    */
   constructor(adapter, device, manifest, buffers, steps, staging) {
@@ -197,11 +271,21 @@ export class WebGPUBackend {
       if (b.id !== buffers.length) throw new PackageError(`${root}: manifest buffer ids must be 0, 1, 2, ... in order`);
       buffers.push(device.createBuffer({label: `b${b.id}_${b.kind}`, size: b.bytes, usage}));
     }
-    await throwScopeError(device, PackageError, `${root}: cannot create the package's buffers`);
-    await throwScopeError(device, DeviceError, 'out of GPU memory creating the package\'s buffers');
+    // both scopes are popped before awaiting, so that other sessions on a shared device cannot interleave
+    const [invalid, oom] = [device.popErrorScope(), device.popErrorScope()];
+    const [invalidError, oomError] = await Promise.all([invalid, oom]);
+    if (invalidError) throw new PackageError(`${root}: cannot create the package's buffers: ${invalidError.message}`);
+    if (oomError) throw new DeviceError(`out of GPU memory creating the package's buffers: ${oomError.message}`);
 
+    const cache = pipelineCache(device);
+    const hitsBefore = cache.hits;
+    const compileStart = performance.now();
+    let pipelinesMs = 0;
     const [pipelines] = await Promise.all([
-      createPipelines(source, device, spec.kernels),
+      createPipelines(source, device, spec.kernels).then((p) => {
+        pipelinesMs = performance.now() - compileStart;
+        return p;
+      }),
       readWeights(source, manifest, verify, async (file, weights) => {
         device.pushErrorScope('validation');
         for (const w of weights) writePadded(device.queue, buffers[w.buffer.id], w.bytes, w.offset, w.length);
@@ -221,11 +305,16 @@ export class WebGPUBackend {
       });
       return {pipeline, bindGroup, dispatch: step.dispatch};
     });
-    const staging = new Map(manifest.outputs.map((o) => [o.name, device.createBuffer({
-      label: `staging_${o.name}`,
-      size: manifest.buffers[o.buffer].bytes,
-      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    })]));
+    const sizes = manifest.outputs.map((o) => copySize(o, buffers[o.buffer]));
+    const offsets = [];
+    let end = 0;
+    for (const size of sizes) {
+      offsets.push(end);
+      end += Math.ceil(Math.max(4, size) / 8) * 8;
+    }
+    const staging = {sizes, offsets, buffer: device.createBuffer({
+      label: 'kiln_readback', size: Math.max(8, end), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    })};
     const trainer = manifest.training ? createTrainer(device, manifest, buffers, pipelines) : null;
     await throwScopeError(device, PackageError, `${root}: invalid execution plan`);
     const backend = new WebGPUBackend(adapter, device, manifest, buffers, steps, staging);
@@ -235,21 +324,32 @@ export class WebGPUBackend {
     backend.trainer = trainer;
     /** @private the manifest's training section, or null */
     backend.training = manifest.training ?? null;
+    /** kernels whose pipeline the device's cache already held */
+    backend.pipelineHits = cache.hits - hitsBefore;
+    /** milliseconds of the load's phases (the pipelines compile while the weights download) */
+    backend.loadMs = {pipelines: pipelinesMs};
     return backend;
   }
 
   /**
    * Run the plan once.
-   * @param {{spec: any, data: ArrayBufferView}[]} inputs every manifest input, its data in storage form
-   * @returns {Promise<Record<string, ArrayBuffer>>} each output's buffer contents (storage form)
+   * @param {{spec: any, data?: ArrayBufferView, gpu?: GPUTensor}[]} inputs every manifest input: its data in
+   *   storage form, or a GPUTensor on this device (copied into the input's buffer on the GPU)
+   * @param {{output?: 'cpu' | 'gpu'}} [options] `'gpu'`: copy the outputs into new GPUTensors, read nothing back
+   * @returns {Promise<Record<string, ArrayBuffer | GPUTensor>>} each output's buffer contents (storage form),
+   *   or with `output: 'gpu'` each output's new GPUTensor
    * @throws {DeviceError} the device was lost or rejected the work.
    */
-  async run(inputs) {
+  async run(inputs, {output = 'cpu'} = {}) {
     this.checkLost();
     const {device} = this;
     device.pushErrorScope('validation');
     this.writeInputs(inputs);
     let encoder = device.createCommandEncoder();
+    for (const {spec, gpu} of inputs) {
+      const size = gpu ? copySize(spec, this.buffers[spec.buffer]) : 0;
+      if (size) encoder.copyBufferToBuffer(gpu.buffer, 0, this.buffers[spec.buffer], 0, size);
+    }
     if (this.control) {  // run-time If/Loop: control.js submits and reads conditions as it goes
       encoder = await this.control.execute(encoder, inputs).catch(async (error) => {
         await device.popErrorScope().catch(() => undefined);
@@ -258,23 +358,37 @@ export class WebGPUBackend {
     } else {
       this.encodePass(encoder);
     }
-    for (const output of this.outputs) {
-      const staging = this.staging.get(output.name);
-      encoder.copyBufferToBuffer(this.buffers[output.buffer], 0, staging, 0, staging.size);
+    const {staging} = this;
+    if (output === 'gpu') {
+      const results = {};
+      this.outputs.forEach((spec, i) => {
+        const t = results[spec.name] = GPUTensor.empty(device, spec.dtype, spec.shape, spec.name);
+        if (staging.sizes[i]) encoder.copyBufferToBuffer(this.buffers[spec.buffer], 0, t.buffer, 0, staging.sizes[i]);
+      });
+      device.queue.submit([encoder.finish()]);
+      await throwScopeError(device, DeviceError, 'WebGPU rejected the run');
+      return results;
     }
+    this.outputs.forEach((spec, i) => {
+      if (staging.sizes[i]) {
+        encoder.copyBufferToBuffer(this.buffers[spec.buffer], 0, staging.buffer, staging.offsets[i], staging.sizes[i]);
+      }
+    });
     device.queue.submit([encoder.finish()]);
     await throwScopeError(device, DeviceError, 'WebGPU rejected the run');
-    const results = {};
-    await Promise.all(this.outputs.map(async (output) => {
-      const staging = this.staging.get(output.name);
-      await staging.mapAsync(GPUMapMode.READ);
-      try {
-        results[output.name] = staging.getMappedRange(0, staging.size).slice(0);
-      } finally {
-        staging.unmap();
-      }
-    }));
-    return results;
+    await staging.buffer.mapAsync(GPUMapMode.READ);
+    try {
+      const mapped = staging.buffer.getMappedRange();
+      return Object.fromEntries(this.outputs.map((spec, i) => [spec.name,
+        mapped.slice(staging.offsets[i], staging.offsets[i] + staging.sizes[i])]));
+    } finally {
+      staging.buffer.unmap();
+    }
+  }
+
+  /** The WebGPU device this backend runs on (to load another session on it, or to check GPUTensors). */
+  get gpuDevice() {
+    return this.device;
   }
 
   /** @private @throws {DeviceError} the device was lost */
@@ -282,10 +396,10 @@ export class WebGPUBackend {
     if (this.lost) throw new DeviceError(`the WebGPU device was lost (${this.lost.reason}): ${this.lost.message}`);
   }
 
-  /** @param {{spec: any, data: ArrayBufferView}[]} inputs in storage form @private */
+  /** @param {{spec: any, data?: ArrayBufferView}[]} inputs in storage form (GPUTensor feeds skipped) @private */
   writeInputs(inputs) {
     for (const {spec, data} of inputs) {
-      writePadded(this.device.queue, this.buffers[spec.buffer], data.buffer, data.byteOffset, data.byteLength);
+      if (data) writePadded(this.device.queue, this.buffers[spec.buffer], data.buffer, data.byteOffset, data.byteLength);
     }
   }
 
@@ -322,6 +436,14 @@ export class WebGPUBackend {
     const {device} = this;
     device.pushErrorScope('validation');
     this.writeInputs(inputs);
+    if (inputs.some((i) => i.gpu)) {
+      const encoder = device.createCommandEncoder();
+      for (const {spec, gpu} of inputs) {
+        const size = gpu ? copySize(spec, this.buffers[spec.buffer]) : 0;
+        if (size) encoder.copyBufferToBuffer(gpu.buffer, 0, this.buffers[spec.buffer], 0, size);
+      }
+      device.queue.submit([encoder.finish()]);
+    }
     if (this.control) {  // run-time If/Loop: whole runs on the wall clock
       const result = await this.control.time(inputs, {repeat, warmup}).catch(async (error) => {
         await device.popErrorScope().catch(() => undefined);
@@ -399,44 +521,116 @@ export class WebGPUBackend {
     return readBuffers(this.device, sources.map(({id, bytes}) => ({buffer: this.buffers[id], bytes})));
   }
 
-  /** Free the GPU buffers and the device. */
+  /** Free the GPU buffers, and the device unless it is shared (its pipeline cache then stays for later sessions). */
   dispose() {
-    this.device.destroy();
+    if (!this.sharedDevice) {
+      this.device.destroy();
+      return;
+    }
+    for (const buffer of this.buffers) buffer.destroy();
+    this.staging.buffer.destroy();
+    this.trainer?.staging?.forEach?.((b) => b.destroy());
+    this.lost = {reason: 'destroyed', message: 'the session was destroyed'};
   }
 }
 
+/** Pipelines a device's cache keeps at most; the oldest go first (live sessions keep theirs alive). */
+export const PIPELINE_CACHE_SIZE = 1024;
+
+/** @type {WeakMap<GPUDevice, {hits: number, misses: number, entries: Map<string, Promise<any>>}>} */
+const PIPELINE_CACHES = new WeakMap();
+
 /**
- * Read every kernel's WGSL and compile its pipeline (in parallel).
+ * The pipeline cache of `device`: compiled pipelines (and their bind group layouts) keyed by the
+ * SHA-256 of the kernel's WGSL, its entry point and binding layout; `hits` and `misses` count lookups.
+ * @param {GPUDevice} device
+ * @returns {{hits: number, misses: number, entries: Map<string, Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}>>}}
+ */
+export function pipelineCache(device) {
+  let cache = PIPELINE_CACHES.get(device);
+  if (!cache) PIPELINE_CACHES.set(device, cache = {hits: 0, misses: 0, entries: new Map()});
+  return cache;
+}
+
+/**
+ * Hex SHA-256 of `text` (Web Crypto; pages served over plain http from another host have none, and then
+ * the text itself is the key).
+ * @param {string} text
+ * @returns {Promise<string>}
+ */
+async function sourceKey(text) {
+  const subtle = globalThis.crypto?.subtle;
+  if (!subtle) return text;
+  const digest = new Uint8Array(await subtle.digest('SHA-256', new TextEncoder().encode(text)));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+/**
+ * Read every kernel's WGSL and get its pipeline from the device's cache, compiling the missing ones
+ * with `createComputePipelineAsync`, all in parallel.
  * @param {PackageSource} source
  * @param {GPUDevice} device
  * @param {any[]} kernels the target's kernels
  * @returns {Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}[]>}
  */
 function createPipelines(source, device, kernels) {
+  const cache = pipelineCache(device);
   return Promise.all(kernels.map(async (kernel) => {
     const code = await kernelText(source, kernel);
-    const module = device.createShaderModule({label: kernel.name, code});
-    const layout = device.createBindGroupLayout({
-      label: kernel.name,
-      entries: kernel.bindings.map((b) => ({
-        binding: b.binding,
-        visibility: GPUShaderStage.COMPUTE,
-        buffer: {type: b.access === 'read' ? 'read-only-storage' : 'storage'},
-      })),
-    });
-    try {
-      const pipeline = await device.createComputePipelineAsync({
-        label: kernel.name,
-        layout: device.createPipelineLayout({bindGroupLayouts: [layout]}),
-        compute: {module, entryPoint: kernel.entry_point},
-      });
-      return {pipeline, layout};
-    } catch (error) {
-      const info = await module.getCompilationInfo();
-      const details = info.messages.filter((m) => m.type === 'error')
-        .map((m) => `${kernel.source}:${m.lineNum}:${m.linePos}: ${m.message}`).join('\n');
-      throw new PackageError(`kernel ${kernel.name} does not compile on this device: ${error.message}` +
-        (details ? `\n${details}` : ''));
+    const access = [...kernel.bindings].sort((a, b) => a.binding - b.binding).map((b) => b.access);
+    const key = `${await sourceKey(code)}|${kernel.entry_point}|${access.join(',')}`;
+    let entry = cache.entries.get(key);
+    if (entry) {
+      cache.hits++;
+    } else {
+      cache.misses++;
+      entry = compilePipeline(device, kernel, code, access);
+      cache.entries.set(key, entry);
+      entry.catch(() => cache.entries.delete(key));
+      if (cache.entries.size > PIPELINE_CACHE_SIZE) cache.entries.delete(cache.entries.keys().next().value);
     }
+    return entry;
   }));
+}
+
+/**
+ * Compile one kernel's pipeline.
+ * @param {GPUDevice} device @param {any} kernel @param {string} code @param {string[]} access per binding
+ * @returns {Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}>}
+ * @throws {PackageError} the kernel does not compile on this device.
+ */
+async function compilePipeline(device, kernel, code, access) {
+  const module = device.createShaderModule({label: kernel.name, code});
+  const layout = device.createBindGroupLayout({
+    label: kernel.name,
+    entries: access.map((a, binding) => ({
+      binding,
+      visibility: GPUShaderStage.COMPUTE,
+      buffer: {type: a === 'read' ? 'read-only-storage' : 'storage'},
+    })),
+  });
+  try {
+    const pipeline = await device.createComputePipelineAsync({
+      label: kernel.name,
+      layout: device.createPipelineLayout({bindGroupLayouts: [layout]}),
+      compute: {module, entryPoint: kernel.entry_point},
+    });
+    return {pipeline, layout};
+  } catch (error) {
+    const info = await module.getCompilationInfo();
+    const details = info.messages.filter((m) => m.type === 'error')
+      .map((m) => `${kernel.source}:${m.lineNum}:${m.linePos}: ${m.message}`).join('\n');
+    throw new PackageError(`kernel ${kernel.name} does not compile on this device: ${error.message}` +
+      (details ? `\n${details}` : ''));
+  }
+}
+
+/**
+ * Bytes of the tensor `spec` (an input or output) in its buffer `buffer`, rounded up to whole 4-byte words.
+ * @param {any} spec @param {GPUBuffer} buffer
+ * @returns {number}
+ */
+function copySize(spec, buffer) {
+  const storage = spec.storage ?? storageType(spec.dtype);
+  return Math.min(buffer.size, Math.ceil(product(spec.shape) * DTYPES[storage].bytes / 4) * 4);
 }

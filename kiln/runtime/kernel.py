@@ -11,22 +11,18 @@ from functools import cache
 
 import numpy as np
 
-from kiln.errors import DeviceError
-
 
 @cache
 def device():
-    """The process-wide native WebGPU device used for single kernels (high-performance adapter).
+    """The process-wide native WebGPU device used for single kernels and eager tensors: the one
+    sessions share (:func:`kiln.runtime.gpu.shared_device`), so they share buffers and compiled pipelines.
 
     Raises:
         DeviceError: no WebGPU adapter.
     """
-    import wgpu
+    from kiln.runtime.gpu import shared_device
 
-    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    if adapter is None:
-        raise DeviceError("no WebGPU adapter found (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers)")
-    return adapter.request_device_sync()
+    return shared_device()
 
 
 class KernelRunner:

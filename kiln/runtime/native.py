@@ -3,22 +3,30 @@
 The runtime reads packages only; it never imports the compiler. Buffers,
 pipelines and bind groups are created once at load; each :meth:`Session.run`
 writes the inputs, records one command encoder with one compute pass holding
-every dispatch plus the copies of the outputs to mappable staging buffers,
-submits it once, and maps the staging buffers.
+every dispatch plus the copies of the outputs into one mappable staging buffer,
+submits it once, and maps that buffer once.
+
+Inputs and outputs can also stay on the GPU (:class:`~kiln.runtime.gpu.GPUTensor`, ``run(feeds,
+output="gpu")``), and sessions share one device per process and its pipeline cache
+(:mod:`kiln.runtime.gpu`, :mod:`kiln.runtime.pipelines`); see docs/runtime.md.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kiln.errors import DeviceError, PackageError
-from kiln.package.format import DEFAULT_LIMITS, from_storage, read_manifest, read_weights, verify_weights
+from kiln.errors import DeviceError, KilnError, PackageError, ShapeError
+from kiln.package.format import DEFAULT_LIMITS, STORAGE, from_storage, read_manifest, read_weights, verify_weights
+from kiln.runtime import gpu
 from kiln.runtime.feeds import storage_feeds
+from kiln.runtime.gpu import GPUTensor, shared_device, synchronize, to_gpu
+from kiln.runtime.pipelines import KernelSpec, pipeline_cache
 from kiln.runtime.timing import wall_clock_ms
 from kiln.runtime.training import TrainingMixin
 
@@ -54,6 +62,33 @@ def _request_device(limits: dict[str, int], features: list[str], optional: tuple
     return adapter, adapter.request_device_sync(required_features=features, required_limits=required)
 
 
+def _session_device(tgt: dict[str, Any], device):
+    """The adapter and device a session runs on: ``"shared"`` (the process-wide device,
+    :func:`~kiln.runtime.gpu.shared_device`), ``"own"`` (a device of its own) or a wgpu device.
+
+    Raises:
+        DeviceError: the adapter or the given device falls short of the package's limits or features.
+        KilnError: ``device`` is none of these.
+    """
+    limits, features = tgt.get("limits", {}), tgt.get("features", [])
+    if device == "shared":
+        return gpu.adapter(), shared_device(limits, features)
+    if device == "own":
+        return _request_device(limits, features, optional=("timestamp-query",))
+    if isinstance(device, str) or not hasattr(device, "create_buffer"):
+        raise KilnError(f"device must be 'shared', 'own' or a wgpu device (e.g. another session's .device), "
+                        f"got {device!r}")
+    if not gpu._fits(device, limits, features):
+        raise DeviceError(f"the given device lacks limits {limits} or features {features} the package needs")
+    return device.adapter, device
+
+
+def _copy_size(spec: dict[str, Any], buffer) -> int:
+    """Bytes of the tensor ``spec`` (an input or output) in its buffer, rounded up to WebGPU's 4-byte copies."""
+    n = int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec.get("storage", STORAGE[spec["dtype"]])).itemsize
+    return min(buffer.size, -(-n // 4) * 4)
+
+
 class Session(TrainingMixin):
     """A loaded package, ready to run natively (and, for train-step packages, to train: ``train_step``,
     ``state``, ``export_weights``; see :class:`~kiln.runtime.training.TrainingMixin`).
@@ -64,15 +99,27 @@ class Session(TrainingMixin):
         verify: check the weights' SHA-256 against the manifest.
         poison: fill activation and output buffers with NaN at load and before every run, so an
             element a kernel forgets to write shows up as NaN (for tests).
+        device: ``"shared"`` (default): the process-wide device (:func:`kiln.runtime.gpu.shared_device`),
+            so sessions exchange :class:`~kiln.runtime.gpu.GPUTensor` s and reuse each other's compiled
+            pipelines; ``"own"``: a device of its own; or a wgpu device (e.g. another session's ``device``).
+        jobs: threads compiling the pipelines the device's cache lacks (default: CPU count, at most 8).
+
+    Attributes:
+        load_ms: milliseconds of the load's phases: ``device``, ``weights`` (buffers and weight
+            uploads, overlapping the pipelines), ``pipelines`` (compiling or fetching from the cache)
+            and ``total``.
+        pipeline_hits: kernels whose pipeline the device's cache already held at load.
 
     Raises:
-        PackageError: missing, malformed, corrupted, or newer-format package.
+        PackageError: missing, malformed, corrupted, or newer-format package, or a kernel that does not compile.
         DeviceError: no adapter, or it lacks a limit or feature the package needs.
     """
 
-    def __init__(self, package: str | os.PathLike, target: str = "webgpu", verify: bool = True, poison: bool = False):
+    def __init__(self, package: str | os.PathLike, target: str = "webgpu", verify: bool = True, poison: bool = False,
+                 device: Any = "shared", jobs: int | None = None):
         import wgpu
 
+        t_start = time.perf_counter()
         self.path = Path(package)
         self.manifest: dict[str, Any] = read_manifest(self.path)
         if target not in self.manifest["targets"]:
@@ -81,28 +128,34 @@ class Session(TrainingMixin):
         if verify:
             verify_weights(self.path, self.manifest)
         tgt = self.manifest["targets"][target]
-        self.adapter, self.device = _request_device(tgt.get("limits", {}), tgt.get("features", []),
-                                                    optional=("timestamp-query",))
+        self.adapter, self.device = _session_device(tgt, device)
         dev = self.device
-        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-        self.buffers = [dev.create_buffer(size=b["bytes"], usage=usage, label=f"b{b['id']}_{b['kind']}")
-                        for b in self.manifest["buffers"]]
-        for b, data in read_weights(self.path, self.manifest):
-            if data.size:  # f16 weights of odd length: padded to WebGPU's 4-byte write granularity
-                raw = data.tobytes()
-                dev.queue.write_buffer(self.buffers[b["id"]], 0, raw + bytes(-len(raw) % 4))
-        self.pipelines = []
-        for k in tgt["kernels"]:
-            src = (self.path / k["source"]).read_text()
-            module = dev.create_shader_module(label=k["name"], code=src)
-            entries = [{"binding": b["binding"], "visibility": wgpu.ShaderStage.COMPUTE,
-                        "buffer": {"type": wgpu.BufferBindingType.read_only_storage if b["access"] == "read"
-                                   else wgpu.BufferBindingType.storage}} for b in k["bindings"]]
-            layout = dev.create_bind_group_layout(entries=entries)
-            pipeline = dev.create_compute_pipeline(
-                layout=dev.create_pipeline_layout(bind_group_layouts=[layout]),
-                compute={"module": module, "entry_point": k["entry_point"]})
-            self.pipelines.append((pipeline, layout))
+        t_device = time.perf_counter()
+        cache = pipeline_cache(dev)
+        specs = [KernelSpec((self.path / k["source"]).read_text(), k["entry_point"],
+                            tuple(b["access"] for b in sorted(k["bindings"], key=lambda b: b["binding"])), k["name"])
+                 for k in tgt["kernels"]]
+        hits = cache.hits
+        # the pipelines compile on their own threads while this one uploads the weights
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-load") as ex:
+            def compile_all():
+                t0 = time.perf_counter()
+                return cache.get_many(specs, jobs), time.perf_counter() - t0
+
+            compiling = ex.submit(compile_all)
+            try:
+                usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+                self.buffers = [dev.create_buffer(size=b["bytes"], usage=usage, label=f"b{b['id']}_{b['kind']}")
+                                for b in self.manifest["buffers"]]
+                for b, data in read_weights(self.path, self.manifest):
+                    if data.size:  # f16 weights of odd length: padded to WebGPU's 4-byte write granularity
+                        raw = data.tobytes()
+                        dev.queue.write_buffer(self.buffers[b["id"]], 0, raw + bytes(-len(raw) % 4))
+            finally:
+                t_weights = time.perf_counter()
+                cached, compile_s = compiling.result()
+        self.pipeline_hits = cache.hits - hits
+        self.pipelines = [(c.pipeline, c.layout) for c in cached]
         from kiln.runtime.control import ControlPlan, is_control_plan
 
         #: runs plans with run-time If/Loop (format 1.4); None for a flat plan
@@ -124,9 +177,11 @@ class Session(TrainingMixin):
             for b in self.manifest["buffers"]:
                 if b["kind"] in ("activation", "output"):
                     self._fill_nan(b["id"])
-        self.staging = {o["name"]: dev.create_buffer(size=self.buffers[o["buffer"]].size,
-                                                     usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-                        for o in self.manifest["outputs"]}
+        self._out_bytes = [_copy_size(o, self.buffers[o["buffer"]]) for o in self.outputs]
+        self._readback = gpu.Readback(dev, self._out_bytes)
+        t_end = time.perf_counter()
+        self.load_ms = {"device": (t_device - t_start) * 1e3, "weights": (t_weights - t_device) * 1e3,
+                        "pipelines": compile_s * 1e3, "total": (t_end - t_start) * 1e3}
 
     def _raw_steps(self):
         """The plan as raw wgpu-native handles, for :meth:`_encode_raw`; ``None`` where the backend differs."""
@@ -148,14 +203,17 @@ class Session(TrainingMixin):
         run (encoded through the public API), and the calls are the same three per dispatch.
         """
         lib, null, raw = self._raw
+        set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+        set_group = lib.wgpuComputePassEncoderSetBindGroup
+        dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
         h = cpass._internal
         last = -1
         for i, pipeline, group, x, y, z in raw:
             if i != last:
-                lib.wgpuComputePassEncoderSetPipeline(h, pipeline)
+                set_pipeline(h, pipeline)
                 last = i
-            lib.wgpuComputePassEncoderSetBindGroup(h, 0, group, 0, null)
-            lib.wgpuComputePassEncoderDispatchWorkgroups(h, x, y, z)
+            set_group(h, 0, group, 0, null)
+            dispatch(h, x, y, z)
 
     def _fill_nan(self, buffer_id: int) -> None:
         # 0x7FC07FC0 is a NaN as one f32 and as two f16 (fp16 packages' buffers)
@@ -179,11 +237,20 @@ class Session(TrainingMixin):
     def _check_feeds(self, feeds: dict[str, np.ndarray]) -> list[tuple[dict, np.ndarray]]:
         return storage_feeds(self.inputs, feeds)
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape).
+    def run(self, feeds: dict[str, np.ndarray | GPUTensor], output: str = "numpy") -> dict[str, Any]:
+        """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape, or a
+        :class:`~kiln.runtime.gpu.GPUTensor` of that dtype and shape on this session's device).
+
+        Args:
+            feeds: every model input. A GPUTensor is copied into the input's buffer on the GPU, in the
+                run's own command buffer (no host copy); arrays are written from host memory.
+            output: ``"numpy"``: outputs read back to new host arrays (all in one mapping);
+                ``"gpu"``: outputs copied, on the GPU, into new GPUTensors that this session never
+                writes again (later runs do not change them), and nothing is read back: the call
+                returns once the work is submitted (``GPUTensor.numpy()`` or :meth:`sync` waits).
 
         Returns:
-            Output name -> a new numpy array.
+            Output name -> a new numpy array, or a new GPUTensor with ``output="gpu"``.
 
         Inputs are converted to their buffers' element type (``storage`` in the manifest: bool,
         int8, uint8 and int64 are stored as int32) and outputs back to their dtype.
@@ -191,52 +258,118 @@ class Session(TrainingMixin):
         Raises:
             ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
                 input value that does not fit in int32.
+            DeviceError: a GPUTensor on another device; the device failed to map the outputs.
+            KilnError: a released GPUTensor, or an unknown ``output``.
         """
-        import wgpu
-
-        checked = self._check_feeds(feeds)
+        if output not in ("numpy", "gpu"):
+            raise KilnError(f"run: output must be 'numpy' or 'gpu', got {output!r}")
+        host, on_gpu = self._split_feeds(feeds)
         dev = self.device
-        for spec, a in checked:
+        for spec, a in host:
             if a.size:  # an empty tensor has nothing to write (WebGPU refuses empty writes)
                 dev.queue.write_buffer(self.buffers[spec["buffer"]], 0, memoryview(a.reshape(-1)).cast("B"))
         if self.poison:
             for o in self.outputs:
                 self._fill_nan(o["buffer"])
         enc = dev.create_command_encoder()
+        for spec, t in on_gpu:
+            size = _copy_size(spec, self.buffers[spec["buffer"]])
+            if size:
+                enc.copy_buffer_to_buffer(t.buffer, 0, self.buffers[spec["buffer"]], 0, size)
         if self.control is not None:  # run-time If/Loop: submits and reads conditions as it goes
-            enc = self.control.execute(enc, checked)
+            enc = self.control.execute(enc, host)
         else:
-            cpass = enc.begin_compute_pass()
-            if self._raw is not None and self._ran:
-                self._encode_raw(cpass)
-            else:
-                last = None
-                for pipeline, group, (x, y, z) in self.steps:
-                    if pipeline is not last:
-                        cpass.set_pipeline(pipeline)
-                        last = pipeline
-                    cpass.set_bind_group(0, group)
-                    cpass.dispatch_workgroups(x, y, z)
-            cpass.end()
-        for o in self.outputs:
-            st = self.staging[o["name"]]
-            enc.copy_buffer_to_buffer(self.buffers[o["buffer"]], 0, st, 0, st.size)
+            self._encode_pass(enc)
+        if output == "gpu":
+            outs = {}
+            for o, size in zip(self.outputs, self._out_bytes):
+                t = outs[o["name"]] = gpu.empty(o["shape"], o["dtype"], dev, label=o["name"])
+                if size:
+                    enc.copy_buffer_to_buffer(self.buffers[o["buffer"]], 0, t.buffer, 0, size)
+            dev.queue.submit([enc.finish()])
+            self._ran = True
+            return outs
+        self._readback.copy(enc, [self.buffers[o["buffer"]] for o in self.outputs])
         dev.queue.submit([enc.finish()])
         self._ran = True
-        results = {}
-        for o in self.outputs:
-            st = self.staging[o["name"]]
-            st.map_sync(wgpu.MapMode.READ)
-            try:
-                raw = st.read_mapped(copy=True)
-            finally:
-                st.unmap()
-            results[o["name"]] = from_storage(raw, o["dtype"], o["shape"])
-        return results
+        outs = self.outputs
+        return dict(zip((o["name"] for o in outs),
+                        self._readback.read(lambda i, data: from_storage(data, outs[i]["dtype"], outs[i]["shape"]))))
 
-    def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:
-        """Wall-clock milliseconds of ``repeat`` full runs (upload, compute, readback) after ``warmup`` runs."""
-        return wall_clock_ms(lambda: self.run(feeds), repeat, warmup)
+    def _encode_pass(self, enc) -> None:
+        """Record the plan in one compute pass of ``enc`` (through the C API once a run has validated it)."""
+        cpass = enc.begin_compute_pass()
+        if self._raw is not None and self._ran:
+            self._encode_raw(cpass)
+        else:
+            last = None
+            for pipeline, group, (x, y, z) in self.steps:
+                if pipeline is not last:
+                    cpass.set_pipeline(pipeline)
+                    last = pipeline
+                cpass.set_bind_group(0, group)
+                cpass.dispatch_workgroups(x, y, z)
+        cpass.end()
+
+    def _split_feeds(self, feeds: dict[str, Any]) -> tuple[list[tuple[dict, np.ndarray]], list[tuple[dict, GPUTensor]]]:
+        """Host feeds checked and in storage form (:meth:`_check_feeds`), and GPUTensor feeds checked.
+
+        Raises:
+            ShapeError, DeviceError, KilnError: as :meth:`run`.
+        """
+        if not isinstance(feeds, dict):
+            raise ShapeError(f"run() takes a dict {{input name: array or GPUTensor}}, got {type(feeds).__name__}")
+        on_gpu = {k: v for k, v in feeds.items() if isinstance(v, GPUTensor)}
+        if not on_gpu:
+            return self._check_feeds(feeds), []
+        specs = {i["name"]: i for i in self.inputs}
+        unknown = sorted(set(on_gpu) - set(specs))
+        if unknown:
+            raise ShapeError(f"unknown input{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                             f"the model's inputs are {', '.join(map(repr, sorted(specs)))}")
+        checked = []
+        for name, t in on_gpu.items():
+            spec = specs[name]
+            if t.buffer is None:
+                raise KilnError(f"input {name!r}: the GPUTensor was released")
+            if t.dtype != np.dtype(spec["dtype"]):
+                raise ShapeError(f"input {name!r}: expected dtype {spec['dtype']}, got a GPUTensor of {t.dtype}")
+            if list(t.shape) != list(spec["shape"]):
+                raise ShapeError(f"input {name!r}: expected shape {spec['shape']} (symbolic {spec['symbolic_shape']}), "
+                                 f"got a GPUTensor of shape {list(t.shape)}")
+            if t.device is not self.device:
+                raise DeviceError(f"input {name!r}: the GPUTensor lives on another WebGPU device than this session "
+                                  "(buffers cannot move between devices); load the sessions on one device (the "
+                                  "default, device='shared') or upload it again with session.upload()")
+            checked.append((spec, t))
+        rest = [i for i in self.inputs if i["name"] not in on_gpu]
+        return storage_feeds(rest, {k: v for k, v in feeds.items() if k not in on_gpu}), checked
+
+    def upload(self, data: np.ndarray | dict[str, np.ndarray]) -> GPUTensor | dict[str, GPUTensor]:
+        """Copy ``data`` to new :class:`~kiln.runtime.gpu.GPUTensor` s on this session's device, to feed
+        :meth:`run` without host copies later (a dict of arrays gives a dict of tensors).
+
+        Raises:
+            ShapeError: a dtype WebGPU buffers cannot hold, or int64 values outside int32's range.
+        """
+        if isinstance(data, dict):
+            return {k: to_gpu(v, device=self.device) for k, v in data.items()}
+        return to_gpu(data, device=self.device)
+
+    def sync(self) -> None:
+        """Block until the device has finished every submitted run (e.g. after ``run(..., output="gpu")``)."""
+        synchronize(self.device)
+
+    def benchmark(self, feeds: dict[str, Any], repeat: int = 20, warmup: int = 3, output: str = "numpy") -> list[float]:
+        """Wall-clock milliseconds of ``repeat`` full runs after ``warmup`` runs: with host arrays and
+        ``output="numpy"``, upload, compute and readback; with GPUTensor feeds and ``output="gpu"``, the
+        run and a device sync after it (:meth:`sync`), no host copies."""
+        if output == "gpu":
+            def once():
+                self.run(feeds, output="gpu")
+                self.sync()
+            return wall_clock_ms(once, repeat, warmup)
+        return wall_clock_ms(lambda: self.run(feeds, output=output), repeat, warmup)
 
     def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
         """GPU milliseconds of every dispatch, median over ``repeat`` runs (after one warm-up run).
