@@ -41,7 +41,7 @@ def model_path(name: str, tmp: Path) -> Path:
         return ROOT / "models" / "mobilenet_v2_imagenet.onnx"
     from bench.gpu import export_onnx, torch_model
 
-    return export_onnx(torch_model(name), tmp / f"{name}.onnx")
+    return export_onnx(torch_model(name), name, tmp / f"{name}.onnx")
 
 
 def load(pkg: Path, x: np.ndarray, expected: np.ndarray) -> dict:
