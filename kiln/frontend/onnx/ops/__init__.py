@@ -10,6 +10,7 @@ from kiln.frontend.onnx.ops import (  # noqa: F401
     loss,
     nn,
     norm,
+    qlinear,
     quant,
     reduce,
     resample,
