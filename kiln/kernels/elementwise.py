@@ -85,7 +85,16 @@ def unary_expr(op: str, x: Expr, attrs: dict[str, Any]) -> Expr:
     if op == "HardSigmoid":
         return call("clamp", x * attrs["alpha"] + attrs["beta"], 0.0, 1.0)
     if op == "Cast":
-        return cast(x, dtypes.expr_dtype(attrs["to"]))
+        to = attrs["to"]
+        if to in dtypes.NARROW_FLOATS:
+            from kiln.kernels.narrow import round_narrow
+
+            return round_narrow(cast(x, "float32"), to, bool(attrs.get("saturate", 0)))
+        if to in dtypes.NARROW_INTS:
+            from kiln.kernels.storage import wrap
+
+            return wrap(cast(x, "int32"), to)
+        return cast(x, dtypes.expr_dtype(to))
     if op in _SPECIAL:
         return _SPECIAL[op](x, attrs)
     fn = {"Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Floor": "floor", "Ceil": "ceil",

@@ -114,7 +114,7 @@ def swish(b: Builder, x: Value, *, alpha: float = 1.0) -> Value:
 @onnx_op("CastLike", since=15)
 def cast_like(b: Builder, x: Value, like: Value, *, saturate: int = 1, round_mode: str = "up") -> Value:
     """ONNX CastLike-15/19/21: Cast ``x`` to the dtype of ``like``."""
-    return b.op("Cast", [x], to=like.dtype) if x.dtype != like.dtype else b.op("Identity", [x])
+    return _cast(b, x, like.dtype, saturate) if x.dtype != like.dtype else b.op("Identity", [x])
 
 
 @onnx_op("Dropout", since=7)
@@ -191,8 +191,15 @@ def hard_swish(b: Builder, x: Value) -> Value:
 
 @onnx_op("Cast", since=6)
 def cast(b: Builder, x: Value, *, to: int, saturate: int = 1, round_mode: str = "up") -> Value:
-    """ONNX Cast-6+ (numeric types only)."""
-    return b.op("Cast", [x], to=dtypes.from_onnx(to))
+    """ONNX Cast-6/13/19/21/23/24 (numeric types only; not float8e8m0). ``saturate`` applies to float8 targets:
+    out-of-range values and infinities become the largest finite value (kiln.kernels.narrow)."""
+    return _cast(b, x, dtypes.from_onnx(to), saturate)
+
+
+def _cast(b: Builder, x: Value, to: str, saturate: int) -> Value:
+    if to.startswith("float8"):
+        return b.op("Cast", [x], to=to, saturate=int(saturate))
+    return b.op("Cast", [x], to=to)
 
 
 @onnx_op("Constant", since=1)
