@@ -81,7 +81,7 @@ def to_storage(array: np.ndarray, dtype: str, what: str) -> np.ndarray:
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ShapeError(f"{what}: {dtype} value {int(a[where])} at index {list(where)} does not fit in int32; the "
-                             f"WebGPU target computes {dtype} tensors in 32 bits (WGSL has no 64-bit integers)")
+                             f"WebGPU target computes {dtype} tensors as int32 (WGSL has no 64-bit integers)")
     return np.ascontiguousarray(a.astype(store))
 
 

@@ -16,5 +16,7 @@ from kiln.frontend.onnx.ops import (  # noqa: F401
     reduce,
     resample,
     rnn,
+    selection,
+    signal,
     tensor,
 )

@@ -227,9 +227,9 @@ __all__ = ["const_value"]
 @onnx_op("BitCast", since=26)
 def bit_cast(b: Builder, x: Value, *, to: int) -> Value:
     """ONNX BitCast-26: reinterpret the bits as another type of the same width (float32 and int32 through WGSL's
-    ``bitcast``; 8- and 16-bit integers by wrapping into the other signedness; bool to uint8).
+    ``bitcast``; 8-, 16- and 32-bit integers by wrapping into the other signedness; bool to uint8).
 
-    Raises KilnError for widths or types the webgpu target does not store (64-bit, uint32, float16).
+    Raises KilnError for widths or types the webgpu target does not store (64-bit, float16).
     """
     dst = dtypes.from_onnx(to)
     src = x.dtype
@@ -239,6 +239,6 @@ def bit_cast(b: Builder, x: Value, *, to: int) -> Value:
         return b.op("BitcastInt32", [x])
     if (src, dst) == ("int32", "float32"):
         return b.op("BitcastFloat32", [x])
-    if {src, dst} in ({"int8", "uint8"}, {"int16", "uint16"}) or (src, dst) == ("bool", "uint8"):
+    if {src, dst} in ({"int8", "uint8"}, {"int16", "uint16"}, {"int32", "uint32"}) or (src, dst) == ("bool", "uint8"):
         return b.op("Cast", [x], to=dst)
     raise KilnError(f"BitCast from {src} to {dst} is not supported")
