@@ -34,6 +34,7 @@ NUMPY: dict[str, np.dtype] = {
     "float8e5m2": np.dtype(ml_dtypes.float8_e5m2),
     "float8e5m2fnuz": np.dtype(ml_dtypes.float8_e5m2fnuz),
     "float4e2m1": np.dtype(ml_dtypes.float4_e2m1fn),
+    "float8e8m0": np.dtype(ml_dtypes.float8_e8m0fnu),
     "int4": np.dtype(ml_dtypes.int4),
     "uint4": np.dtype(ml_dtypes.uint4),
     "int2": np.dtype(ml_dtypes.int2),
@@ -42,7 +43,8 @@ NUMPY: dict[str, np.dtype] = {
 
 #: floating-point dtypes narrower than float16 (numpy dtypes from ``ml_dtypes``): computed in f32, their values
 #: rounded to the format (round half to even) at kernel boundaries and by Cast (kiln.kernels.narrow)
-NARROW_FLOATS = ("bfloat16", "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1")
+NARROW_FLOATS = ("bfloat16", "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1",
+                 "float8e8m0")
 #: integer dtypes narrower than 8 bits: computed in i32, wrapped into their range when stored
 NARROW_INTS = ("int4", "uint4", "int2", "uint2")
 
@@ -65,6 +67,7 @@ _ONNX = {
     TensorProto.FLOAT8E5M2: "float8e5m2",
     TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz",
     TensorProto.FLOAT4E2M1: "float4e2m1",
+    TensorProto.FLOAT8E8M0: "float8e8m0",
     TensorProto.INT4: "int4",
     TensorProto.UINT4: "uint4",
     TensorProto.INT2: "int2",

@@ -109,7 +109,12 @@ UNARY: dict[str, Callable[[np.ndarray, dict[str, Any]], np.ndarray]] = {
 }
 
 def _saturate(x: np.ndarray, a: dict[str, Any]) -> np.ndarray:
-    """Cast's input, clipped to a float8 target's finite range when ``saturate`` (NaN kept; ONNX Cast-19)."""
+    """Cast's input, clipped to a float8 target's finite range when ``saturate`` (NaN kept; ONNX Cast-19);
+    for float8e8m0, the rounded value itself (``round_mode`` up, down or nearest; ONNX Cast-24)."""
+    if a["to"] == "float8e8m0":
+        from onnx.numpy_helper import to_float8e8m0
+
+        return to_float8e8m0(x.astype(np.float32), bool(a.get("saturate", 1)), a.get("round_mode", "up"))
     if not a.get("saturate") or not str(a["to"]).startswith("float8"):
         return x
     import ml_dtypes

@@ -89,7 +89,7 @@ def unary_expr(op: str, x: Expr, attrs: dict[str, Any]) -> Expr:
         if to in dtypes.NARROW_FLOATS:
             from kiln.kernels.narrow import round_narrow
 
-            return round_narrow(cast(x, "float32"), to, bool(attrs.get("saturate", 0)))
+            return round_narrow(cast(x, "float32"), to, bool(attrs.get("saturate", 0)), attrs.get("round_mode", "up"))
         if to in dtypes.NARROW_INTS:
             from kiln.kernels.storage import wrap
 

@@ -46,20 +46,49 @@ def round_bfloat16(x: Expr) -> Expr:
     return select(isnan(x), x, call("bitcast_f32", rounded))
 
 
-def round_narrow(x: Expr, dtype: str, saturate: bool = False) -> Expr:
-    """``x`` (f32) rounded to the narrow float ``dtype`` (a key of :data:`FORMATS` or ``bfloat16``), as f32.
+def round_e8m0(x: Expr, saturate: bool, round_mode: str) -> Expr:
+    """``x`` (f32) as float8e8m0 (a power of two ``2^(e-127)``, ``e`` in [0, 254]; 255 is NaN), from the
+    exponent bits of |x| rounded ``up`` (any fraction bit), ``down`` or to ``nearest`` (guard/round/sticky
+    bits), as onnx.numpy_helper.to_float8e8m0: NaN and infinity give NaN; with ``saturate`` the largest
+    exponent does not round up into NaN. ``e = 0`` (2^-127) is an f32 subnormal, made from its bits."""
+    bits = call("bitcast_i32", x)
+    e = binop("&", binop(">>", bits, 23), 255)
+    frac = binop("&", bits, 0x7FFFFF)
+    if round_mode == "up":
+        up = binop("!=", frac, 0)
+    elif round_mode == "nearest":
+        g = binop("!=", binop("&", frac, 0x400000), 0)
+        rest = binop("||", binop("!=", binop("&", frac, 0x3FFFFF), 0), binop(">", e, 0))
+        up = binop("&&", g, rest)
+    else:
+        up = const(False, "bool")
+    if saturate:
+        up = binop("&&", up, binop("!=", e, 254))
+    eo = e + select(up, const(1, "int32"), const(0, "int32"))
+    out = select(binop("==", eo, 0), const(0x00400000, "int32"), binop("<<", eo, 23))
+    nan = binop("||", binop("==", e, 255), binop("==", eo, 255))
+    # selected as bits and bitcast once: a float select may flush the subnormal 2^-127 to zero
+    return call("bitcast_f32", select(nan, const(0x7FC00000, "int32"), out))
+
+
+def round_narrow(x: Expr, dtype: str, saturate: bool = False, round_mode: str = "up") -> Expr:
+    """``x`` (f32) rounded to the narrow float ``dtype`` (a key of :data:`FORMATS`, ``bfloat16`` or
+    ``float8e8m0``, which rounds by ``round_mode``), as f32.
 
     Out-of-range values saturate to +-largest with ``saturate``, else become what the format gives on
     overflow (see :data:`FORMATS`).
     """
     if dtype == "bfloat16":
         return round_bfloat16(x)
+    if dtype == "float8e8m0":
+        return round_e8m0(x, saturate, round_mode)
     mbits, emin, largest, overflow = FORMATS[dtype]
     a = call("abs", x)
     e = call("max", binop("&", binop(">>", call("bitcast_i32", a), 23), 255) - 127, emin)
     # a * 2^(mbits - e) < 2^(mbits + 1): scaling by powers of two is exact, round() is ties-to-even in WGSL
     r = call("round", a * _pow2(mbits - e)) * _pow2(e - mbits)
-    big = binop("||", binop(">", r, largest), binop(">", a, largest))  # a: infinity (r is NaN for it when mbits=1)
+    # beyond the largest finite value after rounding; or infinite (r is NaN for infinity when mbits = 1)
+    big = binop("||", binop(">", r, largest), binop(">", a, 3.4028234663852886e38))
     if saturate or overflow == "saturate":
         r = select(big, const(largest, "float32"), r)
     else:
@@ -71,4 +100,4 @@ def round_narrow(x: Expr, dtype: str, saturate: bool = False) -> Expr:
 
 def is_narrow_float(dtype: str) -> bool:
     """True for the dtypes :func:`round_narrow` rounds to."""
-    return dtype == "bfloat16" or dtype in FORMATS
+    return dtype in ("bfloat16", "float8e8m0") or dtype in FORMATS

@@ -72,8 +72,9 @@ def store_view(t: Tensor, dtype: str) -> Tensor:
     store = buffer_dtype(dtype)
     if dtype == "float16":
         return compute(t.shape, lambda *i: round_half(cast(t[i], store)), t.name)
-    if is_narrow_float(dtype):  # bfloat16, float8, float4: rounded to the format (kiln.kernels.narrow)
-        return compute(t.shape, lambda *i: round_narrow(cast(t[i], store), dtype), t.name)
+    if is_narrow_float(dtype):  # bfloat16, float8, float4: rounded to the format (kiln.kernels.narrow); e8m0
+        # truncates, which leaves a Cast's already rounded result as it is (rounding up again would not)
+        return compute(t.shape, lambda *i: round_narrow(cast(t[i], store), dtype, round_mode="down"), t.name)
     if t.dtype == store and dtype not in NARROW:
         return t
     return compute(t.shape, lambda *i: wrap(cast(t[i], store), dtype), t.name)

@@ -40,6 +40,7 @@ STORAGE: dict[str, str] = {
     "float8e5m2": "float32",
     "float8e5m2fnuz": "float32",
     "float4e2m1": "float32",
+    "float8e8m0": "float32",
     "int4": "int32",
     "uint4": "int32",
     "int2": "int32",
@@ -49,6 +50,7 @@ STORAGE: dict[str, str] = {
 #: dtypes whose numpy type is ``ml_dtypes``' (their manifest names are ONNX's, lower case)
 _ML_DTYPES = {"bfloat16": "bfloat16", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
               "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz", "float4e2m1": "float4_e2m1fn",
+              "float8e8m0": "float8_e8m0fnu",
               "int4": "int4", "uint4": "uint4", "int2": "int2", "uint2": "uint2"}
 
 

@@ -114,7 +114,7 @@ def swish(b: Builder, x: Value, *, alpha: float = 1.0) -> Value:
 @onnx_op("CastLike", since=15)
 def cast_like(b: Builder, x: Value, like: Value, *, saturate: int = 1, round_mode: str = "up") -> Value:
     """ONNX CastLike-15/19/21: Cast ``x`` to the dtype of ``like``."""
-    return _cast(b, x, like.dtype, saturate) if x.dtype != like.dtype else b.op("Identity", [x])
+    return _cast(b, x, like.dtype, saturate, round_mode) if x.dtype != like.dtype else b.op("Identity", [x])
 
 
 @onnx_op("Dropout", since=7)
@@ -191,12 +191,16 @@ def hard_swish(b: Builder, x: Value) -> Value:
 
 @onnx_op("Cast", since=6)
 def cast(b: Builder, x: Value, *, to: int, saturate: int = 1, round_mode: str = "up") -> Value:
-    """ONNX Cast-6/13/19/21/23/24 (numeric types only; not float8e8m0). ``saturate`` applies to float8 targets:
+    """ONNX Cast-6/13/19/21/23/24 (numeric types only). ``saturate`` applies to float8 targets:
     out-of-range values and infinities become the largest finite value (kiln.kernels.narrow)."""
-    return _cast(b, x, dtypes.from_onnx(to), saturate)
+    return _cast(b, x, dtypes.from_onnx(to), saturate, round_mode)
 
 
-def _cast(b: Builder, x: Value, to: str, saturate: int) -> Value:
+def _cast(b: Builder, x: Value, to: str, saturate: int, round_mode: str = "up") -> Value:
+    if to == "float8e8m0":
+        if round_mode not in ("up", "down", "nearest"):
+            raise KilnError(f"Cast: unknown round_mode {round_mode!r}")
+        return b.op("Cast", [x], to=to, saturate=int(saturate), round_mode=round_mode)
     if to.startswith("float8"):
         return b.op("Cast", [x], to=to, saturate=int(saturate))
     return b.op("Cast", [x], to=to)
