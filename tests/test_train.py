@@ -130,7 +130,7 @@ def test_export_weights_safetensors(cnn, tmp_path):
 
 def test_manifest_training_section(cnn):
     m = json.loads((cnn[0] / "manifest.json").read_text())
-    assert m["version"] == "1.3"
+    assert m["version"] == "1.4"
     t = m["training"]
     assert [i["name"] for i in m["inputs"]] == ["x"] and [o["name"] for o in m["outputs"]] == ["logits"]
     assert [i["name"] for i in t["inputs"]] == ["x", "labels"] and t["outputs"][0]["name"] == "loss"
