@@ -18,6 +18,7 @@ from kiln.codegen import wgsl
 from kiln.codegen.target import WebGPUTarget, get_target
 from kiln.errors import KilnError, UnsupportedOpError
 from kiln.frontend.onnx.importer import import_model, load_model, unsupported_ops
+from kiln.ir import dtypes
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
 from kiln.kernels import library, storage
@@ -32,7 +33,8 @@ from kiln.te.schedule import DEVICE_CLASSES, Schedule, default_schedule
 PRECISIONS = {"fp32": None, "fp16": "float32", "fp16-acc16": "float16"}
 
 #: dtypes the WebGPU target's kernels read and write (stored as in kiln.kernels.storage)
-KERNEL_DTYPES = {"float32", "float16", "int32", "int64", "bool", "uint8", "int8", "uint16", "int16"}
+KERNEL_DTYPES = {"float32", "float16", "int32", "int64", "bool", "uint8", "int8", "uint16", "int16", "uint32", "uint64",
+                 *dtypes.NARROW_FLOATS, *dtypes.NARROW_INTS}
 
 
 @dataclass

@@ -372,3 +372,21 @@ def test_int64_bool_float16_tensors_convert_on_upload_and_readback(browser, tmp_
         assert result["error"].startswith("ShapeError: input 'x': int64 value 4294967296 at flat index 2 does not fit")
     finally:
         page.close()
+
+
+def test_format_1_4_dtypes_are_refused_clearly(browser, tmp_path):
+    # bfloat16 inputs and outputs run natively (format 1.4); kiln.js names the tensor and its dtype
+    vi = [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [4]) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "bf16", vi[:1], vi[1:])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "bf16.onnx")
+    package = kiln.compile(str(tmp_path / "bf16.onnx"), str(tmp_path / "bf16"), force=True)
+    page = browser.new_page()
+    log = ConsoleLog(page)
+    try:
+        with serving(package) as url:
+            page.goto(url + "manifest.json")
+            error = log.evaluate(LOAD_EXPECTING_ERROR)
+        assert error.startswith("PackageError: ") and "x is a bfloat16 tensor, which kiln.js does not support" in error, \
+            error
+    finally:
+        page.close()

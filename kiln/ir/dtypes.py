@@ -8,6 +8,7 @@ after a checked narrowing).
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
@@ -25,7 +26,27 @@ NUMPY: dict[str, np.dtype] = {
     "int8": np.dtype(np.int8),
     "uint8": np.dtype(np.uint8),
     "bool": np.dtype(np.bool_),
+    "uint32": np.dtype(np.uint32),
+    "uint64": np.dtype(np.uint64),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8e4m3fnuz": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "float8e5m2": np.dtype(ml_dtypes.float8_e5m2),
+    "float8e5m2fnuz": np.dtype(ml_dtypes.float8_e5m2fnuz),
+    "float4e2m1": np.dtype(ml_dtypes.float4_e2m1fn),
+    "float8e8m0": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "int4": np.dtype(ml_dtypes.int4),
+    "uint4": np.dtype(ml_dtypes.uint4),
+    "int2": np.dtype(ml_dtypes.int2),
+    "uint2": np.dtype(ml_dtypes.uint2),
 }
+
+#: floating-point dtypes narrower than float16 (numpy dtypes from ``ml_dtypes``): computed in f32, their values
+#: rounded to the format (round half to even) at kernel boundaries and by Cast (kiln.kernels.narrow)
+NARROW_FLOATS = ("bfloat16", "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1",
+                 "float8e8m0")
+#: integer dtypes narrower than 8 bits: computed in i32, wrapped into their range when stored
+NARROW_INTS = ("int4", "uint4", "int2", "uint2")
 
 _ONNX = {
     TensorProto.FLOAT: "float32",
@@ -38,6 +59,19 @@ _ONNX = {
     TensorProto.INT8: "int8",
     TensorProto.UINT8: "uint8",
     TensorProto.BOOL: "bool",
+    TensorProto.UINT32: "uint32",
+    TensorProto.UINT64: "uint64",
+    TensorProto.BFLOAT16: "bfloat16",
+    TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
+    TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz",
+    TensorProto.FLOAT8E5M2: "float8e5m2",
+    TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz",
+    TensorProto.FLOAT4E2M1: "float4e2m1",
+    TensorProto.FLOAT8E8M0: "float8e8m0",
+    TensorProto.INT4: "int4",
+    TensorProto.UINT4: "uint4",
+    TensorProto.INT2: "int2",
+    TensorProto.UINT2: "uint2",
 }
 
 
@@ -70,7 +104,7 @@ def itemsize(dtype: str) -> int:
 
 def is_float(dtype: str) -> bool:
     """True for floating-point dtypes."""
-    return dtype.startswith("float")
+    return dtype.startswith("float") or dtype == "bfloat16"
 
 
 def expr_dtype(dtype: str) -> str:
@@ -82,9 +116,9 @@ def expr_dtype(dtype: str) -> str:
     """
     if dtype == "bool" or dtype == "float32":
         return dtype
-    if dtype == "float16":  # computed in f32, rounded to half precision when stored
+    if dtype == "float16" or dtype in NARROW_FLOATS:  # computed in f32, rounded to the format when stored
         return "float32"
-    if dtype in ("int32", "int64", "int16", "uint16", "int8", "uint8"):
+    if dtype in ("int32", "int64", "int16", "uint16", "int8", "uint8", "uint32", "uint64") or dtype in NARROW_INTS:
         return "int32"
     raise KilnError(f"{dtype} tensors are not supported by the webgpu target")
 

@@ -77,7 +77,7 @@ UNARY: dict[str, Callable[[np.ndarray, dict[str, Any]], np.ndarray]] = {
     "Clip": lambda x, a: np.clip(x, a.get("min", -np.inf), a.get("max", np.inf)),
     "LeakyRelu": lambda x, a: np.where(x >= 0, x, x * a["alpha"]),
     "HardSigmoid": lambda x, a: np.clip(x * a["alpha"] + a["beta"], 0, 1),
-    "Cast": lambda x, a: x,
+    "Cast": lambda x, a: _saturate(x, a),
     "Sign": lambda x, a: np.sign(x),
     "Round": lambda x, a: np.round(x),
     "Not": lambda x, a: np.logical_not(x),
@@ -107,6 +107,22 @@ UNARY: dict[str, Callable[[np.ndarray, dict[str, Any]], np.ndarray]] = {
     "Gelu": lambda x, a: 0.5 * x * (1 + (_erf(x / math.sqrt(2)) if a.get("approximate", "none") == "none" else
                                          np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))),
 }
+
+def _saturate(x: np.ndarray, a: dict[str, Any]) -> np.ndarray:
+    """Cast's input, clipped to a float8 target's finite range when ``saturate`` (NaN kept; ONNX Cast-19);
+    for float8e8m0, the rounded value itself (``round_mode`` up, down or nearest; ONNX Cast-24)."""
+    if a["to"] == "float8e8m0":
+        from onnx.numpy_helper import to_float8e8m0
+
+        return to_float8e8m0(x.astype(np.float32), bool(a.get("saturate", 1)), a.get("round_mode", "up"))
+    if not a.get("saturate") or not str(a["to"]).startswith("float8"):
+        return x
+    import ml_dtypes
+
+    top = float(ml_dtypes.finfo(dtypes.NUMPY[a["to"]]).max)
+    xf = x.astype(np.float32)
+    return np.where(np.isnan(xf), xf, np.clip(xf, -top, top))
+
 
 #: unary primitives whose result has a fixed dtype, whatever the input's
 UNARY_DTYPE = {"IsNaN": "bool", "IsInf": "bool", "BitcastInt32": "int32", "BitcastFloat32": "float32"}

@@ -112,6 +112,13 @@ export async function readManifest(source) {
   for (const key of ['inputs', 'outputs', 'buffers', 'targets', 'weights']) {
     if (!(key in manifest)) throw new PackageError(`${url}: manifest lacks '${key}'`);
   }
+  // format 1.4 dtypes (bfloat16, float8, 4- and 2-bit, uint64) run on the native runtimes only
+  for (const t of [...manifest.inputs, ...manifest.outputs]) {
+    if (!(t.dtype in DTYPES)) {
+      throw new PackageError(`${root}: ${t.name} is a ${t.dtype} tensor, which kiln.js does not support yet ` +
+        '(the native Python runtimes do)');
+    }
+  }
   return manifest;
 }
 

@@ -85,7 +85,16 @@ def unary_expr(op: str, x: Expr, attrs: dict[str, Any]) -> Expr:
     if op == "HardSigmoid":
         return call("clamp", x * attrs["alpha"] + attrs["beta"], 0.0, 1.0)
     if op == "Cast":
-        return cast(x, dtypes.expr_dtype(attrs["to"]))
+        to = attrs["to"]
+        if to in dtypes.NARROW_FLOATS:
+            from kiln.kernels.narrow import round_narrow
+
+            return round_narrow(cast(x, "float32"), to, bool(attrs.get("saturate", 0)), attrs.get("round_mode", "up"))
+        if to in dtypes.NARROW_INTS:
+            from kiln.kernels.storage import wrap
+
+            return wrap(cast(x, "int32"), to)
+        return cast(x, dtypes.expr_dtype(to))
     if op in _SPECIAL:
         return _SPECIAL[op](x, attrs)
     fn = {"Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Floor": "floor", "Ceil": "ceil",
@@ -160,10 +169,19 @@ _SPECIAL = {
 
 
 def modulo(a: Expr, b: Expr) -> Expr:
-    """ONNX Mod with fmod=0 on integers: the remainder takes the divisor's sign (Python's ``%``)."""
+    """ONNX Mod with fmod=0 (integers, and floats when the frontend does not decompose it): the remainder takes
+    the divisor's sign (Python's ``%``)."""
     r = binop("%", a, b)
     fix = binop("&&", binop("!=", r, 0), binop("!=", binop("<", r, 0), binop("<", b, 0)))
-    return select(fix, r + b, r)
+    out = select(fix, r + b, r)
+    if a.dtype != "float32":
+        return out
+    # WGSL's x % y is x - y * trunc(x / y): NaN for an infinite y. Python's (numpy's) x mod +-inf is x when x
+    # is 0 or has y's sign, else y
+    inf_b = binop("==", binop("&", call("bitcast_i32", b), 0x7FFFFFFF), 0x7F800000)
+    keep = binop("||", binop("==", a, 0.0), binop("==", binop("<", a, 0.0), binop("<", b, 0.0)))
+    finite_a = binop("!=", binop("&", call("bitcast_i32", a), 0x7F800000), 0x7F800000)
+    return select(binop("&&", inf_b, finite_a), select(keep, a, b), out)
 
 
 def binary_expr(op: str, a: Expr, b: Expr) -> Expr:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from kiln.errors import KilnError
 from kiln.ir import dtypes
 from kiln.kernels.elementwise import isnan
+from kiln.kernels.narrow import is_narrow_float, round_narrow
 from kiln.package.format import STORAGE
 from kiln.te.compute import Tensor, compute
 from kiln.te.expr import binop, call, cast, select
@@ -46,7 +47,8 @@ def load_view(buffer: Tensor, dtype: str) -> Tensor:
 
 
 #: narrow integer dtype -> (number of values, lowest value)
-NARROW = {"uint8": (256, 0), "int8": (256, -128), "uint16": (65536, 0), "int16": (65536, -32768)}
+NARROW = {"uint8": (256, 0), "int8": (256, -128), "uint16": (65536, 0), "int16": (65536, -32768),
+          "int4": (16, -8), "uint4": (16, 0), "int2": (4, -2), "uint2": (4, 0)}
 
 
 def wrap(x, dtype: str):
@@ -84,6 +86,9 @@ def store_view(t: Tensor, dtype: str, stored: str | None = None) -> Tensor:
     store = buffer_dtype(dtype)
     if dtype == "float16":
         return compute(t.shape, lambda *i: round_half(cast(t[i], store)), t.name)
+    if is_narrow_float(dtype):  # bfloat16, float8, float4: rounded to the format (kiln.kernels.narrow); e8m0
+        # truncates, which leaves a Cast's already rounded result as it is (rounding up again would not)
+        return compute(t.shape, lambda *i: round_narrow(cast(t[i], store), dtype, round_mode="down"), t.name)
     if t.dtype == store and dtype not in NARROW:
         return t
     return compute(t.shape, lambda *i: wrap(cast(t[i], store), dtype), t.name)

@@ -30,7 +30,37 @@ STORAGE: dict[str, str] = {
     "uint16": "int32",
     "uint8": "int32",
     "int8": "int32",
+    # uint32 and uint64 as int32 (values must fit, checked on upload; results wrap as the unsigned type does);
+    # narrow floats (ml_dtypes) widened to f32 exactly, narrow ints to i32 (format 1.4, native runtimes)
+    "uint32": "int32",
+    "uint64": "int32",
+    "bfloat16": "float32",
+    "float8e4m3fn": "float32",
+    "float8e4m3fnuz": "float32",
+    "float8e5m2": "float32",
+    "float8e5m2fnuz": "float32",
+    "float4e2m1": "float32",
+    "float8e8m0": "float32",
+    "int4": "int32",
+    "uint4": "int32",
+    "int2": "int32",
+    "uint2": "int32",
 }
+
+#: dtypes whose numpy type is ``ml_dtypes``' (their manifest names are ONNX's, lower case)
+_ML_DTYPES = {"bfloat16": "bfloat16", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
+              "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz", "float4e2m1": "float4_e2m1fn",
+              "float8e8m0": "float8_e8m0fnu",
+              "int4": "int4", "uint4": "uint4", "int2": "int2", "uint2": "uint2"}
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of a manifest dtype name (``float32``, ``int64``, ``bfloat16``, ``float8e4m3fn``, ...)."""
+    if dtype in _ML_DTYPES:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, _ML_DTYPES[dtype]))
+    return np.dtype(dtype)
 
 _INT32 = np.iinfo(np.int32)
 
@@ -48,12 +78,12 @@ def to_storage(array: np.ndarray, dtype: str, what: str) -> np.ndarray:
     a = np.asarray(array)
     if a.dtype == store:
         return np.ascontiguousarray(a)
-    if dtype == "int64" and a.size:
-        bad = (a < _INT32.min) | (a > _INT32.max)
+    if dtype in ("int64", "uint32", "uint64") and a.size:
+        bad = (a > _INT32.max) if dtype != "int64" else (a < _INT32.min) | (a > _INT32.max)
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ShapeError(f"{what}: int64 value {int(a[where])} at index {list(where)} does not fit in int32; the "
-                             "WebGPU target computes int64 tensors in 32 bits (WGSL has no 64-bit integers)")
+            raise ShapeError(f"{what}: {dtype} value {int(a[where])} at index {list(where)} does not fit in int32; the "
+                             f"WebGPU target computes {dtype} tensors as int32 (WGSL has no 64-bit integers)")
     return np.ascontiguousarray(a.astype(store))
 
 
@@ -63,7 +93,7 @@ def from_storage(raw: bytes | memoryview | np.ndarray, dtype: str, shape) -> np.
     stored = np.frombuffer(raw, dtype=STORAGE[dtype], count=n).reshape(shape)
     if dtype == "bool":
         return stored != 0
-    return stored.astype(dtype, copy=True)
+    return stored.astype(numpy_dtype(dtype), copy=True)
 
 FORMAT = "kiln-package"
 VERSION = "1.4"

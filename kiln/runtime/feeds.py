@@ -32,7 +32,9 @@ def check_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tupl
         if spec["name"] not in feeds:
             raise ShapeError(f"missing input {spec['name']!r} ({spec['dtype']}{spec['shape']})")
         a = np.asarray(feeds[spec["name"]])
-        if a.dtype != np.dtype(spec["dtype"]):
+        from kiln.package.format import numpy_dtype
+
+        if a.dtype != numpy_dtype(spec["dtype"]):
             raise ShapeError(f"input {spec['name']!r}: expected dtype {spec['dtype']}, got {a.dtype}")
         if list(a.shape) != list(spec["shape"]):
             raise ShapeError(f"input {spec['name']!r}: expected shape {spec['shape']} "

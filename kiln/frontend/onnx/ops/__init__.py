@@ -3,6 +3,7 @@
 from kiln.frontend.onnx.ops import (  # noqa: F401
     attention,
     control,
+    contrib_quant,
     einsum,
     elementwise,
     indexing,
@@ -11,9 +12,12 @@ from kiln.frontend.onnx.ops import (  # noqa: F401
     loss,
     nn,
     norm,
+    qlinear,
     quant,
     reduce,
     resample,
     rnn,
+    selection,
+    signal,
     tensor,
 )

@@ -114,7 +114,7 @@ def swish(b: Builder, x: Value, *, alpha: float = 1.0) -> Value:
 @onnx_op("CastLike", since=15)
 def cast_like(b: Builder, x: Value, like: Value, *, saturate: int = 1, round_mode: str = "up") -> Value:
     """ONNX CastLike-15/19/21: Cast ``x`` to the dtype of ``like``."""
-    return b.op("Cast", [x], to=like.dtype) if x.dtype != like.dtype else b.op("Identity", [x])
+    return _cast(b, x, like.dtype, saturate, round_mode) if x.dtype != like.dtype else b.op("Identity", [x])
 
 
 @onnx_op("Dropout", since=7)
@@ -191,8 +191,19 @@ def hard_swish(b: Builder, x: Value) -> Value:
 
 @onnx_op("Cast", since=6)
 def cast(b: Builder, x: Value, *, to: int, saturate: int = 1, round_mode: str = "up") -> Value:
-    """ONNX Cast-6+ (numeric types only)."""
-    return b.op("Cast", [x], to=dtypes.from_onnx(to))
+    """ONNX Cast-6/13/19/21/23/24 (numeric types only). ``saturate`` applies to float8 targets:
+    out-of-range values and infinities become the largest finite value (kiln.kernels.narrow)."""
+    return _cast(b, x, dtypes.from_onnx(to), saturate, round_mode)
+
+
+def _cast(b: Builder, x: Value, to: str, saturate: int, round_mode: str = "up") -> Value:
+    if to == "float8e8m0":
+        if round_mode not in ("up", "down", "nearest"):
+            raise KilnError(f"Cast: unknown round_mode {round_mode!r}")
+        return b.op("Cast", [x], to=to, saturate=int(saturate), round_mode=round_mode)
+    if to.startswith("float8"):
+        return b.op("Cast", [x], to=to, saturate=int(saturate))
+    return b.op("Cast", [x], to=to)
 
 
 @onnx_op("Constant", since=1)
@@ -220,9 +231,9 @@ __all__ = ["const_value"]
 @onnx_op("BitCast", since=26)
 def bit_cast(b: Builder, x: Value, *, to: int) -> Value:
     """ONNX BitCast-26: reinterpret the bits as another type of the same width (float32 and int32 through WGSL's
-    ``bitcast``; 8- and 16-bit integers by wrapping into the other signedness; bool to uint8).
+    ``bitcast``; 8-, 16- and 32-bit integers by wrapping into the other signedness; bool to uint8).
 
-    Raises KilnError for widths or types the webgpu target does not store (64-bit, uint32, float16).
+    Raises KilnError for widths or types the webgpu target does not store (64-bit, float16).
     """
     dst = dtypes.from_onnx(to)
     src = x.dtype
@@ -232,6 +243,6 @@ def bit_cast(b: Builder, x: Value, *, to: int) -> Value:
         return b.op("BitcastInt32", [x])
     if (src, dst) == ("int32", "float32"):
         return b.op("BitcastFloat32", [x])
-    if {src, dst} in ({"int8", "uint8"}, {"int16", "uint16"}) or (src, dst) == ("bool", "uint8"):
+    if {src, dst} in ({"int8", "uint8"}, {"int16", "uint16"}, {"int32", "uint32"}) or (src, dst) == ("bool", "uint8"):
         return b.op("Cast", [x], to=dst)
     raise KilnError(f"BitCast from {src} to {dst} is not supported")

@@ -13,7 +13,7 @@ from kiln.ir import dtypes
 from kiln.ir.graph import Builder, Value
 
 _RANGES = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
-           "int32": (-(2**31), 2**31 - 1)}
+           "int32": (-(2**31), 2**31 - 1), "int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
 
 
 def _along(b: Builder, p: Value, x: Value, axis: int, block_size: int) -> Value:
@@ -50,7 +50,8 @@ def dequantize_linear(b: Builder, x: Value, scale: Value, zero_point: Value | No
 @onnx_op("QuantizeLinear", since=10)
 def quantize_linear(b: Builder, x: Value, scale: Value, zero_point: Value | None = None, *, axis: int = 1,
                     saturate: int = 1, block_size: int = 0, output_dtype: int = 0, precision: int = 0) -> Value:
-    """ONNX QuantizeLinear-10/13/19/21/23/24: ``saturate(round_half_even(x / scale) + zero_point)``.
+    """ONNX QuantizeLinear-10/13/19/21/23/24: ``saturate(round_half_even(x / scale) + zero_point)``, per tensor,
+    per axis or per block; to 2-, 4-, 8- and 16-bit integers, float8 (``saturate`` as Cast's) and float4e2m1.
 
     The result type is the zero point's, else ``output_dtype``, else uint8.
     """
@@ -58,6 +59,12 @@ def quantize_linear(b: Builder, x: Value, scale: Value, zero_point: Value | None
     xs = b.op("Cast", [x], to="float32") if x.dtype != "float32" else x
     s = _along(b, scale, x, axis, block_size)
     s = b.op("Cast", [s], to="float32") if s.dtype != "float32" else s
+    if out in dtypes.NARROW_FLOATS:  # float8 / float4: x / scale + zero_point, rounded by the Cast (to nearest even)
+        y = b.op("Div", [xs, s])
+        if zero_point is not None:
+            y = b.op("Add", [y, b.op("Cast", [_along(b, zero_point, x, axis, block_size)], to="float32")])
+        attrs = {"saturate": int(saturate)} if out.startswith("float8") else {}
+        return b.op("Cast", [y], to=out, **attrs)
     y = b.op("Round", [b.op("Div", [xs, s])])
     if zero_point is not None:
         y = b.op("Add", [y, b.op("Cast", [_along(b, zero_point, x, axis, block_size)], to="float32")])
