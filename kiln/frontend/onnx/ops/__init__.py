@@ -2,8 +2,8 @@
 
 from kiln.frontend.onnx.ops import (  # noqa: F401
     attention,
-    control,
     contrib_quant,
+    control,
     einsum,
     elementwise,
     indexing,
