@@ -60,6 +60,7 @@ export async function create(source, manifest, options) {
     const backend = await WebGPUBackend.create(source, manifest, adapter, device, verify);
     /** @private whether the device outlives this backend (shared, or the caller's) */
     backend.sharedDevice = shared;
+    if (!timing) backend.timestampQuery = false;  // a shared device may have the feature; time() uses it when asked
     backend.loadMs = {...backend.loadMs, device: deviceMs, total: performance.now() - started};
     return backend;
   } catch (error) {

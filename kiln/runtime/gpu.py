@@ -145,14 +145,17 @@ class Readback:
         if self._raw is not None:
             ffi, lib = self._raw
             status = self._status
+            try:  # the callback-info API of webgpu.h (wgpu-native 24+); older builds take the wgpu-py path
+                @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+                def mapped(code, _message, _u1, _u2):
+                    status.append(int(code))
 
-            @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
-            def mapped(code, _message, _u1, _u2):
-                status.append(int(code))
-
-            self._callback = mapped
-            self._info = ffi.new("WGPUBufferMapCallbackInfo *", {"mode": lib.WGPUCallbackMode_AllowProcessEvents,
-                                                                 "callback": mapped})
+                self._callback = mapped
+                self._info = ffi.new("WGPUBufferMapCallbackInfo *",
+                                     {"mode": lib.WGPUCallbackMode_AllowProcessEvents, "callback": mapped})
+                self._success = lib.WGPUMapAsyncStatus_Success
+            except (AttributeError, TypeError, ffi.error):
+                self._raw = None
 
     def copy(self, encoder, sources) -> None:
         """Record copies of ``sources`` (a wgpu buffer per slot, ``None`` to skip one) into the slots."""
@@ -168,7 +171,7 @@ class Readback:
         Raises:
             DeviceError: the mapping failed (device lost or a rejected submission).
         """
-        if self._raw is None:  # pragma: no cover - other wgpu-py backends
+        if self._raw is None:  # pragma: no cover - other wgpu-py backends, older wgpu-native
             import wgpu
 
             self.buffer.map_sync(wgpu.MapMode.READ)
@@ -182,9 +185,13 @@ class Readback:
         self._status.clear()
         lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, self.size, self._info[0])
         dev = self.device._internal
+        idle = 0
         while not self._status:
-            lib.wgpuDevicePoll(dev, 1, ffi.NULL)
-        if self._status[0] != lib.WGPUMapAsyncStatus_Success:
+            if lib.wgpuDevicePoll(dev, 1, ffi.NULL):  # true: the queue is empty, so the callback is due
+                idle += 1
+                if idle > 1000:
+                    raise DeviceError("the readback buffer was never mapped (the device may be lost)")
+        if self._status[0] != self._success:
             raise DeviceError(f"could not map the readback buffer (WGPUMapAsyncStatus {self._status[0]}); "
                               "the device may be lost or the run rejected")
         try:
