@@ -270,6 +270,22 @@ def test_resize(rng, case):
              input_order=["x", "roi", "scales"] + (["sizes"] if sizes else []))
 
 
+@pytest.mark.parametrize("mode,attrs,scales,roi", [
+    ("linear", {"antialias": 1}, [1, 1, 0.6, 0.35], None),
+    ("cubic", {"antialias": 1, "cubic_coeff_a": -0.5}, [1, 1, 0.5, 0.8], None),
+    ("cubic", {"antialias": 1, "exclude_outside": 1}, [1, 1, 0.4, 1.5], None),
+    ("linear", {"coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 7.5},
+     [1, 1, 1.5, 0.7], [0, 0, -0.2, 0.3, 1, 1, 0.9, 1.3]),
+    ("cubic", {"coordinate_transformation_mode": "tf_crop_and_resize"}, [1, 1, 0.8, 1.25],
+     [0, 0, 0.1, 0.2, 1, 1, 0.7, 0.95]),
+])
+def test_resize_antialias_and_crop(rng, mode, attrs, scales, roi):
+    """Antialiased and tf_crop_and_resize Resize, computed as one matrix product per axis."""
+    inits = {"roi": np.array(roi or [], np.float32), "scales": np.array(scales, np.float32)}
+    check_op("Resize", {"x": f32(rng, 1, 2, 9, 11)}, {"mode": mode, **attrs}, inits, opset=19, atol=1e-5,
+             input_order=["x", "roi", "scales"])
+
+
 CONV_T = [
     # (name, cin, cout, k, attrs)
     ("stride2", 3, 4, 3, {"strides": [2, 2]}),
