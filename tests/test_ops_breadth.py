@@ -286,6 +286,19 @@ def test_resize_antialias_and_crop(rng, mode, attrs, scales, roi):
              input_order=["x", "roi", "scales"])
 
 
+@pytest.mark.parametrize("attrs,image,block", [
+    ({}, [5, 6], [2, 3]),
+    ({"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]}, [6, 5], [3, 2]),
+])
+def test_col2im(rng, attrs, image, block):
+    nsp = len(image)
+    s, d = attrs.get("strides", [1] * nsp), attrs.get("dilations", [1] * nsp)
+    p = attrs.get("pads", [0] * 2 * nsp)
+    blocks = np.prod([(image[i] + p[i] + p[nsp + i] - ((block[i] - 1) * d[i] + 1)) // s[i] + 1 for i in range(nsp)])
+    check_op("Col2Im", {"x": f32(rng, 2, 3 * int(np.prod(block)), int(blocks))}, attrs,
+             {"image_shape": np.array(image, np.int64), "block_shape": np.array(block, np.int64)}, opset=18)
+
+
 CONV_T = [
     # (name, cin, cout, k, attrs)
     ("stride2", 3, 4, 3, {"strides": [2, 2]}),

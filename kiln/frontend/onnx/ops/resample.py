@@ -280,3 +280,37 @@ def affine_grid(b: Builder, theta: Value, size: Value, *, align_corners: int = 0
     base = np.stack([*coords[::-1], np.ones(sp)], axis=-1).reshape(1, -1, len(sp) + 1).astype(np.float32)
     grid = b.op("MatMul", [b.const(base, dtype=theta.dtype), transpose(b, theta, (0, 2, 1))])
     return _reshape(b, grid, (n, *sp, len(sp)))
+
+
+@onnx_op("Col2Im", since=18)
+def col2im(b: Builder, x: Value, image_shape: Value, block_shape: Value, *, dilations=None, pads=None,
+           strides=None) -> Value:
+    """ONNX Col2Im-18: sum the sliding blocks of ``x`` ``[N, C * prod(block), L]`` back into an image
+    ``[N, C, *image_shape]``: a grouped ConvTranspose (``C`` groups) of the blocks, laid out on their grid, with a
+    one-hot weight per block position. ``image_shape`` and ``block_shape`` must be constants.
+
+    Raises:
+        ShapeError: ``x``'s channels or block count do not fit the image, block, strides, pads and dilations.
+    """
+    img = [int(v) for v in np.asarray(const_value(image_shape, "image_shape")).ravel()]
+    blk = [int(v) for v in np.asarray(const_value(block_shape, "block_shape")).ravel()]
+    nsp = len(img)
+    s = list(strides or [1] * nsp)
+    d = list(dilations or [1] * nsp)
+    p = list(pads or [0] * (2 * nsp))
+    if len(x.shape) != 3 or len(blk) != nsp:
+        raise ShapeError(f"Col2Im: input {list(x.shape)}, image_shape {img} and block_shape {blk} do not fit")
+    n, ck, length = x.shape
+    k = int(np.prod(blk))
+    counts = [(img[i] + p[i] + p[nsp + i] - ((blk[i] - 1) * d[i] + 1)) // s[i] + 1 for i in range(nsp)]
+    if ck % k or int(np.prod(counts)) != length:
+        raise ShapeError(f"Col2Im: input {list(x.shape)} does not hold blocks {blk} of image {img} "
+                         f"({int(np.prod(counts))} per channel expected)")
+    c = ck // k
+    w = np.zeros((ck, 1, *blk), np.float32)
+    for ch in range(c):
+        for pos in range(k):
+            w[(ch * k + pos, 0, *np.unravel_index(pos, blk))] = 1.0
+    out_pad = [img[i] - ((counts[i] - 1) * s[i] - p[i] - p[nsp + i] + (blk[i] - 1) * d[i] + 1) for i in range(nsp)]
+    return b.op("ConvTranspose", [_reshape(b, x, (n, ck, *counts)), b.const(w, dtype=x.dtype)], strides=tuple(s),
+                dilations=tuple(d), pads=tuple(p), group=c, output_padding=tuple(out_pad))
