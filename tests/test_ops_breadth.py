@@ -299,6 +299,25 @@ def test_col2im(rng, attrs, image, block):
              {"image_shape": np.array(image, np.int64), "block_shape": np.array(block, np.int64)}, opset=18)
 
 
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]},
+    {"kernel_shape": [2, 3], "strides": [2, 1], "dilations": [2, 1], "storage_order": 1},
+])
+def test_max_pool_indices(rng, attrs):
+    check_op("MaxPool", {"x": f32(rng, 2, 3, 7, 8)}, attrs, n_outputs=2, opset=12, rtol=0, atol=0)
+
+
+def test_max_unpool(rng):
+    # indices as MaxPool(kernel 2, stride 2) gives them: one position per window, flat over the whole output
+    n, c, h, w = 2, 3, 3, 4
+    dy, dx = rng.integers(0, 2, size=(2, n, c, h, w))
+    rows, cols = np.arange(h)[:, None] * 2 + dy, np.arange(w)[None, :] * 2 + dx
+    base = (np.arange(n)[:, None] * c + np.arange(c)[None, :])[..., None, None] * (2 * h * 2 * w)
+    idx = (base + rows * 2 * w + cols).astype(np.int64)
+    check_op("MaxUnpool", {"x": f32(rng, n, c, h, w), "i": idx}, {"kernel_shape": [2, 2], "strides": [2, 2]},
+             opset=11, rtol=0, atol=0)
+
+
 CONV_T = [
     # (name, cin, cout, k, attrs)
     ("stride2", 3, 4, 3, {"strides": [2, 2]}),
