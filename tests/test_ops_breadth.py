@@ -318,6 +318,19 @@ def test_max_unpool(rng):
              opset=11, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4), (5, 5), (2, 1, 2, 2)])
+def test_det(rng, shape):
+    check_op("Det", {"x": f32(rng, *shape)}, opset=11, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter(rng, mode):
+    # onnxruntime lacks the opset 24 operator: onnx's reference evaluator is the oracle
+    write = np.array([0, 2, 1], np.int64) if mode == "linear" else np.array([4, 3, 0], np.int64)
+    check_op("TensorScatter", {"cache": f32(rng, 3, 2, 5, 4), "update": f32(rng, 3, 2, 2, 4), "i": write},
+             {"mode": mode}, opset=24, oracle="onnx", rtol=0, atol=0)
+
+
 CONV_T = [
     # (name, cin, cout, k, attrs)
     ("stride2", 3, 4, 3, {"strides": [2, 2]}),

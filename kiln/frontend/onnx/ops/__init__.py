@@ -7,6 +7,7 @@ from kiln.frontend.onnx.ops import (  # noqa: F401
     elementwise,
     indexing,
     indexing2,
+    linalg,
     logic,
     loss,
     nn,
