@@ -331,6 +331,28 @@ def test_tensor_scatter(rng, mode):
              {"mode": mode}, opset=24, oracle="onnx", rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("attrs,complex_in,length", [
+    ({"axis": 1}, False, None), ({"axis": 2, "onesided": 1}, False, None), ({"axis": 1, "inverse": 1}, True, None),
+    ({"axis": 1}, True, 12), ({"axis": 2, "inverse": 1, "onesided": 1}, True, None), ({"axis": 1}, False, 6),
+])
+def test_dft(rng, attrs, complex_in, length):
+    x = f32(rng, 2, 9, 7, 2 if complex_in else 1)
+    inits = {} if length is None else {"n": np.array(length, np.int64)}
+    check_op("DFT", {"x": x}, attrs, inits, opset=17, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_stft(rng, window):
+    inits = {"step": np.array(3, np.int64)}
+    if window:
+        inits["w"] = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(8) / 8)).astype(np.float32)
+    else:
+        inits.update(w=None, n=np.array(8, np.int64))
+    order = ["x", "step", "w"] + ([] if window else ["n"])
+    check_op("STFT", {"x": f32(rng, 2, 30, 1)}, None, {k: v for k, v in inits.items() if v is not None}, opset=17,
+             rtol=1e-4, atol=1e-4, input_order=[o if inits.get(o) is not None or o == "x" else "" for o in order])
+
+
 CONV_T = [
     # (name, cin, cout, k, attrs)
     ("stride2", 3, 4, 3, {"strides": [2, 2]}),

@@ -102,3 +102,34 @@ def dft_20(b: Builder, x: Value, dft_length: Value | None = None, axis: Value | 
     """ONNX DFT-20: DFT-17 with the axis as a constant input (default -2)."""
     ax = -2 if axis is None else int(np.asarray(const_value(axis, "axis")).reshape(()))
     return _dft(b, x, dft_length, ax, inverse, onesided)
+
+
+@onnx_op("STFT", since=17)
+def stft(b: Builder, signal: Value, frame_step: Value, window: Value | None = None,
+         frame_length: Value | None = None, *, onesided: int = 1) -> Value:
+    """ONNX STFT-17: the DFT of each frame (``frame_length`` samples every ``frame_step``, times ``window``) of
+    a real ``[batch, length, 1]`` or complex ``[batch, length, 2]`` signal: ``[batch, frames, bins, 2]``.
+    The frames are one Gather with constant indices; ``frame_step`` and ``frame_length`` must be constants.
+
+    Raises:
+        ShapeError: no frame fits the signal, or the window's length is not the frame length.
+    """
+    if len(signal.shape) != 3 or signal.shape[-1] not in (1, 2):
+        raise ShapeError(f"STFT: signal {list(signal.shape)} must be [batch, length, 1 or 2]")
+    step = int(np.asarray(const_value(frame_step, "frame_step")).reshape(()))
+    if frame_length is not None:
+        length = int(np.asarray(const_value(frame_length, "frame_length")).reshape(()))
+    elif window is not None:
+        length = window.shape[0]
+    else:
+        raise KilnError("STFT: needs a window or a frame_length")
+    if window is not None and tuple(window.shape) != (length,):
+        raise ShapeError(f"STFT: window {list(window.shape)} is not of the frame length {length}")
+    frames = (signal.shape[1] - length) // step + 1
+    if step < 1 or frames < 1:
+        raise ShapeError(f"STFT: no frame of {length} samples (step {step}) fits a signal of {signal.shape[1]}")
+    idx = np.arange(frames, dtype=np.int64)[:, None] * step + np.arange(length, dtype=np.int64)[None, :]
+    x = b.op("Gather", [signal, b.const(idx)], axis=1)  # [batch, frames, length, c]
+    if window is not None:
+        x = b.op("Mul", [x, _reshape(b, window, (1, 1, length, 1))])
+    return _dft(b, x, None, 2, 0, onesided)
