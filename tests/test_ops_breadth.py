@@ -353,6 +353,14 @@ def test_stft(rng, window):
              rtol=1e-4, atol=1e-4, input_order=[o if inits.get(o) is not None or o == "x" else "" for o in order])
 
 
+@pytest.mark.parametrize("args", [(8, 16, 8192, 0.0, 4096.0), (10, 64, 16000, 100.0, 7000.0)])
+def test_mel_weight_matrix(args):
+    mels, n, rate, lo, hi = args
+    consts = {"m": np.array(mels, np.int32), "n": np.array(n, np.int32), "r": np.array(rate, np.int32),
+              "lo": np.array(lo, np.float32), "hi": np.array(hi, np.float32)}
+    check_op("MelWeightMatrix", {}, None, consts, opset=17, rtol=1e-6, atol=1e-7)
+
+
 CONV_T = [
     # (name, cin, cout, k, attrs)
     ("stride2", 3, 4, 3, {"strides": [2, 2]}),
