@@ -361,6 +361,17 @@ def test_mel_weight_matrix(args):
     check_op("MelWeightMatrix", {}, None, consts, opset=17, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("mode,coord", [("avg", "half_pixel"), ("avg", "output_half_pixel"), ("max", "half_pixel")])
+def test_roi_align(rng, mode, coord):
+    x = f32(rng, 2, 3, 9, 11)
+    corner = rng.uniform(-1.5, 7, size=(5, 2))
+    rois = np.concatenate([corner, corner + rng.uniform(0.3, 6, size=(5, 2))], axis=1).astype(np.float32)
+    attrs = {"mode": mode, "coordinate_transformation_mode": coord, "output_height": 3, "output_width": 4,
+             "sampling_ratio": 2, "spatial_scale": 0.9}
+    check_op("RoiAlign", {"x": x, "rois": rois, "bi": np.array([0, 1, 1, 0, 1], np.int64)}, attrs, opset=16,
+             rtol=1e-4, atol=1e-5)
+
+
 CONV_T = [
     # (name, cin, cout, k, attrs)
     ("stride2", 3, 4, 3, {"strides": [2, 2]}),

@@ -17,6 +17,7 @@ from kiln.frontend.onnx.ops import (  # noqa: F401
     reduce,
     resample,
     rnn,
+    roi,
     selection,
     signal,
     tensor,
