@@ -372,6 +372,19 @@ def test_roi_align(rng, mode, coord):
              rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("group,offset_group,masked", [(1, 1, False), (2, 2, True), (1, 3, True)])
+def test_deform_conv(rng, group, offset_group, masked):
+    n, c, h, w, oc, k = 2, 6, 7, 8, 4, 3
+    attrs = {"group": group, "offset_group": offset_group, "pads": [1, 0, 1, 1], "strides": [1, 2],
+             "dilations": [1, 1], "kernel_shape": [k, k]}
+    oh, ow = (h + 2 - k) // 1 + 1, (w + 1 - k) // 2 + 1
+    feeds = {"x": f32(rng, n, c, h, w), "w": f32(rng, oc, c // group, k, k),
+             "off": f32(rng, n, offset_group * 2 * k * k, oh, ow, lo=-2, hi=2), "bias": f32(rng, oc)}
+    if masked:
+        feeds["mask"] = f32(rng, n, offset_group * k * k, oh, ow, lo=0, hi=1)
+    check_op("DeformConv", feeds, attrs, opset=19, rtol=1e-4, atol=1e-5)
+
+
 CONV_T = [
     # (name, cin, cout, k, attrs)
     ("stride2", 3, 4, 3, {"strides": [2, 2]}),

@@ -1,5 +1,5 @@
-"""Region-of-interest ONNX operators: RoiAlign, decomposed into index arithmetic, Gathers and reductions
-computed at run time (the regions are data)."""
+"""Data-dependent sampling ONNX operators: RoiAlign and DeformConv, decomposed into index arithmetic, Gathers
+from an NHWC table and reductions or matrix products, computed at run time (regions and offsets are data)."""
 
 from __future__ import annotations
 
@@ -101,3 +101,82 @@ def roi_align(b: Builder, x: Value, rois: Value, batch_indices: Value, *,
     else:
         v = b.op("ReduceMax", [v], axes=(2, 4), keepdims=0)
     return transpose(b, v, (0, 3, 1, 2))
+
+
+@onnx_op("DeformConv", since=19)
+def deform_conv(b: Builder, x: Value, w: Value, offset: Value, bias: Value | None = None, mask: Value | None = None,
+                *, dilations=None, group: int = 1, kernel_shape=None, offset_group: int = 1, pads=None,
+                strides=None) -> Value:
+    """ONNX DeformConv-19/22 (2-D): each kernel tap samples ``x`` bilinearly (zero outside, as GridSample with
+    aligned corners) at its place shifted by ``offset`` (per offset group, tap and output position), scaled by
+    ``mask``; the samples are contracted with ``w`` as a grouped convolution. The taps are gathered at run time
+    from an NHWC table; the contraction is a MatMul per group.
+
+    Raises:
+        ShapeError: shapes that do not fit (2-D only). KilnError: channels not divisible by the groups.
+    """
+    if len(x.shape) != 4 or len(w.shape) != 4 or len(offset.shape) != 4:
+        raise ShapeError(f"DeformConv: only 2-D inputs are supported, got {list(x.shape)}")
+    n, c, h, wd = x.shape
+    oc, cg = w.shape[0], w.shape[1]
+    kh, kw = (int(v) for v in (kernel_shape or w.shape[2:]))
+    sh, sw = (int(v) for v in (strides or (1, 1)))
+    dh, dw = (int(v) for v in (dilations or (1, 1)))
+    pt, pl = (int(v) for v in (pads or (0, 0, 0, 0))[:2])
+    oh, ow = offset.shape[2:]
+    og, k = int(offset_group), kh * kw
+    if c != cg * group or oc % group or c % og or offset.shape[1] != og * 2 * k:
+        raise KilnError(f"DeformConv: input {list(x.shape)}, weight {list(w.shape)}, offset {list(offset.shape)} "
+                        f"do not fit group {group} and offset_group {og}")
+    off = _reshape(b, offset, (n, og, k, 2, oh, ow))
+    msk = None if mask is None else _reshape(b, mask, (n, og, k, oh, ow))
+    ky, kx = np.meshgrid(np.arange(kh) * dh, np.arange(kw) * dw, indexing="ij")
+    base_y = (ky.reshape(1, k, 1, 1) + (np.arange(oh) * sh - pt).reshape(1, 1, oh, 1)).astype(np.float32)
+    base_x = (kx.reshape(1, k, 1, 1) + (np.arange(ow) * sw - pl).reshape(1, 1, 1, ow)).astype(np.float32)
+    table = _reshape(b, transpose(b, x, (0, 2, 3, 1)), (n * h * wd, c))
+    batch = _i(b, (np.arange(n) * h * wd).reshape(n, 1, 1, 1))
+    cols = []
+    per = c // og
+    for gi in range(og):
+        def part(i: int, gi: int = gi) -> Value:
+            return _reshape(b, b.op("Slice", [off], starts=(0, gi, 0, i, 0, 0), ends=(n, gi + 1, k, i + 1, oh, ow),
+                                    steps=(1,) * 6), (n, k, oh, ow))
+
+        y = b.op("Add", [part(0), _f(b, base_y)])
+        xx = b.op("Add", [part(1), _f(b, base_x)])
+        y0f, x0f = b.op("Floor", [y]), b.op("Floor", [xx])
+        wy1, wx1 = b.op("Sub", [y, y0f]), b.op("Sub", [xx, x0f])
+        wy0, wx0 = b.op("Sub", [_f(b, 1.0), wy1]), b.op("Sub", [_f(b, 1.0), wx1])
+        y0, x0 = b.op("Cast", [y0f], to="int64"), b.op("Cast", [x0f], to="int64")
+        tab = table if og == 1 else b.op("Slice", [table], starts=(0, gi * per), ends=(n * h * wd, (gi + 1) * per),
+                                         steps=(1, 1))
+        total = None
+        for dy, wy in ((0, wy0), (1, wy1)):
+            for dx, wx in ((0, wx0), (1, wx1)):
+                yy, xc = b.op("Add", [y0, _i(b, dy)]), b.op("Add", [x0, _i(b, dx)])
+                ok = b.op("And", [b.op("And", [b.op("GreaterOrEqual", [yy, _i(b, 0)]), b.op("Less", [yy, _i(b, h)])]),
+                                  b.op("And", [b.op("GreaterOrEqual", [xc, _i(b, 0)]), b.op("Less", [xc, _i(b, wd)])])])
+                idx = b.op("Add", [batch, b.op("Add", [b.op("Mul", [yy, _i(b, wd)]), xc])])
+                idx = b.op("Where", [ok, idx, _i(b, 0)])
+                wt = b.op("Mul", [b.op("Mul", [wy, wx]), b.op("Cast", [ok], to="float32")])
+                if msk is not None:
+                    wt = b.op("Mul", [wt, _reshape(b, b.op("Slice", [msk], starts=(0, gi, 0, 0, 0),
+                                                         ends=(n, gi + 1, k, oh, ow), steps=(1,) * 5), (n, k, oh, ow))])
+                term = b.op("Mul", [b.op("Gather", [tab, idx], axis=0), _reshape(b, wt, (n, k, oh, ow, 1))])
+                total = term if total is None else b.op("Add", [total, term])
+        cols.append(total)  # [N, K, OH, OW, C / og]
+    col = cols[0] if og == 1 else b.op("Concat", cols, axis=4)
+    col = _reshape(b, transpose(b, col, (0, 2, 3, 4, 1)), (n, oh * ow, c * k))  # (channel, tap) order as w's
+    outs = []
+    for gi in range(group):
+        cg_cols = col if group == 1 else b.op("Slice", [col], starts=(0, 0, gi * cg * k),
+                                              ends=(n, oh * ow, (gi + 1) * cg * k), steps=(1, 1, 1))
+        wg = w if group == 1 else b.op("Slice", [w], starts=(gi * (oc // group), 0, 0, 0),
+                                       ends=((gi + 1) * (oc // group), cg, kh, kw), steps=(1,) * 4)
+        wm = transpose(b, _reshape(b, wg, (wg.shape[0], cg * k)), (1, 0))
+        outs.append(b.op("MatMul", [cg_cols, wm]))  # [N, OH*OW, OC / group]
+    y = outs[0] if group == 1 else b.op("Concat", outs, axis=2)
+    y = _reshape(b, transpose(b, y, (0, 2, 1)), (n, oc, oh, ow))
+    if bias is not None:
+        y = b.op("Add", [y, _reshape(b, bias, (oc, 1, 1))])
+    return y
