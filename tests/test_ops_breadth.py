@@ -270,6 +270,121 @@ def test_resize(rng, case):
              input_order=["x", "roi", "scales"] + (["sizes"] if sizes else []))
 
 
+@pytest.mark.parametrize("mode,attrs,scales,roi", [
+    ("linear", {"antialias": 1}, [1, 1, 0.6, 0.35], None),
+    ("cubic", {"antialias": 1, "cubic_coeff_a": -0.5}, [1, 1, 0.5, 0.8], None),
+    ("cubic", {"antialias": 1, "exclude_outside": 1}, [1, 1, 0.4, 1.5], None),
+    ("linear", {"coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 7.5},
+     [1, 1, 1.5, 0.7], [0, 0, -0.2, 0.3, 1, 1, 0.9, 1.3]),
+    ("cubic", {"coordinate_transformation_mode": "tf_crop_and_resize"}, [1, 1, 0.8, 1.25],
+     [0, 0, 0.1, 0.2, 1, 1, 0.7, 0.95]),
+])
+def test_resize_antialias_and_crop(rng, mode, attrs, scales, roi):
+    """Antialiased and tf_crop_and_resize Resize, computed as one matrix product per axis."""
+    inits = {"roi": np.array(roi or [], np.float32), "scales": np.array(scales, np.float32)}
+    check_op("Resize", {"x": f32(rng, 1, 2, 9, 11)}, {"mode": mode, **attrs}, inits, opset=19, atol=1e-5,
+             input_order=["x", "roi", "scales"])
+
+
+@pytest.mark.parametrize("attrs,image,block", [
+    ({}, [5, 6], [2, 3]),
+    ({"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]}, [6, 5], [3, 2]),
+])
+def test_col2im(rng, attrs, image, block):
+    nsp = len(image)
+    s, d = attrs.get("strides", [1] * nsp), attrs.get("dilations", [1] * nsp)
+    p = attrs.get("pads", [0] * 2 * nsp)
+    blocks = np.prod([(image[i] + p[i] + p[nsp + i] - ((block[i] - 1) * d[i] + 1)) // s[i] + 1 for i in range(nsp)])
+    check_op("Col2Im", {"x": f32(rng, 2, 3 * int(np.prod(block)), int(blocks))}, attrs,
+             {"image_shape": np.array(image, np.int64), "block_shape": np.array(block, np.int64)}, opset=18)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]},
+    {"kernel_shape": [2, 3], "strides": [2, 1], "dilations": [2, 1], "storage_order": 1},
+])
+def test_max_pool_indices(rng, attrs):
+    check_op("MaxPool", {"x": f32(rng, 2, 3, 7, 8)}, attrs, n_outputs=2, opset=12, rtol=0, atol=0)
+
+
+def test_max_unpool(rng):
+    # indices as MaxPool(kernel 2, stride 2) gives them: one position per window, flat over the whole output
+    n, c, h, w = 2, 3, 3, 4
+    dy, dx = rng.integers(0, 2, size=(2, n, c, h, w))
+    rows, cols = np.arange(h)[:, None] * 2 + dy, np.arange(w)[None, :] * 2 + dx
+    base = (np.arange(n)[:, None] * c + np.arange(c)[None, :])[..., None, None] * (2 * h * 2 * w)
+    idx = (base + rows * 2 * w + cols).astype(np.int64)
+    check_op("MaxUnpool", {"x": f32(rng, n, c, h, w), "i": idx}, {"kernel_shape": [2, 2], "strides": [2, 2]},
+             opset=11, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4), (5, 5), (2, 1, 2, 2)])
+def test_det(rng, shape):
+    check_op("Det", {"x": f32(rng, *shape)}, opset=11, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter(rng, mode):
+    # onnxruntime lacks the opset 24 operator: onnx's reference evaluator is the oracle
+    write = np.array([0, 2, 1], np.int64) if mode == "linear" else np.array([4, 3, 0], np.int64)
+    check_op("TensorScatter", {"cache": f32(rng, 3, 2, 5, 4), "update": f32(rng, 3, 2, 2, 4), "i": write},
+             {"mode": mode}, opset=24, oracle="onnx", rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("attrs,complex_in,length", [
+    ({"axis": 1}, False, None), ({"axis": 2, "onesided": 1}, False, None), ({"axis": 1, "inverse": 1}, True, None),
+    ({"axis": 1}, True, 12), ({"axis": 2, "inverse": 1, "onesided": 1}, True, None), ({"axis": 1}, False, 6),
+])
+def test_dft(rng, attrs, complex_in, length):
+    x = f32(rng, 2, 9, 7, 2 if complex_in else 1)
+    inits = {} if length is None else {"n": np.array(length, np.int64)}
+    check_op("DFT", {"x": x}, attrs, inits, opset=17, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_stft(rng, window):
+    inits = {"step": np.array(3, np.int64)}
+    if window:
+        inits["w"] = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(8) / 8)).astype(np.float32)
+    else:
+        inits.update(w=None, n=np.array(8, np.int64))
+    order = ["x", "step", "w"] + ([] if window else ["n"])
+    check_op("STFT", {"x": f32(rng, 2, 30, 1)}, None, {k: v for k, v in inits.items() if v is not None}, opset=17,
+             rtol=1e-4, atol=1e-4, input_order=[o if inits.get(o) is not None or o == "x" else "" for o in order])
+
+
+@pytest.mark.parametrize("args", [(8, 16, 8192, 0.0, 4096.0), (10, 64, 16000, 100.0, 7000.0)])
+def test_mel_weight_matrix(args):
+    mels, n, rate, lo, hi = args
+    consts = {"m": np.array(mels, np.int32), "n": np.array(n, np.int32), "r": np.array(rate, np.int32),
+              "lo": np.array(lo, np.float32), "hi": np.array(hi, np.float32)}
+    check_op("MelWeightMatrix", {}, None, consts, opset=17, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode,coord", [("avg", "half_pixel"), ("avg", "output_half_pixel"), ("max", "half_pixel")])
+def test_roi_align(rng, mode, coord):
+    x = f32(rng, 2, 3, 9, 11)
+    corner = rng.uniform(-1.5, 7, size=(5, 2))
+    rois = np.concatenate([corner, corner + rng.uniform(0.3, 6, size=(5, 2))], axis=1).astype(np.float32)
+    attrs = {"mode": mode, "coordinate_transformation_mode": coord, "output_height": 3, "output_width": 4,
+             "sampling_ratio": 2, "spatial_scale": 0.9}
+    check_op("RoiAlign", {"x": x, "rois": rois, "bi": np.array([0, 1, 1, 0, 1], np.int64)}, attrs, opset=16,
+             rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("group,offset_group,masked", [(1, 1, False), (2, 2, True), (1, 3, True)])
+def test_deform_conv(rng, group, offset_group, masked):
+    n, c, h, w, oc, k = 2, 6, 7, 8, 4, 3
+    attrs = {"group": group, "offset_group": offset_group, "pads": [1, 0, 1, 1], "strides": [1, 2],
+             "dilations": [1, 1], "kernel_shape": [k, k]}
+    oh, ow = (h + 2 - k) // 1 + 1, (w + 1 - k) // 2 + 1
+    feeds = {"x": f32(rng, n, c, h, w), "w": f32(rng, oc, c // group, k, k),
+             "off": f32(rng, n, offset_group * 2 * k * k, oh, ow, lo=-2, hi=2), "bias": f32(rng, oc)}
+    if masked:
+        feeds["mask"] = f32(rng, n, offset_group * k * k, oh, ow, lo=0, hi=1)
+    check_op("DeformConv", feeds, attrs, opset=19, rtol=1e-4, atol=1e-5)
+
+
 CONV_T = [
     # (name, cin, cout, k, attrs)
     ("stride2", 3, 4, 3, {"strides": [2, 2]}),

@@ -62,17 +62,12 @@ _ONNX = {
     TensorProto.UINT32: "uint32",
     TensorProto.UINT64: "uint64",
     TensorProto.BFLOAT16: "bfloat16",
-    TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
-    TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz",
-    TensorProto.FLOAT8E5M2: "float8e5m2",
-    TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz",
-    TensorProto.FLOAT4E2M1: "float4e2m1",
-    TensorProto.FLOAT8E8M0: "float8e8m0",
-    TensorProto.INT4: "int4",
-    TensorProto.UINT4: "uint4",
-    TensorProto.INT2: "int2",
-    TensorProto.UINT2: "uint2",
 }
+# element types of newer onnx releases (float8: 1.14, float4e2m1: 1.18, float8e8m0 and 2-bit integers: 1.19+)
+_ONNX.update({getattr(TensorProto, code): name for code, name in (
+    ("FLOAT8E4M3FN", "float8e4m3fn"), ("FLOAT8E4M3FNUZ", "float8e4m3fnuz"), ("FLOAT8E5M2", "float8e5m2"),
+    ("FLOAT8E5M2FNUZ", "float8e5m2fnuz"), ("FLOAT4E2M1", "float4e2m1"), ("FLOAT8E8M0", "float8e8m0"),
+    ("INT4", "int4"), ("UINT4", "uint4"), ("INT2", "int2"), ("UINT2", "uint2")) if hasattr(TensorProto, code)})
 
 
 def from_onnx(elem_type: int) -> str:

@@ -139,9 +139,40 @@ def _pool(b: Builder, op: str, x: Value, auto_pad: str, ceil_mode: int, dilation
 
 @onnx_op("MaxPool", since=1)
 def max_pool(b: Builder, x: Value, *, kernel_shape, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None,
-             pads=None, storage_order: int = 0, strides=None) -> Value:
-    """ONNX MaxPool-1/8/10/11/12 (the Indices output is not supported)."""
-    return _pool(b, "MaxPool", x, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides)
+             pads=None, storage_order: int = 0, strides=None, _nout: int = 1) -> Value | list[Value]:
+    """ONNX MaxPool-1/8/10/11/12, with the optional Indices output: the flat index (int64) into ``x`` of each
+    window's first maximum, row-major, or with the spatial axes in column-major order for ``storage_order=1``."""
+    y = _pool(b, "MaxPool", x, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides)
+    if _nout < 2:
+        return y
+    attrs = {"kernel_shape": tuple(kernel_shape), **window_attrs(x, list(kernel_shape), strides, dilations, pads,
+                                                                  auto_pad)}
+    return [y, _max_pool_indices(b, x, y, attrs, storage_order)]
+
+
+def _max_pool_indices(b: Builder, x: Value, y: Value, attrs: dict, storage_order: int) -> Value:
+    """MaxPool's Indices from the winning kernel offset of each window (the MaxPoolArgWindow primitive)."""
+    nsp = len(x.shape) - 2
+    k, s, d, p = attrs["kernel_shape"], attrs["strides"], attrs["dilations"], attrs["pads"]
+    win = b.op("Cast", [b.op("MaxPoolArgWindow", [x, y], kernel_shape=tuple(k), strides=tuple(s),
+                                dilations=tuple(d), pads=tuple(p))], to="int64")
+    sizes = x.shape[2:]
+    order = list(range(nsp)) if not storage_order else list(reversed(range(nsp)))
+    flat = None
+    inner = 1
+    for i in reversed(order):  # the innermost axis first: flat = sum_i pos_i * stride_i
+        shape = [1] * len(x.shape)
+        shape[2 + i] = y.shape[2 + i]
+        o = b.const((np.arange(y.shape[2 + i], dtype=np.int64) * s[i] - p[i]).reshape(shape))
+        kstride = int(np.prod(k[i + 1:], dtype=np.int64))
+        kidx = b.op("Mod", [b.op("Div", [win, b.const(np.array(kstride, np.int64))]),
+                            b.const(np.array(k[i], np.int64))])
+        pos = b.op("Add", [o, b.op("Mul", [kidx, b.const(np.array(d[i], np.int64))])])
+        term = b.op("Mul", [pos, b.const(np.array(inner, np.int64))])
+        flat = term if flat is None else b.op("Add", [flat, term])
+        inner *= sizes[i]
+    nc = np.arange(x.shape[0] * x.shape[1], dtype=np.int64).reshape(x.shape[0], x.shape[1], *([1] * nsp)) * inner
+    return b.op("Add", [flat, b.const(nc)])
 
 
 @onnx_op("AveragePool", since=1)

@@ -15,7 +15,8 @@ from kiln.ir.ops_resample import COORD_MODES, NEAREST_MODES
 
 
 def _resize(b: Builder, x: Value, scales, sizes, *, mode: str, coord: str, nearest_mode: str,
-            cubic_coeff_a: float = -0.75, exclude_outside: int = 0, axes=None, policy: str = "stretch") -> Value:
+            cubic_coeff_a: float = -0.75, exclude_outside: int = 0, axes=None, policy: str = "stretch",
+            separable: dict | None = None) -> Value:
     rank = len(x.shape)
     axes = list(range(rank)) if axes is None else [norm_axis(int(a), rank) for a in axes]
     full_scales = [1.0] * rank
@@ -44,11 +45,14 @@ def _resize(b: Builder, x: Value, scales, sizes, *, mode: str, coord: str, neare
         raise KilnError("Resize: needs scales or sizes")
     if mode not in ("nearest", "linear", "cubic"):
         raise KilnError(f"Resize: unknown mode {mode!r}")
-    if coord not in COORD_MODES:
+    if coord not in COORD_MODES and not (separable is not None and coord == "tf_crop_and_resize"):
         raise KilnError(f"Resize: coordinate_transformation_mode {coord!r} is not supported (supported: "
                         f"{', '.join(COORD_MODES)})")
     if nearest_mode not in NEAREST_MODES:
         raise KilnError(f"Resize: unknown nearest_mode {nearest_mode!r}")
+    if separable is not None:
+        return _resize_separable(b, x, full_scales, full_sizes, axes, mode=mode, coord=coord,
+                                 cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside, **separable)
     if tuple(full_sizes) == x.shape and all(s == 1.0 for s in full_scales):
         return b.op("Identity", [x])
     return b.op("Resize", [x], mode=mode, coord=coord, nearest_mode=nearest_mode, scales=tuple(full_scales),
@@ -90,13 +94,127 @@ def resize_11(b: Builder, x: Value, roi: Value | None = None, scales: Value | No
               keep_aspect_ratio_policy: str = "stretch") -> Value:
     """ONNX Resize-11/13/18/19: nearest, linear or cubic over constant ``scales`` or ``sizes``.
 
-    Raises KilnError for ``tf_crop_and_resize`` (roi) and ``antialias=1``, which Kiln does not implement.
+    ``antialias=1`` and ``tf_crop_and_resize`` (constant ``roi``, ``extrapolation_value``) are computed as one
+    matrix product per resized axis (:func:`resize_matrix`), for linear and cubic modes.
+
+    Raises KilnError for antialiased or tf_crop_and_resize nearest resizing.
     """
-    if antialias:
-        raise KilnError("Resize: antialias=1 is not supported")
+    separable = None
+    if antialias or coordinate_transformation_mode == "tf_crop_and_resize":
+        if mode == "nearest":
+            raise KilnError("Resize: antialias and tf_crop_and_resize are supported for linear and cubic modes")
+        roi_values = _optional(roi, "roi") if coordinate_transformation_mode == "tf_crop_and_resize" else None
+        separable = {"antialias": bool(antialias), "roi": roi_values, "extrapolation_value": float(extrapolation_value)}
     return _resize(b, x, _optional(scales, "scales"), _optional(sizes, "sizes"), mode=mode,
                    coord=coordinate_transformation_mode, nearest_mode=nearest_mode, cubic_coeff_a=cubic_coeff_a,
-                   exclude_outside=exclude_outside, axes=axes, policy=keep_aspect_ratio_policy)
+                   exclude_outside=exclude_outside, axes=axes, policy=keep_aspect_ratio_policy, separable=separable)
+
+
+def _coeffs(mode: str, ratio: np.ndarray, scale: float, antialias: bool, a: float) -> np.ndarray:
+    """Interpolation weights ``[len(ratio), taps]`` of the taps around each source coordinate (ONNX Resize-19's
+    linear and cubic filters; antialiased, the filter is stretched by ``1 / scale`` when downsampling and
+    normalised)."""
+    r = ratio[:, None]
+    if not antialias:
+        if mode == "linear":
+            return np.concatenate([1 - r, r], axis=1)
+        return np.concatenate([((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+                               ((a + 2) * r - (a + 3)) * r * r + 1,
+                               ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
+                               ((a * ((1 - r) + 1) - 5 * a) * ((1 - r) + 1) + 8 * a) * ((1 - r) + 1) - 4 * a], axis=1)
+    s = min(scale, 1.0)
+    if mode == "linear":
+        start = int(np.floor(-1 / s) + 1)
+        args = (np.arange(start, 2 - start)[None, :] - r) * s
+        c = np.clip(1 - np.abs(args), 0, 1)
+    else:
+        start = int(np.floor(-2 / s) + 1)
+        ax = np.abs(s * (np.arange(start, 2 - start)[None, :] - r))
+        c = np.where(ax <= 1, (a + 2) * ax**3 - (a + 3) * ax**2 + 1,
+                     np.where(ax < 2, a * ax**3 - 5 * a * ax**2 + 8 * a * ax - 4 * a, 0.0))
+    return c / c.sum(axis=1, keepdims=True)
+
+
+def resize_matrix(n_in: int, n_out: int, scale: float, *, mode: str, coord: str, antialias: bool = False,
+                  roi: tuple[float, float] | None = None, cubic_coeff_a: float = -0.75,
+                  exclude_outside: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The 1-D Resize of ``n_in`` samples to ``n_out`` as a matrix: ``(W [n_in, n_out] float64, extrapolated
+    [n_out] bool)`` with ``out = in @ W`` except where ``extrapolated`` (tf_crop_and_resize outside the input).
+
+    Coordinates and taps follow ONNX Resize-19 (the source coordinate of each output, the ``taps`` nearest
+    samples preferring lower indices, edge samples repeated, ``exclude_outside`` renormalising).
+    """
+    y = np.arange(n_out, dtype=np.float64)
+    width = scale * n_in
+    extrapolated = np.zeros(n_out, bool)
+    if coord == "align_corners":
+        x = np.zeros(n_out) if width == 1 else y * (n_in - 1) / (width - 1)
+    elif coord == "asymmetric":
+        x = y / scale
+    elif coord == "tf_crop_and_resize":
+        lo, hi = roi if roi is not None else (0.0, 1.0)
+        # the spec's length_resized is the output's (integer) length, as onnxruntime computes it (onnx's reference
+        # evaluator uses scale * n_in, which differs when that is not an integer)
+        x = np.full(n_out, (hi - lo) * (n_in - 1) / 2) if n_out == 1 else y * (hi - lo) * (n_in - 1) / (n_out - 1)
+        x = x + lo * (n_in - 1)
+        extrapolated = (x < 0) | (x > n_in - 1)
+    elif coord == "pytorch_half_pixel":
+        x = np.full(n_out, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
+    elif coord == "half_pixel":
+        x = (y + 0.5) / scale - 0.5
+    elif coord == "half_pixel_symmetric":
+        x = n_in / 2 * (1 - n_out / width) + (y + 0.5) / scale - 0.5
+    else:
+        raise KilnError(f"Resize: unknown coordinate_transformation_mode {coord!r}")
+    base = np.floor(x)
+    ratio = np.where(x == base, 1.0, x - base)
+    c = _coeffs(mode, ratio, scale, antialias, cubic_coeff_a)
+    taps = c.shape[1]
+    pad = int(np.ceil(taps / 2))
+    xp = x + pad
+    p = np.floor(xp)
+    frac = xp - p
+    if taps % 2 == 0:
+        off = np.where(frac == 0, -(taps // 2), -(taps // 2) + 1)
+    else:
+        off = np.where(frac <= 0.5, -((taps - 1) // 2), -((taps - 1) // 2) + 1)
+    idx = (p + off).astype(np.int64)[:, None] + np.arange(taps)[None, :] - pad
+    if exclude_outside:
+        c = np.where((idx < 0) | (idx >= n_in), 0.0, c)
+        total = c.sum(axis=1, keepdims=True)
+        c = c / np.where(total == 0, 1.0, total)
+    w = np.zeros((n_in, n_out))
+    np.add.at(w, (np.clip(idx, 0, n_in - 1), np.broadcast_to(np.arange(n_out)[:, None], idx.shape)), c)
+    w[:, extrapolated] = 0.0
+    return w, extrapolated
+
+
+def _resize_separable(b: Builder, x: Value, scales, sizes, axes, *, mode: str, coord: str, cubic_coeff_a: float,
+                      exclude_outside: int, antialias: bool, roi, extrapolation_value: float) -> Value:
+    """Resize as one constant matrix product per resized axis, then the extrapolation value where any axis
+    falls outside the input (tf_crop_and_resize)."""
+    rank = len(x.shape)
+    if x.dtype != "float32":
+        raise KilnError(f"Resize: antialias and tf_crop_and_resize need float32 input, got {x.dtype}")
+    mask = None
+    for k, a in enumerate(axes):
+        pair = None
+        if roi is not None:
+            pair = (roi[k], roi[k + len(axes)]) if len(roi) == 2 * len(axes) else (roi[a], roi[a + rank])
+        if sizes[a] == x.shape[a] and scales[a] == 1.0 and (pair is None or tuple(pair) == (0.0, 1.0)):
+            continue
+        w, out = resize_matrix(x.shape[a], sizes[a], scales[a], mode=mode, coord=coord, antialias=antialias,
+                               roi=pair, cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside)
+        perm = [d for d in range(rank) if d != a] + [a]
+        y = b.op("MatMul", [transpose(b, x, tuple(perm)), b.const(w.astype(np.float32))])
+        x = transpose(b, y, tuple(int(i) for i in np.argsort(perm)))
+        if out.any():
+            m = out.reshape([sizes[a] if d == a else 1 for d in range(rank)])
+            mask = m if mask is None else mask | m
+    if mask is not None:
+        x = b.op("Where", [b.const(np.broadcast_to(mask, x.shape).copy()),
+                           b.const(np.array(extrapolation_value, np.float32)), x])
+    return x
 
 
 @onnx_op("ConvTranspose", since=1)
@@ -162,3 +280,37 @@ def affine_grid(b: Builder, theta: Value, size: Value, *, align_corners: int = 0
     base = np.stack([*coords[::-1], np.ones(sp)], axis=-1).reshape(1, -1, len(sp) + 1).astype(np.float32)
     grid = b.op("MatMul", [b.const(base, dtype=theta.dtype), transpose(b, theta, (0, 2, 1))])
     return _reshape(b, grid, (n, *sp, len(sp)))
+
+
+@onnx_op("Col2Im", since=18)
+def col2im(b: Builder, x: Value, image_shape: Value, block_shape: Value, *, dilations=None, pads=None,
+           strides=None) -> Value:
+    """ONNX Col2Im-18: sum the sliding blocks of ``x`` ``[N, C * prod(block), L]`` back into an image
+    ``[N, C, *image_shape]``: a grouped ConvTranspose (``C`` groups) of the blocks, laid out on their grid, with a
+    one-hot weight per block position. ``image_shape`` and ``block_shape`` must be constants.
+
+    Raises:
+        ShapeError: ``x``'s channels or block count do not fit the image, block, strides, pads and dilations.
+    """
+    img = [int(v) for v in np.asarray(const_value(image_shape, "image_shape")).ravel()]
+    blk = [int(v) for v in np.asarray(const_value(block_shape, "block_shape")).ravel()]
+    nsp = len(img)
+    s = list(strides or [1] * nsp)
+    d = list(dilations or [1] * nsp)
+    p = list(pads or [0] * (2 * nsp))
+    if len(x.shape) != 3 or len(blk) != nsp:
+        raise ShapeError(f"Col2Im: input {list(x.shape)}, image_shape {img} and block_shape {blk} do not fit")
+    n, ck, length = x.shape
+    k = int(np.prod(blk))
+    counts = [(img[i] + p[i] + p[nsp + i] - ((blk[i] - 1) * d[i] + 1)) // s[i] + 1 for i in range(nsp)]
+    if ck % k or int(np.prod(counts)) != length:
+        raise ShapeError(f"Col2Im: input {list(x.shape)} does not hold blocks {blk} of image {img} "
+                         f"({int(np.prod(counts))} per channel expected)")
+    c = ck // k
+    w = np.zeros((ck, 1, *blk), np.float32)
+    for ch in range(c):
+        for pos in range(k):
+            w[(ch * k + pos, 0, *np.unravel_index(pos, blk))] = 1.0
+    out_pad = [img[i] - ((counts[i] - 1) * s[i] - p[i] - p[nsp + i] + (blk[i] - 1) * d[i] + 1) for i in range(nsp)]
+    return b.op("ConvTranspose", [_reshape(b, x, (n, ck, *counts)), b.const(w, dtype=x.dtype)], strides=tuple(s),
+                dilations=tuple(d), pads=tuple(p), group=c, output_padding=tuple(out_pad))

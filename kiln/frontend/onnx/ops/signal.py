@@ -1,4 +1,5 @@
-"""Signal-processing ONNX operators: DFT (as matrix products with constant twiddle matrices)."""
+"""Signal-processing ONNX operators: DFT and STFT (matrix products with constant twiddle matrices),
+MelWeightMatrix (a constant)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.ops.common import const_value, norm_axis
 from kiln.frontend.onnx.ops.nn import _reshape, transpose
 from kiln.frontend.onnx.registry import onnx_op
+from kiln.ir import dtypes
 from kiln.ir.graph import Builder, Value
 
 
@@ -102,3 +104,65 @@ def dft_20(b: Builder, x: Value, dft_length: Value | None = None, axis: Value | 
     """ONNX DFT-20: DFT-17 with the axis as a constant input (default -2)."""
     ax = -2 if axis is None else int(np.asarray(const_value(axis, "axis")).reshape(()))
     return _dft(b, x, dft_length, ax, inverse, onesided)
+
+
+@onnx_op("STFT", since=17)
+def stft(b: Builder, signal: Value, frame_step: Value, window: Value | None = None,
+         frame_length: Value | None = None, *, onesided: int = 1) -> Value:
+    """ONNX STFT-17: the DFT of each frame (``frame_length`` samples every ``frame_step``, times ``window``) of
+    a real ``[batch, length, 1]`` or complex ``[batch, length, 2]`` signal: ``[batch, frames, bins, 2]``.
+    The frames are one Gather with constant indices; ``frame_step`` and ``frame_length`` must be constants.
+
+    Raises:
+        ShapeError: no frame fits the signal, or the window's length is not the frame length.
+    """
+    if len(signal.shape) != 3 or signal.shape[-1] not in (1, 2):
+        raise ShapeError(f"STFT: signal {list(signal.shape)} must be [batch, length, 1 or 2]")
+    step = int(np.asarray(const_value(frame_step, "frame_step")).reshape(()))
+    if frame_length is not None:
+        length = int(np.asarray(const_value(frame_length, "frame_length")).reshape(()))
+    elif window is not None:
+        length = window.shape[0]
+    else:
+        raise KilnError("STFT: needs a window or a frame_length")
+    if window is not None and tuple(window.shape) != (length,):
+        raise ShapeError(f"STFT: window {list(window.shape)} is not of the frame length {length}")
+    frames = (signal.shape[1] - length) // step + 1
+    if step < 1 or frames < 1:
+        raise ShapeError(f"STFT: no frame of {length} samples (step {step}) fits a signal of {signal.shape[1]}")
+    idx = np.arange(frames, dtype=np.int64)[:, None] * step + np.arange(length, dtype=np.int64)[None, :]
+    x = b.op("Gather", [signal, b.const(idx)], axis=1)  # [batch, frames, length, c]
+    if window is not None:
+        x = b.op("Mul", [x, _reshape(b, window, (1, 1, length, 1))])
+    return _dft(b, x, None, 2, 0, onesided)
+
+
+@onnx_op("MelWeightMatrix", since=17)
+def mel_weight_matrix(b: Builder, num_mel_bins: Value, dft_length: Value, sample_rate: Value,
+                      lower_edge_hertz: Value, upper_edge_hertz: Value, *, output_datatype: int = 1) -> Value:
+    """ONNX MelWeightMatrix-17, a constant (every input must be one): ``[dft_length // 2 + 1, num_mel_bins]``
+    triangular filters whose corners are ``num_mel_bins + 2`` points evenly spaced on the mel scale
+    (``2595 log10(1 + f / 700)``) from ``lower_edge_hertz`` to ``upper_edge_hertz``, mapped to DFT bins by
+    ``floor((dft_length + 1) * f / sample_rate)`` (onnx's reference implementation of the function)."""
+    def scalar(v: Value, what: str):
+        return np.asarray(const_value(v, what)).reshape(()).item()
+
+    mels, n_dft, rate = (int(scalar(v, w)) for v, w in ((num_mel_bins, "num_mel_bins"), (dft_length, "dft_length"),
+                                                        (sample_rate, "sample_rate")))
+    lo, hi = float(scalar(lower_edge_hertz, "lower_edge_hertz")), float(scalar(upper_edge_hertz, "upper_edge_hertz"))
+    if mels < 1 or n_dft < 1 or rate < 1 or not 0 <= lo < hi:
+        raise ShapeError(f"MelWeightMatrix: bad arguments {mels}, {n_dft}, {rate}, {lo}, {hi}")
+    lo_mel, hi_mel = (2595 * np.log1p(f / 700) / np.log(10) for f in (lo, hi))
+    points = np.arange(mels + 2) * ((hi_mel - lo_mel) / (mels + 2)) + lo_mel
+    bins = (((n_dft + 1) * (700 * np.expm1(points / 2595 * np.log(10)))) // rate).astype(int)
+    out = np.zeros((n_dft // 2 + 1, mels))
+    for i in range(mels):
+        left, centre, right = bins[i], bins[i + 1], bins[i + 2]
+        if centre == left:
+            out[centre, i] = 1.0
+        else:
+            out[left:centre + 1, i] = (np.arange(left, centre + 1) - left) / (centre - left)
+        if right > centre:
+            out[centre:right, i] = (right - np.arange(centre, right)) / (right - centre)
+    dt = dtypes.from_onnx(output_datatype)
+    return b.const(out.astype(dtypes.NUMPY[dt]), name=b.scope, dtype=dt)
