@@ -19,7 +19,16 @@ import kiln.eager as ke
 from kiln.eager import functional as F
 from kiln.errors import KilnError, ShapeError
 
-torch.set_default_dtype(torch.float64)
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_float64():
+    """PyTorch references in float64 for this module only (the default dtype is process-wide: other
+    modules, e.g. the PyTorch frontend's tests, build float32 modules)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
 
 def check(rng, kfn, tfn, shapes, positive: bool = False, grads: bool = True) -> None:
     """Run ``kfn`` on Kiln tensors and ``tfn`` on torch tensors of the same random ``shapes``; compare
