@@ -251,22 +251,24 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         cold, times = time_runs(once, args.repeat, args.warmup)
         return {**summary(times, cold), **accuracy_row, "device": kiln_state["device"]}
 
+    def release(state: dict) -> None:
+        """Drop a run_kiln state's session and delete its package folder."""
+        state.pop("session", None)
+        if "tmp" in state:
+            state.pop("tmp").cleanup()
+
     kiln_state: dict = {}
     chosen = args.contestants.split(",")
     if "kiln-native" in chosen or "kiln-gpu-io" in chosen:
         attempt("kiln-native", lambda: run_kiln(kiln_state))
         if "kiln-gpu-io" in chosen and "session" in kiln_state:
             attempt("kiln-gpu-io", run_kiln_gpu_io)
-        kiln_state.pop("session", None)
-        if "tmp" in kiln_state:
-            kiln_state.pop("tmp").cleanup()
+        release(kiln_state)
         for precision in args.precision.split(","):
             if precision != "fp32":
                 state: dict = {}
                 attempt(f"kiln-native-{precision}", lambda p=precision, st=state: run_kiln(st, p))
-                state.pop("session", None)
-                if "tmp" in state:
-                    state.pop("tmp").cleanup()
+                release(state)
     if "ort-webgpu" in chosen:
         attempt("ort-webgpu", run_ort_webgpu)
     if "torch-eager" in chosen:

@@ -96,7 +96,7 @@ def fuse(graph: Graph, max_inputs: int = 7) -> list[Group]:
             if ops.kind(nxt.op) not in FUSIBLE or nxt.outputs[0].shape != out.shape or id(nxt) in assigned:
                 break
             extra = [v for v in nxt.inputs if v is not out and v not in external]
-            if len([v for v in external + extra if not (v.is_const and v.size == 1)]) > max_inputs:
+            if _buffers(external + extra) > max_inputs:
                 break
             chain.append(nxt)
             external += extra

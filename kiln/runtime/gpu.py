@@ -118,6 +118,18 @@ def synchronize(device) -> None:
         device.queue.read_buffer(device.create_buffer(size=4, usage=0x8 | 0x4), 0, 4)
 
 
+def record_dispatches(cpass, steps) -> None:
+    """Record ``steps`` (``(pipeline, bind group, (x, y, z))`` each) in compute pass ``cpass`` through
+    wgpu-py's checked API, setting a pipeline only when it changes."""
+    last = None
+    for pipeline, group, (x, y, z) in steps:
+        if pipeline is not last:
+            cpass.set_pipeline(pipeline)
+            last = pipeline
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(x, y, z)
+
+
 class Readback:
     """A mappable staging buffer that takes copies of several buffer ranges and reads them in one mapping.
 

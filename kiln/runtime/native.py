@@ -302,13 +302,7 @@ class Session(TrainingMixin):
         if self._raw is not None and self._ran:
             self._encode_raw(cpass)
         else:
-            last = None
-            for pipeline, group, (x, y, z) in self.steps:
-                if pipeline is not last:
-                    cpass.set_pipeline(pipeline)
-                    last = pipeline
-                cpass.set_bind_group(0, group)
-                cpass.dispatch_workgroups(x, y, z)
+            gpu.record_dispatches(cpass, self.steps)
         cpass.end()
 
     def _split_feeds(self, feeds: dict[str, Any]) -> tuple[list[tuple[dict, np.ndarray]], list[tuple[dict, GPUTensor]]]:

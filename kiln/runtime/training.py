@@ -16,6 +16,7 @@ import numpy as np
 
 from kiln.errors import KilnError, PackageError
 from kiln.package.format import from_storage
+from kiln.runtime import gpu
 from kiln.runtime.feeds import storage_feeds
 
 
@@ -23,9 +24,7 @@ class TrainingMixin:
     """Training methods of a native session (expects ``manifest``, ``device``, ``buffers``, ``pipelines``)."""
 
     def _init_training(self, tgt: dict[str, Any]) -> None:
-        """Bind groups of the train plan and staging buffers of its outputs (no-op for inference packages)."""
-        import wgpu
-
+        """Bind groups of the train plan and the readback buffer of its outputs (no-op for inference packages)."""
         self.training: dict[str, Any] | None = self.manifest.get("training")
         self.train_steps = []
         if self.training is None:
@@ -39,9 +38,7 @@ class TrainingMixin:
                 {"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0, "size": self.buffers[bid].size}}
                 for i, bid in enumerate(s["buffers"])])
             self.train_steps.append((pipeline, group, tuple(s["dispatch"])))
-        self.train_staging = {o["name"]: dev.create_buffer(size=self.buffers[o["buffer"]].size,
-                                                           usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-                              for o in self.training["outputs"]}
+        self.train_readback = gpu.Readback(dev, [self.buffers[o["buffer"]].size for o in self.training["outputs"]])
 
     def _need_training(self) -> dict[str, Any]:
         if self.training is None:
@@ -69,8 +66,6 @@ class TrainingMixin:
             KilnError: not a train-step package.
             ShapeError: an unknown, missing, wrongly shaped or typed input.
         """
-        import wgpu
-
         training = self._need_training()
         dev = self.device
         for spec, a in storage_feeds(training["inputs"], feeds):
@@ -78,28 +73,15 @@ class TrainingMixin:
                 dev.queue.write_buffer(self.buffers[spec["buffer"]], 0, memoryview(a.reshape(-1)).cast("B"))
         enc = dev.create_command_encoder()
         cpass = enc.begin_compute_pass()
-        last = None
-        for pipeline, group, (x, y, z) in self.train_steps:
-            if pipeline is not last:
-                cpass.set_pipeline(pipeline)
-                last = pipeline
-            cpass.set_bind_group(0, group)
-            cpass.dispatch_workgroups(x, y, z)
+        gpu.record_dispatches(cpass, self.train_steps)
         cpass.end()
         for s in training["state"]:
             enc.copy_buffer_to_buffer(self.buffers[s["update"]], 0, self.buffers[s["buffer"]], 0, s["bytes"])
-        for o in training["outputs"]:
-            st = self.train_staging[o["name"]]
-            enc.copy_buffer_to_buffer(self.buffers[o["buffer"]], 0, st, 0, st.size)
+        outs = training["outputs"]
+        self.train_readback.copy(enc, [self.buffers[o["buffer"]] for o in outs])
         dev.queue.submit([enc.finish()])
-        results = {}
-        for o in training["outputs"]:
-            st = self.train_staging[o["name"]]
-            st.map_sync(wgpu.MapMode.READ)
-            try:
-                results[o["name"]] = from_storage(st.read_mapped(copy=True), o["dtype"], o["shape"])
-            finally:
-                st.unmap()
+        results = dict(zip((o["name"] for o in outs), self.train_readback.read(
+            lambda i, data: from_storage(data, outs[i]["dtype"], outs[i]["shape"]))))
         return results if return_outputs else float(results[training["loss"]["output"]])
 
     def state(self, optimizer: bool = False) -> dict[str, np.ndarray]:
