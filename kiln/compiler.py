@@ -25,6 +25,7 @@ from kiln.passes.manager import optimize
 from kiln.passes.memory_plan import MemoryPlan, needs_buffer, plan_memory
 from kiln.te.compute import Tensor, inline, placeholder
 from kiln.te.lower import lower
+from kiln.te import symbolic
 from kiln.te.schedule import DEVICE_CLASSES, Schedule, default_schedule
 
 #: dtypes the WebGPU target's kernels read and write (stored as in kiln.kernels.storage)
@@ -42,6 +43,8 @@ class Kernel:
     schedule: dict = field(default_factory=dict)
     #: what the manifest records about a tuned schedule (``speedup``, ``trials``, ``adapter``); empty if untuned
     tuning: dict = field(default_factory=dict)
+    #: True when the kernel reads the run-time dims uniform (binding after its storage buffers)
+    dims: bool = False
 
     @property
     def workgroup_size(self) -> int:
@@ -57,6 +60,8 @@ class Step:
     dispatch: tuple[int, int, int]
     buffers: list[int]
     name: str
+    #: workgroups as a size expression of run-time dims (None when static; ``dispatch`` then holds the upper bound)
+    groups: Any = None
 
 
 @dataclass
@@ -166,7 +171,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
         it = track(work, description="generating kernels", transient=True)
     for g in it:
         k, ins = build_group(g, schedule)
-        desc = " -> ".join(f"{n.op}" for n in g.nodes) + f" {list(g.output.shape)}"
+        desc = " -> ".join(f"{n.op}" for n in g.nodes) + f" {symbolic.format_shape(g.output.shape)}"
         src = wgsl.render(k, desc)
         digest = hashlib.sha256(src.encode()).hexdigest()
         if digest not in by_source:
@@ -175,9 +180,15 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
                 validate_wgsl(src, name)
             by_source[digest] = len(kernels)
             kernels.append(Kernel(name, src, [p.access for p in k.params], [n.op for n in g.nodes],
-                                  k.schedule.to_json(), dict(getattr(k.schedule, "tuning", None) or {})))
+                                  k.schedule.to_json(), dict(getattr(k.schedule, "tuning", None) or {}),
+                                  dims=bool(k.size_vars)))
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
-        steps.append(Step(by_source[digest], k.dispatch, bufs, g.nodes[0].name))
+        groups = k.groups
+        if symbolic.is_symbolic(groups):
+            steps.append(Step(by_source[digest], k.schedule.dispatch(symbolic.upper(groups) * k.schedule.workgroup_size),
+                              bufs, g.nodes[0].name, groups=groups))
+        else:
+            steps.append(Step(by_source[digest], k.dispatch, bufs, g.nodes[0].name))
     return kernels, steps
 
 
@@ -214,6 +225,11 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         KilnError: an unknown target, or a train step for a target other than webgpu.
     """
     targets = parse_targets(target)
+    if graph.size_vars and (targets != ("webgpu",) or training is not None):
+        dims = ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in graph.size_vars.values())
+        raise KilnError(f"run-time dims ({dims}) are supported by the webgpu target only (asked for "
+                        f"{', '.join(targets)}{', a train step' if training is not None else ''}); bind them "
+                        "statically with --dim NAME=SIZE for other targets")
     if training is not None and targets != ("webgpu",):
         raise KilnError("train-step packages (--train) have the webgpu target only for now; the webgl2 and wasm "
                         "runtimes do not run train steps yet")

@@ -169,8 +169,17 @@ def _unary_eval(name):
     return evaluate
 
 
+def _symbolic(*shapes) -> bool:
+    return any(not isinstance(d, (int, np.integer)) for s in shapes for d in s)
+
+
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    """Numpy/ONNX multidirectional broadcast of ``shapes`` (raises ShapeError if they do not fit)."""
+    """Numpy/ONNX multidirectional broadcast of ``shapes`` (raises ShapeError if they do not fit); run-time
+    dims broadcast only against 1 or an equal dim (:func:`kiln.te.symbolic.broadcast_shapes`)."""
+    if _symbolic(*shapes):
+        from kiln.te import symbolic
+
+        return symbolic.broadcast_shapes(*shapes)
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
     except ValueError:
@@ -301,6 +310,13 @@ for _n in REDUCE:
 def _reshape_infer(ts, a):
     (dt, sh), = ts
     new = tuple(a["shape"])
+    if _symbolic(new, sh):
+        from kiln.te import symbolic
+
+        new = symbolic.shape(new)
+        if symbolic.prod(new) != symbolic.prod(sh):
+            raise ShapeError(f"Reshape: cannot reshape {symbolic.format_shape(sh)} to {symbolic.format_shape(new)}")
+        return [(dt, new)]
     if int(np.prod(new, dtype=np.int64)) != int(np.prod(sh, dtype=np.int64)):
         raise ShapeError(f"Reshape: cannot reshape {list(sh)} to {list(new)}")
     return [(dt, new)]
@@ -323,7 +339,12 @@ def _concat_infer(ts, a):
     for d, s in ts[1:]:
         if d != dt or len(s) != len(sh0) or any(x != y for i, (x, y) in enumerate(zip(s, sh0)) if i != ax):
             raise ShapeError(f"Concat: inputs {[list(t[1]) for t in ts]} do not fit along axis {ax}")
-    return [(dt, tuple(sum(t[1][ax] for t in ts) if i == ax else d for i, d in enumerate(sh0)))]
+    out = tuple(sum(t[1][ax] for t in ts) if i == ax else d for i, d in enumerate(sh0))
+    if _symbolic(out):
+        from kiln.te import symbolic
+
+        out = symbolic.shape(out)
+    return [(dt, out)]
 
 
 register("Concat", "layout", _concat_infer, lambda xs, a: [np.concatenate(xs, axis=a["axis"])])
@@ -394,6 +415,7 @@ register("AveragePool", "pool", _pool_infer, _avgpool_eval)
 
 from kiln.ir import (
     ops_data,  # noqa: F401  (registers the indexing and data-movement primitives)
+    ops_dynamic,  # noqa: F401  (registers SymConst and Iota, the kernels of run-time shape values)
     ops_grad,  # noqa: F401  (registers the gradient primitives of reverse-mode autodiff)
     ops_resample,  # noqa: F401  (registers Resize and ConvTranspose)
 )

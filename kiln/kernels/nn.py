@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, call, const, highest, lowest, reduce, reduce_axis, select
+from kiln.te.expr import Expr, binop, call, cast, const, highest, lowest, reduce, reduce_axis, select
 
 
 def conv(x: Tensor, w: Tensor, strides, dilations, pads, group: int, out_shape: tuple[int, ...],
@@ -73,6 +73,9 @@ def reduction(op: str, x: Tensor, axes: tuple[int, ...], keepdims: int, out_shap
         kind = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "max", "ReduceMin": "min",
                 "ReduceProd": "prod"}[op]
         r = reduce(kind, x[tuple(idx)], list(raxes.values()))
+        if isinstance(count, Expr):  # a run-time extent (ONNX: a mean over no elements is NaN, as 0 / 0)
+            return r / cast(count, "float32") if op == "ReduceMean" and x.dtype == "float32" else \
+                (r // count if op == "ReduceMean" else r)
         if count == 0:
             return const({"sum": 0.0, "max": lowest(x.dtype), "min": highest(x.dtype), "prod": 1}[kind], x.dtype)
         if op == "ReduceMean":

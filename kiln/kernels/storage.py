@@ -17,7 +17,7 @@ from kiln.ir import dtypes
 from kiln.kernels.elementwise import isnan
 from kiln.package.format import STORAGE
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import binop, call, cast, select
+from kiln.te.expr import Expr, binop, call, cast, select
 
 _INT32 = (-(2**31), 2**31 - 1)
 
@@ -82,6 +82,8 @@ def scalar(value, dtype: str, what: str) -> float | int | bool:
         KilnError: an integer constant outside int32's range (naming ``what``).
     """
     want = dtypes.expr_dtype(dtype)
+    if isinstance(value, Expr):  # a run-time dim (size expression), read from the dims uniform by the kernel
+        return value if want == "int32" else cast(value, want)
     if want == "bool":
         return bool(value)
     if want == "int32":

@@ -24,8 +24,14 @@ def needs_buffer(node: Node, v: Value) -> bool:
 
 
 def storage_bytes(v: Value) -> int:
-    """Bytes ``v`` takes in a WebGPU buffer (its dtype's storage element type, see ``package.format.STORAGE``)."""
-    return v.size * dtypes.storage_itemsize(v.dtype)
+    """Bytes ``v`` takes in a WebGPU buffer (its dtype's storage element type, see ``package.format.STORAGE``);
+    for a shape with run-time dims, the most it takes for any dims in bounds (:func:`kiln.te.symbolic.upper`)."""
+    size = v.size
+    if not isinstance(size, int):
+        from kiln.te import symbolic
+
+        size = symbolic.upper(size)
+    return size * dtypes.storage_itemsize(v.dtype)
 
 
 def aligned(nbytes: int) -> int:
