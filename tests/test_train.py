@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.errors import KilnError
 from kiln.ir import interp
+from kiln.package.format import VERSION
 from kiln.train import OptimizerConfig, TrainOptions, build_train_graph
 
 F = torch.nn.functional
@@ -130,7 +131,7 @@ def test_export_weights_safetensors(cnn, tmp_path):
 
 def test_manifest_training_section(cnn):
     m = json.loads((cnn[0] / "manifest.json").read_text())
-    assert m["version"] == "1.3"
+    assert m["version"] == VERSION
     t = m["training"]
     assert [i["name"] for i in m["inputs"]] == ["x"] and [o["name"] for o in m["outputs"]] == ["logits"]
     assert [i["name"] for i in t["inputs"]] == ["x", "labels"] and t["outputs"][0]["name"] == "loss"

@@ -11,24 +11,26 @@ Example::
 from __future__ import annotations
 
 from kiln.ir.graph import Graph, Value
+from kiln.te.symbolic import format_shape
 
 
 def _ref(v: Value) -> str:
     if v.is_const:
         if v.size == 1:
             return repr(v.const.reshape(()).item())
-        return f"${v.name}: {v.dtype}{list(v.shape)}"
+        return f"${v.name}: {v.dtype}{format_shape(v.shape)}"
     return f"%{v.name}"
 
 
 def format_graph(graph: Graph) -> str:
     """Render ``graph`` as text, one node a line (shapes after each result)."""
-    ins = ", ".join(f"%{v.name}: {v.dtype}{list(v.sym_shape or v.shape)}" for v in graph.inputs)
+    ins = ", ".join(f"%{v.name}: {v.dtype}{list(v.sym_shape) if v.sym_shape else format_shape(v.shape)}"
+                    for v in graph.inputs)
     lines = [f"graph {graph.name}({ins}) {{"]
     for n in graph.nodes:
         attrs = ", ".join(f"{k}={v}" for k, v in sorted(n.attrs.items()))
         outs = ", ".join(f"%{o.name}" for o in n.outputs)
-        types = ", ".join(f"{o.dtype}{list(o.shape)}" for o in n.outputs)
+        types = ", ".join(f"{o.dtype}{format_shape(o.shape)}" for o in n.outputs)
         args = ", ".join(_ref(v) for v in n.inputs)
         lines.append(f"  {outs} = {n.op}({args}){' {' + attrs + '}' if attrs else ''}  # {types}")
     lines.append("  return " + ", ".join(_ref(v) for v in graph.outputs))

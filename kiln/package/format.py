@@ -66,7 +66,7 @@ def from_storage(raw: bytes | memoryview | np.ndarray, dtype: str, shape) -> np.
     return stored.astype(dtype, copy=True)
 
 FORMAT = "kiln-package"
-VERSION = "1.3"
+VERSION = "1.4"
 MAJOR = 1
 MANIFEST = "manifest.json"
 

@@ -55,8 +55,10 @@ def check_destination(out: str | os.PathLike, force: bool) -> None:
 
 
 def _io(v, buffer: int) -> dict[str, Any]:
+    from kiln.package.dynamic import io_fields
+
     return {"name": v.name, "dtype": v.dtype, "storage": STORAGE.get(v.dtype, v.dtype), "shape": list(v.shape),
-            "symbolic_shape": list(v.sym_shape) if v.sym_shape else list(v.shape), "buffer": buffer}
+            "symbolic_shape": list(v.sym_shape) if v.sym_shape else list(v.shape), "buffer": buffer, **io_fields(v)}
 
 
 def needed_limits(compiled) -> dict[str, int]:
@@ -153,10 +155,12 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             kernels.append({"name": k.name, "source": path, "entry_point": "main",
                             "workgroup_size": [k.workgroup_size, 1, 1],
                             "bindings": [{"binding": i, "access": a} for i, a in enumerate(k.access)],
-                            "ops": k.ops, "schedule": k.schedule,
+                            "ops": k.ops, "schedule": k.schedule, **({"dims_binding": len(k.access)} if k.dims else {}),
                             **({"tuned": True, "tuning": k.tuning} if k.tuning else {})})
-        plan_steps = [{"kernel": s.kernel, "dispatch": list(s.dispatch), "buffers": s.buffers, "node": s.name}
-                      for s in compiled.steps]
+        from kiln.package import dynamic
+
+        plan_steps = [{"kernel": s.kernel, "dispatch": list(s.dispatch), "buffers": s.buffers, "node": s.name,
+                       **dynamic.step_fields(s)} for s in compiled.steps]
         train_steps = None
         if compiled.infer_steps is not None:
             train_steps, plan_steps = plan_steps, [plan_steps[i] for i in compiled.infer_steps]
@@ -167,6 +171,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "name": graph.name,
             "source": source,
             "dims": graph.dims,
+            **({"dynamic_dims": dynamic.dims_section(graph)} if graph.size_vars else {}),
             "inputs": [_io(v, plan.of[id(v)]) for v in model_inputs],
             "outputs": [_io(v, plan.of[id(v)]) for v in model_outputs],
             "buffers": buffers,
@@ -189,6 +194,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                 "limits": needed_limits(compiled),
                 "kernels": kernels,
                 "plan": plan_steps,
+                **({"dims_uniform": dynamic.uniform_section(graph)} if graph.size_vars else {}),
                 **({"train_plan": train_steps} if train_steps is not None else {}),
             }
         if compiled.webgl2 is not None:

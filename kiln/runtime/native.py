@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import DeviceError, PackageError
-from kiln.package.format import DEFAULT_LIMITS, from_storage, read_manifest, read_weights, verify_weights
+from kiln.errors import DeviceError, PackageError, ShapeError
+from kiln.package.format import DEFAULT_LIMITS, STORAGE, from_storage, read_manifest, read_weights, verify_weights
+from kiln.runtime import dynamic
 from kiln.runtime.feeds import storage_feeds
 from kiln.runtime.timing import wall_clock_ms
 from kiln.runtime.training import TrainingMixin
@@ -89,12 +90,22 @@ class Session(TrainingMixin):
             if data.size:
                 dev.queue.write_buffer(self.buffers[b["id"]], 0, data.tobytes())
         self.pipelines = []
+        # run-time dims (docs/dynamic-shapes.md): one uniform buffer of dim values, bound after each reading
+        # kernel's storage buffers; dispatch sizes and output shapes follow from the fed shapes
+        self._dyn = dynamic.is_dynamic(self.manifest)
+        self._dims_env: dict[str, int] | None = None
+        self.dims_buffer = dev.create_buffer(size=tgt["dims_uniform"]["bytes"], label="kiln_dims",
+                                             usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST) \
+            if self._dyn else None
         for k in tgt["kernels"]:
             src = (self.path / k["source"]).read_text()
             module = dev.create_shader_module(label=k["name"], code=src)
             entries = [{"binding": b["binding"], "visibility": wgpu.ShaderStage.COMPUTE,
                         "buffer": {"type": wgpu.BufferBindingType.read_only_storage if b["access"] == "read"
                                    else wgpu.BufferBindingType.storage}} for b in k["bindings"]]
+            if "dims_binding" in k:
+                entries.append({"binding": k["dims_binding"], "visibility": wgpu.ShaderStage.COMPUTE,
+                                "buffer": {"type": wgpu.BufferBindingType.uniform}})
             layout = dev.create_bind_group_layout(entries=entries)
             pipeline = dev.create_compute_pipeline(
                 layout=dev.create_pipeline_layout(bind_group_layouts=[layout]),
@@ -103,9 +114,12 @@ class Session(TrainingMixin):
         self.steps = []
         for s in tgt["plan"]:
             pipeline, layout = self.pipelines[s["kernel"]]
-            group = dev.create_bind_group(layout=layout, entries=[
-                {"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0, "size": self.buffers[bid].size}}
-                for i, bid in enumerate(s["buffers"])])
+            entries = [{"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0,
+                                                   "size": self.buffers[bid].size}} for i, bid in enumerate(s["buffers"])]
+            if "dims_binding" in tgt["kernels"][s["kernel"]]:
+                entries.append({"binding": tgt["kernels"][s["kernel"]]["dims_binding"], "resource": {
+                    "buffer": self.dims_buffer, "offset": 0, "size": self.dims_buffer.size}})
+            group = dev.create_bind_group(layout=layout, entries=entries)
             self.steps.append((pipeline, group, tuple(s["dispatch"])))
         self._raw = self._raw_steps()
         self._ran = False
@@ -132,7 +146,7 @@ class Session(TrainingMixin):
             return None
         return lib, ffi.NULL, raw
 
-    def _encode_raw(self, cpass) -> None:
+    def _encode_raw(self, cpass, dispatch: list[tuple[int, int, int]] | None = None) -> None:
         """Record every dispatch through wgpu-native's C API directly.
 
         Encoding through wgpu-py's checked wrappers costs about 15 us of Python per dispatch,
@@ -142,7 +156,11 @@ class Session(TrainingMixin):
         lib, null, raw = self._raw
         h = cpass._internal
         last = -1
-        for i, pipeline, group, x, y, z in raw:
+        for k, (i, pipeline, group, x, y, z) in enumerate(raw):
+            if dispatch is not None:
+                x, y, z = dispatch[k]
+                if not x:  # nothing to do for these dims: a dispatch of 0 workgroups is skipped
+                    continue
             if i != last:
                 lib.wgpuComputePassEncoderSetPipeline(h, pipeline)
                 last = i
@@ -185,8 +203,12 @@ class Session(TrainingMixin):
         """
         import wgpu
 
-        checked = self._check_feeds(feeds)
         dev = self.device
+        dispatch, shapes = None, {}
+        if self._dyn:
+            checked, dispatch, shapes = self._bind_dynamic(feeds)
+        else:
+            checked = self._check_feeds(feeds)
         for spec, a in checked:
             if a.size:  # an empty tensor has nothing to write (WebGPU refuses empty writes)
                 dev.queue.write_buffer(self.buffers[spec["buffer"]], 0, memoryview(a.reshape(-1)).cast("B"))
@@ -196,10 +218,14 @@ class Session(TrainingMixin):
         enc = dev.create_command_encoder()
         cpass = enc.begin_compute_pass()
         if self._raw is not None and self._ran:
-            self._encode_raw(cpass)
+            self._encode_raw(cpass, dispatch)
         else:
             last = None
-            for pipeline, group, (x, y, z) in self.steps:
+            for k, (pipeline, group, (x, y, z)) in enumerate(self.steps):
+                if dispatch is not None:
+                    x, y, z = dispatch[k]
+                    if not x:
+                        continue
                 if pipeline is not last:
                     cpass.set_pipeline(pipeline)
                     last = pipeline
@@ -208,7 +234,10 @@ class Session(TrainingMixin):
         cpass.end()
         for o in self.outputs:
             st = self.staging[o["name"]]
-            enc.copy_buffer_to_buffer(self.buffers[o["buffer"]], 0, st, 0, st.size)
+            size = st.size if not self._dyn else \
+                -(-int(np.prod(shapes[o["name"]])) * np.dtype(STORAGE[o["dtype"]]).itemsize // 4) * 4
+            if size:
+                enc.copy_buffer_to_buffer(self.buffers[o["buffer"]], 0, st, 0, size)
         dev.queue.submit([enc.finish()])
         self._ran = True
         results = {}
@@ -219,8 +248,26 @@ class Session(TrainingMixin):
                 raw = st.read_mapped(copy=True)
             finally:
                 st.unmap()
-            results[o["name"]] = from_storage(raw, o["dtype"], o["shape"])
+            results[o["name"]] = from_storage(raw, o["dtype"], shapes.get(o["name"], o["shape"]))
         return results
+
+    def _bind_dynamic(self, feeds: dict[str, np.ndarray]):
+        """Feeds of a package with run-time dims: ``(checked inputs, dispatches, output shapes)``; writes the dims
+        uniform when the dims changed (ShapeError as :func:`kiln.runtime.dynamic.bind_dims`)."""
+        from kiln.package.format import to_storage
+
+        env = dynamic.bind_dims(self.manifest, feeds)
+        checked = []
+        for spec in self.inputs:
+            a = np.asarray(feeds[spec["name"]])
+            if a.dtype != np.dtype(spec["dtype"]):
+                raise ShapeError(f"input {spec['name']!r}: expected dtype {spec['dtype']}, got {a.dtype}")
+            checked.append((spec, np.ascontiguousarray(to_storage(a, spec["dtype"], f"input {spec['name']!r}"))))
+        if env != self._dims_env:
+            self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))
+            self._dims_env = env
+        plan = self.manifest["targets"]["webgpu"]["plan"]
+        return checked, dynamic.dispatches(plan, env), dynamic.output_shapes(self.manifest, env)
 
     def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:
         """Wall-clock milliseconds of ``repeat`` full runs (upload, compute, readback) after ``warmup`` runs."""

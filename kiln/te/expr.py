@@ -94,7 +94,9 @@ class SizeVar(Expr):
     """
 
     __hash__ = Expr._hash
-    __repr__ = Expr._repr
+
+    def __repr__(self) -> str:
+        return f"SizeVar({self.name})"
 
     name: str
     index: int

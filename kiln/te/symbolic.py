@@ -306,7 +306,7 @@ _JSON_OPS = ("+", "-", "*", "//", "%", "max", "min")
 def to_json(d: Dim) -> Any:
     """``d`` as the manifest's expression form: an int, a dim name, or ``[op, a, b]`` with ``op`` one of
     ``+ - * // % max min`` (integer arithmetic; ``//`` floors). Runtimes evaluate it with a small
-    interpreter, never ``eval``."""
+    interpreter (:func:`kiln.runtime.dynamic.eval_json`, ``evalDims`` in webgpu.js), never ``eval``."""
     if not isinstance(d, Expr):
         return int(d)
     if isinstance(d, Const):
@@ -318,28 +318,6 @@ def to_json(d: Dim) -> Any:
     if isinstance(d, Call) and d.fn in ("max", "min"):
         return [d.fn, to_json(d.args[0]), to_json(d.args[1])]
     raise KilnError(f"cannot serialise size expression {d}")
-
-
-def eval_json(j: Any, env: Mapping[str, int]) -> int:
-    """Evaluate a manifest size expression (:func:`to_json`'s form) with dim values ``env``.
-
-    Raises:
-        KilnError: a malformed expression or an unknown dim.
-    """
-    if isinstance(j, bool):
-        raise KilnError(f"malformed size expression {j!r}")
-    if isinstance(j, int):
-        return j
-    if isinstance(j, str):
-        if j not in env:
-            raise KilnError(f"size expression names unknown dim {j!r}")
-        return int(env[j])
-    if isinstance(j, list) and len(j) == 3 and j[0] in _JSON_OPS:
-        a, b = eval_json(j[1], env), eval_json(j[2], env)
-        if j[0] in ("//", "%") and b == 0:
-            raise KilnError("size expression divides by zero")
-        return {"max": max, "min": min}[j[0]](a, b) if j[0] in ("max", "min") else _EVAL[j[0]](a, b)
-    raise KilnError(f"malformed size expression {j!r}")
 
 
 def to_text(d: Dim) -> str:
