@@ -7,6 +7,7 @@
 // See kiln.js for the backend interface this module implements.
 
 import {createTrainer, readBuffers, runTrainStep} from './train.js';
+import {dimsWords, outputShape, stepDispatch} from './dims.js';
 import {DeviceError, PackageError} from './errors.js';
 import {kernelText, readWeights} from './package.js';
 
@@ -192,6 +193,10 @@ export class WebGPUBackend {
     await throwScopeError(device, PackageError, `${root}: cannot create the package's buffers`);
     await throwScopeError(device, DeviceError, 'out of GPU memory creating the package\'s buffers');
 
+    // run-time dims (dims.js): one uniform buffer of dim values, bound after each reading kernel's storage buffers
+    const dimsBuffer = manifest.dynamic_dims?.length ? device.createBuffer({
+      label: 'kiln_dims', size: spec.dims_uniform.bytes, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+    }) : null;
     const [pipelines] = await Promise.all([
       createPipelines(source, device, spec.kernels),
       readWeights(source, manifest, verify, async (file, weights) => {
@@ -205,12 +210,11 @@ export class WebGPUBackend {
     const steps = spec.plan.map((step, index) => {
       const {pipeline, layout} = pipelines[step.kernel] ?? {};
       if (!pipeline) throw new PackageError(`${root}: plan step ${index} names kernel ${step.kernel}, which does not exist`);
-      const bindGroup = device.createBindGroup({
-        label: step.node,
-        layout,
-        entries: step.buffers.map((id, binding) => ({binding, resource: {buffer: buffers[id]}})),
-      });
-      return {pipeline, bindGroup, dispatch: step.dispatch};
+      const entries = step.buffers.map((id, binding) => ({binding, resource: {buffer: buffers[id]}}));
+      const dimsBinding = spec.kernels[step.kernel].dims_binding;
+      if (dimsBinding !== undefined) entries.push({binding: dimsBinding, resource: {buffer: dimsBuffer}});
+      const bindGroup = device.createBindGroup({label: step.node, layout, entries});
+      return {pipeline, bindGroup, dispatch: step.dispatch, step};
     });
     const staging = new Map(manifest.outputs.map((o) => [o.name, device.createBuffer({
       label: `staging_${o.name}`,
@@ -220,6 +224,12 @@ export class WebGPUBackend {
     const trainer = manifest.training ? createTrainer(device, manifest, buffers, pipelines) : null;
     await throwScopeError(device, PackageError, `${root}: invalid execution plan`);
     const backend = new WebGPUBackend(adapter, device, manifest, buffers, steps, staging);
+    /** @private the dims uniform of a package with run-time dims, or null */
+    backend.dimsBuffer = dimsBuffer;
+    /** @private */ backend.manifest = manifest;
+    /** @private the dims last written into the uniform (JSON), and the dispatches they give */
+    backend.dimsKey = null;
+    backend.dispatches = steps.map((s) => s.dispatch);
     /** @private the train plan of a train-step package (train.js), or null */
     backend.trainer = trainer;
     /** @private the manifest's training section, or null */
@@ -233,16 +243,19 @@ export class WebGPUBackend {
    * @returns {Promise<Record<string, ArrayBuffer>>} each output's buffer contents (storage form)
    * @throws {DeviceError} the device was lost or rejected the work.
    */
-  async run(inputs) {
+  async run(inputs, dims = null) {
     this.checkLost();
     const {device} = this;
     device.pushErrorScope('validation');
     this.writeInputs(inputs);
+    this.setDims(dims);
     const encoder = device.createCommandEncoder();
     this.encodePass(encoder);
     for (const output of this.outputs) {
       const staging = this.staging.get(output.name);
-      encoder.copyBufferToBuffer(this.buffers[output.buffer], 0, staging, 0, staging.size);
+      // every stored element takes 4 bytes (the package format's storage types)
+      const size = dims ? 4 * outputShape(output, dims).reduce((a, b) => a * b, 1) : staging.size;
+      if (size) encoder.copyBufferToBuffer(this.buffers[output.buffer], 0, staging, 0, size);
     }
     device.queue.submit([encoder.finish()]);
     await throwScopeError(device, DeviceError, 'WebGPU rejected the run');
@@ -257,6 +270,20 @@ export class WebGPUBackend {
       }
     }));
     return results;
+  }
+
+  /**
+   * Write run-time dims into the dims uniform and evaluate every step's dispatch (dims.js); no-op for
+   * static packages or unchanged dims.
+   * @param {Record<string, number> | null} dims @private
+   */
+  setDims(dims) {
+    if (!dims || !this.dimsBuffer) return;
+    const key = JSON.stringify(dims);
+    if (key === this.dimsKey) return;
+    this.device.queue.writeBuffer(this.dimsBuffer, 0, dimsWords(this.manifest, dims));
+    this.dispatches = this.steps.map((s) => stepDispatch(s.step, dims));
+    this.dimsKey = key;
   }
 
   /** @private @throws {DeviceError} the device was lost */
@@ -280,7 +307,9 @@ export class WebGPUBackend {
   encodePass(encoder, timestampWrites) {
     const pass = encoder.beginComputePass(timestampWrites ? {timestampWrites} : {});
     let current = null;
-    for (const {pipeline, bindGroup, dispatch} of this.steps) {
+    for (const [i, {pipeline, bindGroup}] of this.steps.entries()) {
+      const dispatch = this.dispatches[i];
+      if (!dispatch[0]) continue;  // run-time dims leave this step nothing to do: a 0-workgroup dispatch is skipped
       if (pipeline !== current) {
         pass.setPipeline(pipeline);
         current = pipeline;
@@ -299,11 +328,12 @@ export class WebGPUBackend {
    * @returns {Promise<{clock: 'timestamp-query' | 'wall', times: number[], wall: number[]}>} milliseconds
    * @throws {DeviceError} the device was lost or rejected the work.
    */
-  async time(inputs, {repeat, warmup, useTimestamps}) {
+  async time(inputs, {repeat, warmup, useTimestamps, dims = null}) {
     this.checkLost();
     const {device} = this;
     device.pushErrorScope('validation');
     this.writeInputs(inputs);
+    this.setDims(dims);
     let querySet = null, resolve = null, readback = null;
     if (useTimestamps && this.timestampQuery) {
       querySet = device.createQuerySet({label: 'kiln_time', type: 'timestamp', count: 2});
@@ -392,11 +422,12 @@ function createPipelines(source, device, kernels) {
     const module = device.createShaderModule({label: kernel.name, code});
     const layout = device.createBindGroupLayout({
       label: kernel.name,
-      entries: kernel.bindings.map((b) => ({
+      entries: [...kernel.bindings.map((b) => ({
         binding: b.binding,
         visibility: GPUShaderStage.COMPUTE,
         buffer: {type: b.access === 'read' ? 'read-only-storage' : 'storage'},
-      })),
+      })), ...(kernel.dims_binding === undefined ? [] : [
+        {binding: kernel.dims_binding, visibility: GPUShaderStage.COMPUTE, buffer: {type: 'uniform'}}])],
     });
     try {
       const pipeline = await device.createComputePipelineAsync({

@@ -23,7 +23,10 @@ def io_fields(v) -> dict[str, Any]:
     its buffer holds) and ``dynamic_shape`` the dims as size expressions (``["batch", "seq", 384]``)."""
     if v.is_static:
         return {}
-    return {"shape": [symbolic.upper(d) for d in v.shape], "dynamic_shape": [symbolic.to_json(d) for d in v.shape]}
+    out = {"shape": [symbolic.upper(d) for d in v.shape], "dynamic_shape": [symbolic.to_json(d) for d in v.shape]}
+    if not v.sym_shape:  # the model did not state this value's shape: its dims as text (``batch*seq``)
+        out["symbolic_shape"] = [symbolic.to_text(d) if symbolic.is_symbolic(d) else d for d in v.shape]
+    return out
 
 
 def step_fields(step) -> dict[str, Any]:
