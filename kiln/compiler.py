@@ -23,9 +23,9 @@ from kiln.kernels import library, storage
 from kiln.passes.fusion import Group, fuse
 from kiln.passes.manager import optimize
 from kiln.passes.memory_plan import MemoryPlan, needs_buffer, plan_memory
+from kiln.te import symbolic
 from kiln.te.compute import Tensor, inline, placeholder
 from kiln.te.lower import lower
-from kiln.te import symbolic
 from kiln.te.schedule import DEVICE_CLASSES, Schedule, default_schedule
 
 #: dtypes the WebGPU target's kernels read and write (stored as in kiln.kernels.storage)

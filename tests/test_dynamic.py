@@ -132,7 +132,7 @@ def _feeds(name, b, s, rng):
 
 @pytest.mark.parametrize("name", ["attention", "shape_ops"])
 def test_one_package_many_shapes(models, name, rng):
-    path, pkg, session = models[name]
+    path, _, session = models[name]
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in ref.get_outputs()]
     for b, s in SHAPES:

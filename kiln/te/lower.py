@@ -41,7 +41,7 @@ from kiln.te.expr import (
     transform,
 )
 from kiln.te.schedule import Schedule
-from kiln.te.symbolic import ceil_div, is_symbolic, simplify, symbols
+from kiln.te.symbolic import ceil_div, is_symbolic, simplify
 
 
 @dataclass(frozen=True, eq=True)

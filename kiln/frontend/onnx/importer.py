@@ -14,8 +14,8 @@ import os
 from collections.abc import Collection
 from typing import Any
 
-import onnx
 import numpy as np
+import onnx
 from onnx import numpy_helper
 
 from kiln.errors import KilnError, ModelFormatError, ShapeError, UnsupportedOpError
