@@ -109,20 +109,40 @@ def _shape_ops_model(rng) -> onnx.ModelProto:
                   inits, "shape_ops")
 
 
+def _conv_model(rng) -> onnx.ModelProto:
+    """img [1, 3, H, W]: Conv 3x3 stride 2 pad 1 (+ bias) -> Relu -> MaxPool 2x2 -> GlobalAveragePool, and the pooled
+    map itself (run-time spatial dims, as PP-OCR's detector has)."""
+    f = np.float32
+    inits = {"w": rng.standard_normal((8, 3, 3, 3)).astype(f), "bias": rng.standard_normal(8).astype(f)}
+    n = helper.make_node
+    nodes = [n("Conv", ["img", "w", "bias"], ["c"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             n("Relu", ["c"], ["r"]), n("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("GlobalAveragePool", ["p"], ["g"])]
+    return _model(nodes, [_vi("img", TensorProto.FLOAT, [1, 3, "H", "W"])],
+                  [_vi("g", TensorProto.FLOAT, [1, 8, 1, 1]), _vi("p", TensorProto.FLOAT, [1, 8, "h", "w"])], inits,
+                  "conv")
+
+
+BUILDS = {"attention": (_attention_model, DIMS), "shape_ops": (_shape_ops_model, DIMS),
+          "conv": (_conv_model, {"H": (4, 24, 16), "W": (4, 24, 16)})}
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     rng = np.random.default_rng(7)
     out = {}
-    for name, build in (("attention", _attention_model), ("shape_ops", _shape_ops_model)):
+    for name, (build, dims) in BUILDS.items():
         model = build(rng)
         path = tmp_path_factory.mktemp("dyn") / f"{name}.onnx"
         onnx.save(model, str(path))
-        pkg = kiln.compile(path, path.with_suffix(""), dims=DIMS, device_class="cpu")
+        pkg = kiln.compile(path, path.with_suffix(""), dims=dims, device_class="cpu")
         out[name] = (path, pkg, kiln.load(pkg, poison=True))
     return out
 
 
 def _feeds(name, b, s, rng):
+    if name == "conv":  # (b, s) as spatial sizes: 4 + 2b x 4 + s
+        return {"img": rng.standard_normal((1, 3, 4 + 2 * b, 4 + s)).astype(np.float32)}
     if name == "attention":
         mask = np.ones((b, s), np.int64)
         mask[0, s // 2 + 1:] = 0
@@ -130,7 +150,7 @@ def _feeds(name, b, s, rng):
     return {"ids": rng.integers(0, 50, (b, s)).astype(np.int64)}
 
 
-@pytest.mark.parametrize("name", ["attention", "shape_ops"])
+@pytest.mark.parametrize("name", list(BUILDS))
 def test_one_package_many_shapes(models, name, rng):
     path, _, session = models[name]
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -241,6 +241,14 @@ def _conv_infer(ts, a):
     pads = a["pads"]
     out = [conv_out_dim(sx[2 + i], sw[2 + i], a["strides"][i], a["dilations"][i], pads[i], pads[nsp + i])
            for i in range(nsp)]
+    if _symbolic(out):  # a run-time spatial size: every value in bounds must give a non-empty output
+        from kiln.te import symbolic
+
+        out = list(symbolic.shape(out))
+        if min(symbolic.bounds(d)[0] for d in out) < 1:
+            raise ShapeError(f"Conv: output spatial shape {symbolic.format_shape(out)} is empty for some run-time "
+                             "dims in bounds (raise the lower bounds)")
+        return [(dx, (sx[0], sw[0], *out))]
     if min(out) < 1:
         raise ShapeError(f"Conv: output spatial shape {out} is empty")
     return [(dx, (sx[0], sw[0], *out))]
@@ -357,6 +365,12 @@ def pool_out_dim(size: int, k: int, stride: int, dilation: int, pad_begin: int, 
     In ceil mode a last window that would start in the end padding is dropped.
     """
     span = size + pad_begin + pad_end - ((k - 1) * dilation + 1)
+    if not isinstance(size, (int, np.integer)):
+        from kiln.te import symbolic
+
+        if ceil_mode:
+            raise ShapeError("pooling with ceil_mode=1 over a run-time dim is not supported; bind it with --dim")
+        return symbolic.simplify(span // stride + 1)
     out = (-(-span // stride) if ceil_mode else span // stride) + 1
     if ceil_mode and (out - 1) * stride >= size + pad_begin:
         out -= 1
@@ -368,6 +382,13 @@ def _pool_infer(ts, a):
     nsp = len(sh) - 2
     k, s, d, p = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     out = [pool_out_dim(sh[2 + i], k[i], s[i], d[i], p[i], p[nsp + i], a["ceil_mode"]) for i in range(nsp)]
+    if _symbolic(out):
+        from kiln.te import symbolic
+
+        if nsp < 1 or min(symbolic.bounds(d)[0] for d in out) < 1:
+            raise ShapeError(f"pooling window {list(k)} does not fit input {symbolic.format_shape(sh)} for every "
+                             "run-time dim in bounds")
+        return [(dt, (*sh[:2], *out))]
     if nsp < 1 or min(out) < 1:
         raise ShapeError(f"pooling window {list(k)} does not fit input {list(sh)}")
     return [(dt, (*sh[:2], *out))]

@@ -26,7 +26,8 @@ def conv(x: Tensor, w: Tensor, strides, dilations, pads, group: int, out_shape: 
         for i in range(nsp):
             if pads[i] > 0:
                 inside = inside & binop(">=", pos[i], 0)
-            if pads[nsp + i] > 0 or (out_shape[2 + i] - 1) * strides[i] - pads[i] + (w.shape[2 + i] - 1) * dilations[i] >= x.shape[2 + i]:
+            if pads[nsp + i] > 0 or isinstance(x.shape[2 + i], Expr) or isinstance(out_shape[2 + i], Expr) \
+                    or (out_shape[2 + i] - 1) * strides[i] - pads[i] + (w.shape[2 + i] - 1) * dilations[i] >= x.shape[2 + i]:
                 inside = inside & binop("<", pos[i], x.shape[2 + i])
         val = select(inside, x[(n, ci, *pos)], 0.0)
         return reduce("sum", val * w[(co, rc, *rk)], [rc, *rk])
