@@ -240,9 +240,11 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     plan = plan_memory(graph, groups)
     kernels, steps = [], []
     if "webgpu" in targets:
+        fallback = functools.partial(default_schedule, device_class=device_class)
+        if schedule is not None and graph.size_vars:
+            schedule = _static_only(schedule, fallback)
         kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
-                                       schedule=schedule or functools.partial(default_schedule,
-                                                                                device_class=device_class))
+                                       schedule=schedule or fallback)
     webgl2_code = None
     if "webgl2" in targets:
         from kiln import webgl2
@@ -259,6 +261,19 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         infer = steps_for(groups, [v for v in graph.outputs if v.name in names])
     return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=targets,
                     wasm=program, webgl2=webgl2_code, training=training, infer_steps=infer)
+
+
+def _static_only(schedule: Callable[[Tensor], Schedule], fallback: Callable[[Tensor], Schedule]):
+    """``schedule`` (a tuning database's chooser, keyed by static shapes) for kernels of static shape; ``fallback``
+    (the default schedules) for kernels over run-time dims (docs/dynamic-shapes.md)."""
+    from kiln.te.compute import placeholders
+
+    def choose(t: Tensor) -> Schedule:
+        if symbolic.symbols([t.shape, *(p.shape for p in placeholders(t))]):
+            return fallback(t)
+        return schedule(t)
+
+    return choose
 
 
 def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",

@@ -77,7 +77,7 @@ def _attention_model(rng) -> onnx.ModelProto:
 def _shape_ops_model(rng) -> onnx.ModelProto:
     """ids [batch, seq] (int64): Range(0, seq) -> Gather of position embeddings, Slice of a table by seq, Gather of
     token embeddings, ConstantOfShape + Expand, Where(Equal(shape, -1)) as exporters write it, Flatten, a sum and
-    a mean over seq (a reduction of run-time extent), IsNaN, Concat along seq."""
+    a mean over seq (a reduction of run-time extent), IsNaN, Concat along seq, and a Slice that is empty for seq = 1."""
     f = np.float32
     inits = {"tok": rng.standard_normal((50, 8)).astype(f), "pos": rng.standard_normal((1, 16, 8)).astype(f),
              "i1": np.array([1], np.int64), "z": np.array([0], np.int64), "zero": np.array(0, np.int64),
@@ -101,11 +101,13 @@ def _shape_ops_model(rng) -> onnx.ModelProto:
         n("Sub", ["e3", "sum"], ["e4"]), n("IsNaN", ["e4"], ["nan"]), n("Not", ["nan"], ["ok"]),
         n("Cast", ["ok"], ["okf"], to=1), n("Mul", ["e4", "okf"], ["e5"]),
         n("Concat", ["e5", "e3"], ["cat"], axis=1), n("Flatten", ["cat"], ["y"], axis=2),
+        n("Slice", ["e3", "i1", "big", "ax1"], ["tail"]),  # [batch, seq - 1, 8]: empty for seq = 1 (0 workgroups)
     ]
+    inits["big"] = np.array([2**62], np.int64)
     inits["ones_shape"] = np.array([1, 1, 1], np.int64)
     return _model(nodes, [_vi("ids", TensorProto.INT64, ["batch", "seq"])],
                   [_vi("y", TensorProto.FLOAT, ["rows", 8]), _vi("mean", TensorProto.FLOAT, ["batch", 8]),
-                   _vi("r", TensorProto.INT64, ["seq"])],
+                   _vi("r", TensorProto.INT64, ["seq"]), _vi("tail", TensorProto.FLOAT, ["batch", "tail", 8])],
                   inits, "shape_ops")
 
 
