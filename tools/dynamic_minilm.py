@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"batch": b, "seq": s, "shape": list(got.shape), "max_abs_error": err, "ms": ms,
                      "ok": err <= args.tolerance})
     table = Table(title=f"MiniLM last_hidden_state from one package ({args.package}) vs onnxruntime")
-    for col in ("batch", "seq", "shape", "max abs error", "ms (first run incl. pipelines)", "ok"):
+    for col in ("batch", "seq", "shape", "max abs error", "ms (one run; the first also makes pipelines)", "ok"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["batch"]), str(r["seq"]), str(r["shape"]), f"{r['max_abs_error']:.2e}", f"{r['ms']:.0f}",

@@ -240,6 +240,7 @@ class Session(TrainingMixin):
                 enc.copy_buffer_to_buffer(self.buffers[o["buffer"]], 0, st, 0, size)
         dev.queue.submit([enc.finish()])
         self._ran = True
+        self._dispatch = dispatch  # the last run's dispatches (run-time dims), for profile()
         results = {}
         for o in self.outputs:
             st = self.staging[o["name"]]
@@ -288,7 +289,10 @@ class Session(TrainingMixin):
         import wgpu
 
         self.run(feeds)
-        n = len(self.steps)
+        steps = self.steps
+        if getattr(self, "_dispatch", None) is not None:  # run-time dims: this run's dispatches, empty ones dropped
+            steps = [(p, g, d) for (p, g, _), d in zip(self.steps, self._dispatch)]
+        n = len(steps)
         samples: list[list[float]] = [[] for _ in range(n)]
         timestamps = "timestamp-query" in self.device.features
         if timestamps:
@@ -300,7 +304,9 @@ class Session(TrainingMixin):
         for _ in range(repeat):
             if timestamps:
                 enc = self.device.create_command_encoder()
-                for i, (pipeline, group, dispatch) in enumerate(self.steps):
+                for i, (pipeline, group, dispatch) in enumerate(steps):
+                    if not dispatch[0]:
+                        continue
                     cpass = enc.begin_compute_pass(timestamp_writes={
                         "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
                     cpass.set_pipeline(pipeline)
@@ -318,7 +324,10 @@ class Session(TrainingMixin):
                 for i in range(n):
                     samples[i].append(float(ticks[i, 1] - ticks[i, 0]) / 1e6 if ticks[i, 1] >= ticks[i, 0] else 0.0)
             else:
-                for i, (pipeline, group, dispatch) in enumerate(self.steps):
+                for i, (pipeline, group, dispatch) in enumerate(steps):
+                    if not dispatch[0]:
+                        samples[i].append(0.0)
+                        continue
                     t0 = time.perf_counter()
                     enc = self.device.create_command_encoder()
                     cpass = enc.begin_compute_pass()
@@ -330,6 +339,6 @@ class Session(TrainingMixin):
                     self.device.queue.read_buffer(self.buffers[0], 0, 4)  # waits for the submission
                     samples[i].append((time.perf_counter() - t0) * 1e3)
         plan = self.manifest["targets"]["webgpu"]["plan"]
-        return [{"step": plan[i].get("node", str(i)), "kernel": self.step_names[i], "dispatch": list(self.steps[i][2]),
+        return [{"step": plan[i].get("node", str(i)), "kernel": self.step_names[i], "dispatch": list(steps[i][2]),
                  "ms": float(np.median(samples[i])), "clock": "timestamp-query" if timestamps else "wall"}
                 for i in range(n)]
