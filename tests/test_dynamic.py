@@ -265,3 +265,14 @@ def _minilm_feeds(rng, batch, seq):
     if seq > 2:
         mask[-1, seq // 2:] = 0  # a padded sequence
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((batch, seq), np.int64)}
+
+
+def test_cli_dim_ranges():
+    import click
+
+    from kiln.cli import _parse_dims
+
+    assert _parse_dims(("seq=1..512@128", "batch=1..4", "N=4")) == {"seq": (1, 512, 128), "batch": (1, 4, 4), "N": 4}
+    for bad in ("seq=0..4", "seq=8..4", "seq=1..4@9", "seq=a..b", "seq"):
+        with pytest.raises((click.BadParameter, KilnError)):
+            _parse_dims((bad,))

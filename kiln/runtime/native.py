@@ -196,10 +196,13 @@ class Session(TrainingMixin):
 
         Inputs are converted to their buffers' element type (``storage`` in the manifest: bool,
         int8, uint8 and int64 are stored as int32) and outputs back to their dtype.
+        A package with run-time dims (docs/dynamic-shapes.md) takes inputs of any shape within its dims'
+        bounds and returns outputs of their run-time shapes.
 
         Raises:
             ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
-                input value that does not fit in int32.
+                input value that does not fit in int32; for run-time dims, a value outside its bounds or
+                inputs that disagree on one.
         """
         import wgpu
 

@@ -101,15 +101,19 @@ def parse_dim_spec(key: str, value: Any) -> int | tuple[int, int, int]:
             rng, _, opt = text.partition("@")
             lo, _, hi = rng.partition("..")
             lo_i, hi_i = int(lo), int(hi)
-            return (lo_i, hi_i, int(opt) if opt else hi_i)
+            spec = (lo_i, hi_i, int(opt) if opt else hi_i)
         except ValueError:
             raise KilnError(f"--dim {key}={value}: expected SIZE, LO..HI or LO..HI@OPT (integers)") from None
-    if isinstance(value, (tuple, list, range)):
+    elif isinstance(value, (tuple, list, range)):
         v = (value.start, value.stop - 1) if isinstance(value, range) else tuple(int(x) for x in value)
         if len(v) not in (2, 3):
             raise KilnError(f"dim {key}: a run-time dim is (lo, hi) or (lo, hi, opt), got {value!r}")
-        return (v[0], v[1], v[2] if len(v) == 3 else v[1])
-    return int(value)
+        spec = (v[0], v[1], v[2] if len(v) == 3 else v[1])
+    else:
+        return int(value)
+    if not 1 <= spec[0] <= spec[2] <= spec[1]:
+        raise KilnError(f"dim {key}: a run-time dim needs 1 <= lo <= opt <= hi, got {spec[0]}..{spec[1]}@{spec[2]}")
+    return spec
 
 
 def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int | str, ...]]:
