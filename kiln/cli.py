@@ -16,13 +16,22 @@ import click
 from kiln.errors import KilnError
 
 
-def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
-    dims = {}
+def _parse_dims(values: tuple[str, ...]) -> dict[str, int | tuple[int, int, int]]:
+    """``--dim`` values: ``NAME=SIZE`` binds statically, ``NAME=LO..HI[@OPT]`` makes a run-time dim
+    (docs/dynamic-shapes.md)."""
+    from kiln.frontend.onnx.importer import parse_dim_spec
+
+    dims: dict[str, int | tuple[int, int, int]] = {}
     for item in values:
         name, sep, val = item.partition("=")
-        if not sep or not val.strip().isdigit() or int(val) < 1:
-            raise click.BadParameter(f"{item!r}: expected NAME=SIZE with SIZE >= 1", param_hint="--dim")
-        dims[name.strip()] = int(val)
+        try:
+            spec = parse_dim_spec(name.strip(), val) if sep else None
+        except KilnError:
+            spec = None
+        if spec is None or (isinstance(spec, int) and spec < 1) or (isinstance(spec, tuple) and spec[0] < 1):
+            raise click.BadParameter(f"{item!r}: expected NAME=SIZE with SIZE >= 1, or NAME=LO..HI[@OPT] with "
+                                     "1 <= LO <= OPT <= HI", param_hint="--dim")
+        dims[name.strip()] = spec
     return dims
 
 
@@ -64,7 +73,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Package directory to write.")
 @click.option("--target", default="webgpu", show_default=True, metavar="TARGETS",
               help="Code generation targets, a comma list of webgpu, webgl2 and wasm (e.g. webgpu,webgl2,wasm).")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4; a range makes it a run-time dim: "
+              "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128).")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
 @click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,
               help="Pre/post-processing for the demo page and `kiln run --image`.")
@@ -365,6 +375,9 @@ def info_cmd(package: Path, as_json: bool) -> None:
             click.echo(f"  {io['name']}: {io['dtype']}{io['shape']}" + (f"  (symbolic {sym})" if sym != io["shape"] else ""))
     if m.get("dims"):
         click.echo("dims: " + ", ".join(f"{k}={v}" for k, v in m["dims"].items()))
+    if m.get("dynamic_dims"):
+        click.echo("run-time dims: " + ", ".join(f"{d['name']}={d['min']}..{d['max']}@{d['opt']}"
+                                                 for d in m["dynamic_dims"]))
     for name, tgt in m["targets"].items():
         uses: dict[int, int] = {}
         for s in kernel_steps(tgt["plan"]):

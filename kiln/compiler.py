@@ -25,6 +25,7 @@ from kiln.kernels import library, storage
 from kiln.passes.fusion import Group, fuse
 from kiln.passes.manager import optimize
 from kiln.passes.memory_plan import MemoryPlan, needs_buffer, plan_memory
+from kiln.te import symbolic
 from kiln.te.compute import Tensor, inline, placeholder
 from kiln.te.lower import lower
 from kiln.te.schedule import DEVICE_CLASSES, Schedule, default_schedule
@@ -48,6 +49,8 @@ class Kernel:
     schedule: dict = field(default_factory=dict)
     #: what the manifest records about a tuned schedule (``speedup``, ``trials``, ``adapter``); empty if untuned
     tuning: dict = field(default_factory=dict)
+    #: True when the kernel reads the run-time dims uniform (binding after its storage buffers)
+    dims: bool = False
 
     @property
     def workgroup_size(self) -> int:
@@ -63,6 +66,8 @@ class Step:
     dispatch: tuple[int, int, int]
     buffers: list[int]
     name: str
+    #: workgroups as a size expression of run-time dims (None when static; ``dispatch`` then holds the upper bound)
+    groups: Any = None
 
 
 @dataclass
@@ -186,7 +191,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
         it = track(work, description="generating kernels", transient=True)
     for g in it:
         k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
-        desc = " -> ".join(f"{n.op}" for n in g.nodes) + f" {list(g.output.shape)}"
+        desc = " -> ".join(f"{n.op}" for n in g.nodes) + f" {symbolic.format_shape(g.output.shape)}"
         src = wgsl.render(k, desc)
         digest = hashlib.sha256(src.encode()).hexdigest()
         if digest not in by_source:
@@ -195,9 +200,15 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
                 validate_wgsl(src, name, features=("shader-f16",) if plan.half else ())
             by_source[digest] = len(kernels)
             kernels.append(Kernel(name, src, [p.access for p in k.params], [n.op for n in g.nodes],
-                                  k.schedule.to_json(), dict(getattr(k.schedule, "tuning", None) or {})))
+                                  k.schedule.to_json(), dict(getattr(k.schedule, "tuning", None) or {}),
+                                  dims=bool(k.size_vars)))
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
-        steps.append(Step(by_source[digest], k.dispatch, bufs, g.nodes[0].name))
+        groups = k.groups
+        if symbolic.is_symbolic(groups):
+            steps.append(Step(by_source[digest], k.schedule.dispatch(symbolic.upper(groups) * k.schedule.workgroup_size),
+                              bufs, g.nodes[0].name, groups=groups))
+        else:
+            steps.append(Step(by_source[digest], k.dispatch, bufs, g.nodes[0].name))
     return kernels, steps
 
 
@@ -257,6 +268,11 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     """
     targets = parse_targets(target)
     accumulate = check_precision(precision, targets, training)
+    if graph.size_vars and (targets != ("webgpu",) or training is not None):
+        dims = ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in graph.size_vars.values())
+        raise KilnError(f"run-time dims ({dims}) are supported by the webgpu target only (asked for "
+                        f"{', '.join(targets)}{', a train step' if training is not None else ''}); bind them "
+                        "statically with --dim NAME=SIZE for other targets")
     if training is not None and targets != ("webgpu",):
         raise KilnError("train-step packages (--train) have the webgpu target only for now; the webgl2 and wasm "
                         "runtimes do not run train steps yet")
@@ -268,6 +284,10 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         if accumulate is not None:
             raise KilnError(f"--precision {precision} is not supported yet for models with run-time control flow "
                             "(If/Loop); compile them in fp32")
+        if graph.size_vars:
+            dims = ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in graph.size_vars.values())
+            raise KilnError(f"run-time dims ({dims}) are not supported yet for models with run-time control flow "
+                            "(If/Loop); bind them statically with --dim NAME=SIZE")
         return compile_control(graph, targets, validate=validate, device_class=device_class, schedule=schedule)
     tgt = get_target("webgpu")  # the groups and buffers serve every target: WebGPU's limits are the tightest
     verify(graph)
@@ -278,10 +298,11 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         tgt = dataclasses.replace(tgt, features=(*tgt.features, "shader-f16"))
     kernels, steps = [], []
     if "webgpu" in targets:
+        fallback = functools.partial(default_schedule, device_class=device_class)
+        if schedule is not None and graph.size_vars:
+            schedule = _static_only(schedule, fallback)
         kernels, steps = build_kernels(groups, plan, validate=validate, progress=progress,
-                                       schedule=schedule or functools.partial(default_schedule,
-                                                                                device_class=device_class),
-                                       accumulate=accumulate or "float32")
+                                       schedule=schedule or fallback, accumulate=accumulate or "float32")
     webgl2_code = None
     if "webgl2" in targets:
         from kiln import webgl2
@@ -298,6 +319,19 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         infer = steps_for(groups, [v for v in graph.outputs if v.name in names])
     return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=targets,
                     wasm=program, webgl2=webgl2_code, training=training, infer_steps=infer, precision=precision)
+
+
+def _static_only(schedule: Callable[[Tensor], Schedule], fallback: Callable[[Tensor], Schedule]):
+    """``schedule`` (a tuning database's chooser, keyed by static shapes) for kernels of static shape; ``fallback``
+    (the default schedules) for kernels over run-time dims (docs/dynamic-shapes.md)."""
+    from kiln.te.compute import placeholders
+
+    def choose(t: Tensor) -> Schedule:
+        if symbolic.symbols([t.shape, *(p.shape for p in placeholders(t))]):
+            return fallback(t)
+        return schedule(t)
+
+    return choose
 
 
 def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",

@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from kiln.te.expr import Bin, Call, Cast, Const, Expr, Select, Var
+from kiln.te.expr import Bin, Call, Cast, Const, Expr, Select, SizeVar, Var
 from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Let, LoweredKernel, Store
 
 #: Kiln dtype -> WGSL scalar type (WGSL §6.2.1); int64 is narrowed to i32 before codegen
@@ -78,8 +78,12 @@ def expr(e: Expr) -> str:
         return literal(e.value, e.dtype)
     if isinstance(e, Var):
         return e.name
+    if isinstance(e, SizeVar):
+        return f"{DIMS}[{e.index // 4}][{e.index % 4}]"
     if isinstance(e, BufLoad):
         idx = expr(e.index)
+        if e.guard and isinstance(e.size, Expr):
+            return f"{e.buf}[min(u32({idx}), u32(max({expr(e.size)} - 1i, 0i)))]"
         if e.guard:
             return f"{e.buf}[min(u32({idx}), {e.size - 1}u)]"
         return f"{e.buf}[{idx}]"
@@ -116,7 +120,8 @@ def _stmts(stmts, indent: int) -> list[str]:
             out.append(f"{pad}{s.var.name} = {expr(s.value)};")
         elif isinstance(s, For):
             v = s.var.name
-            out.append(f"{pad}for (var {v} = 0i; {v} < {s.extent}i; {v}++) {{")
+            extent = expr(s.extent) if isinstance(s.extent, Expr) else f"{s.extent}i"
+            out.append(f"{pad}for (var {v} = 0i; {v} < {extent}; {v}++) {{")
             out.extend(_stmts(s.body, indent + 1))
             out.append(f"{pad}}}")
         elif isinstance(s, Barrier):
@@ -146,11 +151,17 @@ def uniform(i: int) -> str:
     return f"{UNIFORM}[{i // 4}][{i % 4}]"
 
 
+#: name of the uniform array of run-time dims (docs/dynamic-shapes.md): dim ``i`` is ``kiln_dims[i / 4][i % 4]``
+DIMS = "kiln_dims"
+
+
 def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
     """WGSL source of kernel ``k`` with entry point ``main``.
 
     ``uniform_words`` > 0 declares a uniform buffer of that many ``i32`` words (see :func:`uniform`)
     at the binding after the storage buffers: shape-generic kernels read their shapes from it.
+    A kernel over run-time dims (:class:`~kiln.te.expr.SizeVar`) declares the dims uniform
+    :data:`DIMS` (``array<vec4<i32>, K>``, dim ``i`` in word ``i``) at that binding instead.
     """
     wg = k.schedule.workgroup_size
     lines = [f"// Kiln kernel {k.name}" + (f": {comment}" if comment else ""), "// generated from a tensor expression; do not edit", ""]
@@ -160,6 +171,12 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
     if uniform_words:
         lines.append(f"@group(0) @binding({len(k.params)}) var<uniform> {UNIFORM}: array<vec4<i32>, "
                      f"{-(-uniform_words // 4)}>;")
+    dims = k.size_vars
+    if dims:
+        if uniform_words:
+            raise ValueError("a kernel reads either shape uniforms or run-time dims, not both")
+        lines.append(f"@group(0) @binding({len(k.params)}) var<uniform> {DIMS}: array<vec4<i32>, "
+                     f"{dims[-1].index // 4 + 1}>;")
     for name, (dtype, size) in k.shared.items():
         lines.append(f"var<workgroup> {name}: array<{TYPES[dtype]}, {size}>;")
     lines += ["", f"@compute @workgroup_size({wg})"]
@@ -174,7 +191,7 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
         lines += [
             "fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {",
             f"    let {k.gid.name} = i32(id.x + id.y * groups.x * {wg}u);",
-            f"    if ({k.gid.name} >= {k.total}i) {{",
+            f"    if ({k.gid.name} >= {expr(k.total) if isinstance(k.total, Expr) else f'{k.total}i'}) {{",
             "        return;",
             "    }",
         ]

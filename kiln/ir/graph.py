@@ -43,14 +43,28 @@ class Value:
     sym_shape: tuple[int | str, ...] | None = None
 
     @property
-    def size(self) -> int:
-        """Number of elements."""
+    def size(self) -> Any:
+        """Number of elements (a size expression when the shape has run-time dims)."""
+        if any(not isinstance(d, (int, np.integer)) for d in self.shape):
+            from kiln.te import symbolic
+
+            return symbolic.prod(self.shape)
         return int(np.prod(self.shape, dtype=np.int64))
 
     @property
-    def nbytes(self) -> int:
-        """Bytes in host memory."""
+    def nbytes(self) -> Any:
+        """Bytes in host memory (a size expression when the shape has run-time dims)."""
         return self.size * dtypes.itemsize(self.dtype)
+
+    @property
+    def is_static(self) -> bool:
+        """True when every dim is an int (no run-time dims)."""
+        return all(isinstance(d, (int, np.integer)) for d in self.shape)
+
+    @property
+    def is_shape_const(self) -> bool:
+        """True for a constant holding size expressions (an object array: ``Shape`` of a run-time dim)."""
+        return self.const is not None and self.const.dtype == object
 
     @property
     def is_const(self) -> bool:
@@ -92,6 +106,8 @@ class Graph:
     outputs: list[Value] = field(default_factory=list)
     dims: dict[str, int] = field(default_factory=dict)
     name: str = "model"
+    #: run-time dims (docs/dynamic-shapes.md): name -> its size symbol, in uniform order; empty when static
+    size_vars: dict[str, Any] = field(default_factory=dict)
 
     def consumers(self) -> dict[int, list[Node]]:
         """Map ``id(value)`` -> the nodes that read it (in graph order)."""
@@ -147,8 +163,22 @@ class Builder:
         return name
 
     def const(self, array: np.ndarray | float, name: str = "const", dtype: str | None = None) -> Value:
-        """A constant value holding ``array`` (copied; ``dtype`` overrides the array's)."""
+        """A constant value holding ``array`` (copied; ``dtype`` overrides the array's).
+
+        An object array of size expressions (a shape with run-time dims, :mod:`kiln.te.symbolic`) stays one,
+        of dtype ``dtype`` (default int64), unless every element simplifies to an int.
+        """
         arr = np.asarray(array)
+        if arr.dtype == object:
+            from kiln.te import symbolic
+
+            flat = [symbolic.simplify(x) if not isinstance(x, (bool, np.bool_)) else x for x in arr.reshape(-1)]
+            dtype = dtype or "int64"
+            if any(symbolic.is_symbolic(x) for x in flat):
+                obj = np.empty(len(flat), object)
+                obj[:] = flat
+                return Value(self.fresh(name), dtype, tuple(arr.shape), const=obj.reshape(arr.shape))
+            arr = np.array(flat, dtype=dtypes.NUMPY[dtype]).reshape(arr.shape)
         if dtype is not None:
             arr = arr.astype(dtypes.NUMPY[dtype])
         arr = np.array(arr, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
@@ -165,10 +195,22 @@ class Builder:
         spec = ops.get(op)
         out_types = spec.infer([(v.dtype, v.shape) for v in inputs], attrs)
         node_name = name or self.scope or op
-        if self.fold and inputs and all(v.is_const for v in inputs):
-            results = spec.evaluate([v.const for v in inputs], dict(attrs))
-            outs = [self.const(r, name=node_name, dtype=dt) for r, (dt, _) in zip(results, out_types)]
-            return outs if nout > 1 or len(outs) > 1 else outs[0]
+        static_out = all(all(isinstance(d, (int, np.integer)) for d in sh) for _, sh in out_types)
+        if self.fold and inputs and all(v.is_const for v in inputs) and static_out:
+            results = None
+            if any(v.is_shape_const for v in inputs):
+                from kiln.ir.shape_fold import fold
+
+                results = fold(op, [v.const for v in inputs], dict(attrs), out_types)
+            else:
+                results = spec.evaluate([v.const for v in inputs], dict(attrs))
+            if results is not None:
+                outs = [self.const(r, name=node_name, dtype=dt) for r, (dt, _) in zip(results, out_types)]
+                return outs if nout > 1 or len(outs) > 1 else outs[0]
+        if any(v.is_shape_const for v in inputs):
+            from kiln.ir.shape_fold import materialize_inputs
+
+            inputs = materialize_inputs(self, op, inputs)
         outs = [Value(self.fresh(f"{node_name}:{i}" if len(out_types) > 1 else node_name), dt, tuple(sh))
                 for i, (dt, sh) in enumerate(out_types)]
         node = Node(op, list(inputs), outs, dict(attrs), name=node_name)

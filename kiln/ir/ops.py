@@ -185,8 +185,17 @@ def _unary_eval(name):
     return evaluate
 
 
+def _symbolic(*shapes) -> bool:
+    return any(not isinstance(d, (int, np.integer)) for s in shapes for d in s)
+
+
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    """Numpy/ONNX multidirectional broadcast of ``shapes`` (raises ShapeError if they do not fit)."""
+    """Numpy/ONNX multidirectional broadcast of ``shapes`` (raises ShapeError if they do not fit); run-time
+    dims broadcast only against 1 or an equal dim (:func:`kiln.te.symbolic.broadcast_shapes`)."""
+    if _symbolic(*shapes):
+        from kiln.te import symbolic
+
+        return symbolic.broadcast_shapes(*shapes)
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
     except ValueError:
@@ -248,6 +257,14 @@ def _conv_infer(ts, a):
     pads = a["pads"]
     out = [conv_out_dim(sx[2 + i], sw[2 + i], a["strides"][i], a["dilations"][i], pads[i], pads[nsp + i])
            for i in range(nsp)]
+    if _symbolic(out):  # a run-time spatial size: every value in bounds must give a non-empty output
+        from kiln.te import symbolic
+
+        out = list(symbolic.shape(out))
+        if min(symbolic.bounds(d)[0] for d in out) < 1:
+            raise ShapeError(f"Conv: output spatial shape {symbolic.format_shape(out)} is empty for some run-time "
+                             "dims in bounds (raise the lower bounds)")
+        return [(dx, (sx[0], sw[0], *out))]
     if min(out) < 1:
         raise ShapeError(f"Conv: output spatial shape {out} is empty")
     return [(dx, (sx[0], sw[0], *out))]
@@ -317,6 +334,13 @@ for _n in REDUCE:
 def _reshape_infer(ts, a):
     (dt, sh), = ts
     new = tuple(a["shape"])
+    if _symbolic(new, sh):
+        from kiln.te import symbolic
+
+        new = symbolic.shape(new)
+        if symbolic.prod(new) != symbolic.prod(sh):
+            raise ShapeError(f"Reshape: cannot reshape {symbolic.format_shape(sh)} to {symbolic.format_shape(new)}")
+        return [(dt, new)]
     if int(np.prod(new, dtype=np.int64)) != int(np.prod(sh, dtype=np.int64)):
         raise ShapeError(f"Reshape: cannot reshape {list(sh)} to {list(new)}")
     return [(dt, new)]
@@ -339,7 +363,12 @@ def _concat_infer(ts, a):
     for d, s in ts[1:]:
         if d != dt or len(s) != len(sh0) or any(x != y for i, (x, y) in enumerate(zip(s, sh0)) if i != ax):
             raise ShapeError(f"Concat: inputs {[list(t[1]) for t in ts]} do not fit along axis {ax}")
-    return [(dt, tuple(sum(t[1][ax] for t in ts) if i == ax else d for i, d in enumerate(sh0)))]
+    out = tuple(sum(t[1][ax] for t in ts) if i == ax else d for i, d in enumerate(sh0))
+    if _symbolic(out):
+        from kiln.te import symbolic
+
+        out = symbolic.shape(out)
+    return [(dt, out)]
 
 
 register("Concat", "layout", _concat_infer, lambda xs, a: [np.concatenate(xs, axis=a["axis"])])
@@ -352,6 +381,12 @@ def pool_out_dim(size: int, k: int, stride: int, dilation: int, pad_begin: int, 
     In ceil mode a last window that would start in the end padding is dropped.
     """
     span = size + pad_begin + pad_end - ((k - 1) * dilation + 1)
+    if not isinstance(size, (int, np.integer)):
+        from kiln.te import symbolic
+
+        if ceil_mode:
+            raise ShapeError("pooling with ceil_mode=1 over a run-time dim is not supported; bind it with --dim")
+        return symbolic.simplify(span // stride + 1)
     out = (-(-span // stride) if ceil_mode else span // stride) + 1
     if ceil_mode and (out - 1) * stride >= size + pad_begin:
         out -= 1
@@ -363,6 +398,13 @@ def _pool_infer(ts, a):
     nsp = len(sh) - 2
     k, s, d, p = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     out = [pool_out_dim(sh[2 + i], k[i], s[i], d[i], p[i], p[nsp + i], a["ceil_mode"]) for i in range(nsp)]
+    if _symbolic(out):
+        from kiln.te import symbolic
+
+        if nsp < 1 or min(symbolic.bounds(d)[0] for d in out) < 1:
+            raise ShapeError(f"pooling window {list(k)} does not fit input {symbolic.format_shape(sh)} for every "
+                             "run-time dim in bounds")
+        return [(dt, (*sh[:2], *out))]
     if nsp < 1 or min(out) < 1:
         raise ShapeError(f"pooling window {list(k)} does not fit input {list(sh)}")
     return [(dt, (*sh[:2], *out))]
@@ -411,6 +453,7 @@ register("AveragePool", "pool", _pool_infer, _avgpool_eval)
 from kiln.ir import (
     ops_control,  # noqa: F401  (registers If and Loop with run-time conditions)
     ops_data,  # noqa: F401  (registers the indexing and data-movement primitives)
+    ops_dynamic,  # noqa: F401  (registers SymConst and Iota, the kernels of run-time shape values)
     ops_grad,  # noqa: F401  (registers the gradient primitives of reverse-mode autodiff)
     ops_resample,  # noqa: F401  (registers Resize and ConvTranspose)
 )

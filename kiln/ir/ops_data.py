@@ -51,7 +51,14 @@ register("GatherElements", "gather", _gather_elements_infer, _gather_elements_ev
 
 # ----------------------------------------------------------------------------- Slice, Expand, Tile, Pad
 def slice_len(start: int, end: int, step: int) -> int:
-    """Elements of ``range(start, end, step)`` (``start``/``end`` already clamped)."""
+    """Elements of ``range(start, end, step)`` (``start``/``end`` already clamped; size expressions allowed)."""
+    if not isinstance(start, (int, np.integer)) or not isinstance(end, (int, np.integer)):
+        from kiln.te import symbolic
+        from kiln.te.expr import call, const
+
+        span = (end - start) if step > 0 else (start - end)
+        n = symbolic.ceil_div(symbolic.simplify(call("max", span + const(0, "int32"), const(0, "int32"))), abs(step))
+        return symbolic.simplify(n)
     return max(0, -(-(end - start) // step)) if step > 0 else max(0, -(-(start - end) // -step))
 
 

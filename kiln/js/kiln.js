@@ -40,6 +40,7 @@
 //   dispose()
 // This module checks feeds, converts dtypes, serialises runs and picks the target.
 
+import {bindDims, outputShape} from './dims.js';
 import {DeviceError, KilnError, PackageError, ShapeError} from './errors.js';
 import {memorySource, readManifest, urlSource} from './package.js';
 import {encodeSafetensors} from './train.js';
@@ -251,10 +252,13 @@ export class Session {
     if (output !== 'cpu' && output !== 'gpu') throw new KilnError(`run: output must be 'cpu' or 'gpu', got '${output}'`);
     if (output === 'gpu') this.requireWebGPU("run(feeds, {output: 'gpu'})");
     const checked = this.checkFeeds(feeds);
+    // run-time dims (dims.js): bound from the fed shapes; outputs take their shapes from them
+    const env = checked.dims;
     const result = this.queue.then(async () => {
-      const raw = await this.backend.run(checked, {output});
+      const raw = await this.backend.run(checked, {output, dims: env});
       if (output === 'gpu') return raw;
-      return Object.fromEntries(this.outputs.map((spec) => [spec.name, fromStorage(spec, raw[spec.name])]));
+      return Object.fromEntries(this.outputs.map((spec) => [spec.name, fromStorage(
+        env ? {...spec, shape: outputShape(spec, env)} : spec, raw[spec.name])]));
     });
     this.queue = result.catch(() => undefined);
     return result;
@@ -287,7 +291,7 @@ export class Session {
     if (clock !== 'auto' && clock !== 'wall') throw new KilnError(`time: clock must be 'auto' or 'wall', got '${clock}'`);
     const checked = this.checkFeeds(feeds);
     const useTimestamps = clock === 'auto' && this.timestampQuery;
-    const result = this.queue.then(() => this.backend.time(checked, {repeat, warmup, useTimestamps}));
+    const result = this.queue.then(() => this.backend.time(checked, {repeat, warmup, useTimestamps, dims: checked.dims}));
     this.queue = result.catch(() => undefined);
     return result;
   }
@@ -417,37 +421,42 @@ export class Session {
       throw new ShapeError(`unknown input${unknown.length > 1 ? 's' : ''} ${unknown.map((n) => `'${n}'`).join(', ')}; ` +
         `the model's inputs are ${quoted}`);
     }
-    return specs.map((spec) => {
+    const dynamic = specs === this.inputs && this.manifest?.dynamic_dims?.length;
+    const checked = specs.map((spec) => {
       const expected = `${spec.dtype}${shapeText(spec.shape)}`;
       const tensor = feeds[spec.name];
       if (tensor === undefined) throw new ShapeError(`missing input '${spec.name}' (${expected})`);
-      if (tensor instanceof GPUTensor) return this.checkGPUFeed(spec, tensor);
+      if (tensor instanceof GPUTensor) return this.checkGPUFeed(spec, tensor, dynamic);
       if (!(tensor instanceof Tensor)) {
         throw new ShapeError(`input '${spec.name}': expected a kiln.Tensor (${expected}), got ${tensor?.constructor?.name ?? typeof tensor}`);
       }
       if (tensor.type !== spec.dtype) {
         throw new ShapeError(`input '${spec.name}': expected dtype ${spec.dtype}, got ${tensor.type}`);
       }
-      if (tensor.dims.length !== spec.shape.length || tensor.dims.some((d, i) => d !== spec.shape[i])) {
+      if (!dynamic && (tensor.dims.length !== spec.shape.length || tensor.dims.some((d, i) => d !== spec.shape[i]))) {
         throw new ShapeError(`input '${spec.name}': expected shape ${shapeText(spec.shape)} ` +
           `(symbolic ${shapeText(spec.symbolic_shape ?? spec.shape)}), got ${shapeText(tensor.dims)}`);
       }
       return {spec, data: toStorage(spec, tensor.data)};
     });
+    /** run-time dims bound from the feeds' shapes (null for a static package) */
+    checked.dims = dynamic ? bindDims(this.manifest, feeds) : null;
+    return checked;
   }
 
   /**
    * @param {TensorSpec} spec @param {GPUTensor} tensor
+   * @param {boolean} [dynamic] a package with run-time dims (bindDims checks the shape against them)
    * @returns {{spec: TensorSpec, gpu: GPUTensor}}
    * @private
    */
-  checkGPUFeed(spec, tensor) {
+  checkGPUFeed(spec, tensor, dynamic = false) {
     this.requireWebGPU(`input '${spec.name}'`);
     if (!tensor.buffer) throw new KilnError(`input '${spec.name}': the GPUTensor was destroyed`);
     if (tensor.type !== spec.dtype) {
       throw new ShapeError(`input '${spec.name}': expected dtype ${spec.dtype}, got a GPUTensor of ${tensor.type}`);
     }
-    if (tensor.dims.length !== spec.shape.length || tensor.dims.some((d, i) => d !== spec.shape[i])) {
+    if (!dynamic && (tensor.dims.length !== spec.shape.length || tensor.dims.some((d, i) => d !== spec.shape[i]))) {
       throw new ShapeError(`input '${spec.name}': expected shape ${shapeText(spec.shape)} ` +
         `(symbolic ${shapeText(spec.symbolic_shape ?? spec.shape)}), got a GPUTensor of shape ${shapeText(tensor.dims)}`);
     }

@@ -13,6 +13,7 @@
 
 import {ControlRunner, isControlPlan, kernelSteps} from './control.js';
 import {createTrainer, readBuffers, runTrainStep} from './train.js';
+import {dimsWords, outputShape, stepDispatch} from './dims.js';
 import {DeviceError, PackageError} from './errors.js';
 import {GPUTensor, storageType} from './gputensor.js';
 import {kernelText, readWeights} from './package.js';
@@ -282,6 +283,10 @@ export class WebGPUBackend {
     const hitsBefore = cache.hits;
     const compileStart = performance.now();
     let pipelinesMs = 0;
+    // run-time dims (dims.js): one uniform buffer of dim values, bound after each reading kernel's storage buffers
+    const dimsBuffer = manifest.dynamic_dims?.length ? device.createBuffer({
+      label: 'kiln_dims', size: spec.dims_uniform.bytes, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+    }) : null;
     const [pipelines] = await Promise.all([
       createPipelines(source, device, spec.kernels).then((p) => {
         pipelinesMs = performance.now() - compileStart;
@@ -299,12 +304,11 @@ export class WebGPUBackend {
     const steps = (control ? kernelSteps(spec.plan) : spec.plan).map((step, index) => {
       const {pipeline, layout} = pipelines[step.kernel] ?? {};
       if (!pipeline) throw new PackageError(`${root}: plan step ${index} names kernel ${step.kernel}, which does not exist`);
-      const bindGroup = device.createBindGroup({
-        label: step.node,
-        layout,
-        entries: step.buffers.map((id, binding) => ({binding, resource: {buffer: buffers[id]}})),
-      });
-      return {pipeline, bindGroup, dispatch: step.dispatch};
+      const entries = step.buffers.map((id, binding) => ({binding, resource: {buffer: buffers[id]}}));
+      const dimsBinding = spec.kernels[step.kernel].dims_binding;
+      if (dimsBinding !== undefined) entries.push({binding: dimsBinding, resource: {buffer: dimsBuffer}});
+      const bindGroup = device.createBindGroup({label: step.node, layout, entries});
+      return {pipeline, bindGroup, dispatch: step.dispatch, step};
     });
     const sizes = manifest.outputs.map((o) => copySize(o, buffers[o.buffer]));
     const offsets = [];
@@ -321,6 +325,12 @@ export class WebGPUBackend {
     const backend = new WebGPUBackend(adapter, device, manifest, buffers, steps, staging);
     /** @private the runner of a plan with control steps, or null */
     backend.control = control ? new ControlRunner(device, buffers, spec.plan, steps) : null;
+    /** @private the dims uniform of a package with run-time dims, or null */
+    backend.dimsBuffer = dimsBuffer;
+    /** @private */ backend.manifest = manifest;
+    /** @private the dims last written into the uniform (JSON), and the dispatches they give */
+    backend.dimsKey = null;
+    backend.dispatches = steps.map((s) => s.dispatch);
     /** @private the train plan of a train-step package (train.js), or null */
     backend.trainer = trainer;
     /** @private the manifest's training section, or null */
@@ -341,14 +351,15 @@ export class WebGPUBackend {
    *   or with `output: 'gpu'` each output's new GPUTensor
    * @throws {DeviceError} the device was lost or rejected the work.
    */
-  async run(inputs, {output = 'cpu'} = {}) {
+  async run(inputs, {output = 'cpu', dims = null} = {}) {
     this.checkLost();
     const {device} = this;
     device.pushErrorScope('validation');
     this.writeInputs(inputs);
+    this.setDims(dims);
     let encoder = device.createCommandEncoder();
     for (const {spec, gpu} of inputs) {
-      const size = gpu ? copySize(spec, this.buffers[spec.buffer]) : 0;
+      const size = gpu ? copySize(spec, this.buffers[spec.buffer], gpu.dims) : 0;
       if (size) encoder.copyBufferToBuffer(gpu.buffer, 0, this.buffers[spec.buffer], 0, size);
     }
     if (this.control) {  // run-time If/Loop: control.js submits and reads conditions as it goes
@@ -360,19 +371,23 @@ export class WebGPUBackend {
       this.encodePass(encoder);
     }
     const {staging} = this;
+    // run-time dims: each output's shape (and so its bytes) follows from the dims
+    const shapes = this.outputs.map((spec) => (dims ? outputShape(spec, dims) : spec.shape));
+    const sizes = dims ? this.outputs.map((spec, i) => copySize(spec, this.buffers[spec.buffer], shapes[i]))
+      : staging.sizes;
     if (output === 'gpu') {
       const results = {};
       this.outputs.forEach((spec, i) => {
-        const t = results[spec.name] = GPUTensor.empty(device, spec.dtype, spec.shape, spec.name);
-        if (staging.sizes[i]) encoder.copyBufferToBuffer(this.buffers[spec.buffer], 0, t.buffer, 0, staging.sizes[i]);
+        const t = results[spec.name] = GPUTensor.empty(device, spec.dtype, shapes[i], spec.name);
+        if (sizes[i]) encoder.copyBufferToBuffer(this.buffers[spec.buffer], 0, t.buffer, 0, sizes[i]);
       });
       device.queue.submit([encoder.finish()]);
       await throwScopeError(device, DeviceError, 'WebGPU rejected the run');
       return results;
     }
     this.outputs.forEach((spec, i) => {
-      if (staging.sizes[i]) {
-        encoder.copyBufferToBuffer(this.buffers[spec.buffer], 0, staging.buffer, staging.offsets[i], staging.sizes[i]);
+      if (sizes[i]) {
+        encoder.copyBufferToBuffer(this.buffers[spec.buffer], 0, staging.buffer, staging.offsets[i], sizes[i]);
       }
     });
     device.queue.submit([encoder.finish()]);
@@ -381,7 +396,7 @@ export class WebGPUBackend {
     try {
       const mapped = staging.buffer.getMappedRange();
       return Object.fromEntries(this.outputs.map((spec, i) => [spec.name,
-        mapped.slice(staging.offsets[i], staging.offsets[i] + staging.sizes[i])]));
+        mapped.slice(staging.offsets[i], staging.offsets[i] + sizes[i])]));
     } finally {
       staging.buffer.unmap();
     }
@@ -390,6 +405,20 @@ export class WebGPUBackend {
   /** The WebGPU device this backend runs on (to load another session on it, or to check GPUTensors). */
   get gpuDevice() {
     return this.device;
+  }
+
+  /**
+   * Write run-time dims into the dims uniform and evaluate every step's dispatch (dims.js); no-op for
+   * static packages or unchanged dims.
+   * @param {Record<string, number> | null} dims @private
+   */
+  setDims(dims) {
+    if (!dims || !this.dimsBuffer) return;
+    const key = JSON.stringify(dims);
+    if (key === this.dimsKey) return;
+    this.device.queue.writeBuffer(this.dimsBuffer, 0, dimsWords(this.manifest, dims));
+    this.dispatches = this.steps.map((s) => stepDispatch(s.step, dims));
+    this.dimsKey = key;
   }
 
   /** @private @throws {DeviceError} the device was lost */
@@ -413,7 +442,9 @@ export class WebGPUBackend {
   encodePass(encoder, timestampWrites) {
     const pass = encoder.beginComputePass(timestampWrites ? {timestampWrites} : {});
     let current = null;
-    for (const {pipeline, bindGroup, dispatch} of this.steps) {
+    for (const [i, {pipeline, bindGroup}] of this.steps.entries()) {
+      const dispatch = this.dispatches[i];
+      if (!dispatch[0]) continue;  // run-time dims leave this step nothing to do: a 0-workgroup dispatch is skipped
       if (pipeline !== current) {
         pass.setPipeline(pipeline);
         current = pipeline;
@@ -432,15 +463,16 @@ export class WebGPUBackend {
    * @returns {Promise<{clock: 'timestamp-query' | 'wall', times: number[], wall: number[]}>} milliseconds
    * @throws {DeviceError} the device was lost or rejected the work.
    */
-  async time(inputs, {repeat, warmup, useTimestamps}) {
+  async time(inputs, {repeat, warmup, useTimestamps, dims = null}) {
     this.checkLost();
     const {device} = this;
     device.pushErrorScope('validation');
     this.writeInputs(inputs);
+    this.setDims(dims);
     if (inputs.some((i) => i.gpu)) {
       const encoder = device.createCommandEncoder();
       for (const {spec, gpu} of inputs) {
-        const size = gpu ? copySize(spec, this.buffers[spec.buffer]) : 0;
+        const size = gpu ? copySize(spec, this.buffers[spec.buffer], gpu.dims) : 0;
         if (size) encoder.copyBufferToBuffer(gpu.buffer, 0, this.buffers[spec.buffer], 0, size);
       }
       device.queue.submit([encoder.finish()]);
@@ -579,13 +611,13 @@ function createPipelines(source, device, kernels) {
   return Promise.all(kernels.map(async (kernel) => {
     const code = await kernelText(source, kernel);
     const access = [...kernel.bindings].sort((a, b) => a.binding - b.binding).map((b) => b.access);
-    const key = `${await sourceKey(code)}|${kernel.entry_point}|${access.join(',')}`;
+    const key = `${await sourceKey(code)}|${kernel.entry_point}|${access.join(',')}|${kernel.dims_binding ?? ''}`;
     let entry = cache.entries.get(key);
     if (entry) {
       cache.hits++;
     } else {
       cache.misses++;
-      entry = compilePipeline(device, kernel, code, access);
+      entry = compilePipeline(device, kernel, code, access, kernel.dims_binding);
       cache.entries.set(key, entry);
       entry.catch(() => cache.entries.delete(key));
       if (cache.entries.size > PIPELINE_CACHE_SIZE) cache.entries.delete(cache.entries.keys().next().value);
@@ -597,18 +629,20 @@ function createPipelines(source, device, kernels) {
 /**
  * Compile one kernel's pipeline.
  * @param {GPUDevice} device @param {any} kernel @param {string} code @param {string[]} access per binding
+ * @param {number} [dimsBinding] the binding of the run-time dims uniform (dims.js), if the kernel reads it
  * @returns {Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}>}
  * @throws {PackageError} the kernel does not compile on this device.
  */
-async function compilePipeline(device, kernel, code, access) {
+async function compilePipeline(device, kernel, code, access, dimsBinding) {
   const module = device.createShaderModule({label: kernel.name, code});
   const layout = device.createBindGroupLayout({
     label: kernel.name,
-    entries: access.map((a, binding) => ({
+    entries: [...access.map((a, binding) => ({
       binding,
       visibility: GPUShaderStage.COMPUTE,
       buffer: {type: a === 'read' ? 'read-only-storage' : 'storage'},
-    })),
+    })), ...(dimsBinding === undefined ? [] : [
+      {binding: dimsBinding, visibility: GPUShaderStage.COMPUTE, buffer: {type: 'uniform'}}])],
   });
   try {
     const pipeline = await device.createComputePipelineAsync({
@@ -627,11 +661,12 @@ async function compilePipeline(device, kernel, code, access) {
 }
 
 /**
- * Bytes of the tensor `spec` (an input or output) in its buffer `buffer`, rounded up to whole 4-byte words.
- * @param {any} spec @param {GPUBuffer} buffer
+ * Bytes of the tensor `spec` (an input or output) of shape `shape` (default: the manifest's; run-time dims give
+ * smaller ones) in its buffer `buffer`, rounded up to whole 4-byte words.
+ * @param {any} spec @param {GPUBuffer} buffer @param {number[]} [shape]
  * @returns {number}
  */
-function copySize(spec, buffer) {
+function copySize(spec, buffer, shape = spec.shape) {
   const storage = spec.storage ?? storageType(spec.dtype);
-  return Math.min(buffer.size, Math.ceil(product(spec.shape) * DTYPES[storage].bytes / 4) * 4);
+  return Math.min(buffer.size, Math.ceil(product(shape) * DTYPES[storage].bytes / 4) * 4);
 }

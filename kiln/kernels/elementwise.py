@@ -15,6 +15,8 @@ Operand = Tensor | float | int
 
 def bcast_load(x: Operand, axes: tuple, dtype: str = "float32") -> Expr:
     """Read ``x`` at output ``axes`` with numpy broadcasting (size-1 dims read index 0)."""
+    if isinstance(x, Expr):  # a run-time dim read by the kernel (a scalar size expression)
+        return cast(x, dtype)
     if not isinstance(x, Tensor):
         return const(x, dtype)
     off = len(axes) - len(x.shape)
@@ -218,7 +220,7 @@ def unary(op: str, x: Tensor, attrs: dict[str, Any], name: str = "out") -> Tenso
 
 def binary(op: str, a: Operand, b: Operand, shape: tuple[int, ...], name: str = "out") -> Tensor:
     """Elementwise binary primitive with broadcasting to ``shape``; scalars become literals."""
-    dtype = next(t.dtype for t in (a, b) if isinstance(t, Tensor))
+    dtype = next(t.dtype for t in (a, b) if isinstance(t, (Tensor, Expr)))
     return compute(shape, lambda *i: binary_expr(op, bcast_load(a, i, dtype), bcast_load(b, i, dtype)), name)
 
 

@@ -12,7 +12,8 @@ from kiln.te.expr import Expr, binop, call, cast, const, highest, lowest, reduce
 def _wrap_index(i: Expr, dim: int) -> Expr:
     """A run-time index into an axis of ``dim``: negative counts from the end; clamped into range."""
     i = cast(i, "int32")
-    return call("clamp", select(binop("<", i, 0), i + dim, i), 0, max(dim - 1, 0))
+    top = call("max", dim - 1, 0) if isinstance(dim, Expr) else max(dim - 1, 0)
+    return call("clamp", select(binop("<", i, 0), i + dim, i), 0, top)
 
 
 def gather(x: Tensor, idx: Tensor, axis: int, out_shape, name: str = "gather") -> Tensor:
@@ -251,3 +252,25 @@ def topk_indices(x: Tensor, axis: int, k: int, largest: int, out_shape, name: st
         return reduce("max", select(binop("==", rank, o[axis]), e, -1), [e])
 
     return compute(out_shape, body, name)
+
+
+def sym_const(values, shape, dtype: str, name: str = "sym_const") -> Tensor:
+    """A small tensor of size expressions (``SymConst``): element ``k`` (row-major) is ``values[k]``, read from
+    the dims uniform at run time."""
+    from kiln.kernels.layout import ravel
+
+    def body(*o):
+        flat = ravel(o, shape)
+        val = cast(values[-1] if isinstance(values[-1], Expr) else const(values[-1], "int32"), dtype)
+        for k in range(len(values) - 2, -1, -1):
+            v = values[k] if isinstance(values[k], Expr) else const(values[k], "int32")
+            val = select(binop("==", flat, k), cast(v, dtype), val)
+        return val
+
+    return compute(shape, body, name)
+
+
+def iota(shape, start, delta: int, dtype: str, name: str = "iota") -> Tensor:
+    """ONNX Range of run-time length (``Iota``): ``out[i] = start + i * delta`` (``start`` may be a size expression)."""
+    s = start if isinstance(start, Expr) else const(int(start), "int32")
+    return compute(shape, lambda i: cast(s + i * delta, dtype), name)

@@ -55,9 +55,19 @@ def build(op: str, inputs: list[Operand], attrs: dict[str, Any], out_shape: tupl
         return grad.maxpool_arg_window(inputs[0], inputs[1], attrs, name)
     if op == "MaxPoolGrad":
         return grad.maxpool_grad(inputs[0], inputs[1], attrs, name)
+    if op == "SymConst":
+        return index.sym_const(attrs["values"], out_shape, _expr_dtype(attrs["dtype"]), name)
+    if op == "Iota":
+        return index.iota(out_shape, attrs["start"], attrs["delta"], _expr_dtype(attrs["dtype"]), name)
     if op in _INDEX:
         return _INDEX[op](inputs, attrs, out_shape, name)
     raise NotImplementedError(f"no tensor expression for primitive {op}")
+
+
+def _expr_dtype(dtype: str) -> str:
+    from kiln.ir import dtypes
+
+    return dtypes.expr_dtype(dtype)
 
 
 _INDEX = {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, call, const, highest, lowest, reduce, reduce_axis, select
+from kiln.te.expr import Expr, binop, call, cast, const, highest, lowest, reduce, reduce_axis, select
 
 
 def conv(x: Tensor, w: Tensor, strides, dilations, pads, group: int, out_shape: tuple[int, ...],
@@ -26,7 +26,8 @@ def conv(x: Tensor, w: Tensor, strides, dilations, pads, group: int, out_shape: 
         for i in range(nsp):
             if pads[i] > 0:
                 inside = inside & binop(">=", pos[i], 0)
-            if pads[nsp + i] > 0 or (out_shape[2 + i] - 1) * strides[i] - pads[i] + (w.shape[2 + i] - 1) * dilations[i] >= x.shape[2 + i]:
+            if pads[nsp + i] > 0 or isinstance(x.shape[2 + i], Expr) or isinstance(out_shape[2 + i], Expr) \
+                    or (out_shape[2 + i] - 1) * strides[i] - pads[i] + (w.shape[2 + i] - 1) * dilations[i] >= x.shape[2 + i]:
                 inside = inside & binop("<", pos[i], x.shape[2 + i])
         val = select(inside, x[(n, ci, *pos)], 0.0)
         return reduce("sum", val * w[(co, rc, *rk)], [rc, *rk])
@@ -73,6 +74,9 @@ def reduction(op: str, x: Tensor, axes: tuple[int, ...], keepdims: int, out_shap
         kind = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "max", "ReduceMin": "min",
                 "ReduceProd": "prod"}[op]
         r = reduce(kind, x[tuple(idx)], list(raxes.values()))
+        if isinstance(count, Expr):  # a run-time extent (ONNX: a mean over no elements is NaN, as 0 / 0)
+            return r / cast(count, "float32") if op == "ReduceMean" and x.dtype == "float32" else \
+                (r // count if op == "ReduceMean" else r)
         if count == 0:
             return const({"sum": 0.0, "max": lowest(x.dtype), "min": highest(x.dtype), "prod": 1}[kind], x.dtype)
         if op == "ReduceMean":

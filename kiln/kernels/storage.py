@@ -22,7 +22,7 @@ from kiln.kernels.elementwise import isnan
 from kiln.kernels.narrow import is_narrow_float, round_narrow
 from kiln.package.format import STORAGE
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import binop, call, cast, select
+from kiln.te.expr import Expr, binop, call, cast, select
 
 _INT32 = (-(2**31), 2**31 - 1)
 
@@ -101,6 +101,8 @@ def scalar(value, dtype: str, what: str) -> float | int | bool:
         KilnError: an integer constant outside int32's range (naming ``what``).
     """
     want = dtypes.expr_dtype(dtype)
+    if isinstance(value, Expr):  # a run-time dim (size expression), read from the dims uniform by the kernel
+        return value if want == "int32" else cast(value, want)
     if want == "bool":
         return bool(value)
     if want == "int32":

@@ -27,7 +27,7 @@ SHARD_BYTES = 256 * 1024 * 1024
 
 #: the browser runtime (ES modules, kiln.js first) and the demo page, copied from kiln/js into every package
 RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "webgl2.js",
-                 "wasm.js", "wasm-worker.js", "train.js", "control.js", "gputensor.js", "index.html")
+                 "wasm.js", "wasm-worker.js", "train.js", "control.js", "gputensor.js", "dims.js", "index.html")
 
 #: pages copied into train-step packages besides RUNTIME_FILES (the fine-tuning demo)
 TRAINING_FILES = ("train.html",)
@@ -55,8 +55,10 @@ def check_destination(out: str | os.PathLike, force: bool) -> None:
 
 
 def _io(v, buffer: int) -> dict[str, Any]:
+    from kiln.package.dynamic import io_fields
+
     return {"name": v.name, "dtype": v.dtype, "storage": STORAGE.get(v.dtype, v.dtype), "shape": list(v.shape),
-            "symbolic_shape": list(v.sym_shape) if v.sym_shape else list(v.shape), "buffer": buffer}
+            "symbolic_shape": list(v.sym_shape) if v.sym_shape else list(v.shape), "buffer": buffer, **io_fields(v)}
 
 
 def needed_limits(compiled) -> dict[str, int]:
@@ -157,10 +159,12 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             kernels.append({"name": k.name, "source": path, "entry_point": "main",
                             "workgroup_size": [k.workgroup_size, 1, 1],
                             "bindings": [{"binding": i, "access": a} for i, a in enumerate(k.access)],
-                            "ops": k.ops, "schedule": k.schedule,
+                            "ops": k.ops, "schedule": k.schedule, **({"dims_binding": len(k.access)} if k.dims else {}),
                             **({"tuned": True, "tuning": k.tuning} if k.tuning else {})})
-        plan_steps = [{"kernel": s.kernel, "dispatch": list(s.dispatch), "buffers": s.buffers, "node": s.name}
-                      for s in compiled.steps]
+        from kiln.package import dynamic
+
+        plan_steps = [{"kernel": s.kernel, "dispatch": list(s.dispatch), "buffers": s.buffers, "node": s.name,
+                       **dynamic.step_fields(s)} for s in compiled.steps]
         if getattr(compiled, "control_plan", None) is not None:  # run-time If/Loop: nested steps (format 1.4)
             plan_steps = compiled.control_plan
         train_steps = None
@@ -174,6 +178,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "source": source,
             "precision": getattr(compiled, "precision", "fp32"),
             "dims": graph.dims,
+            **({"dynamic_dims": dynamic.dims_section(graph)} if graph.size_vars else {}),
             "inputs": [_io(v, plan.of[id(v)]) for v in model_inputs],
             "outputs": [_io(v, plan.of[id(v)]) for v in model_outputs],
             "buffers": buffers,
@@ -196,6 +201,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                 "limits": needed_limits(compiled),
                 "kernels": kernels,
                 "plan": plan_steps,
+                **({"dims_uniform": dynamic.uniform_section(graph)} if graph.size_vars else {}),
                 **({"train_plan": train_steps} if train_steps is not None else {}),
             }
         if compiled.webgl2 is not None:

@@ -23,9 +23,21 @@ def needs_buffer(node: Node, v: Value) -> bool:
     return v.size != 1 or ops.kind(node.op) not in ("binary", "ternary")
 
 
+def max_size(v: Value) -> int:
+    """Elements of ``v``; for a shape with run-time dims, the most for any dims in bounds
+    (:func:`kiln.te.symbolic.upper`)."""
+    size = v.size
+    if not isinstance(size, int):
+        from kiln.te import symbolic
+
+        size = symbolic.upper(size)
+    return size
+
+
 def storage_bytes(v: Value) -> int:
-    """Bytes ``v`` takes in a WebGPU buffer (its dtype's storage element type, see ``package.format.STORAGE``)."""
-    return v.size * dtypes.storage_itemsize(v.dtype)
+    """Bytes ``v`` takes in a WebGPU buffer (its dtype's storage element type, see ``package.format.STORAGE``);
+    for a shape with run-time dims, the most it takes for any dims in bounds (:func:`max_size`)."""
+    return max_size(v) * dtypes.storage_itemsize(v.dtype)
 
 
 def fits_half(a) -> bool:
@@ -104,7 +116,7 @@ def plan_memory(graph: Graph, groups: list[Group], half: bool = False) -> Memory
     def nbytes(v: Value) -> int:
         if half and dtypes.is_float(v.dtype) and id(v) not in io and (not v.is_const or fits_half(v.const)):
             halves.add(id(v))
-            return v.size * 2
+            return max_size(v) * 2
         return storage_bytes(v)
 
     def new(kind: str, v: Value) -> int:

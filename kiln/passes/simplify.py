@@ -23,7 +23,8 @@ def const_fold(graph: Graph) -> bool:
     keep: list[Node] = []
     outputs = {id(v) for v in graph.outputs}
     for node in graph.nodes:
-        if node.inputs and all(v.is_const for v in node.inputs) and not any(id(o) in outputs for o in node.outputs):
+        if node.inputs and all(v.is_const and not v.is_shape_const for v in node.inputs) \
+                and all(o.is_static for o in node.outputs) and not any(id(o) in outputs for o in node.outputs):
             outs = interp.eval_node(node, [v.const for v in node.inputs])
             for v, a in zip(node.outputs, outs):
                 v.const = np.array(a, order="C")
@@ -44,7 +45,7 @@ def remove_identities(graph: Graph) -> bool:
         src = None
         if node.op == "Identity" or (node.op == "Reshape" and node.inputs[0].shape == node.outputs[0].shape):
             src = node.inputs[0]
-        elif node.op in ("Add", "Mul", "Sub", "Div") and node.inputs[1].is_const \
+        elif node.op in ("Add", "Mul", "Sub", "Div") and node.inputs[1].is_const and not node.inputs[1].is_shape_const \
                 and node.outputs[0].shape == node.inputs[0].shape:
             c = node.inputs[1].const
             neutral = 0 if node.op in ("Add", "Sub") else 1
@@ -85,12 +86,13 @@ def fold_scale(graph: Graph) -> bool:
 
     changed = False
     for node in list(graph.nodes):
-        if node.op != "Mul" or not node.inputs[1].is_const or node not in graph.nodes:
+        if node.op != "Mul" or not node.inputs[1].is_const or node.inputs[1].is_shape_const or node not in graph.nodes:
             continue
         y, s = node.inputs
         add = None
         prod = y.producer
-        if prod is not None and prod.op == "Add" and prod.inputs[1].is_const and single_use(y):
+        if prod is not None and prod.op == "Add" and prod.inputs[1].is_const and not prod.inputs[1].is_shape_const \
+                and single_use(y):
             add, y = prod, prod.inputs[0]
             prod = y.producer
         if prod is None or prod.op not in ("Conv", "MatMul") or not prod.inputs[1].is_const or not single_use(y):

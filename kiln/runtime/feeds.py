@@ -36,7 +36,11 @@ def check_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tupl
 
         if a.dtype != numpy_dtype(spec["dtype"]):
             raise ShapeError(f"input {spec['name']!r}: expected dtype {spec['dtype']}, got {a.dtype}")
-        if list(a.shape) != list(spec["shape"]):
+        if "dynamic_shape" in spec:  # run-time dims: the runtime binds and checks them (kiln.runtime.dynamic)
+            if a.ndim != len(spec["dynamic_shape"]):
+                raise ShapeError(f"input {spec['name']!r}: expected rank {len(spec['dynamic_shape'])} "
+                                 f"{spec['dynamic_shape']}, got shape {list(a.shape)}")
+        elif list(a.shape) != list(spec["shape"]):
             raise ShapeError(f"input {spec['name']!r}: expected shape {spec['shape']} "
                              f"(symbolic {spec['symbolic_shape']}), got {list(a.shape)}")
         out.append((spec, np.ascontiguousarray(a)))

@@ -169,9 +169,10 @@ class Readback:
             except (AttributeError, TypeError, ffi.error):
                 self._raw = None
 
-    def copy(self, encoder, sources) -> None:
-        """Record copies of ``sources`` (a wgpu buffer per slot, ``None`` to skip one) into the slots."""
-        for src, off, size in zip(sources, self.offsets, self.sizes):
+    def copy(self, encoder, sources, sizes: list[int] | None = None) -> None:
+        """Record copies of ``sources`` (a wgpu buffer per slot, ``None`` to skip one) into the slots: the whole
+        slot, or the first ``sizes[i]`` bytes (multiples of 4, at most the slot's size)."""
+        for src, off, size in zip(sources, self.offsets, sizes or self.sizes):
             if src is not None and size:
                 encoder.copy_buffer_to_buffer(src, 0, self.buffer, off, size)
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from kiln.errors import DeviceError, KilnError, PackageError, ShapeError
 from kiln.package.format import DEFAULT_LIMITS, STORAGE, from_storage, read_manifest, read_weights, verify_weights
-from kiln.runtime import gpu
+from kiln.runtime import dynamic, gpu
 from kiln.runtime.feeds import storage_feeds
 from kiln.runtime.gpu import GPUTensor, shared_device, synchronize, to_gpu
 from kiln.runtime.pipelines import KernelSpec, pipeline_cache
@@ -83,9 +83,10 @@ def _session_device(tgt: dict[str, Any], device):
     return device.adapter, device
 
 
-def _copy_size(spec: dict[str, Any], buffer) -> int:
-    """Bytes of the tensor ``spec`` (an input or output) in its buffer, rounded up to WebGPU's 4-byte copies."""
-    n = int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec.get("storage", STORAGE[spec["dtype"]])).itemsize
+def _copy_size(spec: dict[str, Any], buffer, shape=None) -> int:
+    """Bytes of the tensor ``spec`` (an input or output) of ``shape`` (default: the manifest's; run-time dims
+    give smaller ones) in its buffer, rounded up to WebGPU's 4-byte copies."""
+    n = int(np.prod(spec["shape"] if shape is None else shape, dtype=np.int64)) * np.dtype(spec.get("storage", STORAGE[spec["dtype"]])).itemsize
     return min(buffer.size, -(-n // 4) * 4)
 
 
@@ -132,8 +133,10 @@ class Session(TrainingMixin):
         dev = self.device
         t_device = time.perf_counter()
         cache = pipeline_cache(dev)
+        # a kernel over run-time dims (docs/dynamic-shapes.md) reads their uniform after its storage buffers
         specs = [KernelSpec((self.path / k["source"]).read_text(), k["entry_point"],
-                            tuple(b["access"] for b in sorted(k["bindings"], key=lambda b: b["binding"])), k["name"])
+                            tuple(b["access"] for b in sorted(k["bindings"], key=lambda b: b["binding"]))
+                            + (("uniform",) if "dims_binding" in k else ()), k["name"])
                  for k in tgt["kernels"]]
         hits = cache.hits
         # the pipelines compile on their own threads while this one uploads the weights
@@ -156,6 +159,14 @@ class Session(TrainingMixin):
                 cached, compile_s = compiling.result()
         self.pipeline_hits = cache.hits - hits
         self.pipelines = [(c.pipeline, c.layout) for c in cached]
+        # run-time dims (docs/dynamic-shapes.md): one uniform buffer of dim values; dispatch sizes and output
+        # shapes follow from the fed shapes
+        self._dyn = dynamic.is_dynamic(self.manifest)
+        self._dims_env: dict[str, int] | None = None
+        self._dispatch: list[tuple[int, int, int]] | None = None
+        self.dims_buffer = dev.create_buffer(size=tgt["dims_uniform"]["bytes"], label="kiln_dims",
+                                             usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST) \
+            if self._dyn else None
         from kiln.runtime.control import ControlPlan, is_control_plan
 
         #: runs plans with run-time If/Loop (format 1.4); None for a flat plan
@@ -164,9 +175,12 @@ class Session(TrainingMixin):
         self.steps = []
         for s in plan:
             pipeline, layout = self.pipelines[s["kernel"]]
-            group = dev.create_bind_group(layout=layout, entries=[
-                {"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0, "size": self.buffers[bid].size}}
-                for i, bid in enumerate(s["buffers"])])
+            entries = [{"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0,
+                                                   "size": self.buffers[bid].size}} for i, bid in enumerate(s["buffers"])]
+            if "dims_binding" in tgt["kernels"][s["kernel"]]:
+                entries.append({"binding": tgt["kernels"][s["kernel"]]["dims_binding"], "resource": {
+                    "buffer": self.dims_buffer, "offset": 0, "size": self.dims_buffer.size}})
+            group = dev.create_bind_group(layout=layout, entries=entries)
             self.steps.append((pipeline, group, tuple(s["dispatch"])))
         self._raw = self._raw_steps()
         self._ran = False
@@ -195,7 +209,7 @@ class Session(TrainingMixin):
             return None
         return lib, ffi.NULL, raw
 
-    def _encode_raw(self, cpass) -> None:
+    def _encode_raw(self, cpass, dispatch: list[tuple[int, int, int]] | None = None) -> None:
         """Record every dispatch through wgpu-native's C API directly.
 
         Encoding through wgpu-py's checked wrappers costs about 15 us of Python per dispatch,
@@ -205,15 +219,19 @@ class Session(TrainingMixin):
         lib, null, raw = self._raw
         set_pipeline = lib.wgpuComputePassEncoderSetPipeline
         set_group = lib.wgpuComputePassEncoderSetBindGroup
-        dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+        dispatch_workgroups = lib.wgpuComputePassEncoderDispatchWorkgroups
         h = cpass._internal
         last = -1
-        for i, pipeline, group, x, y, z in raw:
+        for k, (i, pipeline, group, x, y, z) in enumerate(raw):
+            if dispatch is not None:
+                x, y, z = dispatch[k]
+                if not x:  # nothing to do for these dims: a dispatch of 0 workgroups is skipped
+                    continue
             if i != last:
                 set_pipeline(h, pipeline)
                 last = i
             set_group(h, 0, group, 0, null)
-            dispatch(h, x, y, z)
+            dispatch_workgroups(h, x, y, z)
 
     def _fill_nan(self, buffer_id: int) -> None:
         # 0x7FC07FC0 is a NaN as one f32 and as two f16 (fp16 packages' buffers)
@@ -254,16 +272,20 @@ class Session(TrainingMixin):
 
         Inputs are converted to their buffers' element type (``storage`` in the manifest: bool,
         int8, uint8 and int64 are stored as int32) and outputs back to their dtype.
+        A package with run-time dims (docs/dynamic-shapes.md) takes inputs of any shape within its dims'
+        bounds and returns outputs of their run-time shapes.
 
         Raises:
             ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
-                input value that does not fit in int32.
+                input value that does not fit in int32; for run-time dims, a value outside its bounds or
+                inputs that disagree on one.
             DeviceError: a GPUTensor on another device; the device failed to map the outputs.
             KilnError: a released GPUTensor, or an unknown ``output``.
         """
         if output not in ("numpy", "gpu"):
             raise KilnError(f"run: output must be 'numpy' or 'gpu', got {output!r}")
         host, on_gpu = self._split_feeds(feeds)
+        dispatch, shapes = self._bind_dims(feeds) if self._dyn else (None, None)
         dev = self.device
         for spec, a in host:
             if a.size:  # an empty tensor has nothing to write (WebGPU refuses empty writes)
@@ -273,37 +295,59 @@ class Session(TrainingMixin):
                 self._fill_nan(o["buffer"])
         enc = dev.create_command_encoder()
         for spec, t in on_gpu:
-            size = _copy_size(spec, self.buffers[spec["buffer"]])
+            size = _copy_size(spec, self.buffers[spec["buffer"]], t.shape)
             if size:
                 enc.copy_buffer_to_buffer(t.buffer, 0, self.buffers[spec["buffer"]], 0, size)
         if self.control is not None:  # run-time If/Loop: submits and reads conditions as it goes
             enc = self.control.execute(enc, host)
         else:
-            self._encode_pass(enc)
+            self._encode_pass(enc, dispatch)
+        self._dispatch = dispatch  # the last run's dispatches (run-time dims), for profile()
+        outs = self.outputs
+        # run-time dims: the outputs' shapes, and so the bytes to copy, follow from the dims
+        out_shapes = [shapes[o["name"]] for o in outs] if shapes else [o["shape"] for o in outs]
+        sizes = [_copy_size(o, self.buffers[o["buffer"]], s) for o, s in zip(outs, out_shapes)] if shapes \
+            else self._out_bytes
         if output == "gpu":
-            outs = {}
-            for o, size in zip(self.outputs, self._out_bytes):
-                t = outs[o["name"]] = gpu.empty(o["shape"], o["dtype"], dev, label=o["name"])
+            results = {}
+            for o, shape, size in zip(outs, out_shapes, sizes):
+                t = results[o["name"]] = gpu.empty(shape, o["dtype"], dev, label=o["name"])
                 if size:
                     enc.copy_buffer_to_buffer(self.buffers[o["buffer"]], 0, t.buffer, 0, size)
             dev.queue.submit([enc.finish()])
             self._ran = True
-            return outs
-        self._readback.copy(enc, [self.buffers[o["buffer"]] for o in self.outputs])
+            return results
+        self._readback.copy(enc, [self.buffers[o["buffer"]] for o in outs], sizes)
         dev.queue.submit([enc.finish()])
         self._ran = True
-        outs = self.outputs
         return dict(zip((o["name"] for o in outs),
-                        self._readback.read(lambda i, data: from_storage(data, outs[i]["dtype"], outs[i]["shape"]))))
+                        self._readback.read(lambda i, data: from_storage(data, outs[i]["dtype"], out_shapes[i]))))
 
-    def _encode_pass(self, enc) -> None:
-        """Record the plan in one compute pass of ``enc`` (through the C API once a run has validated it)."""
+    def _encode_pass(self, enc, dispatch: list[tuple[int, int, int]] | None = None) -> None:
+        """Record the plan in one compute pass of ``enc`` (through the C API once a run has validated it);
+        ``dispatch``: each step's workgroup counts for run-time dims (steps with none are skipped)."""
         cpass = enc.begin_compute_pass()
         if self._raw is not None and self._ran:
-            self._encode_raw(cpass)
-        else:
+            self._encode_raw(cpass, dispatch)
+        elif dispatch is None:
             gpu.record_dispatches(cpass, self.steps)
+        else:
+            gpu.record_dispatches(cpass, [(p, g, d) for (p, g, _), d in zip(self.steps, dispatch) if d[0]])
         cpass.end()
+
+    def _bind_dims(self, feeds: dict[str, Any]) -> tuple[list[tuple[int, int, int]], dict[str, list[int]]]:
+        """Run-time dims of a package that has them: binds them from the fed shapes, writes the dims uniform
+        when they changed, and returns ``(each step's workgroup counts, each output's shape)``.
+
+        Raises:
+            ShapeError: as :func:`kiln.runtime.dynamic.bind_dims`.
+        """
+        env = dynamic.bind_dims(self.manifest, feeds)
+        if env != self._dims_env:
+            self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))
+            self._dims_env = env
+        plan = self.manifest["targets"]["webgpu"]["plan"]
+        return dynamic.dispatches(plan, env), dynamic.output_shapes(self.manifest, env)
 
     def _split_feeds(self, feeds: dict[str, Any]) -> tuple[list[tuple[dict, np.ndarray]], list[tuple[dict, GPUTensor]]]:
         """Host feeds checked and in storage form (:meth:`_check_feeds`), and GPUTensor feeds checked.
@@ -328,7 +372,7 @@ class Session(TrainingMixin):
                 raise KilnError(f"input {name!r}: the GPUTensor was released")
             if t.dtype != np.dtype(spec["dtype"]):
                 raise ShapeError(f"input {name!r}: expected dtype {spec['dtype']}, got a GPUTensor of {t.dtype}")
-            if list(t.shape) != list(spec["shape"]):
+            if "dynamic_shape" not in spec and list(t.shape) != list(spec["shape"]):  # run-time dims: _bind_dims
                 raise ShapeError(f"input {name!r}: expected shape {spec['shape']} (symbolic {spec['symbolic_shape']}), "
                                  f"got a GPUTensor of shape {list(t.shape)}")
             if t.device is not self.device:
@@ -380,7 +424,10 @@ class Session(TrainingMixin):
         import wgpu
 
         self.run(feeds)
-        n = len(self.steps)
+        steps = self.steps
+        if getattr(self, "_dispatch", None) is not None:  # run-time dims: this run's dispatches, empty ones dropped
+            steps = [(p, g, d) for (p, g, _), d in zip(self.steps, self._dispatch)]
+        n = len(steps)
         samples: list[list[float]] = [[] for _ in range(n)]
         timestamps = "timestamp-query" in self.device.features
         if timestamps:
@@ -392,7 +439,9 @@ class Session(TrainingMixin):
         for _ in range(repeat):
             if timestamps:
                 enc = self.device.create_command_encoder()
-                for i, (pipeline, group, dispatch) in enumerate(self.steps):
+                for i, (pipeline, group, dispatch) in enumerate(steps):
+                    if not dispatch[0]:
+                        continue
                     cpass = enc.begin_compute_pass(timestamp_writes={
                         "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
                     cpass.set_pipeline(pipeline)
@@ -410,7 +459,10 @@ class Session(TrainingMixin):
                 for i in range(n):
                     samples[i].append(float(ticks[i, 1] - ticks[i, 0]) / 1e6 if ticks[i, 1] >= ticks[i, 0] else 0.0)
             else:
-                for i, (pipeline, group, dispatch) in enumerate(self.steps):
+                for i, (pipeline, group, dispatch) in enumerate(steps):
+                    if not dispatch[0]:
+                        samples[i].append(0.0)
+                        continue
                     t0 = time.perf_counter()
                     enc = self.device.create_command_encoder()
                     cpass = enc.begin_compute_pass()
@@ -422,6 +474,6 @@ class Session(TrainingMixin):
                     self.device.queue.read_buffer(self.buffers[0], 0, 4)  # waits for the submission
                     samples[i].append((time.perf_counter() - t0) * 1e3)
         plan = self.control.kernel_steps if self.control is not None else self.manifest["targets"]["webgpu"]["plan"]
-        return [{"step": plan[i].get("node", str(i)), "kernel": self.step_names[i], "dispatch": list(self.steps[i][2]),
+        return [{"step": plan[i].get("node", str(i)), "kernel": self.step_names[i], "dispatch": list(steps[i][2]),
                  "ms": float(np.median(samples[i])), "clock": "timestamp-query" if timestamps else "wall"}
                 for i in range(n)]

@@ -35,8 +35,9 @@ class KernelSpec:
     Attributes:
         source: WGSL text.
         entry_point: the ``@compute`` function's name.
-        access: per binding of ``@group(0)`` (binding order), ``"read"`` (read-only storage) or
-            ``"read_write"`` (storage); ``None`` for wgpu's automatic layout.
+        access: per binding of ``@group(0)`` (binding order), ``"read"`` (read-only storage),
+            ``"read_write"`` (storage) or ``"uniform"`` (a uniform buffer: the run-time dims of
+            docs/dynamic-shapes.md); ``None`` for wgpu's automatic layout.
         label: a name for errors and debuggers.
     """
 
@@ -87,9 +88,10 @@ class PipelineCache:
         with self._lock:
             if access not in self._layouts:
                 dev = self._device()
+                types = {"read": wgpu.BufferBindingType.read_only_storage, "uniform": wgpu.BufferBindingType.uniform}
                 entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
-                            "buffer": {"type": wgpu.BufferBindingType.read_only_storage if a == "read"
-                                       else wgpu.BufferBindingType.storage}} for i, a in enumerate(access)]
+                            "buffer": {"type": types.get(a, wgpu.BufferBindingType.storage)}}
+                           for i, a in enumerate(access)]
                 group = dev.create_bind_group_layout(entries=entries)
                 self._layouts[access] = group, dev.create_pipeline_layout(bind_group_layouts=[group])
             return self._layouts[access]

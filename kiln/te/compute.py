@@ -44,11 +44,15 @@ class Tensor:
         return self.body is None
 
     @property
-    def size(self) -> int:
-        """Number of elements."""
+    def size(self) -> int | Expr:
+        """Number of elements (a size expression when a dim is one)."""
         n = 1
         for d in self.shape:
             n *= d
+        if isinstance(n, Expr):
+            from kiln.te.symbolic import simplify
+
+            return simplify(n)
         return n
 
     def __getitem__(self, idx) -> Load:
@@ -62,9 +66,14 @@ class Tensor:
         return f"Tensor({self.name}, {list(self.shape)}, {self.dtype})"
 
 
+def _dims(shape) -> tuple:
+    """Dims as ints, or size expressions of run-time dims (:mod:`kiln.te.symbolic`)."""
+    return tuple(d if isinstance(d, Expr) else int(d) for d in shape)
+
+
 def placeholder(shape: tuple[int, ...], dtype: str = "float32", name: str = "in") -> Tensor:
-    """An input buffer of ``shape`` and ``dtype``."""
-    return Tensor(name, tuple(int(d) for d in shape), dtype)
+    """An input buffer of ``shape`` (ints or size expressions) and ``dtype``."""
+    return Tensor(name, _dims(shape), dtype)
 
 
 def compute(shape: tuple[int, ...], fcompute: Callable[..., Expr], name: str = "out") -> Tensor:
@@ -72,7 +81,7 @@ def compute(shape: tuple[int, ...], fcompute: Callable[..., Expr], name: str = "
     n = next(_ids)
     axes = tuple(Var(f"i{k}_{n}") for k in range(len(shape)))
     body = as_expr(fcompute(*axes))
-    return Tensor(name, tuple(int(d) for d in shape), body.dtype, axes, body)
+    return Tensor(name, _dims(shape), body.dtype, axes, body)
 
 
 def inline(t: Tensor) -> Tensor:

@@ -83,7 +83,30 @@ class Var(Expr):
     __repr__ = Expr._repr
 
     name: str
-    extent: int = 0
+    extent: int | Expr = 0
+    dtype: str = "int32"
+
+
+@dataclass(frozen=True, eq=True)
+class SizeVar(Expr):
+    """A run-time size symbol (a dynamic dim such as ``seq``), bound per run by the runtime.
+
+    Kernels read it from the dims uniform (word ``index``, see :mod:`kiln.codegen.wgsl`); the
+    compiler knows only its bounds ``lo <= value <= hi`` and ``opt``, the value schedules are
+    chosen for (docs/dynamic-shapes.md). Python comparisons (``<``, ``>``) and ``int()`` of a
+    size expression raise TypeError: code must never pick a branch on a value it does not know.
+    """
+
+    __hash__ = Expr._hash
+
+    def __repr__(self) -> str:
+        return f"SizeVar({self.name})"
+
+    name: str
+    index: int
+    lo: int
+    hi: int
+    opt: int
     dtype: str = "int32"
 
 
@@ -289,15 +312,15 @@ def cast(x: Expr, dtype: str) -> Expr:
     return Cast(x, dtype)
 
 
-def reduce_axis(extent: int, name: str = "r") -> Var:
-    """A fresh reduction axis ranging over ``[0, extent)``."""
-    return Var(f"{name}{next(_ids)}", int(extent))
+def reduce_axis(extent: int | Expr, name: str = "r") -> Var:
+    """A fresh reduction axis ranging over ``[0, extent)`` (a run-time size expression allowed)."""
+    return Var(f"{name}{next(_ids)}", extent if isinstance(extent, Expr) else int(extent))
 
 
 def reduce(op: str, body: Expr, axes: list[Var] | tuple[Var, ...]) -> Expr:
     """``op`` (``sum``/``max``/``min``) of ``body`` over ``axes``; axes of extent 1 are substituted by 0."""
-    keep = tuple(a for a in axes if a.extent != 1)
-    drop = {a: const(0, "int32") for a in axes if a.extent == 1}
+    keep = tuple(a for a in axes if not (isinstance(a.extent, int) and a.extent == 1))
+    drop = {a: const(0, "int32") for a in axes if isinstance(a.extent, int) and a.extent == 1}
     if drop:
         body = substitute(body, drop)
     if not keep:

@@ -28,6 +28,7 @@ from kiln.te.expr import (
     Load,
     Reduce,
     Select,
+    SizeVar,
     Var,
     binop,
     call,
@@ -41,6 +42,7 @@ from kiln.te.expr import (
     transform,
 )
 from kiln.te.schedule import Schedule
+from kiln.te.symbolic import ceil_div, is_symbolic, simplify
 
 
 @dataclass(frozen=True, eq=True)
@@ -153,8 +155,36 @@ class LoweredKernel:
 
     @property
     def dispatch(self) -> tuple[int, int, int]:
-        """Workgroup counts of the dispatch."""
+        """Workgroup counts of the dispatch (for run-time dims: see :attr:`groups`)."""
         return self.schedule.dispatch(self.total * self.lanes)
+
+    @property
+    def groups(self) -> int | Expr:
+        """Workgroups of the dispatch before wrapping into y: an int, or a size expression of run-time dims."""
+        return ceil_div(simplify(self.total * self.lanes), self.schedule.workgroup_size)
+
+    @property
+    def size_vars(self) -> list:
+        """The run-time dims (:class:`~kiln.te.expr.SizeVar`) the kernel reads, by uniform index."""
+        found: dict = {}
+        seen: set[int] = set()
+
+        def walk(x):
+            if isinstance(x, (list, tuple)):
+                for a in x:
+                    walk(a)
+            elif isinstance(x, SizeVar):
+                found[x.name] = x
+            elif hasattr(x, "__dataclass_fields__") and not isinstance(x, (Var, Const, Tensor)):
+                if id(x) in seen:
+                    return
+                seen.add(id(x))
+                for f in x.__dataclass_fields__:
+                    walk(getattr(x, f))
+
+        walk(self.body)
+        walk(self.total)
+        return sorted(found.values(), key=lambda s: s.index)
 
 
 def _ravel(indices, shape) -> Expr:
@@ -186,18 +216,26 @@ def canonical(out: Tensor) -> Tensor:
 
 
 def _unravel(flat_index: Expr, axes, shape, total: int) -> list:
-    """``Let`` statements binding each of ``axes`` to its coordinate in flat ``flat_index`` over ``shape``."""
-    out, stride = [], total
-    for ax, d in zip(axes, shape):
-        stride //= d
-        if d == 1:
+    """``Let`` statements binding each of ``axes`` to its coordinate in flat ``flat_index`` over ``shape``
+    (dims may be size expressions of run-time dims)."""
+    out = []
+    for k, (ax, d) in enumerate(zip(axes, shape)):
+        stride = simplify(_prod(shape[k + 1:]))
+        if not is_symbolic(d) and d == 1:
             out.append(Let(ax, const(0, "int32")))
             continue
-        v = flat_index // stride if stride != 1 else flat_index
-        if stride * d != total:
+        v = flat_index // stride if not (not is_symbolic(stride) and stride == 1) else flat_index
+        if simplify(stride * d) != simplify(total):
             v = v % d
         out.append(Let(ax, v))
     return out
+
+
+def _prod(dims):
+    n = 1
+    for d in dims:
+        n = n * d
+    return n
 
 
 def _reduces(e: Expr, found: dict) -> None:
@@ -245,12 +283,12 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     pname = {id(t): f"in{k}" for k, t in enumerate(ins)}
     params = [Param(pname[id(t)], t.dtype, t.size, "read") for t in ins]
     params.append(Param("out", out.dtype, out.size, "read_write"))
-    splits = {s.axis: s for s in schedule.splits if s.factor > 1 and out.shape[s.axis] > 1}
-    outer_shape = [-(-d // splits[a].factor) if a in splits else d for a, d in enumerate(out.shape)]
+    # a split of a run-time extent is always guarded (correct for every value, e.g. seq=1 with tiles of 4)
+    splits = {s.axis: s for s in schedule.splits
+              if s.factor > 1 and (is_symbolic(out.shape[s.axis]) or out.shape[s.axis] > 1)}
+    outer_shape = [ceil_div(d, splits[a].factor) if a in splits else d for a, d in enumerate(out.shape)]
     outer = [Var(f"{ax.name}o") if a in splits else ax for a, ax in enumerate(out.axes)]
-    total = 1
-    for d in outer_shape:
-        total *= d
+    total = simplify(_prod(outer_shape))
     gid = Var("gid")
     lanes = schedule.reduce_lanes
     body: list = []
@@ -277,7 +315,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
                 v, top = outer[a] + j * n_outer, n_outer - 1 + j * n_outer
             vals[out.axes[a]] = v
             clamped[out.axes[a]] = v
-            if top >= extent:
+            if is_symbolic(extent) or top >= extent:
                 cond = cond & binop("<", v, extent)
                 clamped[out.axes[a]] = call("min", v, extent - 1)
         elements.append((vals, clamped, cond))
@@ -285,7 +323,8 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     def flat(e: Expr, guarded: bool) -> Expr:
         if isinstance(e, Load):
             idx = linear(_ravel([flat(i, guarded) for i in e.indices], e.tensor.shape))
-            return BufLoad(pname[id(e.tensor)], idx, e.tensor.size, guarded and e.tensor.size > 0, e.dtype)
+            size = e.tensor.size
+            return BufLoad(pname[id(e.tensor)], idx, size, guarded and (is_symbolic(size) or size > 0), e.dtype)
         if isinstance(e, Bin):
             a, b = flat(e.a, guarded), flat(e.b, guarded)
             if e.op in ("<", "<=", ">", ">=", "==", "!=") and a.dtype == "int32":
@@ -338,12 +377,12 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         axes = group[0].axes
         inner = block
         if split:
-            ax0, steps = axes[0], -(-axes[0].extent // lanes)
+            ax0, steps = axes[0], ceil_div(axes[0].extent, lanes)
             loop = For(Var(f"{ax0.name}s", steps), steps)
             inner.append(loop)
             loop.body.append(Let(ax0, loop.var * lanes + lane))
             inner = loop.body
-            if steps * lanes != ax0.extent:
+            if is_symbolic(steps) or steps * lanes != ax0.extent:
                 guard = If(binop("<", ax0, ax0.extent))
                 inner.append(guard)
                 inner = guard.body
@@ -351,14 +390,14 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             split_accs.extend((accs[r], r.op) for r in group)
         n_unrolled, product = 0, 1
         for ax in reversed(axes):
-            if product * ax.extent > schedule.unroll:
+            if is_symbolic(ax.extent) or product * ax.extent > schedule.unroll:
                 break
             product *= ax.extent
             n_unrolled += 1
         # the innermost axis too long to unroll whole: unroll it partially by its largest divisor
         # within the budget (``ax = outer * f + c`` for constant ``c``)
         partial = None
-        if n_unrolled == 0 and axes and schedule.unroll > 1:
+        if n_unrolled == 0 and axes and schedule.unroll > 1 and not is_symbolic(axes[-1].extent):
             ax = axes[-1]
             f = max((d for d in range(2, schedule.unroll + 1) if ax.extent % d == 0), default=0)
             if f:

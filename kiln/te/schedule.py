@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 from kiln.te.compute import Tensor
 from kiln.te.expr import Load, Reduce, free_vars, transform
+from kiln.te.symbolic import at_opt
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def reuse_axes(t: Tensor) -> dict[int, frozenset[int]]:
     out = {}
     for a, ax in enumerate(t.axes):
         shared = frozenset(k for k, d in enumerate(deps) if ax not in d)
-        if t.shape[a] > 1 and shared:
+        if at_opt(t.shape[a]) > 1 and shared:
             out[a] = shared
     return out
 
@@ -136,7 +137,7 @@ def reductions(t: Tensor) -> list[Reduce]:
 
 def reduction_size(t: Tensor) -> int:
     """Iterations of the largest reduction in ``t`` (0 if it has none)."""
-    return max((_prod(ax.extent for ax in r.axes) for r in reductions(t)), default=0)
+    return max((_prod(at_opt(ax.extent) for ax in r.axes) for r in reductions(t)), default=0)
 
 
 #: device classes a package's default schedules can be made for
@@ -173,18 +174,21 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     if reduction_size(t) < 9:
         return Schedule()
     axes = tile_axes(t)
-    size = t.size
+    # run-time dims count at their ``opt`` value here; lowering guards every split and loop of a
+    # run-time extent, so the schedule stays correct for every value in bounds
+    shape = [at_opt(d) for d in t.shape]
+    size = _prod(shape)
     big = len(axes) == 2 and size // 64 >= 16 * min_invocations  # a large GEMM: 8 x 8 tiles still fill the GPU
     factors = {a: 8 if big else 4 for a in axes}
-    for a in sorted(axes, key=lambda a: t.shape[a]):
-        while factors[a] > 1 and (factors[a] > t.shape[a] or size // _prod(factors.values()) < min_invocations):
+    for a in sorted(axes, key=lambda a: shape[a]):
+        while factors[a] > 1 and (factors[a] > shape[a] or size // _prod(factors.values()) < min_invocations):
             factors[a] //= 2
-    last = len(t.shape) - 1
+    last = len(shape) - 1
     splits = tuple(Split(a, f, contiguous=a != last) for a, f in sorted(factors.items()) if f > 1)
     tiles = 1
-    for a, d in enumerate(t.shape):
+    for a, d in enumerate(shape):
         tiles *= -(-d // factors.get(a, 1))
-    outer = min(r.axes[0].extent for r in reds)
+    outer = min(at_opt(r.axes[0].extent) for r in reds)
     lanes = 1
     while lanes < 64 and tiles * lanes < target_invocations and lanes * 2 * 4 <= outer:
         lanes *= 2

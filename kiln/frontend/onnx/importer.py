@@ -15,6 +15,7 @@ from collections import ChainMap
 from collections.abc import Collection, Mapping
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -86,7 +87,37 @@ def dim_key(input_name: str, index: int, dim: onnx.TensorShapeProto.Dimension) -
     return f"{input_name}_dim{index}"
 
 
-def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, int]) -> tuple[tuple[int, ...], tuple[int | str, ...]]:
+def parse_dim_spec(key: str, value: Any) -> int | tuple[int, int, int]:
+    """A ``--dim`` value: an int (a static binding), or ``(lo, hi)``, ``(lo, hi, opt)``, ``"lo..hi"`` or
+    ``"lo..hi@opt"`` (a run-time dim with bounds; ``opt``, default ``hi``, is the value schedules are chosen for).
+
+    Raises:
+        KilnError: a malformed value.
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            if ".." not in text:
+                return int(text)
+            rng, _, opt = text.partition("@")
+            lo, _, hi = rng.partition("..")
+            lo_i, hi_i = int(lo), int(hi)
+            spec = (lo_i, hi_i, int(opt) if opt else hi_i)
+        except ValueError:
+            raise KilnError(f"--dim {key}={value}: expected SIZE, LO..HI or LO..HI@OPT (integers)") from None
+    elif isinstance(value, (tuple, list, range)):
+        v = (value.start, value.stop - 1) if isinstance(value, range) else tuple(int(x) for x in value)
+        if len(v) not in (2, 3):
+            raise KilnError(f"dim {key}: a run-time dim is (lo, hi) or (lo, hi, opt), got {value!r}")
+        spec = (v[0], v[1], v[2] if len(v) == 3 else v[1])
+    else:
+        return int(value)
+    if not 1 <= spec[0] <= spec[2] <= spec[1]:
+        raise KilnError(f"dim {key}: a run-time dim needs 1 <= lo <= opt <= hi, got {spec[0]}..{spec[1]}@{spec[2]}")
+    return spec
+
+
+def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int | str, ...]]:
     if not t.HasField("tensor_type"):
         raise KilnError(f"input {name!r}: only tensor inputs are supported")
     if not t.tensor_type.HasField("shape"):
@@ -105,7 +136,7 @@ def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, int]) -> tuple[tup
                     dims[key] = 1
                 else:
                     raise ShapeError(f"input {name!r} dim {i} is unknown; bind it with --dim {key}=SIZE")
-            concrete.append(int(dims[key]))
+            concrete.append(dims[key] if not isinstance(dims[key], (int, np.integer)) else int(dims[key]))
     return tuple(concrete), tuple(sym)
 
 
@@ -150,6 +181,16 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
     g = model.graph
     dims = dict(dims or {})
     graph = Graph(name=g.name or "model")
+    size_vars = {}
+    for key, value in list(dims.items()):
+        spec = parse_dim_spec(key, value)
+        if isinstance(spec, tuple):
+            from kiln.te import symbolic
+
+            size_vars[key] = symbolic.size_var(key, len(size_vars), *spec)
+            dims[key] = size_vars[key]
+        else:
+            dims[key] = spec
     env: dict[str, Value] = {}
     init_names = {t.name for t in g.initializer}
     for inp in g.input:
@@ -159,7 +200,13 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         v = Value(inp.name, dtypes.from_onnx(inp.type.tensor_type.elem_type), shape, sym_shape=sym)
         graph.inputs.append(v)
         env[inp.name] = v
-    graph.dims = {k: v for k, v in dims.items() if any(k in (x.sym_shape or ()) for x in graph.inputs)}
+    used = {k for x in graph.inputs for k in (x.sym_shape or ()) if isinstance(k, str)}
+    graph.dims = {k: v for k, v in dims.items() if k in used and k not in size_vars}
+    graph.size_vars = {k: v for k, v in size_vars.items() if k in used}
+    unused = sorted(set(size_vars) - used)
+    if unused:
+        raise KilnError(f"run-time dim{'s' if len(unused) > 1 else ''} {', '.join(unused)} name no input dim; the "
+                        f"inputs' dims are {', '.join(sorted(used)) or '(none symbolic)'}")
     b = Builder(graph, fold=True)
     inits = {t.name: t for t in g.initializer}
     for name in variables:
@@ -288,6 +335,10 @@ def _convert_nodes(model: onnx.ModelProto, b: Builder, nodes, env: dict[str, Val
             outs = _call(fn, b, ins, attrs, node, opset)
         except UnsupportedOpError:
             raise
+        except TypeError as e:
+            if not b.graph.size_vars:
+                raise
+            _symbolic_error(node, opset, ins, e)
         except KilnError as e:
             e.args = (f"node {node.name!r} ({node.op_type}, opset {opset}): {e}",)
             raise e from None
@@ -299,6 +350,19 @@ def _convert_nodes(model: onnx.ModelProto, b: Builder, nodes, env: dict[str, Val
         for name, v in zip(node.output, outs):
             if name:
                 env[name] = v
+
+
+def _symbolic_error(node: onnx.NodeProto, opset: int, ins: list[Value | None], e: TypeError) -> None:
+    """Raise the KilnError of a converter that met a run-time dim it cannot handle (a Python ``int()`` or
+    comparison of a size expression raised TypeError): names the node, the op and the dims."""
+    from kiln.te import symbolic
+
+    names = sorted({s.name for v in ins if v is not None for s in symbolic.symbols(
+        (v.shape, v.const) if v.is_shape_const else v.shape)})
+    shapes = ", ".join(f"%{v.name} {symbolic.format_shape(v.shape)}" for v in ins if v is not None)
+    raise KilnError(f"node {node.name!r} ({node.op_type}, opset {opset}): Kiln cannot convert this op with run-time "
+                    f"dim{'s' if len(names) != 1 else ''} {', '.join(names) or '(in its shape inputs)'} yet (inputs "
+                    f"{shapes}; {e}); bind {'them' if len(names) != 1 else 'it'} statically with --dim NAME=SIZE") from None
 
 
 def _name_outputs(graph: Graph, b: Builder, outs: list[tuple[str, Value]], protos, dims: dict[str, int]) -> None:

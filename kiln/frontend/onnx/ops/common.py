@@ -28,3 +28,22 @@ def norm_axis(axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1):
         raise KilnError(f"axis {axis} is out of range for rank {rank}")
     return axis % rank if rank else 0
+
+
+def dims_of(values) -> tuple:
+    """Shape entries from a constant's ``tolist()``: ints, or size expressions of run-time dims
+    (:mod:`kiln.te.symbolic`), simplified."""
+    from kiln.te import symbolic
+
+    return tuple(symbolic.simplify(d) for d in values)
+
+
+def shape_array(dims) -> np.ndarray:
+    """A shape as an int64 array, or an object array when a dim is a size expression."""
+    from kiln.te import symbolic
+
+    if symbolic.is_static(dims):
+        return np.array([int(d) for d in dims], np.int64)
+    out = np.empty(len(dims), object)
+    out[:] = list(dims)
+    return out

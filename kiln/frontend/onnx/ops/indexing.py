@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.errors import KilnError, ShapeError
-from kiln.frontend.onnx.ops.common import const_value, norm_axis
+from kiln.frontend.onnx.ops.common import const_value, dims_of, norm_axis, shape_array
 from kiln.frontend.onnx.ops.nn import _reshape, transpose
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir import dtypes
@@ -42,7 +42,14 @@ def slice_attrs(shape, starts, ends, axes, steps) -> dict[str, tuple[int, ...]]:
     for a, s, e, step in zip(axes, starts, ends, steps):
         if step == 0:
             raise KilnError("Slice: steps must not be 0")
-        s, e, d = int(s), int(e), shape[a]
+        d = shape[a]
+        from kiln.te import symbolic
+
+        if symbolic.is_symbolic(s) or symbolic.is_symbolic(e) or symbolic.is_symbolic(d):
+            s, e = symbolic.clamp_slice(s, e, d, step)
+            st[a], en[a], sp[a] = s, e, step
+            continue
+        s, e = int(s), int(e)
         s = s + d if s < 0 else s
         e = e + d if e < 0 else e
         if step > 0:
@@ -54,7 +61,8 @@ def slice_attrs(shape, starts, ends, axes, steps) -> dict[str, tuple[int, ...]]:
 
 
 def _slice(b: Builder, x: Value, attrs) -> Value:
-    if all(s == 0 and e == d and st == 1 for s, e, st, d in zip(attrs["starts"], attrs["ends"], attrs["steps"], x.shape)):
+    if all(isinstance(s, int) and s == 0 and (e is d or e == d) and st == 1
+           for s, e, st, d in zip(attrs["starts"], attrs["ends"], attrs["steps"], x.shape)):
         return x
     return b.op("Slice", [x], **attrs)
 
@@ -109,7 +117,7 @@ def split_13(b: Builder, x: Value, split: Value | None = None, *, axis: int = 0,
 @onnx_op("Expand", since=8)
 def expand(b: Builder, x: Value, shape: Value) -> Value:
     """ONNX Expand-8/13: broadcast ``x`` with ``shape`` (the result has the broadcast of both)."""
-    return b.op("Expand", [x], shape=tuple(int(d) for d in const_value(shape, "shape").tolist()))
+    return b.op("Expand", [x], shape=dims_of(const_value(shape, "shape").tolist()))
 
 
 @onnx_op("Tile", since=6)
@@ -159,24 +167,42 @@ def trilu(b: Builder, x: Value, k: Value | None = None, *, upper: int = 1) -> Va
 
 @onnx_op("Range", since=11)
 def range_(b: Builder, start: Value, limit: Value, delta: Value) -> Value:
-    """ONNX Range-11: ``arange(start, limit, delta)`` of constant scalars, folded to a constant."""
+    """ONNX Range-11: ``arange(start, limit, delta)`` of constant scalars, folded to a constant; with a run-time
+    dim in ``start`` or ``limit`` (integers, constant ``delta``) an ``Iota`` kernel of run-time length."""
     s, l_, d = (const_value(v, n).reshape(()) for v, n in ((start, "start"), (limit, "limit"), (delta, "delta")))
+    if s.dtype == object or l_.dtype == object:
+        return _range_runtime(b, s.item(), l_.item(), d, start.dtype)
     n = max(int(np.ceil((l_ - s) / d)), 0)
     return b.const((s + np.arange(n) * d).astype(s.dtype), name=b.scope)
+
+
+def _range_runtime(b: Builder, s, limit, d: np.ndarray, dtype: str) -> Value:
+    from kiln.te import symbolic
+
+    if d.dtype == object or dtype not in ("int32", "int64") or int(d) == 0:
+        raise KilnError(f"Range with run-time dims needs integer start/limit and a constant non-zero delta, got "
+                        f"{dtype} delta {d}")
+    step = int(d)
+    n = symbolic.slice_len_expr(s, limit, step)
+    return b.op("Iota", [], shape=(n,), start=symbolic.simplify(s), delta=step, dtype=dtype)
 
 
 @onnx_op("ConstantOfShape", since=9)
 def constant_of_shape(b: Builder, shape: Value, *, value=None) -> Value:
     """ONNX ConstantOfShape-9/20/21: a constant tensor of the (constant) ``shape`` filled with ``value``."""
     fill = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
-    dims = [int(d) for d in const_value(shape, "input").tolist()]
+    dims = dims_of(const_value(shape, "input").tolist())
+    from kiln.te import symbolic
+
+    if not symbolic.is_static(dims):  # a run-time shape: the fill value broadcast by an Expand kernel
+        return b.op("Expand", [b.const(fill[:1].reshape(()), name=b.scope)], shape=dims)
     return b.const(np.full(dims, fill[0], dtype=fill.dtype), name=b.scope)
 
 
 @onnx_op("Size", since=1)
 def size(b: Builder, x: Value) -> Value:
-    """ONNX Size-1/13/19: the (static) element count as an int64 scalar constant."""
-    return b.const(np.array(x.size, np.int64), name=b.scope)
+    """ONNX Size-1/13/19: the element count as an int64 scalar constant (a size expression for run-time dims)."""
+    return b.const(shape_array([x.size]).reshape(()), name=b.scope, dtype="int64")
 
 
 @onnx_op("EyeLike", since=9)

@@ -17,7 +17,9 @@ def _reshape(b: Builder, v: Value, shape: tuple[int, ...]) -> Value:
         return v
     if v.is_const:
         return b.const(v.const.reshape(shape), name=v.name)
-    return b.op("Reshape", [v], shape=tuple(int(d) for d in shape))
+    from kiln.te import symbolic
+
+    return b.op("Reshape", [v], shape=symbolic.shape(shape))
 
 
 def auto_pads(auto_pad: str, sizes, kernel, strides, dilations, pads) -> list[int]:
@@ -206,9 +208,10 @@ def _softmax_axis(b: Builder, x: Value, axis: int, log: bool) -> Value:
 @onnx_op("Softmax", since=1)
 def softmax_1(b: Builder, x: Value, *, axis: int = 1) -> Value:
     """ONNX Softmax-1/11: softmax over the input flattened to 2-D at ``axis``."""
+    from kiln.te import symbolic
+
     ax = norm_axis(axis, len(x.shape))
-    rows = int(np.prod(x.shape[:ax], dtype=np.int64))
-    flat = _reshape(b, x, (rows, int(np.prod(x.shape[ax:], dtype=np.int64))))
+    flat = _reshape(b, x, (symbolic.prod(x.shape[:ax]), symbolic.prod(x.shape[ax:])))
     return _reshape(b, _softmax_axis(b, flat, 1, False), x.shape)
 
 

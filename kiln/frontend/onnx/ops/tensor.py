@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.errors import KilnError, ShapeError
-from kiln.frontend.onnx.ops.common import const_value, norm_axis
+from kiln.frontend.onnx.ops.common import const_value, norm_axis, shape_array
 from kiln.frontend.onnx.ops.nn import _reshape, transpose
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
@@ -14,6 +14,10 @@ from kiln.ir.graph import Builder, Value
 
 def resolve_reshape(src: tuple[int, ...], shape: list[int], allowzero: int = 0) -> tuple[int, ...]:
     """ONNX Reshape's target shape: 0 copies the input dim (unless ``allowzero``), one -1 is inferred."""
+    from kiln.te import symbolic
+
+    if not symbolic.is_static(src) or not symbolic.is_static(shape):
+        return symbolic.resolve_reshape(src, shape, allowzero)
     out = [src[i] if (d == 0 and not allowzero) else int(d) for i, d in enumerate(shape)]
     if out.count(-1) > 1:
         raise ShapeError(f"Reshape: more than one -1 in {shape}")
@@ -41,7 +45,9 @@ def flatten(b: Builder, x: Value, *, axis: int = 1) -> Value:
     if not -rank <= axis <= rank:
         raise ShapeError(f"Flatten: axis {axis} is out of range for rank {rank}")
     ax = axis + rank if axis < 0 else axis
-    return _reshape(b, x, (int(np.prod(x.shape[:ax], dtype=np.int64)), int(np.prod(x.shape[ax:], dtype=np.int64))))
+    from kiln.te import symbolic
+
+    return _reshape(b, x, (symbolic.prod(x.shape[:ax]), symbolic.prod(x.shape[ax:])))
 
 
 def _squeeze(b: Builder, x: Value, axes) -> Value:
@@ -107,8 +113,8 @@ def concat(b: Builder, *xs: Value, axis: int) -> Value:
 
 @onnx_op("Shape", since=1)
 def shape(b: Builder, x: Value, *, start: int = 0, end: int | None = None) -> Value:
-    """ONNX Shape-1/15: the (static) shape as an int64 constant."""
-    return b.const(np.array(x.shape[start:end], np.int64), name=b.scope)
+    """ONNX Shape-1/15: the shape as an int64 constant (an object array of size expressions for run-time dims)."""
+    return b.const(shape_array(x.shape[start:end]), name=b.scope, dtype="int64")
 
 
 @onnx_op("If", since=1)

@@ -1,0 +1,310 @@
+"""Run-time dims (docs/dynamic-shapes.md): one package serves every value of a symbolic dim within its bounds.
+
+Small ONNX models with ``batch`` and ``seq`` dims are compiled once each with ``dims={"batch": (1, 4), "seq":
+(1, 16, 8)}`` and run natively (wgpu-py) with NaN-poisoned buffers on several shapes against onnxruntime;
+MiniLM runs from one package on a subset of the acceptance grid (the full grid: tools/dynamic_minilm.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import SHARED_MODELS
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.errors import KilnError, ShapeError
+from kiln.package.format import VERSION
+from kiln.runtime.dynamic import eval_json
+from kiln.te import symbolic
+
+DIMS = {"batch": (1, 4), "seq": (1, 16, 8)}  # opt 8: schedules for seq=8 must also be right for 1, 7, 16
+SHAPES = [(1, 1), (2, 7), (3, 16), (4, 9)]
+
+
+def _model(nodes, inputs, outputs, inits, name):
+    graph = helper.make_graph(nodes, name, inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def _vi(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _attention_model(rng) -> onnx.ModelProto:
+    """x [batch, seq, 16] -> projections, a reshape chain into 2 heads (Shape -> Gather -> Unsqueeze -> Concat ->
+    Reshape), batched matmuls, masked softmax, LayerNormalization, Erf (GELU); second output: the heads, transposed."""
+    f = np.float32
+    inits = {"wq": rng.standard_normal((16, 16)).astype(f) * 0.3, "wk": rng.standard_normal((16, 16)).astype(f) * 0.3,
+             "wv": rng.standard_normal((16, 16)).astype(f) * 0.3, "bq": rng.standard_normal(16).astype(f),
+             "gamma": rng.standard_normal(16).astype(f), "beta": rng.standard_normal(16).astype(f),
+             "i0": np.array([0], np.int64), "i1": np.array([1], np.int64), "ax0": np.array([0], np.int64),
+             "heads": np.array([2, 8], np.int64), "scale": np.array(0.35, f), "half": np.array(0.5, f),
+             "one": np.array(1.0, f), "rsq2": np.array(1 / np.sqrt(2), f), "neg": np.array(-1e4, f),
+             "zero": np.array(0.0, f), "minus1": np.array([-1], np.int64)}
+    n = helper.make_node
+    nodes = [
+        n("Shape", ["x"], ["shp"]), n("Gather", ["shp", "i0"], ["b"], axis=0), n("Gather", ["shp", "i1"], ["s"], axis=0),
+        n("Concat", ["b", "s", "heads"], ["hshape"], axis=0),
+        n("MatMul", ["x", "wq"], ["q0"]), n("Add", ["q0", "bq"], ["q"]), n("MatMul", ["x", "wk"], ["k"]),
+        n("MatMul", ["x", "wv"], ["v"]),
+        n("Reshape", ["q", "hshape"], ["qh"]), n("Transpose", ["qh"], ["qt"], perm=[0, 2, 1, 3]),
+        n("Reshape", ["k", "hshape"], ["kh"]), n("Transpose", ["kh"], ["kt"], perm=[0, 2, 3, 1]),
+        n("Reshape", ["v", "hshape"], ["vh"]), n("Transpose", ["vh"], ["vt"], perm=[0, 2, 1, 3]),
+        n("MatMul", ["qt", "kt"], ["sc0"]), n("Mul", ["sc0", "scale"], ["sc1"]),
+        # mask [batch, seq] -> [batch, 1, 1, seq]: keys with mask 0 get -1e4
+        n("Unsqueeze", ["mask", "i1"], ["m1"]), n("Unsqueeze", ["m1", "i1"], ["m2"]), n("Cast", ["m2"], ["mb"], to=9),
+        n("Where", ["mb", "zero", "neg"], ["madd"]), n("Add", ["sc1", "madd"], ["sc2"]),
+        n("Softmax", ["sc2"], ["p"], axis=-1), n("MatMul", ["p", "vt"], ["ctx"]),
+        n("Transpose", ["ctx"], ["ctxt"], perm=[0, 2, 1, 3]),
+        n("Concat", ["b", "s", "minus1"], ["flat"], axis=0), n("Reshape", ["ctxt", "flat"], ["c2"]),
+        n("LayerNormalization", ["c2", "gamma", "beta"], ["ln"], axis=-1, epsilon=1e-5),
+        n("Mul", ["ln", "rsq2"], ["g0"]), n("Erf", ["g0"], ["g1"]), n("Add", ["g1", "one"], ["g2"]),
+        n("Mul", ["ln", "g2"], ["g3"]), n("Mul", ["g3", "half"], ["y"]),
+    ]
+    return _model(nodes, [_vi("x", TensorProto.FLOAT, ["batch", "seq", 16]), _vi("mask", TensorProto.INT64, ["batch", "seq"])],
+                  [_vi("y", TensorProto.FLOAT, ["batch", "seq", 16]), _vi("qt", TensorProto.FLOAT, ["batch", 2, "seq", 8])], inits,
+                  "attention")
+
+
+def _shape_ops_model(rng) -> onnx.ModelProto:
+    """ids [batch, seq] (int64): Range(0, seq) -> Gather of position embeddings, Slice of a table by seq, Gather of
+    token embeddings, ConstantOfShape + Expand, Where(Equal(shape, -1)) as exporters write it, Flatten, a sum and
+    a mean over seq (a reduction of run-time extent), IsNaN, Concat along seq, and a Slice that is empty for seq = 1."""
+    f = np.float32
+    inits = {"tok": rng.standard_normal((50, 8)).astype(f), "pos": rng.standard_normal((1, 16, 8)).astype(f),
+             "i1": np.array([1], np.int64), "z": np.array([0], np.int64), "zero": np.array(0, np.int64),
+             "step": np.array(1, np.int64), "minus1": np.array([-1, -1, -1], np.int64), "ax1": np.array([1], np.int64),
+             "eight": np.array([8], np.int64)}
+    n = helper.make_node
+    nodes = [
+        n("Shape", ["ids"], ["shp"]), n("Gather", ["shp", "i1"], ["s1"], axis=0),
+        n("Squeeze", ["s1", "z"], ["s"]),
+        n("Range", ["zero", "s", "step"], ["r"]),
+        n("Slice", ["pos", "z", "s1", "ax1"], ["pslice"]),  # pos[:, :seq]
+        n("Gather", ["tok", "ids"], ["te"], axis=0),  # [batch, seq, 8]
+        n("Add", ["te", "pslice"], ["e0"]),
+        n("Cast", ["r"], ["rf"], to=1), n("Unsqueeze", ["rf", "i1"], ["rf2"]),  # [seq, 1]
+        n("Add", ["e0", "rf2"], ["e1"]),
+        n("Concat", ["shp", "eight"], ["eshape"], axis=0),
+        n("ConstantOfShape", ["eshape"], ["ones"], value=numpy_helper.from_array(np.array([1.0], f))),
+        n("Equal", ["eshape", "minus1"], ["isneg"]), n("Where", ["isneg", "ones_shape", "eshape"], ["eshape2"]),
+        n("Expand", ["e1", "eshape2"], ["e2"]), n("Add", ["e2", "ones"], ["e3"]),
+        n("ReduceSum", ["e3", "ax1"], ["sum"], keepdims=1), n("ReduceMean", ["e3"], ["mean"], axes=[1], keepdims=0),
+        n("Sub", ["e3", "sum"], ["e4"]), n("IsNaN", ["e4"], ["nan"]), n("Not", ["nan"], ["ok"]),
+        n("Cast", ["ok"], ["okf"], to=1), n("Mul", ["e4", "okf"], ["e5"]),
+        n("Concat", ["e5", "e3"], ["cat"], axis=1), n("Flatten", ["cat"], ["y"], axis=2),
+        n("Slice", ["e3", "i1", "big", "ax1"], ["tail"]),  # [batch, seq - 1, 8]: empty for seq = 1 (0 workgroups)
+    ]
+    inits["big"] = np.array([2**62], np.int64)
+    inits["ones_shape"] = np.array([1, 1, 1], np.int64)
+    return _model(nodes, [_vi("ids", TensorProto.INT64, ["batch", "seq"])],
+                  [_vi("y", TensorProto.FLOAT, ["rows", 8]), _vi("mean", TensorProto.FLOAT, ["batch", 8]),
+                   _vi("r", TensorProto.INT64, ["seq"]), _vi("tail", TensorProto.FLOAT, ["batch", "tail", 8])],
+                  inits, "shape_ops")
+
+
+def _conv_model(rng) -> onnx.ModelProto:
+    """img [1, 3, H, W]: Conv 3x3 stride 2 pad 1 (+ bias) -> Relu -> MaxPool 2x2 -> GlobalAveragePool, and the pooled
+    map itself (run-time spatial dims, as PP-OCR's detector has)."""
+    f = np.float32
+    inits = {"w": rng.standard_normal((8, 3, 3, 3)).astype(f), "bias": rng.standard_normal(8).astype(f)}
+    n = helper.make_node
+    nodes = [n("Conv", ["img", "w", "bias"], ["c"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             n("Relu", ["c"], ["r"]), n("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("GlobalAveragePool", ["p"], ["g"])]
+    return _model(nodes, [_vi("img", TensorProto.FLOAT, [1, 3, "H", "W"])],
+                  [_vi("g", TensorProto.FLOAT, [1, 8, 1, 1]), _vi("p", TensorProto.FLOAT, [1, 8, "h", "w"])], inits,
+                  "conv")
+
+
+BUILDS = {"attention": (_attention_model, DIMS), "shape_ops": (_shape_ops_model, DIMS),
+          "conv": (_conv_model, {"H": (4, 24, 16), "W": (4, 24, 16)})}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    out = {}
+    for name, (build, dims) in BUILDS.items():
+        model = build(rng)
+        path = tmp_path_factory.mktemp("dyn") / f"{name}.onnx"
+        onnx.save(model, str(path))
+        pkg = kiln.compile(path, path.with_suffix(""), dims=dims, device_class="cpu")
+        out[name] = (path, pkg, kiln.load(pkg, poison=True))
+    return out
+
+
+def _feeds(name, b, s, rng):
+    if name == "conv":  # (b, s) as spatial sizes: 4 + 2b x 4 + s
+        return {"img": rng.standard_normal((1, 3, 4 + 2 * b, 4 + s)).astype(np.float32)}
+    if name == "attention":
+        mask = np.ones((b, s), np.int64)
+        mask[0, s // 2 + 1:] = 0
+        return {"x": rng.standard_normal((b, s, 16)).astype(np.float32), "mask": mask}
+    return {"ids": rng.integers(0, 50, (b, s)).astype(np.int64)}
+
+
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_one_package_many_shapes(models, name, rng):
+    path, _, session = models[name]
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in ref.get_outputs()]
+    for b, s in SHAPES:
+        feeds = _feeds(name, b, s, rng)
+        got = session.run(feeds)
+        for n, want in zip(names, ref.run(None, feeds)):
+            assert got[n].shape == want.shape, (n, b, s)
+            assert got[n].dtype == want.dtype, (n, b, s)
+            np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-4, err_msg=f"{name}.{n} at batch={b} seq={s}")
+
+
+def test_manifest(models):
+    _, pkg, _ = models["attention"]
+    m = json.loads((pkg / "manifest.json").read_text())
+    assert m["version"] == VERSION == "1.4"
+    assert m["dynamic_dims"] == [{"name": "batch", "index": 0, "min": 1, "max": 4, "opt": 4},
+                                 {"name": "seq", "index": 1, "min": 1, "max": 16, "opt": 8}]
+    x = next(i for i in m["inputs"] if i["name"] == "x")
+    assert x["dynamic_shape"] == ["batch", "seq", 16] and x["shape"] == [4, 16, 16]
+    tgt = m["targets"]["webgpu"]
+    dynamic = [s for s in tgt["plan"] if "groups" in s]
+    assert dynamic and tgt["dims_uniform"]["bytes"] == 16
+    for s in dynamic:  # the recorded dispatch is the count at the upper bounds
+        assert eval_json(s["groups"], {"batch": 4, "seq": 16}) == s["dispatch"][0] * s["dispatch"][1]
+    for k in tgt["kernels"]:
+        src = (pkg / k["source"]).read_text()
+        assert ("kiln_dims" in src) == ("dims_binding" in k)
+
+
+def test_static_package_unchanged(mobilenet_package):
+    m = json.loads((mobilenet_package / "manifest.json").read_text())
+    assert "dynamic_dims" not in m and all("groups" not in s for s in m["targets"]["webgpu"]["plan"])
+    assert all("dims_binding" not in k for k in m["targets"]["webgpu"]["kernels"])
+
+
+def test_bad_feeds(models):
+    _, _, session = models["attention"]
+    x = np.zeros((2, 5, 16), np.float32)
+    with pytest.raises(ShapeError, match=r"'x' dim 1 \(seq\) is 17, outside its bounds 1\.\.16"):
+        session.run({"x": np.zeros((2, 17, 16), np.float32), "mask": np.ones((2, 17), np.int64)})
+    with pytest.raises(ShapeError, match=r"inconsistent dim seq: input 'mask' dim 1 is 6 but input 'x' gave 5"):
+        session.run({"x": x, "mask": np.ones((2, 6), np.int64)})
+    with pytest.raises(ShapeError, match=r"input 'x': expected shape \[2, 5, 16\]"):
+        session.run({"x": np.zeros((2, 5, 15), np.float32), "mask": np.ones((2, 5), np.int64)})
+    with pytest.raises(ShapeError, match="missing input 'mask'"):
+        session.run({"x": x})
+
+
+def test_compile_errors(models, tmp_path):
+    path, _, _ = models["attention"]
+    with pytest.raises(KilnError, match=r"run-time dims \(batch=1\.\.4, seq=1\.\.16\) are supported by the webgpu "
+                                        r"target only"):
+        kiln.compile(path, tmp_path / "w", dims=DIMS, target="webgpu,wasm")
+    with pytest.raises(KilnError, match="name no input dim"):
+        kiln.compile(path, tmp_path / "u", dims={"sequence": (1, 8)})
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])
+    pads = numpy_helper.from_array(np.array([0, 1, 0, 1], np.int64), "pads")
+    pad = _model([helper.make_node("Pad", ["x", "pads"], ["y"], name="pad0", mode="reflect")], [x],
+                 [_vi("y", TensorProto.FLOAT, ["batch", "seq2"])], {"pads": numpy_helper.to_array(pads)}, "pad")
+    onnx.save(pad, str(tmp_path / "pad.onnx"))
+    with pytest.raises(KilnError, match=r"node 'pad0' \(Pad, opset 17\).*run-time dims? .*seq.*--dim"):
+        kiln.compile(tmp_path / "pad.onnx", tmp_path / "p", dims={"batch": 2, "seq": (1, 8)})
+
+
+def test_size_expressions():
+    b, s = symbolic.size_var("batch", 0, 1, 4), symbolic.size_var("seq", 1, 1, 512, 128)
+    assert symbolic.simplify(s * b) == symbolic.simplify(b * s)
+    assert symbolic.simplify(b * s * 12 * s // 12) == symbolic.simplify(s * s * b)
+    assert symbolic.upper(symbolic.simplify(b * s * s * 12)) == 4 * 512 * 512 * 12
+    assert symbolic.decide("==", s, -1) is False and symbolic.decide(">=", s, 1) is True
+    with pytest.raises(KilnError, match=r"seq == 1 depends on the run-time dims \(seq in \[1, 512\]\)"):
+        symbolic.decide("==", s, 1)
+    with pytest.raises(TypeError):
+        int(s)
+    with pytest.raises(TypeError):
+        s > 1  # noqa: B015  (a comparison of a run-time dim must fail, never pick a branch)
+    e = symbolic.simplify(symbolic.ceil_div(b * s * 384, 64))
+    for bv, sv in ((1, 1), (3, 7), (4, 512)):
+        assert eval_json(symbolic.to_json(e), {"batch": bv, "seq": sv}) == -(-bv * sv * 384 // 64)
+    assert symbolic.resolve_reshape((b, s, 384), [0, 0, 12, -1]) == (b, s, 12, 32)
+    with pytest.raises(ShapeError):
+        symbolic.resolve_reshape((b, s, 384), [0, -1, 7])
+
+
+def test_minilm_one_package(tmp_path_factory):
+    """all-MiniLM-L6-v2 from ONE package (batch 1..4, seq 1..512) against onnxruntime within 1e-4 on a CI subset
+    of the acceptance grid; tools/dynamic_minilm.py runs all of batch 1-4 x seq 1, 7, 128, 512."""
+    model = SHARED_MODELS / "all_minilm_l6_v2.onnx"
+    pkg = kiln.compile(model, tmp_path_factory.mktemp("minilm") / "pkg", dims={"batch": (1, 4), "seq": (1, 512, 128)},
+                       device_class="cpu")
+    session = kiln.load(pkg, poison=True)
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with np.load(SHARED_MODELS / "reference" / "all_minilm_l6_v2_inputs.npz") as z:
+        sample = {k: z[k] for k in z.files}
+    grid = [sample, *[_minilm_feeds(rng, b, s) for b, s in ((1, 1), (2, 7), (4, 128), (1, 512))]]
+    for feeds in grid:
+        got = session.run(feeds)["last_hidden_state"]
+        want = ref.run(["last_hidden_state"], feeds)[0]
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1e-4, feeds["input_ids"].shape
+
+
+def _minilm_feeds(rng, batch, seq):
+    ids = rng.integers(1000, 30000, (batch, seq)).astype(np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102
+    mask = np.ones((batch, seq), np.int64)
+    if seq > 2:
+        mask[-1, seq // 2:] = 0  # a padded sequence
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((batch, seq), np.int64)}
+
+
+def test_cli_dim_ranges():
+    import click
+
+    from kiln.cli import _parse_dims
+
+    assert _parse_dims(("seq=1..512@128", "batch=1..4", "N=4")) == {"seq": (1, 512, 128), "batch": (1, 4, 4), "N": 4}
+    for bad in ("seq=0..4", "seq=8..4", "seq=1..4@9", "seq=a..b", "seq"):
+        with pytest.raises((click.BadParameter, KilnError)):
+            _parse_dims((bad,))
+
+
+def test_gpu_resident_io(models, rng):
+    """GPUTensor feeds of run-time shapes, and ``output="gpu"`` tensors shaped by the dims (docs/runtime.md)."""
+    path, _, session = models["attention"]
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in ref.get_outputs()]
+    for b, s in [(2, 7), (1, 3)]:
+        feeds = _feeds("attention", b, s, rng)
+        got = session.run(session.upload(feeds), output="gpu")
+        for n, want in zip(names, ref.run(None, feeds)):
+            assert list(got[n].shape) == list(want.shape), (n, b, s)
+            np.testing.assert_allclose(got[n].numpy(), want, rtol=1e-4, atol=1e-4, err_msg=f"{n} at {b}x{s}")
+
+
+def test_fp16_run_time_dims(models, tmp_path, rng):
+    """``--precision fp16`` with run-time dims: one fp16 package, several shapes, within fp16's error."""
+    path, _, _ = models["attention"]
+    pkg = kiln.compile(path, tmp_path / "fp16", dims=DIMS, device_class="cpu", precision="fp16")
+    try:
+        session = kiln.load(pkg, poison=True)
+    except kiln.errors.DeviceError as e:  # an adapter without shader-f16
+        pytest.skip(str(e))
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in ref.get_outputs()]
+    for b, s in [(1, 1), (3, 16), (2, 9)]:
+        feeds = _feeds("attention", b, s, rng)
+        got = session.run(feeds)
+        for n, want in zip(names, ref.run(None, feeds)):
+            assert got[n].shape == want.shape, (n, b, s)
+            # f16 storage: relative rounding 2^-11 per stored value, a few layers deep
+            np.testing.assert_allclose(got[n], want, rtol=2e-2, atol=2e-2, err_msg=f"{n} at {b}x{s}")

@@ -1,0 +1,81 @@
+"""Run-time dims in headless Chromium (kiln.js, WebGPU on SwiftShader): MiniLM at two shapes from one package
+and one session, against onnxruntime; bad shapes are refused with a ShapeError naming the input and the dim."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from browser import CHROMIUM, ConsoleLog, serving
+from conftest import SHARED_MODELS
+
+import kiln
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (Debian package chromium)"),
+]
+
+MODEL = SHARED_MODELS / "all_minilm_l6_v2.onnx"
+
+#: loads the package once, then runs it on each base64 int64 feed set; returns the outputs as base64 float32
+RUN_SHAPES = """async (runs) => {
+  const kiln = await import('./kiln.js');
+  const session = await kiln.load('./', {target: 'webgpu', poison: true});
+  const decode = (text) => new BigInt64Array(Uint8Array.from(atob(text), (c) => c.charCodeAt(0)).buffer);
+  const results = [];
+  try {
+    for (const feeds of runs) {
+      const inputs = {};
+      for (const [name, {dims, data}] of Object.entries(feeds)) inputs[name] = new kiln.Tensor('int64', decode(data), dims);
+      const {last_hidden_state: h} = await session.run(inputs);
+      const raw = new Uint8Array(h.data.buffer, h.data.byteOffset, h.data.byteLength);
+      let text = '';
+      for (let i = 0; i < raw.length; i += 8192) text += String.fromCharCode(...raw.subarray(i, i + 8192));
+      results.push({dims: h.dims, data: btoa(text)});
+    }
+    const ids = new kiln.Tensor('int64', new BigInt64Array(2 * 3), [2, 3]);
+    const mask = new kiln.Tensor('int64', new BigInt64Array(2 * 4), [2, 4]);
+    try {
+      await session.run({input_ids: ids, attention_mask: mask, token_type_ids: ids});
+      results.push('no error');
+    } catch (error) {
+      results.push(`${error.name}: ${error.message}`);
+    }
+  } finally {
+    session.destroy();
+  }
+  return results;
+}"""
+
+
+def _feeds(rng, batch, seq):
+    ids = rng.integers(1000, 30000, (batch, seq)).astype(np.int64)
+    mask = np.ones((batch, seq), np.int64)
+    mask[-1, seq // 2:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((batch, seq), np.int64)}
+
+
+def test_minilm_two_shapes_one_package(browser, tmp_path, rng):
+    pkg = kiln.compile(MODEL, tmp_path / "minilm", dims={"batch": (1, 4), "seq": (1, 64, 16)}, device_class="cpu")
+    runs = [_feeds(rng, 1, 7), _feeds(rng, 2, 12)]
+    wire = [{k: {"dims": list(v.shape), "data": base64.b64encode(v.tobytes()).decode()} for k, v in f.items()}
+            for f in runs]
+    page = browser.new_page()
+    log = ConsoleLog(page)
+    try:
+        with serving(pkg) as url:
+            page.goto(url + "manifest.json")
+            results = log.evaluate(RUN_SHAPES, wire)
+    finally:
+        page.close()
+    ref = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
+    for feeds, got in zip(runs, results[:2]):
+        want = ref.run(["last_hidden_state"], feeds)[0]
+        assert got["dims"] == list(want.shape)
+        out = np.frombuffer(base64.b64decode(got["data"]), np.float32).reshape(want.shape)
+        assert np.abs(out - want).max() <= 1e-4, want.shape
+    assert results[2] == ("ShapeError: inconsistent dim seq: input 'attention_mask' dim 1 is 4 but input "
+                          "'input_ids' gave 3")
