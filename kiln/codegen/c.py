@@ -663,8 +663,8 @@ def render(k: LoweredKernel, export: str, grid: tuple[int, ...], comment: str = 
     Raises:
         TypeError: a kernel with reduce lanes (workgroup barriers).
     """
-    if k.lanes > 1:
-        raise TypeError(f"C: kernel {k.name} has reduce lanes; schedule it for the CPU (no barriers)")
+    if k.cooperative:
+        raise TypeError(f"C: kernel {k.name} has reduce lanes or shared tiles; schedule it for the CPU (no barriers)")
     params, args, g = _params(k).rsplit(", int begin", 1)[0], _args(k), k.gid.name
     scalar = _Renderer({g: Val("u", g, "int32")}).stmts(k.body, 1)
     vector = _vector_body(k, grid)

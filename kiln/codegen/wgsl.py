@@ -180,7 +180,7 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
     for name, (dtype, size) in k.shared.items():
         lines.append(f"var<workgroup> {name}: array<{TYPES[dtype]}, {size}>;")
     lines += ["", f"@compute @workgroup_size({wg})"]
-    if k.lanes > 1:  # no early return: every invocation must reach the workgroup barriers
+    if k.cooperative:  # no early return: every invocation must reach the workgroup barriers
         lines += [
             "fn main(@builtin(local_invocation_index) local: u32, @builtin(workgroup_id) group: vec3<u32>,",
             "        @builtin(num_workgroups) groups: vec3<u32>) {",

@@ -35,13 +35,15 @@ class KernelRunner:
         dispatch: workgroup counts ``(x, y, z)``.
         out_dtype: numpy dtype of the output.
         poison: fill the output with NaN before each run, so unwritten elements show.
+        dims: values of the kernel's run-time dims by uniform index (int32), bound as the dims
+            uniform (``kiln_dims``) at binding ``n + 1``; ``None`` for a kernel without run-time dims.
 
     Raises:
         wgpu's GPUError (with the compiler's message) when the shader does not compile.
     """
 
     def __init__(self, source: str, inputs: list[np.ndarray], out_elements: int, dispatch: tuple[int, int, int],
-                 out_dtype=np.float32, poison: bool = True):
+                 out_dtype=np.float32, poison: bool = True, dims=None):
         import wgpu
 
         dev = self.device = device()
@@ -57,12 +59,19 @@ class KernelRunner:
         self.out_elements = out_elements
         self.out = dev.create_buffer(size=max(4, out_elements * self.out_dtype.itemsize), usage=usage)
         self.buffers.append(self.out)
+        bindings = list(self.buffers)
+        if dims is not None:  # array<vec4<i32>, K>: whole vec4s
+            words = np.zeros(-(-max(1, len(dims)) // 4) * 4, np.int32)
+            words[:len(dims)] = dims
+            ubuf = dev.create_buffer(size=words.nbytes, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+            dev.queue.write_buffer(ubuf, 0, words.tobytes())
+            bindings.append(ubuf)
         self.staging = dev.create_buffer(size=self.out.size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         module = dev.create_shader_module(code=source)
         self.pipeline = dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         layout = self.pipeline.get_bind_group_layout(0)
         self.group = dev.create_bind_group(layout=layout, entries=[
-            {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(self.buffers)])
+            {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(bindings)])
         self.dispatch = tuple(dispatch)
         self.poison = poison
 

@@ -14,6 +14,7 @@ over flat buffer parameters. Each target's codegen renders it (WGSL in
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -130,9 +131,10 @@ class LoweredKernel:
         name: entry-point-friendly name.
         params: buffers in binding order (inputs first, then the output).
         inputs: the placeholder each input param was made from (same order as ``params[:-1]``).
-        total: register tiles of the output (each one invocation, or ``reduce_lanes`` of them).
+        total: register tiles of the output (each one invocation, or ``reduce_lanes`` of them); under
+            shared operand tiles (``schedule.shared_k``), the invocations of the dispatch.
         gid: the variable holding the invocation's flat tile index.
-        body: statements run when ``gid < total`` (every invocation when ``lanes > 1``: then
+        body: statements run when ``gid < total`` (every invocation when :attr:`cooperative`: then
             the body binds ``gid`` itself from the builtins ``lid``, the local invocation index,
             and ``wid``, the flat workgroup index, and guards its stores).
         schedule: the schedule it was lowered with.
@@ -152,6 +154,12 @@ class LoweredKernel:
     def lanes(self) -> int:
         """Invocations cooperating on one tile's reductions."""
         return self.schedule.reduce_lanes
+
+    @property
+    def cooperative(self) -> bool:
+        """Whether the invocations of a workgroup cooperate through workgroup memory and barriers
+        (reduce lanes or shared operand tiles): none may return early."""
+        return self.lanes > 1 or bool(self.shared)
 
     @property
     def dispatch(self) -> tuple[int, int, int]:
@@ -269,6 +277,30 @@ def _cse_loads(values: list[Expr], block: list, counter) -> list[Expr]:
     return [transform(v, visit) for v in values]
 
 
+def flatten(e: Expr, guarded: bool, pname: dict[int, str]) -> Expr:
+    """``e`` (no reductions) over flat buffer loads: each :class:`Load` of a placeholder becomes a
+    :class:`BufLoad` of parameter ``pname[id(tensor)]``; loads inside the taken branch of a
+    :class:`Select` (and all loads when ``guarded``) clamp their index into the buffer."""
+    if isinstance(e, Load):
+        idx = linear(_ravel([flatten(i, guarded, pname) for i in e.indices], e.tensor.shape))
+        size = e.tensor.size
+        return BufLoad(pname[id(e.tensor)], idx, size, guarded and (is_symbolic(size) or size > 0), e.dtype)
+    if isinstance(e, Bin):
+        a, b = flatten(e.a, guarded, pname), flatten(e.b, guarded, pname)
+        if e.op in ("<", "<=", ">", ">=", "==", "!=") and a.dtype == "int32":
+            a, b = linear(a), linear(b)
+        return binop(e.op, a, b)
+    if isinstance(e, Call):
+        return call(e.fn, *(flatten(a, guarded, pname) for a in e.args))
+    if isinstance(e, Select):
+        return select(flatten(e.cond, guarded, pname), flatten(e.t, True, pname), flatten(e.f, guarded, pname))
+    if isinstance(e, Cast):
+        return cast(flatten(e.x, guarded, pname), e.dtype)
+    if isinstance(e, Reduce):
+        raise TypeError("reductions are hoisted before flattening")
+    return e
+
+
 def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None) -> LoweredKernel:
     """Lower computed tensor ``out`` (producers already inlined) under ``schedule`` (default :class:`Schedule`).
 
@@ -283,6 +315,17 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     pname = {id(t): f"in{k}" for k, t in enumerate(ins)}
     params = [Param(pname[id(t)], t.dtype, t.size, "read") for t in ins]
     params.append(Param("out", out.dtype, out.size, "read_write"))
+    counter = itertools.count()
+    if schedule.shared_k:
+        from kiln.te.tiles import analyse, lower_shared
+
+        found = analyse(out, schedule)
+        if isinstance(found, str):  # not a contraction (or too large): lowered without shared tiles
+            schedule = dataclasses.replace(schedule, shared_k=0)
+        else:
+            body, total, shared = lower_shared(out, found, schedule, lambda e, g: flatten(e, g, pname),
+                                               lambda vals, block: _cse_loads(vals, block, counter), counter)
+            return LoweredKernel(name or out.name, params, ins, total, Var("gid"), body, schedule, shared)
     # a split of a run-time extent is always guarded (correct for every value, e.g. seq=1 with tiles of 4)
     splits = {s.axis: s for s in schedule.splits
               if s.factor > 1 and (is_symbolic(out.shape[s.axis]) or out.shape[s.axis] > 1)}
@@ -299,7 +342,6 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         body += [Let(lane, lid % lanes), Let(tile, wid * (schedule.workgroup_size // lanes) + lid // lanes),
                  Let(gid, call("min", tile, total - 1))]
     body += _unravel(gid, outer, outer_shape, total)
-    counter = itertools.count()
     split_accs: list[tuple[Var, str]] = []
 
     # the elements of the register tile: axis values, clamped values for loads, in-range condition
@@ -321,24 +363,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         elements.append((vals, clamped, cond))
 
     def flat(e: Expr, guarded: bool) -> Expr:
-        if isinstance(e, Load):
-            idx = linear(_ravel([flat(i, guarded) for i in e.indices], e.tensor.shape))
-            size = e.tensor.size
-            return BufLoad(pname[id(e.tensor)], idx, size, guarded and (is_symbolic(size) or size > 0), e.dtype)
-        if isinstance(e, Bin):
-            a, b = flat(e.a, guarded), flat(e.b, guarded)
-            if e.op in ("<", "<=", ">", ">=", "==", "!=") and a.dtype == "int32":
-                a, b = linear(a), linear(b)
-            return binop(e.op, a, b)
-        if isinstance(e, Call):
-            return call(e.fn, *(flat(a, guarded) for a in e.args))
-        if isinstance(e, Select):
-            return select(flat(e.cond, guarded), flat(e.t, True), flat(e.f, guarded))
-        if isinstance(e, Cast):
-            return cast(flat(e.x, guarded), e.dtype)
-        if isinstance(e, Reduce):
-            raise TypeError("reductions are hoisted before flattening")
-        return e
+        return flatten(e, guarded, pname)
 
     def accumulate(r: Reduce, acc: Var, v: Expr) -> Expr:
         return flat(_combine(r.op, acc, v), False)

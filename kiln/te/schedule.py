@@ -52,6 +52,12 @@ class Schedule:
             ``workgroup_size``): each takes every ``reduce_lanes``-th iteration of the outermost
             reduction axis, and the partial results are combined in workgroup memory. More
             parallelism for outputs too small to fill the GPU (batch-1 late layers, a classifier).
+        shared_k: stage the operands of a contraction through workgroup memory, ``shared_k``
+            reduction iterations at a time (0: off; see :mod:`kiln.te.tiles`). The two
+            :class:`Split` axes become a workgroup block of (threads x factor) rows by columns; the
+            workgroup loads each operand's tile for the chunk cooperatively, then every invocation
+            computes its register tile from workgroup memory. Kernels that are not such a
+            contraction (or whose tiles would not fit the workgroup memory limit) are lowered without it.
     """
 
     workgroup_size: int = 64
@@ -59,11 +65,14 @@ class Schedule:
     splits: tuple[Split, ...] = ()
     unroll: int = 1
     reduce_lanes: int = 1
+    shared_k: int = 0
 
     def __post_init__(self):
         r = self.reduce_lanes
         if r < 1 or r & (r - 1) or self.workgroup_size % r:
             raise ValueError(f"reduce_lanes={r} must be a power of two dividing workgroup_size={self.workgroup_size}")
+        if self.shared_k < 0 or (self.shared_k and r > 1):
+            raise ValueError(f"shared_k={self.shared_k} must be 0 or positive, and reduce_lanes 1 with it")
 
     def dispatch(self, total: int) -> tuple[int, int, int]:
         """Workgroup counts ``(x, y, z)`` covering ``total`` invocations."""
@@ -74,15 +83,18 @@ class Schedule:
 
     def to_json(self) -> dict:
         """A JSON-able description (manifests, tuning records)."""
-        return {"workgroup_size": self.workgroup_size, "splits": [asdict(s) for s in self.splits],
-                "unroll": self.unroll, "reduce_lanes": self.reduce_lanes}
+        d = {"workgroup_size": self.workgroup_size, "splits": [asdict(s) for s in self.splits],
+             "unroll": self.unroll, "reduce_lanes": self.reduce_lanes}
+        if self.shared_k:  # only when set: records and manifests of other schedules stay as they were
+            d["shared_k"] = self.shared_k
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> Schedule:
         """Inverse of :meth:`to_json`."""
         return cls(workgroup_size=int(d.get("workgroup_size", 64)),
                    splits=tuple(Split(**s) for s in d.get("splits", ())), unroll=int(d.get("unroll", 1)),
-                   reduce_lanes=int(d.get("reduce_lanes", 1)))
+                   reduce_lanes=int(d.get("reduce_lanes", 1)), shared_k=int(d.get("shared_k", 0)))
 
 
 def reuse_axes(t: Tensor) -> dict[int, frozenset[int]]:

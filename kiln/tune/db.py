@@ -255,7 +255,7 @@ class TuningDB:
             if record is not None:
                 s = Schedule.from_json(record["schedule"])
                 if SearchSpace(t).check(s) is None:
-                    return TunedSchedule(s.workgroup_size, s.max_groups_x, s.splits, s.unroll, s.reduce_lanes,
+                    return TunedSchedule(s.workgroup_size, s.max_groups_x, s.splits, s.unroll, s.reduce_lanes, s.shared_k,
                                          tuning={"speedup": record["speedup"], "trials": record["trials"],
                                                  "adapter": record["adapter_key"]})
             return fallback(t)

@@ -2,7 +2,9 @@
 
 A kernel's knobs are the fields of :class:`~kiln.te.schedule.Schedule`: the register tile (a
 :class:`~kiln.te.schedule.Split` factor per tiled output axis, contiguous or strided), the
-workgroup size, the unrolling budget of the innermost reduction loops and the reduce lanes.
+workgroup size, the unrolling budget of the innermost reduction loops, the reduce lanes and, for
+contractions (MatMul, Gemm, convolutions as implicit GEMMs), the reduction chunk staged through
+workgroup memory (``shared_k``, :mod:`kiln.te.tiles`).
 Vector width is not a knob: the WGSL renderer loads scalars (a tile along the innermost axis
 gives the same reuse).
 
@@ -32,6 +34,8 @@ WORKGROUP_SIZES = (32, 64, 128, 256)
 UNROLLS = (1, 2, 3, 4, 8, 9, 16, 27, 32)
 #: reduce lanes
 LANES = (1, 2, 4, 8, 16, 32, 64)
+#: reduction iterations per chunk of shared operand tiles (0: none)
+SHARED_KS = (0, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,8 @@ class SearchSpace:
 
     Args:
         t: the kernel's expression (:func:`kiln.compiler.group_expr`).
-        lanes: whether reduce lanes are searched (leave them out for CPU adapters, where
-            workgroup barriers are slow and SwiftShader compiles barrier kernels slowly).
+        lanes: whether reduce lanes and shared operand tiles are searched (leave them out for CPU
+            adapters, where workgroup barriers are slow and SwiftShader compiles barrier kernels slowly).
         limits: the bounds of :meth:`check`.
 
     Attributes:
@@ -85,6 +89,8 @@ class SearchSpace:
         self.unrolls = UNROLLS if self.reds else (1,)
         self.outer_extent = min((r.axes[0].extent for r in self.reds), default=0)
         self.lanes = tuple(n for n in LANES if n == 1 or (lanes and n * 4 <= self.outer_extent))
+        # shared tiles need a contraction (one sum of products over two reuse axes)
+        self.shared = SHARED_KS if lanes and len(self.reds) == 1 and len(self.axes) >= 2 else (0,)
 
     # ------------------------------------------------------------------ checks
     def tile(self, s: Schedule) -> int:
@@ -93,6 +99,8 @@ class SearchSpace:
 
     def unrolled_iterations(self, s: Schedule) -> int:
         """Reduction iterations written out in the innermost loop body (as :func:`kiln.te.lower.lower` unrolls)."""
+        if s.shared_k:  # the chunk loop, unrolled by the largest divisor of the chunk within the budget
+            return max(d for d in range(1, min(s.unroll, s.shared_k) + 1) if s.shared_k % d == 0)
         best = 1
         for r in self.reds:
             axes = r.axes[1:] if s.reduce_lanes > 1 else r.axes
@@ -148,6 +156,16 @@ class SearchSpace:
         if s.reduce_lanes > 1 and accs * s.workgroup_size * 4 > lim.workgroup_storage_bytes:
             return (f"{accs * s.workgroup_size * 4} bytes of workgroup memory; the limit is "
                     f"{lim.workgroup_storage_bytes}")
+        if s.shared_k:
+            if s.shared_k not in self.shared:
+                return f"shared_k {s.shared_k} is not in the space {self.shared}"
+            if s.shared_k % s.unroll:
+                return f"unroll {s.unroll} does not divide shared_k {s.shared_k}"
+            from kiln.te.tiles import analyse
+
+            why = analyse(self.t, s, lim.workgroup_storage_bytes)
+            if isinstance(why, str):
+                return f"no shared tiles: {why}"
         updates = accs * self.unrolled_iterations(s)
         if updates > lim.unrolled_updates:
             return f"{updates} unrolled accumulator updates; at most {lim.unrolled_updates}"
@@ -169,10 +187,10 @@ class SearchSpace:
     def __iter__(self) -> Iterator[Schedule]:
         """Every valid schedule (brute force; the space has a few thousand points)."""
         for splits in self._tiles():
-            for wg, unroll, lanes in itertools.product(WORKGROUP_SIZES, self.unrolls, self.lanes):
-                if wg % lanes:
+            for wg, unroll, lanes, kc in itertools.product(WORKGROUP_SIZES, self.unrolls, self.lanes, self.shared):
+                if wg % lanes or (kc and (lanes > 1 or len(splits) != 2)):
                     continue
-                s = Schedule(workgroup_size=wg, splits=splits, unroll=unroll, reduce_lanes=lanes)
+                s = Schedule(workgroup_size=wg, splits=splits, unroll=unroll, reduce_lanes=lanes, shared_k=kc)
                 if self.valid(s):
                     yield s
 
@@ -194,8 +212,10 @@ class SearchSpace:
                                          rng.random() < 0.5) for a in axes), key=lambda sp: sp.axis))
             splits = tuple(sp for sp in splits if sp.factor > 1)
             lanes = rng.choice(self.lanes)
+            kc = rng.choice(self.shared) if lanes == 1 else 0
             wg = rng.choice([w for w in WORKGROUP_SIZES if w % lanes == 0] or [64])
-            s = Schedule(workgroup_size=wg, splits=splits, unroll=rng.choice(self.unrolls), reduce_lanes=lanes)
+            s = Schedule(workgroup_size=wg, splits=splits, unroll=rng.choice(self.unrolls), reduce_lanes=lanes,
+                         shared_k=kc)
             if self.valid(s):
                 return s
         return Schedule()
@@ -206,8 +226,8 @@ class SearchSpace:
         unrolling or lane count). Returns ``s`` itself if no neighbour was found."""
         for _ in range(tries):
             splits = list(s.splits)
-            wg, unroll, lanes = s.workgroup_size, s.unroll, s.reduce_lanes
-            knob = rng.randrange(6)
+            wg, unroll, lanes, kc = s.workgroup_size, s.unroll, s.reduce_lanes, s.shared_k
+            knob = rng.randrange(7)
             if knob == 0 and splits:
                 i = rng.randrange(len(splits))
                 sp = splits[i]
@@ -238,13 +258,17 @@ class SearchSpace:
                 unroll = rng.choice([u for u in self.unrolls if u != unroll])
             elif knob == 5 and len(self.lanes) > 1:
                 lanes = rng.choice([n for n in self.lanes if n != lanes])
+                kc = 0 if lanes > 1 else kc
+            elif knob == 6 and len(self.shared) > 1:
+                kc = rng.choice([n for n in self.shared if n != kc])
+                lanes = 1 if kc else lanes
             else:
                 continue
             if wg % lanes:
                 wg = max(wg, lanes)
             try:
                 out = Schedule(workgroup_size=wg, splits=tuple(sorted(splits, key=lambda x: x.axis)),
-                               unroll=unroll, reduce_lanes=lanes)
+                               unroll=unroll, reduce_lanes=lanes, shared_k=kc)
             except ValueError:
                 continue
             if out != s and self.valid(out):
@@ -256,12 +280,13 @@ class SearchSpace:
         tile_from, other = (a, b) if rng.random() < 0.5 else (b, a)
         pick = [tile_from, other]
         lanes = rng.choice(pick).reduce_lanes
+        kc = rng.choice(pick).shared_k if lanes == 1 else 0
         wg = rng.choice(pick).workgroup_size
         if wg % lanes:
             wg = max(wg, lanes)
         try:
             child = Schedule(workgroup_size=wg, splits=tile_from.splits, unroll=rng.choice(pick).unroll,
-                             reduce_lanes=lanes)
+                             reduce_lanes=lanes, shared_k=kc)
         except ValueError:
             return a
         return child if self.valid(child) else a
@@ -272,7 +297,8 @@ class SearchSpace:
 
         Per tileable axis: log2 of its factor and whether the split is contiguous; then log2 of
         the workgroup size, unrolled iterations, reduce lanes, invocations, tile size and
-        workgroups, and whether the workgroups fill a large GPU (about 1000 of them).
+        workgroups, whether the workgroups fill a large GPU (about 1000 of them), and log2 of
+        ``shared_k + 1``.
         """
         factor = {sp.axis: sp for sp in s.splits}
         row = []
@@ -282,5 +308,6 @@ class SearchSpace:
         inv = self.invocations(s)
         groups = max(1, -(-inv // s.workgroup_size))
         row += [math.log2(s.workgroup_size), math.log2(self.unrolled_iterations(s)), math.log2(s.reduce_lanes),
-                math.log2(inv), math.log2(self.tile(s)), math.log2(groups), min(groups / 1024, 1.0)]
+                math.log2(inv), math.log2(self.tile(s)), math.log2(groups), min(groups / 1024, 1.0),
+                math.log2(s.shared_k + 1)]
         return np.asarray(row, dtype=np.float64)

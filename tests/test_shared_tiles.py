@@ -1,0 +1,197 @@
+"""Shared operand tiles (``Schedule.shared_k``, :mod:`kiln.te.tiles`) compute the same numbers.
+
+MatMul, batched MatMul, transposed Gemm and Conv kernels (with fused epilogues) are lowered under
+shared-tile schedules of awkward sizes (M, N, K not multiples of the block or chunk, K smaller than a
+chunk, factors of 3, every workgroup shape) and run natively with NaN-poisoned outputs against numpy /
+the primitives' reference semantics; a kernel over run-time dims runs at several dim values; a small
+ONNX model with shared-tile schedules runs against onnxruntime. Kernels that are not contractions
+fall back to the plain lowering (recorded with ``shared_k`` 0).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.codegen import wgsl
+from kiln.codegen.validate import validate_wgsl
+from kiln.ir import ops
+from kiln.kernels import elementwise, layout, library
+from kiln.runtime.kernel import KernelRunner
+from kiln.te import symbolic
+from kiln.te.compute import inline, placeholder
+from kiln.te.lower import lower
+from kiln.te.schedule import Schedule, Split, default_schedule, tile_axes
+from kiln.te.tiles import analyse
+from kiln.tune.space import SearchSpace
+
+CONV = {"strides": (1, 1), "dilations": (1, 1), "pads": (1, 1, 1, 1), "group": 1}
+
+
+def shared_schedules(rows: int, cols: int) -> dict[str, Schedule]:
+    """Shared-tile schedules over output axes ``rows`` < ``cols``: every workgroup shape, both split kinds."""
+    def s(wg, fa, fb, kc, unroll=1, ca=True, cb=False):
+        return Schedule(workgroup_size=wg, splits=(Split(rows, fa, ca), Split(cols, fb, cb)), unroll=unroll, shared_k=kc)
+
+    return {
+        "wg64_4x4_k8": s(64, 4, 4, 8, 4),
+        "wg256_8x8_k8_unroll8": s(256, 8, 8, 8, 8),
+        "wg128_4x8_k16_strided": s(128, 4, 8, 16, 16, ca=False),
+        "wg32_2x4_k4_contiguous": s(32, 2, 4, 4, 2, cb=True),
+        "wg64_3x2_k5": s(64, 3, 2, 5, 5),
+        "wg256_4x4_k16": s(256, 4, 4, 16, 1),
+    }
+
+
+def _check(t, arrays, expected, sched, what, dims=None, groups=None):
+    k = lower(t, sched, name="k")
+    assert k.schedule.shared_k == sched.shared_k, f"{what}: fell back"
+    src = wgsl.render(k)
+    assert "var<workgroup> sh_p" in src and "workgroupBarrier()" in src
+    validate_wgsl(src, what)
+    dispatch = k.dispatch if groups is None else (groups, 1, 1)
+    got = KernelRunner(src, arrays, expected.size, dispatch, dims=dims).run().reshape(expected.shape)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=f"{what}: {sched}")
+
+
+def _primitive(op, shapes, attrs, rng, epilogue=False):
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    (_, out_shape), = ops.get(op).infer([("float32", s) for s in shapes], attrs)
+    expected = ops.get(op).evaluate(arrays, attrs)[0]
+    t = library.build(op, [placeholder(s, name=f"x{i}") for i, s in enumerate(shapes)], attrs, out_shape, "k")
+    if epilogue:  # per-channel bias and ReLU, as fusion makes them
+        bias = rng.standard_normal((out_shape[1],) + (1,) * (len(out_shape) - 2)).astype(np.float32)
+        t = elementwise.unary("Relu", elementwise.binary("Add", t, placeholder(bias.shape, name="b"), out_shape), {})
+        arrays.append(bias)
+        expected = np.maximum(expected + bias, 0)
+    return inline(t), arrays, expected
+
+
+@pytest.mark.parametrize("shapes", [[(37, 45), (45, 29)], [(13, 3), (3, 21)], [(1, 70), (70, 130)]],
+                         ids=["awkward", "k_below_chunk", "one_row"])
+def test_matmul_under_shared_tiles(shapes, rng):
+    t, arrays, expected = _primitive("MatMul", shapes, {}, rng)
+    for name, sched in shared_schedules(0, 1).items():
+        _check(t, arrays, expected, sched, name)
+
+
+def test_batched_broadcast_matmul(rng):
+    t, arrays, expected = _primitive("MatMul", [(2, 1, 19, 17), (3, 17, 11)], {}, rng)
+    for name in ("wg64_4x4_k8", "wg64_3x2_k5"):
+        _check(t, arrays, expected, shared_schedules(2, 3)[name], name)
+
+
+def test_transposed_gemm_with_epilogue(rng):
+    """Gemm(transA=1, transB=1) as the frontend builds it: transposes inlined into the MatMul, bias after."""
+    a, b = rng.standard_normal((23, 18)).astype(np.float32), rng.standard_normal((31, 23)).astype(np.float32)
+    c = rng.standard_normal((31,)).astype(np.float32)
+    pa, pb, pc = placeholder(a.shape, name="a"), placeholder(b.shape, name="b"), placeholder(c.shape, name="c")
+    at, bt = layout.transpose(pa, [1, 0], (18, 23), "at"), layout.transpose(pb, [1, 0], (23, 31), "bt")
+    t = inline(elementwise.binary("Add", library.build("MatMul", [at, bt], {}, (18, 31), "mm"), pc, (18, 31)))
+    for name, sched in shared_schedules(0, 1).items():
+        _check(t, [a, b, c], a.T @ b.T + c, sched, name)
+
+
+@pytest.mark.parametrize("case", ["conv1x1", "conv3x3_stride2"])
+def test_conv_as_implicit_gemm(case, rng):
+    shapes, attrs = {"conv1x1": ([(2, 12, 5, 7), (10, 12, 1, 1)], {**CONV, "pads": (0, 0, 0, 0)}),
+                     "conv3x3_stride2": ([(1, 5, 11, 10), (9, 5, 3, 3)],
+                                         {**CONV, "strides": (2, 2), "pads": (0, 1, 1, 0)})}[case]
+    t, arrays, expected = _primitive("Conv", shapes, attrs, rng, epilogue=True)
+    for name, sched in shared_schedules(1, 3).items():
+        _check(t, arrays, expected, sched, f"{case}/{name}")
+
+
+def test_run_time_dims(rng):
+    """MatMul [seq, k] x [k, n] with run-time seq and k: one kernel, every value in bounds."""
+    seq, kd = symbolic.size_var("seq", 0, 1, 64, 32), symbolic.size_var("k", 1, 1, 40, 16)
+    t = inline(library.build("MatMul", [placeholder((seq, kd)), placeholder((kd, 27))], {}, (seq, 27), "mm"))
+    sched = Schedule(workgroup_size=64, splits=(Split(0, 4, True), Split(1, 4)), unroll=4, shared_k=8)
+    groups = lower(t, sched).groups
+    for s, k in ((1, 1), (7, 16), (33, 5), (64, 40)):
+        a, b = rng.standard_normal((s, k)).astype(np.float32), rng.standard_normal((k, 27)).astype(np.float32)
+        n = symbolic.evaluate(groups, {"seq": s, "k": k})
+        _check(t, [a, b], a @ b, sched, f"seq={s} k={k}", dims=np.array([s, k], np.int32), groups=n)
+
+
+def test_non_contractions_fall_back(rng):
+    """Grouped convolution (the input factor varies with the output channel), a max reduction and a
+    too-large block are lowered without shared tiles, and still right."""
+    grouped, arrays, expected = _primitive("Conv", [(1, 8, 9, 9), (6, 4, 3, 3)], {**CONV, "group": 2}, rng)
+    sched = Schedule(workgroup_size=64, splits=(Split(1, 2), Split(3, 4)), shared_k=8)
+    assert "vary along exactly one" in analyse(grouped, sched)
+    k = lower(grouped, sched)
+    assert k.schedule.shared_k == 0 and "sh_p" not in wgsl.render(k)
+    got = KernelRunner(wgsl.render(k), arrays, expected.size, k.dispatch).run().reshape(expected.shape)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    mm = inline(library.build("MatMul", [placeholder((64, 64)), placeholder((64, 64))], {}, (64, 64), "mm"))
+    big = Schedule(workgroup_size=256, splits=(Split(0, 8), Split(1, 8)), shared_k=32)
+    assert "bytes of workgroup memory" in analyse(mm, big) and lower(mm, big).schedule.shared_k == 0
+    with pytest.raises(ValueError, match="shared_k"):
+        Schedule(workgroup_size=64, reduce_lanes=4, shared_k=8)
+
+
+def test_schedule_json_and_search_space():
+    s = Schedule(workgroup_size=256, splits=(Split(0, 8, True), Split(1, 8)), unroll=8, shared_k=8)
+    assert s.to_json()["shared_k"] == 8 and Schedule.from_json(s.to_json()) == s
+    assert "shared_k" not in Schedule().to_json()  # manifests of other schedules unchanged
+    mm = inline(library.build("MatMul", [placeholder((96, 80)), placeholder((80, 72))], {}, (96, 72), "mm"))
+    space = SearchSpace(mm)
+    picked = [c for c in space if c.shared_k]
+    assert picked and all(space.check(c) is None for c in picked)
+    assert SearchSpace(mm, lanes=False).shared == (0,)  # CPU adapters: no barriers
+    big = inline(library.build("MatMul", [placeholder((4096, 4096)), placeholder((4096, 4096))], {}, (4096, 4096),
+                               "gemm"))
+    assert default_schedule(big, device_class="cpu").shared_k == 0
+    assert SearchSpace(big).check(default_schedule(big)) is None
+
+
+def test_every_tuner_pick_is_correct(rng):
+    """Every shared-tile schedule the tuner's space holds for a small awkward MatMul (a sample of them)."""
+    t, arrays, expected = _primitive("MatMul", [(21, 19), (19, 26)], {}, rng)
+    picked = [c for c in SearchSpace(t) if c.shared_k]
+    for sched in picked[::max(1, len(picked) // 12)]:
+        _check(t, arrays, expected, sched, "tuner")
+
+
+def test_model_against_onnxruntime(tmp_path, rng):
+    """Gemm(transA, transB, bias) and a padded Conv + Relu in one model, shared tiles where they apply."""
+    f = np.float32
+    w = rng.standard_normal((6, 3, 3, 3)).astype(f)
+    cb = rng.standard_normal(6).astype(f)
+    gc = rng.standard_normal(17).astype(f)
+    n = helper.make_node
+    nodes = [n("Gemm", ["a", "b", "gc"], ["g"], transA=1, transB=1),
+             n("Conv", ["x", "w", "cb"], ["c0"], pads=[1, 1, 1, 1]), n("Relu", ["c0"], ["c"])]
+    graph = helper.make_graph(
+        nodes, "shared", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [19, 10]),
+                          helper.make_tensor_value_info("b", TensorProto.FLOAT, [17, 19]),
+                          helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 11])],
+        [helper.make_tensor_value_info("g", TensorProto.FLOAT, [10, 17]),
+         helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 6, 9, 11])],
+        [numpy_helper.from_array(v, k) for k, v in {"w": w, "cb": cb, "gc": gc}.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"))
+
+    def choose(t):
+        axes = tile_axes(t)
+        if len(axes) != 2:
+            return default_schedule(t)
+        return Schedule(workgroup_size=64, splits=(Split(axes[0], 4, True), Split(axes[1], 4)), unroll=4, shared_k=8)
+
+    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", schedule=choose)
+    kernels = json.loads((pkg / "manifest.json").read_text())["targets"]["webgpu"]["kernels"]
+    assert sum(1 for k in kernels if k["schedule"].get("shared_k") == 8) == 2
+    feeds = {"a": rng.standard_normal((19, 10)).astype(f), "b": rng.standard_normal((17, 19)).astype(f),
+             "x": rng.standard_normal((1, 3, 9, 11)).astype(f)}
+    got = kiln.load(pkg, poison=True).run(feeds)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for name, want in zip(("g", "c"), ref.run(["g", "c"], feeds)):
+        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=name)
