@@ -17,6 +17,7 @@ from kiln.codegen.validate import validate_wgsl
 from kiln.ir import ops
 from kiln.kernels import elementwise, library
 from kiln.runtime.kernel import KernelRunner
+from kiln.te import schedule as schedule_module
 from kiln.te.compute import inline, placeholder
 from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, Split, default_schedule
@@ -61,6 +62,11 @@ def schedules(rank: int) -> dict[str, Schedule]:
         "tile2x2_lanes16_wg32": Schedule(workgroup_size=32, splits=(Split(min(1, last), 2), Split(last, 2)), unroll=9,
                                          reduce_lanes=16),
         "lanes64_wg64": Schedule(workgroup_size=64, splits=(Split(last, 3, True),), reduce_lanes=64),
+        # shared operand tiles (kiln.te.tiles); kernels that are no contraction over these axes fall back
+        "shared4x4_k8_wg64": Schedule(workgroup_size=64, splits=(Split(1 if rank > 2 else 0, 4, True), Split(last, 4)),
+                                      unroll=4, shared_k=8),
+        "shared2x3_k4_wg32": Schedule(workgroup_size=32, splits=(Split(1 if rank > 2 else 0, 2), Split(last, 3, True)),
+                                      unroll=1, shared_k=4),
     }
 
 
@@ -105,7 +111,12 @@ def test_default_schedule_tiles_reuse_axes():
     assert default_schedule(inline(elementwise.unary("Relu", x, {}))) == Schedule()
     gemm = inline(library.build("MatMul", [placeholder((4096, 4096)), placeholder((4096, 4096))], {}, (4096, 4096),
                                 "gemm"))
-    assert default_schedule(gemm) == Schedule(splits=(Split(0, 8, True), Split(1, 8)), unroll=16)
+    if schedule_module.DEFAULT_SHARED_TILES == "off":
+        assert default_schedule(gemm) == Schedule(splits=(Split(0, 8, True), Split(1, 8)), unroll=16)
+    else:  # large GEMMs stage their operands through workgroup memory
+        assert default_schedule(gemm) == Schedule(workgroup_size=256, splits=(Split(0, 8, True), Split(1, 8)),
+                                                  unroll=8, shared_k=8)
+    assert default_schedule(gemm, device_class="cpu").shared_k == 0
 
 
 def test_schedule_json_round_trip():

@@ -155,6 +155,15 @@ def reduction_size(t: Tensor) -> int:
 #: device classes a package's default schedules can be made for
 DEVICE_CLASSES = ("gpu", "cpu")
 
+#: shared operand tiles (:mod:`kiln.te.tiles`) in the default ``gpu`` schedules, the one switch:
+#: ``"off"`` (register tiles only, as before), ``"large"`` (the large GEMMs that get 8 x 8 tiles: blocks of
+#: 128 x 128 outputs, 256 invocations, chunks of 8) or ``"medium"`` (also contractions that still fill
+#: :data:`MEDIUM_GROUPS` workgroups with blocks of 64 x 64: 4 x 4 tiles, 256 invocations, chunks of 16).
+#: Not yet measured on a GPU against register tiles alone: ``python -m bench.micro`` times both.
+DEFAULT_SHARED_TILES = "large"
+#: workgroups a ``"medium"`` contraction must fill (two per streaming multiprocessor of a large GPU)
+MEDIUM_GROUPS = 256
+
 
 def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations: int = 65536,
                      shared_bytes: int = 16384, device_class: str = "gpu") -> Schedule:
@@ -174,6 +183,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     workgroup barriers: full 4 x 4 tiles, no lanes and no unrolling (MobileNetV2 on lavapipe: 0.9 s a run,
     against 2.6 s with the GPU schedules; unrolling made its shaders 5x slower to generate and 4x slower for
     lavapipe to compile, with no faster runs).
+    Contractions (:mod:`kiln.te.tiles`) on ``gpu`` may stage their operands through workgroup
+    memory instead (``shared_k``), as :data:`DEFAULT_SHARED_TILES` says.
 
     Raises:
         ValueError: unknown ``device_class``.
@@ -207,7 +218,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     if device_class == "cpu":
         return Schedule(splits=splits)
     if lanes == 1:
-        return Schedule(splits=splits, unroll=16 if big else 9)
+        shared = _shared_default(t, axes, shape, big, shared_bytes)
+        return shared or Schedule(splits=splits, unroll=16 if big else 9)
     accs = _prod(factors.values()) * len(reds)
     width = 256
     while width > lanes and width * accs * 4 > shared_bytes:
@@ -215,6 +227,27 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     if width * accs * 4 > shared_bytes:
         return Schedule(splits=splits, unroll=9)
     return Schedule(workgroup_size=width, splits=splits, unroll=9, reduce_lanes=lanes)
+
+
+def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, shared_bytes: int) -> Schedule | None:
+    """The default shared-tile schedule of contraction ``t`` under :data:`DEFAULT_SHARED_TILES`, or ``None``."""
+    if DEFAULT_SHARED_TILES == "off" or len(axes) != 2:
+        return None
+    if big:
+        factor, kc = 8, 8
+    elif DEFAULT_SHARED_TILES == "medium":
+        factor, kc = 4, 16
+        groups = _prod(-(-d // 64) if a in axes else d for a, d in enumerate(shape))
+        if groups < MEDIUM_GROUPS or min(shape[a] for a in axes) < 64:
+            return None
+    else:
+        return None
+    last = len(shape) - 1
+    s = Schedule(workgroup_size=256, splits=tuple(Split(a, factor, contiguous=a != last) for a in axes),
+                 unroll=kc, shared_k=kc)
+    from kiln.te.tiles import analyse
+
+    return s if not isinstance(analyse(t, s, shared_bytes), str) else None
 
 
 def _prod(xs) -> int:
