@@ -8,7 +8,8 @@ or here (lavapipe) with a small size: ``python -m bench.micro --size 256 --no-to
 
 - ``matmul``: ``C = A @ B`` on N x N fp32 matrices. Kiln's kernel is the MatMul tensor expression
   lowered under each schedule of a small sweep (the default schedule first; register tiles, then
-  shared operand tiles ``shared ...``); TFLOP/s = 2 N^3 / time.
+  shared operand tiles ``shared RxC wgW kK`` with rows and columns contiguous (``c``) or strided (``s``)
+  and workgroup-memory reads of vector width ``vecV``); TFLOP/s = 2 N^3 / time.
   PyTorch runs strict fp32 (TF32 off) on the same GPU.
 - ``copy``: a 256 MiB fp32 copy (an identity elementwise kernel); GB/s counts bytes read plus
   written. PyTorch's ``copy_`` is the peer.
@@ -38,10 +39,13 @@ from kiln.te.compute import compute, inline, placeholder
 from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, Split, default_schedule
 
-#: shared-tile candidates: (rows x cols register tile, workgroup size, shared_k, rows contiguous)
-SHARED = ((8, 8, 256, 8, True), (8, 8, 256, 4, True), (8, 8, 256, 8, False), (4, 4, 256, 16, True),
-          (4, 4, 256, 8, True), (8, 4, 128, 8, True), (4, 8, 128, 8, True), (8, 8, 64, 16, True),
-          (4, 4, 64, 16, True), (4, 4, 64, 32, True))
+#: shared-tile candidates: (rows x cols register tile, workgroup size, shared_k, rows contiguous,
+#: columns contiguous, vector width of the workgroup-memory reads)
+SHARED = ((8, 8, 256, 8, True, False, 1), (8, 8, 256, 8, True, False, 4), (8, 8, 256, 8, True, True, 4),
+          (8, 8, 256, 4, True, False, 4), (8, 8, 256, 8, False, False, 1), (4, 4, 256, 16, True, False, 4),
+          (4, 4, 256, 16, True, True, 4), (4, 4, 256, 8, True, False, 1), (8, 4, 128, 8, True, False, 4),
+          (4, 8, 128, 8, True, True, 4), (8, 8, 64, 16, True, True, 4), (4, 4, 64, 16, True, False, 4),
+          (4, 4, 64, 32, True, True, 4))
 
 
 def matmul_schedules(t) -> dict[str, Schedule]:
@@ -53,9 +57,10 @@ def matmul_schedules(t) -> dict[str, Schedule]:
             for unroll in (1, 4, 8, 16):
                 name = f"{ti}x{tj} wg{wg} unroll{unroll}"
                 out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, True), Split(1, tj)), unroll=unroll)
-    for ti, tj, wg, kc, contiguous in SHARED:
-        name = f"shared {ti}x{tj} wg{wg} k{kc}" + ("" if contiguous else " strided")
-        out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, contiguous), Split(1, tj)), unroll=kc, shared_k=kc)
+    for ti, tj, wg, kc, rows, cols, vw in SHARED:
+        name = f"shared {ti}x{tj} wg{wg} k{kc} {'c' if rows else 's'}{'c' if cols else 's'} vec{vw}"
+        out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, rows), Split(1, tj, cols)), unroll=kc, shared_k=kc,
+                             vector_width=vw)
     return out
 
 

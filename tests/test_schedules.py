@@ -63,8 +63,8 @@ def schedules(rank: int) -> dict[str, Schedule]:
                                          reduce_lanes=16),
         "lanes64_wg64": Schedule(workgroup_size=64, splits=(Split(last, 3, True),), reduce_lanes=64),
         # shared operand tiles (kiln.te.tiles); kernels that are no contraction over these axes fall back
-        "shared4x4_k8_wg64": Schedule(workgroup_size=64, splits=(Split(1 if rank > 2 else 0, 4, True), Split(last, 4)),
-                                      unroll=4, shared_k=8),
+        "shared4x4_k8_wg64_vec4": Schedule(workgroup_size=64, splits=(Split(1 if rank > 2 else 0, 4, True),
+                                                                      Split(last, 4)), unroll=4, shared_k=8, vector_width=4),
         "shared2x3_k4_wg32": Schedule(workgroup_size=32, splits=(Split(1 if rank > 2 else 0, 2), Split(last, 3, True)),
                                       unroll=1, shared_k=4),
     }
@@ -115,7 +115,7 @@ def test_default_schedule_tiles_reuse_axes():
         assert default_schedule(gemm) == Schedule(splits=(Split(0, 8, True), Split(1, 8)), unroll=16)
     else:  # large GEMMs stage their operands through workgroup memory
         assert default_schedule(gemm) == Schedule(workgroup_size=256, splits=(Split(0, 8, True), Split(1, 8)),
-                                                  unroll=8, shared_k=8)
+                                                  unroll=8, shared_k=8, vector_width=4)
     assert default_schedule(gemm, device_class="cpu").shared_k == 0
 
 

@@ -36,24 +36,26 @@ CONV = {"strides": (1, 1), "dilations": (1, 1), "pads": (1, 1, 1, 1), "group": 1
 
 def shared_schedules(rows: int, cols: int) -> dict[str, Schedule]:
     """Shared-tile schedules over output axes ``rows`` < ``cols``: every workgroup shape, both split kinds."""
-    def s(wg, fa, fb, kc, unroll=1, ca=True, cb=False):
-        return Schedule(workgroup_size=wg, splits=(Split(rows, fa, ca), Split(cols, fb, cb)), unroll=unroll, shared_k=kc)
+    def s(wg, fa, fb, kc, unroll=1, ca=True, cb=False, vw=1):
+        return Schedule(workgroup_size=wg, splits=(Split(rows, fa, ca), Split(cols, fb, cb)), unroll=unroll, shared_k=kc,
+                        vector_width=vw)
 
     return {
         "wg64_4x4_k8": s(64, 4, 4, 8, 4),
-        "wg256_8x8_k8_unroll8": s(256, 8, 8, 8, 8),
-        "wg128_4x8_k16_strided": s(128, 4, 8, 16, 16, ca=False),
+        "wg256_8x8_k8_unroll8_vec4": s(256, 8, 8, 8, 8, vw=4),
+        "wg128_4x8_k16_strided_vec4": s(128, 4, 8, 16, 16, ca=False, cb=True, vw=4),
         "wg32_2x4_k4_contiguous": s(32, 2, 4, 4, 2, cb=True),
         "wg64_3x2_k5": s(64, 3, 2, 5, 5),
-        "wg256_4x4_k16": s(256, 4, 4, 16, 1),
+        "wg256_4x4_k16_vec4_both": s(256, 4, 4, 16, 1, cb=True, vw=4),
     }
 
 
 def _check(t, arrays, expected, sched, what, dims=None, groups=None):
     k = lower(t, sched, name="k")
-    assert k.schedule.shared_k == sched.shared_k, f"{what}: fell back"
+    assert k.schedule.shared_k == sched.shared_k and k.schedule.vector_width == sched.vector_width, f"{what}: fell back"
     src = wgsl.render(k)
     assert "var<workgroup> sh_p" in src and "workgroupBarrier()" in src
+    assert ("vec4<f32>" in src) == (sched.vector_width == 4)
     validate_wgsl(src, what)
     dispatch = k.dispatch if groups is None else (groups, 1, 1)
     got = KernelRunner(src, arrays, expected.size, dispatch, dims=dims).run().reshape(expected.shape)
@@ -133,6 +135,10 @@ def test_non_contractions_fall_back(rng):
     mm = inline(library.build("MatMul", [placeholder((64, 64)), placeholder((64, 64))], {}, (64, 64), "mm"))
     big = Schedule(workgroup_size=256, splits=(Split(0, 8), Split(1, 8)), shared_k=32)
     assert "bytes of workgroup memory" in analyse(mm, big) and lower(mm, big).schedule.shared_k == 0
+    # vec4 reads need a contiguous split with a factor divisible by 4: otherwise recorded as 1
+    odd = Schedule(workgroup_size=64, splits=(Split(0, 2, True), Split(1, 4)), shared_k=8, vector_width=4)
+    assert lower(mm, odd).schedule.vector_width == 1
+    assert lower(mm, Schedule(splits=(Split(0, 4, True),), vector_width=4)).schedule.vector_width == 1
     with pytest.raises(ValueError, match="shared_k"):
         Schedule(workgroup_size=64, reduce_lanes=4, shared_k=8)
 
@@ -141,10 +147,14 @@ def test_schedule_json_and_search_space():
     s = Schedule(workgroup_size=256, splits=(Split(0, 8, True), Split(1, 8)), unroll=8, shared_k=8)
     assert s.to_json()["shared_k"] == 8 and Schedule.from_json(s.to_json()) == s
     assert "shared_k" not in Schedule().to_json()  # manifests of other schedules unchanged
+    v = Schedule(workgroup_size=64, splits=(Split(0, 4, True), Split(1, 4)), shared_k=8, vector_width=4)
+    assert v.to_json()["vector_width"] == 4 and Schedule.from_json(v.to_json()) == v
+    with pytest.raises(ValueError, match="vector_width"):
+        Schedule(vector_width=3)
     mm = inline(library.build("MatMul", [placeholder((96, 80)), placeholder((80, 72))], {}, (96, 72), "mm"))
     space = SearchSpace(mm)
     picked = [c for c in space if c.shared_k]
-    assert picked and all(space.check(c) is None for c in picked)
+    assert picked and all(space.check(c) is None for c in picked) and any(c.vector_width == 4 for c in picked)
     assert SearchSpace(mm, lanes=False).shared == (0,)  # CPU adapters: no barriers
     big = inline(library.build("MatMul", [placeholder((4096, 4096)), placeholder((4096, 4096))], {}, (4096, 4096),
                                "gemm"))

@@ -16,7 +16,7 @@ import re
 import numpy as np
 
 from kiln.te.expr import Bin, Call, Cast, Const, Expr, Select, SizeVar, Var
-from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Let, LoweredKernel, Store
+from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Lane, Let, LoweredKernel, Store, VecLoad
 
 #: Kiln dtype -> WGSL scalar type (WGSL §6.2.1); int64 is narrowed to i32 before codegen
 TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "bool": "bool"}
@@ -87,6 +87,10 @@ def expr(e: Expr) -> str:
         if e.guard:
             return f"{e.buf}[min(u32({idx}), {e.size - 1}u)]"
         return f"{e.buf}[{idx}]"
+    if isinstance(e, VecLoad):
+        return f"{e.buf}[{expr(e.index)}]"
+    if isinstance(e, Lane):
+        return f"{expr(e.x)}[{e.lane}]"
     if isinstance(e, Bin):
         if e.op == "//":
             return f"({expr(e.a)} / {expr(e.b)})"
@@ -108,8 +112,9 @@ def expr(e: Expr) -> str:
     raise TypeError(f"WGSL: cannot render {type(e).__name__}")
 
 
-def _stmts(stmts, indent: int) -> list[str]:
+def _stmts(stmts, indent: int, vectors: dict[str, int] | None = None) -> list[str]:
     pad = "    " * indent
+    vectors = vectors or {}
     out = []
     for s in stmts:
         if isinstance(s, Let):
@@ -122,14 +127,17 @@ def _stmts(stmts, indent: int) -> list[str]:
             v = s.var.name
             extent = expr(s.extent) if isinstance(s.extent, Expr) else f"{s.extent}i"
             out.append(f"{pad}for (var {v} = 0i; {v} < {extent}; {v}++) {{")
-            out.extend(_stmts(s.body, indent + 1))
+            out.extend(_stmts(s.body, indent + 1, vectors))
             out.append(f"{pad}}}")
         elif isinstance(s, Barrier):
             out.append(f"{pad}workgroupBarrier();")
         elif isinstance(s, If):
             out.append(f"{pad}if ({expr(s.cond)}) {{")
-            out.extend(_stmts(s.body, indent + 1))
+            out.extend(_stmts(s.body, indent + 1, vectors))
             out.append(f"{pad}}}")
+        elif isinstance(s, Store) and s.buf in vectors:  # one element of an array of vectors
+            i, w = expr(s.index), vectors[s.buf]
+            out.append(f"{pad}{s.buf}[{i} / {w}i][{i} % {w}i] = {expr(s.value)};")
         elif isinstance(s, Store):
             out.append(f"{pad}{s.buf}[{expr(s.index)}] = {expr(s.value)};")
         else:
@@ -178,7 +186,9 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
         lines.append(f"@group(0) @binding({len(k.params)}) var<uniform> {DIMS}: array<vec4<i32>, "
                      f"{dims[-1].index // 4 + 1}>;")
     for name, (dtype, size) in k.shared.items():
-        lines.append(f"var<workgroup> {name}: array<{TYPES[dtype]}, {size}>;")
+        w = k.vectors.get(name, 1)
+        elem = TYPES[dtype] if w == 1 else f"vec{w}<{TYPES[dtype]}>"
+        lines.append(f"var<workgroup> {name}: array<{elem}, {size // w}>;")
     lines += ["", f"@compute @workgroup_size({wg})"]
     if k.cooperative:  # no early return: every invocation must reach the workgroup barriers
         lines += [
@@ -195,7 +205,7 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
             "        return;",
             "    }",
         ]
-    body = _stmts(k.body, 1)
+    body = _stmts(k.body, 1, k.vectors)
     text = "\n".join(body)
     if any(_F16.search(line) for line in lines[3:] + body):  # f16 types need the extension (WGSL §4.1.2)
         lines.insert(3, "enable f16;")

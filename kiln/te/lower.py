@@ -57,6 +57,26 @@ class BufLoad(Expr):
     dtype: str
 
 
+@dataclass(frozen=True, eq=True)
+class VecLoad(Expr):
+    """Vector ``index`` (``width`` consecutive elements from ``index * width``) of workgroup array
+    ``buf``, declared as an array of ``width``-vectors (see ``LoweredKernel.vectors``); ``dtype`` is the element type."""
+
+    buf: str
+    index: Expr
+    width: int
+    dtype: str
+
+
+@dataclass(frozen=True, eq=True)
+class Lane(Expr):
+    """Component ``lane`` of vector expression ``x`` (a :class:`VecLoad` or a variable bound to one)."""
+
+    x: Expr
+    lane: int
+    dtype: str
+
+
 @dataclass
 class Let:
     """An immutable local: ``let name = value``."""
@@ -139,6 +159,8 @@ class LoweredKernel:
             and ``wid``, the flat workgroup index, and guards its stores).
         schedule: the schedule it was lowered with.
         shared: workgroup-memory arrays, name -> (dtype, elements).
+        vectors: workgroup arrays declared as arrays of vectors, name -> width (``vector_width``):
+            read whole with :class:`VecLoad`, stored element by element (``buf[i / w][i % w]``).
     """
 
     name: str
@@ -149,6 +171,7 @@ class LoweredKernel:
     body: list
     schedule: Schedule
     shared: dict[str, tuple[str, int]] = field(default_factory=dict)
+    vectors: dict[str, int] = field(default_factory=dict)
 
     @property
     def lanes(self) -> int:
@@ -323,9 +346,13 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         if isinstance(found, str):  # not a contraction (or too large): lowered without shared tiles
             schedule = dataclasses.replace(schedule, shared_k=0)
         else:
-            body, total, shared = lower_shared(out, found, schedule, lambda e, g: flatten(e, g, pname),
-                                               lambda vals, block: _cse_loads(vals, block, counter), counter)
-            return LoweredKernel(name or out.name, params, ins, total, Var("gid"), body, schedule, shared)
+            body, total, shared, vectors = lower_shared(out, found, schedule, lambda e, g: flatten(e, g, pname),
+                                                        lambda vals, block: _cse_loads(vals, block, counter), counter)
+            if schedule.vector_width > 1 and not vectors:  # no operand tile read as vectors
+                schedule = dataclasses.replace(schedule, vector_width=1)
+            return LoweredKernel(name or out.name, params, ins, total, Var("gid"), body, schedule, shared, vectors)
+    if schedule.vector_width > 1:  # vector width applies to shared operand tiles only (for now)
+        schedule = dataclasses.replace(schedule, vector_width=1)
     # a split of a run-time extent is always guarded (correct for every value, e.g. seq=1 with tiles of 4)
     splits = {s.axis: s for s in schedule.splits
               if s.factor > 1 and (is_symbolic(out.shape[s.axis]) or out.shape[s.axis] > 1)}
@@ -516,4 +543,5 @@ def _combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: li
     return {"red": (dtype, size)}
 
 
-__all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Let", "LoweredKernel", "Param", "Store", "canonical", "lower"]
+__all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Lane", "Let", "LoweredKernel", "Param", "Store", "VecLoad",
+           "canonical", "flatten", "lower"]

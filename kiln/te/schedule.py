@@ -58,6 +58,10 @@ class Schedule:
             workgroup loads each operand's tile for the chunk cooperatively, then every invocation
             computes its register tile from workgroup memory. Kernels that are not such a
             contraction (or whose tiles would not fit the workgroup memory limit) are lowered without it.
+        vector_width: 1, or 4: with ``shared_k``, each operand tile whose register-tile split is
+            contiguous with a factor divisible by 4 is a workgroup array of ``vec4`` and every invocation
+            reads its rows (or columns) of a reduction step as whole vectors (a quarter of the
+            workgroup-memory loads). Recorded as 1 where nothing is read as vectors.
     """
 
     workgroup_size: int = 64
@@ -66,6 +70,7 @@ class Schedule:
     unroll: int = 1
     reduce_lanes: int = 1
     shared_k: int = 0
+    vector_width: int = 1
 
     def __post_init__(self):
         r = self.reduce_lanes
@@ -73,6 +78,8 @@ class Schedule:
             raise ValueError(f"reduce_lanes={r} must be a power of two dividing workgroup_size={self.workgroup_size}")
         if self.shared_k < 0 or (self.shared_k and r > 1):
             raise ValueError(f"shared_k={self.shared_k} must be 0 or positive, and reduce_lanes 1 with it")
+        if self.vector_width not in (1, 4):
+            raise ValueError(f"vector_width={self.vector_width} must be 1 or 4")
 
     def dispatch(self, total: int) -> tuple[int, int, int]:
         """Workgroup counts ``(x, y, z)`` covering ``total`` invocations."""
@@ -87,6 +94,8 @@ class Schedule:
              "unroll": self.unroll, "reduce_lanes": self.reduce_lanes}
         if self.shared_k:  # only when set: records and manifests of other schedules stay as they were
             d["shared_k"] = self.shared_k
+        if self.vector_width != 1:
+            d["vector_width"] = self.vector_width
         return d
 
     @classmethod
@@ -94,7 +103,8 @@ class Schedule:
         """Inverse of :meth:`to_json`."""
         return cls(workgroup_size=int(d.get("workgroup_size", 64)),
                    splits=tuple(Split(**s) for s in d.get("splits", ())), unroll=int(d.get("unroll", 1)),
-                   reduce_lanes=int(d.get("reduce_lanes", 1)), shared_k=int(d.get("shared_k", 0)))
+                   reduce_lanes=int(d.get("reduce_lanes", 1)), shared_k=int(d.get("shared_k", 0)),
+                   vector_width=int(d.get("vector_width", 1)))
 
 
 def reuse_axes(t: Tensor) -> dict[int, frozenset[int]]:
@@ -159,6 +169,8 @@ DEVICE_CLASSES = ("gpu", "cpu")
 #: ``"off"`` (register tiles only, as before), ``"large"`` (the large GEMMs that get 8 x 8 tiles: blocks of
 #: 128 x 128 outputs, 256 invocations, chunks of 8) or ``"medium"`` (also contractions that still fill
 #: :data:`MEDIUM_GROUPS` workgroups with blocks of 64 x 64: 4 x 4 tiles, 256 invocations, chunks of 16).
+#: Rows are contiguous per invocation and read from workgroup memory as vec4 (``vector_width`` 4),
+#: columns strided (coalesced stores).
 #: Not yet measured on a GPU against register tiles alone: ``python -m bench.micro`` times both.
 DEFAULT_SHARED_TILES = "large"
 #: workgroups a ``"medium"`` contraction must fill (two per streaming multiprocessor of a large GPU)
@@ -244,7 +256,7 @@ def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, sha
         return None
     last = len(shape) - 1
     s = Schedule(workgroup_size=256, splits=tuple(Split(a, factor, contiguous=a != last) for a in axes),
-                 unroll=kc, shared_k=kc)
+                 unroll=kc, shared_k=kc, vector_width=4)
     from kiln.te.tiles import analyse
 
     return s if not isinstance(analyse(t, s, shared_bytes), str) else None

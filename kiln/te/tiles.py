@@ -42,7 +42,7 @@ from kiln.te.expr import (
     substitute,
     transform,
 )
-from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Let, Store, _unravel
+from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Lane, Let, Store, VecLoad, _unravel
 from kiln.te.schedule import Schedule, Split
 from kiln.te.symbolic import ceil_div, is_symbolic, simplify
 
@@ -162,9 +162,10 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
     """Statements, total invocations and workgroup arrays of ``out`` under contraction ``c``.
 
     ``flatten(e, guarded)`` and ``cse(values, block)`` are :mod:`kiln.te.lower`'s load flattening
-    and load common-subexpression elimination. Returns ``(body, total, shared)``: ``body`` binds
+    and load common-subexpression elimination. Returns ``(body, total, shared, vectors)``: ``body`` binds
     everything from the builtins ``lid`` (local invocation index) and ``wid`` (flat workgroup
-    index); ``total`` is the invocations of the dispatch (workgroups times ``workgroup_size``).
+    index); ``total`` is the invocations of the dispatch (workgroups times ``workgroup_size``);
+    ``vectors`` names the workgroup arrays read as vectors (``schedule.vector_width``).
     """
     wg, kc = schedule.workgroup_size, schedule.shared_k
     r = c.reduce
@@ -240,11 +241,26 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
         sub = For(ko, kc // unroll)
         inner.append(sub)
         inner = sub.body
-    (_, size_p, stride_p), (_, size_q, stride_q) = arrays["sh_p"], arrays["sh_q"]
+    w = schedule.vector_width
+    vectors = {name: w for name, split in (("sh_p", c.rows), ("sh_q", c.cols))
+               if w > 1 and split.contiguous and split.factor % w == 0}
+
+    def reads(name: str, split: Split, t: Var, locals_: list[Expr], kk: Expr, block: list) -> list[Expr]:
+        """The tile's values of reduction step ``kk`` from array ``name``: scalars, or whole vectors."""
+        dtype, size, stride = arrays[name]
+        if name not in vectors:
+            return [BufLoad(name, linear(kk * stride + x), size, False, dtype) for x in locals_]
+        out = []
+        for q in range(split.factor // w):
+            v = Var(f"{name}{next(counter)}", 0, dtype)
+            block.append(Let(v, VecLoad(name, linear(kk * (stride // w) + t * (split.factor // w) + q), w, dtype)))
+            out += [Lane(v, lane, dtype) for lane in range(w)]
+        return out
+
     for u in range(unroll):
         kk = ko * unroll + u if ko is not None else const(u, "int32")
-        ps = [BufLoad("sh_p", linear(kk * stride_p + x), size_p, False, c.p.dtype) for x in rows]
-        qs = [BufLoad("sh_q", linear(kk * stride_q + x), size_q, False, c.q.dtype) for x in cols]
+        ps = reads("sh_p", c.rows, ta, rows, kk, inner)
+        qs = reads("sh_q", c.cols, tb, cols, kk, inner)
         updates = []
         for (i, j), acc in accs.items():
             prod = binop("*", ps[i], qs[j]) if c.p_first else binop("*", qs[j], ps[i])
@@ -271,7 +287,7 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
     for cond, index, value in zip(conds, indices, results):
         body.append(If(cond, [Store("out", index, value)]))
     shared = {name: (dtype, size) for name, (dtype, size, _) in arrays.items()}
-    return body, simplify(n_groups * wg), shared
+    return body, simplify(n_groups * wg), shared, vectors
 
 
 def _ravel(indices, shape) -> Expr:

@@ -27,7 +27,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +255,8 @@ class TuningDB:
             if record is not None:
                 s = Schedule.from_json(record["schedule"])
                 if SearchSpace(t).check(s) is None:
-                    return TunedSchedule(s.workgroup_size, s.max_groups_x, s.splits, s.unroll, s.reduce_lanes, s.shared_k,
+                    knobs = {f.name: getattr(s, f.name) for f in fields(Schedule)}
+                    return TunedSchedule(**knobs,
                                          tuning={"speedup": record["speedup"], "trials": record["trials"],
                                                  "adapter": record["adapter_key"]})
             return fallback(t)

@@ -4,9 +4,9 @@ A kernel's knobs are the fields of :class:`~kiln.te.schedule.Schedule`: the regi
 :class:`~kiln.te.schedule.Split` factor per tiled output axis, contiguous or strided), the
 workgroup size, the unrolling budget of the innermost reduction loops, the reduce lanes and, for
 contractions (MatMul, Gemm, convolutions as implicit GEMMs), the reduction chunk staged through
-workgroup memory (``shared_k``, :mod:`kiln.te.tiles`).
-Vector width is not a knob: the WGSL renderer loads scalars (a tile along the innermost axis
-gives the same reuse).
+workgroup memory (``shared_k``, :mod:`kiln.te.tiles`) and whether those tiles are read as
+``vec4`` (``vector_width``). Storage-buffer loads and stores stay scalar (a tile along the
+innermost axis gives the same reuse).
 
 :class:`SearchSpace` lists the values worth trying for one tensor expression, rejects
 schedules a device would refuse or that would not fit in registers (:meth:`SearchSpace.check`),
@@ -36,6 +36,8 @@ UNROLLS = (1, 2, 3, 4, 8, 9, 16, 27, 32)
 LANES = (1, 2, 4, 8, 16, 32, 64)
 #: reduction iterations per chunk of shared operand tiles (0: none)
 SHARED_KS = (0, 4, 8, 16)
+#: vector widths of shared operand tile reads (with ``shared_k`` only)
+VECTOR_WIDTHS = (1, 4)
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,11 @@ class SearchSpace:
             why = analyse(self.t, s, lim.workgroup_storage_bytes)
             if isinstance(why, str):
                 return f"no shared tiles: {why}"
+        if s.vector_width != 1:
+            if s.vector_width not in VECTOR_WIDTHS or not s.shared_k:
+                return f"vector width {s.vector_width} needs shared_k and one of {VECTOR_WIDTHS}"
+            if not any(sp.contiguous and sp.factor % s.vector_width == 0 for sp in s.splits):
+                return f"no contiguous split with a factor divisible by vector width {s.vector_width}"
         updates = accs * self.unrolled_iterations(s)
         if updates > lim.unrolled_updates:
             return f"{updates} unrolled accumulator updates; at most {lim.unrolled_updates}"
@@ -187,10 +194,12 @@ class SearchSpace:
     def __iter__(self) -> Iterator[Schedule]:
         """Every valid schedule (brute force; the space has a few thousand points)."""
         for splits in self._tiles():
-            for wg, unroll, lanes, kc in itertools.product(WORKGROUP_SIZES, self.unrolls, self.lanes, self.shared):
-                if wg % lanes or (kc and (lanes > 1 or len(splits) != 2)):
+            for wg, unroll, lanes, kc, vw in itertools.product(WORKGROUP_SIZES, self.unrolls, self.lanes, self.shared,
+                                                               VECTOR_WIDTHS):
+                if wg % lanes or (kc and (lanes > 1 or len(splits) != 2)) or (vw > 1 and not kc):
                     continue
-                s = Schedule(workgroup_size=wg, splits=splits, unroll=unroll, reduce_lanes=lanes, shared_k=kc)
+                s = Schedule(workgroup_size=wg, splits=splits, unroll=unroll, reduce_lanes=lanes, shared_k=kc,
+                             vector_width=vw)
                 if self.valid(s):
                     yield s
 
@@ -213,9 +222,10 @@ class SearchSpace:
             splits = tuple(sp for sp in splits if sp.factor > 1)
             lanes = rng.choice(self.lanes)
             kc = rng.choice(self.shared) if lanes == 1 else 0
+            vw = rng.choice(VECTOR_WIDTHS) if kc else 1
             wg = rng.choice([w for w in WORKGROUP_SIZES if w % lanes == 0] or [64])
             s = Schedule(workgroup_size=wg, splits=splits, unroll=rng.choice(self.unrolls), reduce_lanes=lanes,
-                         shared_k=kc)
+                         shared_k=kc, vector_width=vw)
             if self.valid(s):
                 return s
         return Schedule()
@@ -226,8 +236,8 @@ class SearchSpace:
         unrolling or lane count). Returns ``s`` itself if no neighbour was found."""
         for _ in range(tries):
             splits = list(s.splits)
-            wg, unroll, lanes, kc = s.workgroup_size, s.unroll, s.reduce_lanes, s.shared_k
-            knob = rng.randrange(7)
+            wg, unroll, lanes, kc, vw = s.workgroup_size, s.unroll, s.reduce_lanes, s.shared_k, s.vector_width
+            knob = rng.randrange(8)
             if knob == 0 and splits:
                 i = rng.randrange(len(splits))
                 sp = splits[i]
@@ -262,13 +272,16 @@ class SearchSpace:
             elif knob == 6 and len(self.shared) > 1:
                 kc = rng.choice([n for n in self.shared if n != kc])
                 lanes = 1 if kc else lanes
+            elif knob == 7 and kc:
+                vw = rng.choice([n for n in VECTOR_WIDTHS if n != vw])
             else:
                 continue
+            vw = vw if kc else 1
             if wg % lanes:
                 wg = max(wg, lanes)
             try:
                 out = Schedule(workgroup_size=wg, splits=tuple(sorted(splits, key=lambda x: x.axis)),
-                               unroll=unroll, reduce_lanes=lanes, shared_k=kc)
+                               unroll=unroll, reduce_lanes=lanes, shared_k=kc, vector_width=vw)
             except ValueError:
                 continue
             if out != s and self.valid(out):
@@ -281,12 +294,13 @@ class SearchSpace:
         pick = [tile_from, other]
         lanes = rng.choice(pick).reduce_lanes
         kc = rng.choice(pick).shared_k if lanes == 1 else 0
+        vw = rng.choice(pick).vector_width if kc else 1
         wg = rng.choice(pick).workgroup_size
         if wg % lanes:
             wg = max(wg, lanes)
         try:
             child = Schedule(workgroup_size=wg, splits=tile_from.splits, unroll=rng.choice(pick).unroll,
-                             reduce_lanes=lanes, shared_k=kc)
+                             reduce_lanes=lanes, shared_k=kc, vector_width=vw)
         except ValueError:
             return a
         return child if self.valid(child) else a
@@ -297,8 +311,8 @@ class SearchSpace:
 
         Per tileable axis: log2 of its factor and whether the split is contiguous; then log2 of
         the workgroup size, unrolled iterations, reduce lanes, invocations, tile size and
-        workgroups, whether the workgroups fill a large GPU (about 1000 of them), and log2 of
-        ``shared_k + 1``.
+        workgroups, whether the workgroups fill a large GPU (about 1000 of them), log2 of
+        ``shared_k + 1`` and of the vector width.
         """
         factor = {sp.axis: sp for sp in s.splits}
         row = []
@@ -309,5 +323,5 @@ class SearchSpace:
         groups = max(1, -(-inv // s.workgroup_size))
         row += [math.log2(s.workgroup_size), math.log2(self.unrolled_iterations(s)), math.log2(s.reduce_lanes),
                 math.log2(inv), math.log2(self.tile(s)), math.log2(groups), min(groups / 1024, 1.0),
-                math.log2(s.shared_k + 1)]
+                math.log2(s.shared_k + 1), math.log2(s.vector_width)]
         return np.asarray(row, dtype=np.float64)
