@@ -205,3 +205,31 @@ def test_model_against_onnxruntime(tmp_path, rng):
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for name, want in zip(("g", "c"), ref.run(["g", "c"], feeds)):
         np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_default_shared_tiles_with_run_time_dims(tmp_path, rng, monkeypatch):
+    """The ``"medium"`` default (made to apply to a small model) through the whole compiler with a run-time
+    seq: one package, shared tiles in the manifest, right at every seq in bounds (against onnxruntime)."""
+    from kiln.te import schedule as schedule_module
+
+    monkeypatch.setattr(schedule_module, "DEFAULT_SHARED_TILES", "medium")
+    monkeypatch.setattr(schedule_module, "MEDIUM_GROUPS", 1)
+    w = rng.standard_normal((72, 96)).astype(np.float32)
+    b = rng.standard_normal(96).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y0"]), helper.make_node("Add", ["y0", "b"], ["y"])], "dyn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "seq", 72])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "seq", 96])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", dims={"seq": (1, 160, 128)})
+    kernels = json.loads((pkg / "manifest.json").read_text())["targets"]["webgpu"]["kernels"]
+    assert [k["schedule"].get("shared_k") for k in kernels] == [16]
+    session = kiln.load(pkg, poison=True)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seq in (1, 37, 160):
+        x = rng.standard_normal((2, seq, 72)).astype(np.float32)
+        np.testing.assert_allclose(session.run({"x": x})["y"], ref.run(["y"], {"x": x})[0], rtol=1e-4, atol=1e-4,
+                                   err_msg=f"seq={seq}")

@@ -229,9 +229,11 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
         lanes *= 2
     if device_class == "cpu":
         return Schedule(splits=splits)
+    shared = _shared_default(t, axes, shape, big, shared_bytes)
+    if shared:
+        return shared
     if lanes == 1:
-        shared = _shared_default(t, axes, shape, big, shared_bytes)
-        return shared or Schedule(splits=splits, unroll=16 if big else 9)
+        return Schedule(splits=splits, unroll=16 if big else 9)
     accs = _prod(factors.values()) * len(reds)
     width = 256
     while width > lanes and width * accs * 4 > shared_bytes:
