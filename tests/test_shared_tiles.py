@@ -60,6 +60,7 @@ def _check(t, arrays, expected, sched, what, dims=None, groups=None):
     dispatch = k.dispatch if groups is None else (groups, 1, 1)
     got = KernelRunner(src, arrays, expected.size, dispatch, dims=dims).run().reshape(expected.shape)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=f"{what}: {sched}")
+    return src
 
 
 def _primitive(op, shapes, attrs, rng, epilogue=False):
@@ -75,18 +76,25 @@ def _primitive(op, shapes, attrs, rng, epilogue=False):
     return inline(t), arrays, expected
 
 
-@pytest.mark.parametrize("shapes", [[(37, 45), (45, 29)], [(13, 3), (3, 21)], [(1, 70), (70, 130)]],
-                         ids=["awkward", "k_below_chunk", "one_row"])
+@pytest.mark.parametrize("shapes", [[(37, 45), (45, 29)], [(13, 3), (3, 21)], [(1, 70), (70, 130)],
+                                    [(36, 44), (44, 28)], [(8, 4), (4, 12)]],
+                         ids=["awkward", "k_below_chunk", "one_row", "multiples_of_4", "k4_below_chunk"])
 def test_matmul_under_shared_tiles(shapes, rng):
     t, arrays, expected = _primitive("MatMul", shapes, {}, rng)
     for name, sched in shared_schedules(0, 1).items():
-        _check(t, arrays, expected, sched, name)
+        src = _check(t, arrays, expected, sched, name)
+        # vec4 storage loads exactly where the walked extents are multiples of 4
+        aligned = all(d % 4 == 0 for s in shapes for d in s)
+        assert ("var<storage, read> in0: array<vec4<f32>>" in src) == (aligned and sched.vector_width == 4), name
 
 
 def test_batched_broadcast_matmul(rng):
     t, arrays, expected = _primitive("MatMul", [(2, 1, 19, 17), (3, 17, 11)], {}, rng)
     for name in ("wg64_4x4_k8", "wg64_3x2_k5"):
         _check(t, arrays, expected, shared_schedules(2, 3)[name], name)
+    t, arrays, expected = _primitive("MatMul", [(2, 1, 20, 16), (3, 16, 12)], {}, rng)  # vec4 storage loads
+    for name in ("wg256_8x8_k8_unroll8_vec4", "wg128_4x8_k16_strided_vec4"):
+        assert "array<vec4<f32>>" in _check(t, arrays, expected, shared_schedules(2, 3)[name], name)
 
 
 def test_transposed_gemm_with_epilogue(rng):
@@ -98,6 +106,15 @@ def test_transposed_gemm_with_epilogue(rng):
     t = inline(elementwise.binary("Add", library.build("MatMul", [at, bt], {}, (18, 31), "mm"), pc, (18, 31)))
     for name, sched in shared_schedules(0, 1).items():
         _check(t, [a, b, c], a.T @ b.T + c, sched, name)
+    # aligned: A^T is loaded along rows (i) and B^T along the reduction, both as vec4
+    a, b = rng.standard_normal((24, 20)).astype(np.float32), rng.standard_normal((32, 24)).astype(np.float32)
+    c = rng.standard_normal((32,)).astype(np.float32)
+    pa, pb, pc = placeholder(a.shape, name="a"), placeholder(b.shape, name="b"), placeholder(c.shape, name="c")
+    at, bt = layout.transpose(pa, [1, 0], (20, 24), "at"), layout.transpose(pb, [1, 0], (24, 32), "bt")
+    t = inline(elementwise.binary("Add", library.build("MatMul", [at, bt], {}, (20, 32), "mm"), pc, (20, 32)))
+    src = _check(t, [a, b, c], a.T @ b.T + c, Schedule(
+        workgroup_size=64, splits=(Split(0, 4, True), Split(1, 4)), unroll=8, shared_k=8, vector_width=4), "aligned")
+    assert src.count("array<vec4<f32>>;") == 2
 
 
 @pytest.mark.parametrize("case", ["conv1x1", "conv3x3_stride2"])
@@ -135,9 +152,13 @@ def test_non_contractions_fall_back(rng):
     mm = inline(library.build("MatMul", [placeholder((64, 64)), placeholder((64, 64))], {}, (64, 64), "mm"))
     big = Schedule(workgroup_size=256, splits=(Split(0, 8), Split(1, 8)), shared_k=32)
     assert "bytes of workgroup memory" in analyse(mm, big) and lower(mm, big).schedule.shared_k == 0
-    # vec4 reads need a contiguous split with a factor divisible by 4: otherwise recorded as 1
+    # vec4 needs a contiguous split with a factor divisible by 4 (workgroup-memory reads) or extents that are
+    # multiples of 4 (storage loads): otherwise it is recorded as 1
     odd = Schedule(workgroup_size=64, splits=(Split(0, 2, True), Split(1, 4)), shared_k=8, vector_width=4)
-    assert lower(mm, odd).schedule.vector_width == 1
+    k = lower(mm, odd)
+    assert k.schedule.vector_width == 4 and k.vectors == {"in0": 4, "in1": 4}
+    mm30 = inline(library.build("MatMul", [placeholder((30, 30)), placeholder((30, 30))], {}, (30, 30), "mm"))
+    assert lower(mm30, odd).schedule.vector_width == 1
     assert lower(mm, Schedule(splits=(Split(0, 4, True),), vector_width=4)).schedule.vector_width == 1
     with pytest.raises(ValueError, match="shared_k"):
         Schedule(workgroup_size=64, reduce_lanes=4, shared_k=8)

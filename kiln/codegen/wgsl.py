@@ -72,6 +72,10 @@ def literal(value, dtype: str) -> str:
     return f"({r}f)" if f < 0 else f"{r}f"
 
 
+#: the buffers of the kernel being rendered that are arrays of vectors (name -> width), set by :func:`render`
+_VECTORS: dict[str, int] = {}
+
+
 def expr(e: Expr) -> str:
     """Render one expression (fully parenthesised)."""
     if isinstance(e, Const):
@@ -83,9 +87,13 @@ def expr(e: Expr) -> str:
     if isinstance(e, BufLoad):
         idx = expr(e.index)
         if e.guard and isinstance(e.size, Expr):
-            return f"{e.buf}[min(u32({idx}), u32(max({expr(e.size)} - 1i, 0i)))]"
-        if e.guard:
-            return f"{e.buf}[min(u32({idx}), {e.size - 1}u)]"
+            idx = f"min(u32({idx}), u32(max({expr(e.size)} - 1i, 0i)))"
+        elif e.guard:
+            idx = f"min(u32({idx}), {e.size - 1}u)"
+        w = _VECTORS.get(e.buf, 1)
+        if w > 1:  # one element of an array of vectors
+            unit = "u" if e.guard else "i"
+            return f"{e.buf}[{idx} / {w}{unit}][{idx} % {w}{unit}]"
         return f"{e.buf}[{idx}]"
     if isinstance(e, VecLoad):
         return f"{e.buf}[{expr(e.index)}]"
@@ -175,7 +183,9 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
     lines = [f"// Kiln kernel {k.name}" + (f": {comment}" if comment else ""), "// generated from a tensor expression; do not edit", ""]
     for i, p in enumerate(k.params):
         access = "read" if p.access == "read" else "read_write"
-        lines.append(f"@group(0) @binding({i}) var<storage, {access}> {p.name}: array<{TYPES[p.dtype]}>;")
+        w = k.vectors.get(p.name, 1)
+        elem = TYPES[p.dtype] if w == 1 else f"vec{w}<{TYPES[p.dtype]}>"
+        lines.append(f"@group(0) @binding({i}) var<storage, {access}> {p.name}: array<{elem}>;")
     if uniform_words:
         lines.append(f"@group(0) @binding({len(k.params)}) var<uniform> {UNIFORM}: array<vec4<i32>, "
                      f"{-(-uniform_words // 4)}>;")
@@ -205,7 +215,12 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
             "        return;",
             "    }",
         ]
-    body = _stmts(k.body, 1, k.vectors)
+    _VECTORS.clear()
+    _VECTORS.update(k.vectors)
+    try:
+        body = _stmts(k.body, 1, k.vectors)
+    finally:
+        _VECTORS.clear()
     text = "\n".join(body)
     if any(_F16.search(line) for line in lines[3:] + body):  # f16 types need the extension (WGSL §4.1.2)
         lines.insert(3, "enable f16;")

@@ -61,7 +61,9 @@ class Schedule:
         vector_width: 1, or 4: with ``shared_k``, each operand tile whose register-tile split is
             contiguous with a factor divisible by 4 is a workgroup array of ``vec4`` and every invocation
             reads its rows (or columns) of a reduction step as whole vectors (a quarter of the
-            workgroup-memory loads). Recorded as 1 where nothing is read as vectors.
+            workgroup-memory loads); and each float32 operand whose cooperative load walks a
+            contiguous innermost dim with static extents divisible by 4 is bound as
+            ``array<vec4<f32>>`` and loaded a vector at a time. Recorded as 1 where neither applies.
     """
 
     workgroup_size: int = 64

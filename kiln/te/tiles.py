@@ -15,6 +15,9 @@ extents, so any M, N, K works, run-time dims included), ``workgroupBarrier()``, 
 accumulates its tile from workgroup memory, barrier, next chunk. As in the classic blocked
 SGEMM (Volkov and Demmel, "Benchmarking GPUs to tune dense linear algebra", SC 2008), each
 operand element read from the storage buffer then feeds ``TX * fb`` (or ``TY * fa``) products.
+With ``vector_width`` 4 the tiles are read from workgroup memory as ``vec4`` where a thread's
+rows (columns) are contiguous, and loaded from storage as ``vec4`` where the operand is contiguous
+along the direction the cooperative load walks (:func:`_storage_vector`).
 Barriers sit at the top level of the chunk loop, whose bound is a constant or a dims uniform
 (uniform control flow, WGSL §14.2); invocations out of range compute clamped values and do not store.
 """
@@ -158,6 +161,29 @@ def shared_size(c: Contraction, kc: int) -> int:
     return kc * (sp * _ITEMSIZE.get(c.p.dtype, 4) + sq * _ITEMSIZE.get(c.q.dtype, 4))
 
 
+def _storage_vector(f: Expr, axis: Var, r_axes, kfast: bool, extent, width: int, kc: int, w: int) -> int:
+    """``w`` if factor ``f``'s tile can be loaded from storage as ``w``-vectors, else 1.
+
+    ``f`` must be a plain float32 placeholder load whose innermost index is exactly the direction
+    the cooperative load walks fastest (the reduction axis, or the tile's output ``axis``), not
+    used by its other indices; that innermost dim, and the walked extent, static multiples of
+    ``w`` (so a vector lies wholly inside or outside the extents, and starts 16-byte aligned).
+    """
+    if w == 1 or not isinstance(f, Load) or f.dtype != "float32" or not f.tensor.is_placeholder:
+        return 1
+    last, dim = f.indices[-1], f.tensor.shape[-1]
+    if is_symbolic(dim) or dim % w or not isinstance(last, Var):
+        return 1
+    if any(last in free_vars(i) for i in f.indices[:-1]):
+        return 1
+    if kfast:
+        k = r_axes[0] if len(r_axes) == 1 else None
+        ok = last == k and kc % w == 0 and not is_symbolic(k.extent) and k.extent % w == 0
+    else:
+        ok = last == axis and width % w == 0 and not is_symbolic(extent) and extent % w == 0
+    return w if ok else 1
+
+
 def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, counter):
     """Statements, total invocations and workgroup arrays of ``out`` under contraction ``c``.
 
@@ -197,28 +223,30 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
     loop = For(kv0, ceil_div(K, kc))
     body.append(loop)
     arrays = {}
+    vectors: dict[str, int] = {}
     strides = _row_strides(c)
     for name, f, axis, extent, width, origin, stride in (("sh_p", c.p, out.axes[a], A, ba, row0, strides[0]),
                                                           ("sh_q", c.q, out.axes[b], B, bb, col0, strides[1])):
         kfast = stride != width
         dtype = f.dtype
         arrays[name] = (dtype, kc * stride, stride)
-        n = kc * width
+        vl = _storage_vector(f, axis, r.axes, kfast, extent, width, kc, schedule.vector_width)
+        fast_n = (kc if kfast else width) // vl  # loads along the contiguous direction of one line
+        n = kc * width // vl
         for step in range(-(-n // wg)):
             e = lid + step * wg
-            if kfast and wg % kc == 0:  # the same reduction step for every chunk of the workgroup
-                kk, row = lid % kc, lid // kc + step * (wg // kc)
-            elif not kfast and wg % width == 0:
-                kk, row = lid // width + step * (wg // width), lid % width
+            if wg % fast_n == 0:  # the same position along the line for every step of the workgroup
+                fast, slow = lid % fast_n * vl, lid // fast_n + step * (wg // fast_n)
             else:
-                kk, row = (e % kc, e // kc) if kfast else (e // width, e % width)
+                fast, slow = e % fast_n * vl, e // fast_n
+            kk, row = (fast, slow) if kfast else (slow, fast)
             xv, kv = origin + row, kv0 * kc + kk
             cond = const(True, "bool")
             xc, kcl = xv, kv
             if is_symbolic(extent) or _prod([ceil_div(extent, width), width]) != extent:
-                cond, xc = cond & binop("<", xv, extent), call("min", xv, extent - 1)
+                cond, xc = cond & binop("<", xv, extent), call("min", xv, extent - (1 if kfast else vl))
             if is_symbolic(K) or K % kc:
-                cond, kcl = cond & binop("<", kv, K), call("min", kv, K - 1)
+                cond, kcl = cond & binop("<", kv, K), call("min", kv, K - (vl if kfast else 1))
             mapping = {axis: xc}
             rem: Expr = kcl
             for m, ax in reversed(list(enumerate(r.axes))):
@@ -228,10 +256,20 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
                     v = v % ax.extent
                 mapping[ax] = v
             value = flatten(substitute(f, mapping), False)
-            if not (isinstance(cond, Const) and cond.value is True):
-                value = select(cond, value, const(0.0, dtype))
-            store = Store(name, linear(kk * stride + row), value)
-            loop.body.append(If(binop("<", e, n), [store]) if (step + 1) * wg > n else store)
+            stmts: list = []
+            if vl == 1:
+                values, targets = [value], [kk * stride + row]
+            else:  # one vector load of storage, stored element by element
+                vec = Var(f"ld{next(counter)}", 0, dtype)
+                stmts.append(Let(vec, VecLoad(value.buf, linear(value.index) // vl, vl, dtype)))
+                vectors[value.buf] = vl
+                values = [Lane(vec, q, dtype) for q in range(vl)]
+                targets = [(kk + q) * stride + row if kfast else kk * stride + row + q for q in range(vl)]
+            for x, target in zip(values, targets):
+                if not (isinstance(cond, Const) and cond.value is True):
+                    x = select(cond, x, const(0.0, dtype))
+                stmts.append(Store(name, linear(target), x))
+            loop.body.extend([If(binop("<", e, n), stmts)] if (step + 1) * wg > n else stmts)
     loop.body.append(Barrier())
     unroll = max(d for d in range(1, max(1, schedule.unroll) + 1) if kc % d == 0)
     inner = loop.body
@@ -242,8 +280,8 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
         inner.append(sub)
         inner = sub.body
     w = schedule.vector_width
-    vectors = {name: w for name, split in (("sh_p", c.rows), ("sh_q", c.cols))
-               if w > 1 and split.contiguous and split.factor % w == 0}
+    vectors.update({name: w for name, split in (("sh_p", c.rows), ("sh_q", c.cols))
+                    if w > 1 and split.contiguous and split.factor % w == 0})
 
     def reads(name: str, split: Split, t: Var, locals_: list[Expr], kk: Expr, block: list) -> list[Expr]:
         """The tile's values of reduction step ``kk`` from array ``name``: scalars, or whole vectors."""

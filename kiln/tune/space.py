@@ -4,8 +4,8 @@ A kernel's knobs are the fields of :class:`~kiln.te.schedule.Schedule`: the regi
 :class:`~kiln.te.schedule.Split` factor per tiled output axis, contiguous or strided), the
 workgroup size, the unrolling budget of the innermost reduction loops, the reduce lanes and, for
 contractions (MatMul, Gemm, convolutions as implicit GEMMs), the reduction chunk staged through
-workgroup memory (``shared_k``, :mod:`kiln.te.tiles`) and whether those tiles are read as
-``vec4`` (``vector_width``). Storage-buffer loads and stores stay scalar (a tile along the
+workgroup memory (``shared_k``, :mod:`kiln.te.tiles`) and whether those tiles are loaded and
+read as ``vec4`` (``vector_width``). Other kernels load and store scalars (a tile along the
 innermost axis gives the same reuse).
 
 :class:`SearchSpace` lists the values worth trying for one tensor expression, rejects
@@ -168,11 +168,8 @@ class SearchSpace:
             why = analyse(self.t, s, lim.workgroup_storage_bytes)
             if isinstance(why, str):
                 return f"no shared tiles: {why}"
-        if s.vector_width != 1:
-            if s.vector_width not in VECTOR_WIDTHS or not s.shared_k:
-                return f"vector width {s.vector_width} needs shared_k and one of {VECTOR_WIDTHS}"
-            if not any(sp.contiguous and sp.factor % s.vector_width == 0 for sp in s.splits):
-                return f"no contiguous split with a factor divisible by vector width {s.vector_width}"
+        if s.vector_width != 1 and (s.vector_width not in VECTOR_WIDTHS or not s.shared_k):
+            return f"vector width {s.vector_width} needs shared_k and one of {VECTOR_WIDTHS}"
         updates = accs * self.unrolled_iterations(s)
         if updates > lim.unrolled_updates:
             return f"{updates} unrolled accumulator updates; at most {lim.unrolled_updates}"
