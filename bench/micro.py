@@ -5,6 +5,7 @@ Run on the lent GPU machine (recipe: ../shared/gpu/README.md)::
     source bench/gpu_enter.sh; KILN_COMMIT=<sha> python3 -m bench.micro --out $OUT
 
 or here (lavapipe) with a small size: ``python -m bench.micro --size 256 --no-torch``.
+``--mkn M,K,N`` times a non-square product instead (MiniLM batch 32: ``4096,384,384`` and ``4096,384,1536``).
 
 - ``matmul``: ``C = A @ B`` on N x N fp32 matrices. Kiln's kernel is the MatMul tensor expression
   lowered under each schedule of a small sweep (the default schedule first; register tiles, then
@@ -64,21 +65,23 @@ def matmul_schedules(t) -> dict[str, Schedule]:
     return out
 
 
-def kiln_matmul(n: int, args, console: Console) -> dict:
-    """Every schedule of the sweep on an n x n x n matmul."""
+def kiln_matmul(mkn: tuple[int, int, int], args, console: Console) -> dict:
+    """Every schedule of the sweep on an (m x k) @ (k x n) matmul."""
+    m, kd, n = mkn
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n)).astype(np.float32)
-    b = rng.standard_normal((n, n)).astype(np.float32)
-    t = inline(library.build("MatMul", [placeholder((n, n)), placeholder((n, n))], {}, (n, n), "matmul"))
+    a = rng.standard_normal((m, kd)).astype(np.float32)
+    b = rng.standard_normal((kd, n)).astype(np.float32)
+    t = inline(library.build("MatMul", [placeholder((m, kd)), placeholder((kd, n))], {}, (m, n), "matmul"))
+    flops = 2 * m * kd * n
     ref = a.astype(np.float64) @ b.astype(np.float64)
     rows = {}
     for name, sched in track(list(matmul_schedules(t).items()), description="matmul schedules", console=console):
         k = lower(t, sched)
-        runner = KernelRunner(wgsl.render(k), [a, b], n * n, k.dispatch)
-        got = runner.run().reshape(n, n)  # every schedule checked (a wrong fast kernel must not win)
+        runner = KernelRunner(wgsl.render(k), [a, b], m * n, k.dispatch)
+        got = runner.run().reshape(m, n)  # every schedule checked (a wrong fast kernel must not win)
         err = float(np.abs(got - ref).max() / np.abs(ref).max())
         ms = statistics.median(runner.time(args.repeat, args.batch))
-        rows[name] = {"schedule": k.schedule.to_json(), "median_ms": ms, "tflops": 2 * n**3 / ms / 1e9,
+        rows[name] = {"schedule": k.schedule.to_json(), "median_ms": ms, "tflops": flops / ms / 1e9,
                       "max_rel_error": err}
         del runner
     ok = {r: v for r, v in rows.items() if v["max_rel_error"] < 1e-4}
@@ -105,13 +108,14 @@ def kiln_copy(elements: int, args) -> dict:
     return {"best": best, **rows[best], "schedules": rows}
 
 
-def torch_rows(n: int, elements: int, args) -> dict:
+def torch_rows(mkn: tuple[int, int, int], elements: int, args) -> dict:
     """PyTorch CUDA strict fp32 matmul and copy, timed with CUDA events."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    a = torch.randn(n, n, device="cuda")
-    b = torch.randn(n, n, device="cuda")
+    m, kd, n = mkn
+    a = torch.randn(m, kd, device="cuda")
+    b = torch.randn(kd, n, device="cuda")
     src = torch.randn(elements, device="cuda")
     dst = torch.empty_like(src)
 
@@ -131,7 +135,7 @@ def torch_rows(n: int, elements: int, args) -> dict:
 
     mm = timed(lambda: torch.matmul(a, b))
     cp = timed(lambda: dst.copy_(src))
-    return {"device": torch.cuda.get_device_name(), "matmul": {"median_ms": mm, "tflops": 2 * n**3 / mm / 1e9},
+    return {"device": torch.cuda.get_device_name(), "matmul": {"median_ms": mm, "tflops": 2 * m * kd * n / mm / 1e9},
             "copy": {"median_ms": cp, "gb_per_s": 2 * 4 * elements / cp / 1e6}}
 
 
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Run the micro-benchmarks; returns the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=4096, help="matmul N (N x N x N)")
+    ap.add_argument("--mkn", default="", help="matmul M,K,N instead (MiniLM batch 32's FFN: 4096,384,1536)")
     ap.add_argument("--copy-mib", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--batch", type=int, default=5, help="dispatches per timed submit")
@@ -150,13 +155,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     info = device().adapter.info
     elements = args.copy_mib * 2**20 // 4
-    record = {"benchmark": "micro", "size": args.size, "copy_mib": args.copy_mib, "repeat": args.repeat,
+    mkn = tuple(int(x) for x in args.mkn.split(",")) if args.mkn else (args.size,) * 3
+    if len(mkn) != 3:
+        ap.error("--mkn takes M,K,N")
+    record = {"benchmark": "micro", "size": args.size, "mkn": list(mkn), "copy_mib": args.copy_mib, "repeat": args.repeat,
               "batch": args.batch, "adapter": {k: info.get(k) for k in ("vendor", "device", "backend_type")},
-              "kiln": {"matmul": kiln_matmul(args.size, args, console), "copy": kiln_copy(elements, args)}}
+              "kiln": {"matmul": kiln_matmul(mkn, args, console), "copy": kiln_copy(elements, args)}}
     if not args.no_torch:
-        record["torch"] = torch_rows(args.size, elements, args)
+        record["torch"] = torch_rows(mkn, elements, args)
     mm = record["kiln"]["matmul"]
-    table = Table(title=f"matmul {args.size}^3 fp32 and {args.copy_mib} MiB copy, median of {args.repeat}")
+    table = Table(title=f"matmul {'x'.join(map(str, mkn))} (MxKxN) fp32 and {args.copy_mib} MiB copy, median of {args.repeat}")
     for col in ("kernel", "contestant", "median ms", "rate", "kiln / torch rate", "max rel error"):
         table.add_column(col)
     peer = record.get("torch", {})

@@ -172,11 +172,15 @@ DEVICE_CLASSES = ("gpu", "cpu")
 #: 128 x 128 outputs, 256 invocations, chunks of 8) or ``"medium"`` (also contractions that still fill
 #: :data:`MEDIUM_GROUPS` workgroups with blocks of 64 x 64: 4 x 4 tiles, 256 invocations, chunks of 16).
 #: Rows are contiguous per invocation and read from workgroup memory as vec4 (``vector_width`` 4),
-#: columns strided (coalesced stores).
+#: columns strided (coalesced stores): :data:`SHARED_LARGE` and :data:`SHARED_MEDIUM`.
 #: Not yet measured on a GPU against register tiles alone: ``python -m bench.micro`` times both.
 DEFAULT_SHARED_TILES = "large"
 #: workgroups a ``"medium"`` contraction must fill (two per streaming multiprocessor of a large GPU)
 MEDIUM_GROUPS = 256
+#: the default shared-tile schedules, as ``bench.micro`` names its candidates: (register tile factor per axis,
+#: workgroup size, ``shared_k``, innermost output axis contiguous per invocation (else strided), ``vector_width``)
+SHARED_LARGE = (8, 256, 8, False, 4)
+SHARED_MEDIUM = (4, 256, 16, False, 4)
 
 
 def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations: int = 65536,
@@ -250,17 +254,21 @@ def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, sha
     if DEFAULT_SHARED_TILES == "off" or len(axes) != 2:
         return None
     if big:
-        factor, kc = 8, 8
+        factor, wg, kc, cols_contiguous, width = SHARED_LARGE
     elif DEFAULT_SHARED_TILES == "medium":
-        factor, kc = 4, 16
-        groups = _prod(-(-d // 64) if a in axes else d for a, d in enumerate(shape))
-        if groups < MEDIUM_GROUPS or min(shape[a] for a in axes) < 64:
+        factor, wg, kc, cols_contiguous, width = SHARED_MEDIUM
+        from kiln.te.tiles import threads
+
+        tx, ty = threads(wg)
+        blocks = {axes[0]: ty * factor, axes[1]: tx * factor}
+        groups = _prod(-(-d // blocks[a]) if a in blocks else d for a, d in enumerate(shape))
+        if groups < MEDIUM_GROUPS or any(shape[a] < b for a, b in blocks.items()):
             return None
     else:
         return None
     last = len(shape) - 1
-    s = Schedule(workgroup_size=256, splits=tuple(Split(a, factor, contiguous=a != last) for a in axes),
-                 unroll=kc, shared_k=kc, vector_width=4)
+    splits = tuple(Split(a, factor, contiguous=a != last or cols_contiguous) for a in axes)
+    s = Schedule(workgroup_size=wg, splits=splits, unroll=kc, shared_k=kc, vector_width=width)
     from kiln.te.tiles import analyse
 
     return s if not isinstance(analyse(t, s, shared_bytes), str) else None
