@@ -94,7 +94,10 @@ def test_batched_broadcast_matmul(rng):
         _check(t, arrays, expected, shared_schedules(2, 3)[name], name)
     t, arrays, expected = _primitive("MatMul", [(2, 1, 20, 16), (3, 16, 12)], {}, rng)  # vec4 storage loads
     for name in ("wg256_8x8_k8_unroll8_vec4", "wg128_4x8_k16_strided_vec4"):
-        assert "array<vec4<f32>>" in _check(t, arrays, expected, shared_schedules(2, 3)[name], name)
+        src = _check(t, arrays, expected, shared_schedules(2, 3)[name], name)
+        assert "read> in1: array<vec4<f32>>" in src
+        # contiguous columns (4 | 8, 4 | 12): the tile's outputs are stored as whole vec4
+        assert ("out: array<vec4<f32>>" in src) == (name == "wg128_4x8_k16_strided_vec4")
 
 
 def test_transposed_gemm_with_epilogue(rng):
@@ -137,6 +140,16 @@ def test_run_time_dims(rng):
         a, b = rng.standard_normal((s, k)).astype(np.float32), rng.standard_normal((k, 27)).astype(np.float32)
         n = symbolic.evaluate(groups, {"seq": s, "k": k})
         _check(t, [a, b], a @ b, sched, f"seq={s} k={k}", dims=np.array([s, k], np.int32), groups=n)
+    # 28 columns: B loaded and the output stored as vec4 (B's rows and the run-time seq stay exact at the edges)
+    t = inline(library.build("MatMul", [placeholder((seq, kd)), placeholder((kd, 28))], {}, (seq, 28), "mm"))
+    sched = Schedule(workgroup_size=64, splits=(Split(0, 4, True), Split(1, 4, True)), unroll=4, shared_k=8,
+                     vector_width=4)
+    k = lower(t, sched)
+    assert k.vectors == {"sh_p": 4, "sh_q": 4, "in1": 4, "out": 4}
+    for s, kv in ((1, 1), (7, 16), (33, 5), (64, 40)):
+        a, b = rng.standard_normal((s, kv)).astype(np.float32), rng.standard_normal((kv, 28)).astype(np.float32)
+        n = symbolic.evaluate(k.groups, {"seq": s, "k": kv})
+        _check(t, [a, b], a @ b, sched, f"vec4 seq={s} k={kv}", dims=np.array([s, kv], np.int32), groups=n)
 
 
 def test_non_contractions_fall_back(rng):

@@ -16,7 +16,7 @@ import re
 import numpy as np
 
 from kiln.te.expr import Bin, Call, Cast, Const, Expr, Select, SizeVar, Var
-from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Lane, Let, LoweredKernel, Store, VecLoad
+from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Lane, Let, LoweredKernel, Store, Vec, VecLoad
 
 #: Kiln dtype -> WGSL scalar type (WGSL §6.2.1); int64 is narrowed to i32 before codegen
 TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "bool": "bool"}
@@ -99,6 +99,8 @@ def expr(e: Expr) -> str:
         return f"{e.buf}[{expr(e.index)}]"
     if isinstance(e, Lane):
         return f"{expr(e.x)}[{e.lane}]"
+    if isinstance(e, Vec):
+        return f"vec{len(e.items)}<{TYPES[e.dtype]}>({', '.join(expr(x) for x in e.items)})"
     if isinstance(e, Bin):
         if e.op == "//":
             return f"({expr(e.a)} / {expr(e.b)})"
@@ -143,6 +145,8 @@ def _stmts(stmts, indent: int, vectors: dict[str, int] | None = None) -> list[st
             out.append(f"{pad}if ({expr(s.cond)}) {{")
             out.extend(_stmts(s.body, indent + 1, vectors))
             out.append(f"{pad}}}")
+        elif isinstance(s, Store) and isinstance(s.value, Vec):  # a whole vector
+            out.append(f"{pad}{s.buf}[{expr(s.index)}] = {expr(s.value)};")
         elif isinstance(s, Store) and s.buf in vectors:  # one element of an array of vectors
             i, w = expr(s.index), vectors[s.buf]
             out.append(f"{pad}{s.buf}[{i} / {w}i][{i} % {w}i] = {expr(s.value)};")

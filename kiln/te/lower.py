@@ -77,6 +77,15 @@ class Lane(Expr):
     dtype: str
 
 
+@dataclass(frozen=True, eq=True)
+class Vec(Expr):
+    """A vector of ``items`` (each of element type ``dtype``), stored whole by a :class:`Store` to an
+    array of vectors (``LoweredKernel.vectors``), whose index then counts vectors."""
+
+    items: tuple
+    dtype: str
+
+
 @dataclass
 class Let:
     """An immutable local: ``let name = value``."""
@@ -160,7 +169,8 @@ class LoweredKernel:
         schedule: the schedule it was lowered with.
         shared: workgroup-memory arrays, name -> (dtype, elements).
         vectors: workgroup arrays declared as arrays of vectors, name -> width (``vector_width``):
-            read whole with :class:`VecLoad`, stored element by element (``buf[i / w][i % w]``).
+            read whole with :class:`VecLoad`, stored element by element (``buf[i / w][i % w]``) or
+            whole (a :class:`Vec` value); a storage buffer among them is bound as an array of vectors.
     """
 
     name: str
@@ -543,5 +553,5 @@ def _combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: li
     return {"red": (dtype, size)}
 
 
-__all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Lane", "Let", "LoweredKernel", "Param", "Store", "VecLoad",
+__all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Lane", "Let", "LoweredKernel", "Param", "Store", "Vec", "VecLoad",
            "canonical", "flatten", "lower"]

@@ -45,7 +45,7 @@ from kiln.te.expr import (
     substitute,
     transform,
 )
-from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Lane, Let, Store, VecLoad, _unravel
+from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Lane, Let, Store, Vec, VecLoad, _unravel
 from kiln.te.schedule import Schedule, Split
 from kiln.te.symbolic import ceil_div, is_symbolic, simplify
 
@@ -322,8 +322,19 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
         conds.append(cond)
         indices.append(linear(_ravel([vals.get(ax, ax) for ax in out.axes], out.shape)))
     results = cse(results, body)
-    for cond, index, value in zip(conds, indices, results):
-        body.append(If(cond, [Store("out", index, value)]))
+    w = schedule.vector_width
+    if (w > 1 and c.cols.contiguous and fb % w == 0 and b == len(out.shape) - 1 and out.dtype == "float32"
+            and not is_symbolic(B) and B % w == 0):
+        # the tile's columns are consecutive outputs, whole vectors in or out of range together: vec4 stores
+        vectors["out"] = w
+        for i in range(fa):
+            for q in range(0, fb, w):
+                first = i * fb + q
+                items = Vec(tuple(results[first:first + w]), out.dtype)
+                body.append(If(conds[first], [Store("out", linear(indices[first]) // w, items)]))
+    else:
+        for cond, index, value in zip(conds, indices, results):
+            body.append(If(cond, [Store("out", index, value)]))
     shared = {name: (dtype, size) for name, (dtype, size, _) in arrays.items()}
     return body, simplify(n_groups * wg), shared, vectors
 
