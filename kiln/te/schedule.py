@@ -63,7 +63,9 @@ class Schedule:
             reads its rows (or columns) of a reduction step as whole vectors (a quarter of the
             workgroup-memory loads); and each float32 operand whose cooperative load walks a
             contiguous innermost dim with static extents divisible by 4 is bound as
-            ``array<vec4<f32>>`` and loaded a vector at a time. Recorded as 1 where neither applies.
+            ``array<vec4<f32>>`` and loaded a vector at a time; a float32 output whose tile columns are
+            contiguous along a static innermost extent divisible by 4 is stored a vector at a time.
+            Recorded as 1 where none of these applies.
     """
 
     workgroup_size: int = 64

@@ -16,8 +16,9 @@ accumulates its tile from workgroup memory, barrier, next chunk. As in the class
 SGEMM (Volkov and Demmel, "Benchmarking GPUs to tune dense linear algebra", SC 2008), each
 operand element read from the storage buffer then feeds ``TX * fb`` (or ``TY * fa``) products.
 With ``vector_width`` 4 the tiles are read from workgroup memory as ``vec4`` where a thread's
-rows (columns) are contiguous, and loaded from storage as ``vec4`` where the operand is contiguous
-along the direction the cooperative load walks (:func:`_storage_vector`).
+rows (columns) are contiguous, loaded from storage as ``vec4`` where the operand is contiguous
+along the direction the cooperative load walks (:func:`_storage_vector`), and the outputs stored as
+``vec4`` where a thread's columns are consecutive outputs.
 Barriers sit at the top level of the chunk loop, whose bound is a constant or a dims uniform
 (uniform control flow, WGSL §14.2); invocations out of range compute clamped values and do not store.
 """
