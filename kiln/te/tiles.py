@@ -224,7 +224,10 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
     loop = For(kv0, ceil_div(K, kc))
     body.append(loop)
     arrays = {}
-    vectors: dict[str, int] = {}
+    w = schedule.vector_width
+    # workgroup arrays read as vectors: those whose invocations' rows (columns) are contiguous
+    vectors: dict[str, int] = {name: w for name, split in (("sh_p", c.rows), ("sh_q", c.cols))
+                               if w > 1 and split.contiguous and split.factor % w == 0}
     strides = _row_strides(c)
     for name, f, axis, extent, width, origin, stride in (("sh_p", c.p, out.axes[a], A, ba, row0, strides[0]),
                                                           ("sh_q", c.q, out.axes[b], B, bb, col0, strides[1])):
@@ -266,10 +269,12 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
                 vectors[value.buf] = vl
                 values = [Lane(vec, q, dtype) for q in range(vl)]
                 targets = [(kk + q) * stride + row if kfast else kk * stride + row + q for q in range(vl)]
-            for x, target in zip(values, targets):
-                if not (isinstance(cond, Const) and cond.value is True):
-                    x = select(cond, x, const(0.0, dtype))
-                stmts.append(Store(name, linear(target), x))
+            if not (isinstance(cond, Const) and cond.value is True):
+                values = [select(cond, x, const(0.0, dtype)) for x in values]
+            if vl > 1 and not kfast and vectors.get(name) == vl:  # consecutive and aligned: one vector store
+                stmts.append(Store(name, linear(kk * (stride // vl) + row // vl), Vec(tuple(values), dtype)))
+            else:
+                stmts += [Store(name, linear(target), x) for x, target in zip(values, targets)]
             loop.body.extend([If(binop("<", e, n), stmts)] if (step + 1) * wg > n else stmts)
     loop.body.append(Barrier())
     unroll = max(d for d in range(1, max(1, schedule.unroll) + 1) if kc % d == 0)
@@ -281,8 +286,6 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
         inner.append(sub)
         inner = sub.body
     w = schedule.vector_width
-    vectors.update({name: w for name, split in (("sh_p", c.rows), ("sh_q", c.cols))
-                    if w > 1 and split.contiguous and split.factor % w == 0})
 
     def reads(name: str, split: Split, t: Var, locals_: list[Expr], kk: Expr, block: list) -> list[Expr]:
         """The tile's values of reduction step ``kk`` from array ``name``: scalars, or whole vectors."""
