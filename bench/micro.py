@@ -10,7 +10,7 @@ or here (lavapipe) with a small size: ``python -m bench.micro --size 256 --no-to
 - ``matmul``: ``C = A @ B`` on N x N fp32 matrices. Kiln's kernel is the MatMul tensor expression
   lowered under each schedule of a small sweep (the default schedule first; register tiles, then
   shared operand tiles ``shared RxC wgW kK`` with rows and columns contiguous (``c``) or strided (``s``)
-  and workgroup-memory reads of vector width ``vecV``); TFLOP/s = 2 N^3 / time.
+  and vector width ``vecV``, ``pf``: next chunk prefetched into registers); TFLOP/s = 2 M K N / time.
   PyTorch runs strict fp32 (TF32 off) on the same GPU.
 - ``copy``: a 256 MiB fp32 copy (an identity elementwise kernel); GB/s counts bytes read plus
   written. PyTorch's ``copy_`` is the peer.
@@ -41,12 +41,16 @@ from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, Split, default_schedule
 
 #: shared-tile candidates: (rows x cols register tile, workgroup size, shared_k, rows contiguous,
-#: columns contiguous, vector width of the workgroup-memory reads)
-SHARED = ((8, 8, 256, 8, True, False, 1), (8, 8, 256, 8, True, False, 4), (8, 8, 256, 8, True, True, 4),
-          (8, 8, 256, 4, True, False, 4), (8, 8, 256, 8, False, False, 1), (4, 4, 256, 16, True, False, 4),
-          (4, 4, 256, 16, True, True, 4), (4, 4, 256, 8, True, False, 1), (8, 4, 128, 8, True, False, 4),
-          (4, 8, 128, 8, True, True, 4), (8, 8, 64, 16, True, True, 4), (4, 4, 64, 16, True, False, 4),
-          (4, 4, 64, 32, True, True, 4))
+#: columns contiguous, vector width, prefetch)
+SHARED = ((8, 8, 256, 8, True, False, 1, False), (8, 8, 256, 8, True, False, 4, False),
+          (8, 8, 256, 8, True, False, 4, True), (8, 8, 256, 8, True, True, 4, False),
+          (8, 8, 256, 8, True, True, 4, True), (8, 8, 256, 4, True, False, 4, False),
+          (8, 8, 256, 8, False, False, 1, False), (4, 4, 256, 16, True, False, 4, False),
+          (4, 4, 256, 16, True, True, 4, False), (4, 4, 256, 16, True, True, 4, True),
+          (4, 4, 256, 8, True, False, 1, False), (8, 4, 128, 8, True, False, 4, False),
+          (4, 8, 128, 8, True, True, 4, False), (8, 8, 64, 16, True, True, 4, False),
+          (8, 8, 64, 16, True, True, 4, True), (4, 4, 64, 16, True, False, 4, False),
+          (4, 4, 64, 32, True, True, 4, False))
 
 
 def matmul_schedules(t) -> dict[str, Schedule]:
@@ -58,10 +62,10 @@ def matmul_schedules(t) -> dict[str, Schedule]:
             for unroll in (1, 4, 8, 16):
                 name = f"{ti}x{tj} wg{wg} unroll{unroll}"
                 out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, True), Split(1, tj)), unroll=unroll)
-    for ti, tj, wg, kc, rows, cols, vw in SHARED:
-        name = f"shared {ti}x{tj} wg{wg} k{kc} {'c' if rows else 's'}{'c' if cols else 's'} vec{vw}"
+    for ti, tj, wg, kc, rows, cols, vw, pf in SHARED:
+        name = f"shared {ti}x{tj} wg{wg} k{kc} {'c' if rows else 's'}{'c' if cols else 's'} vec{vw}" + (" pf" * pf)
         out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, rows), Split(1, tj, cols)), unroll=kc, shared_k=kc,
-                             vector_width=vw)
+                             vector_width=vw, prefetch=pf)
     return out
 
 

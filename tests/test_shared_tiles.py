@@ -36,26 +36,30 @@ CONV = {"strides": (1, 1), "dilations": (1, 1), "pads": (1, 1, 1, 1), "group": 1
 
 def shared_schedules(rows: int, cols: int) -> dict[str, Schedule]:
     """Shared-tile schedules over output axes ``rows`` < ``cols``: every workgroup shape, both split kinds."""
-    def s(wg, fa, fb, kc, unroll=1, ca=True, cb=False, vw=1):
+    def s(wg, fa, fb, kc, unroll=1, ca=True, cb=False, vw=1, pf=False):
         return Schedule(workgroup_size=wg, splits=(Split(rows, fa, ca), Split(cols, fb, cb)), unroll=unroll, shared_k=kc,
-                        vector_width=vw)
+                        vector_width=vw, prefetch=pf)
 
     return {
         "wg64_4x4_k8": s(64, 4, 4, 8, 4),
         "wg256_8x8_k8_unroll8_vec4": s(256, 8, 8, 8, 8, vw=4),
-        "wg128_4x8_k16_strided_vec4": s(128, 4, 8, 16, 16, ca=False, cb=True, vw=4),
+        "wg128_4x8_k16_strided_vec4": s(128, 4, 8, 16, 16, ca=False, cb=True, vw=4, pf=True),
         "wg32_2x4_k4_contiguous": s(32, 2, 4, 4, 2, cb=True),
-        "wg64_3x2_k5": s(64, 3, 2, 5, 5),
+        "wg64_3x2_k5_prefetch": s(64, 3, 2, 5, 5, pf=True),
+        "wg256_8x8_k8_vec4_prefetch": s(256, 8, 8, 8, 8, vw=4, pf=True),
         "wg256_4x4_k16_vec4_both": s(256, 4, 4, 16, 1, cb=True, vw=4),
     }
 
 
-def _check(t, arrays, expected, sched, what, dims=None, groups=None):
+def _check(t, arrays, expected, sched, what, dims=None, groups=None, exact=True):
+    """Run ``t`` under ``sched`` against ``expected``; ``exact``: every knob applies (none is recorded as off)."""
     k = lower(t, sched, name="k")
-    assert k.schedule.shared_k == sched.shared_k and k.schedule.vector_width == sched.vector_width, f"{what}: fell back"
+    assert k.schedule.shared_k == sched.shared_k and k.schedule.prefetch == sched.prefetch, f"{what}: fell back"
     src = wgsl.render(k)
     assert "var<workgroup> sh_p" in src and "workgroupBarrier()" in src
-    assert ("vec4<f32>" in src) == (sched.vector_width == 4)
+    if exact:
+        assert k.schedule.vector_width == sched.vector_width, f"{what}: no vectors"
+        assert ("vec4<f32>" in src) == (sched.vector_width == 4)
     validate_wgsl(src, what)
     dispatch = k.dispatch if groups is None else (groups, 1, 1)
     got = KernelRunner(src, arrays, expected.size, dispatch, dims=dims).run().reshape(expected.shape)
@@ -90,7 +94,7 @@ def test_matmul_under_shared_tiles(shapes, rng):
 
 def test_batched_broadcast_matmul(rng):
     t, arrays, expected = _primitive("MatMul", [(2, 1, 19, 17), (3, 17, 11)], {}, rng)
-    for name in ("wg64_4x4_k8", "wg64_3x2_k5"):
+    for name in ("wg64_4x4_k8", "wg64_3x2_k5_prefetch"):
         _check(t, arrays, expected, shared_schedules(2, 3)[name], name)
     t, arrays, expected = _primitive("MatMul", [(2, 1, 20, 16), (3, 16, 12)], {}, rng)  # vec4 storage loads
     for name in ("wg256_8x8_k8_unroll8_vec4", "wg128_4x8_k16_strided_vec4"):
@@ -143,7 +147,7 @@ def test_run_time_dims(rng):
     # 28 columns: B loaded and the output stored as vec4 (B's rows and the run-time seq stay exact at the edges)
     t = inline(library.build("MatMul", [placeholder((seq, kd)), placeholder((kd, 28))], {}, (seq, 28), "mm"))
     sched = Schedule(workgroup_size=64, splits=(Split(0, 4, True), Split(1, 4, True)), unroll=4, shared_k=8,
-                     vector_width=4)
+                     vector_width=4, prefetch=True)
     k = lower(t, sched)
     assert k.vectors == {"sh_p": 4, "sh_q": 4, "in1": 4, "out": 4}
     for s, kv in ((1, 1), (7, 16), (33, 5), (64, 40)):
@@ -181,14 +185,17 @@ def test_schedule_json_and_search_space():
     s = Schedule(workgroup_size=256, splits=(Split(0, 8, True), Split(1, 8)), unroll=8, shared_k=8)
     assert s.to_json()["shared_k"] == 8 and Schedule.from_json(s.to_json()) == s
     assert "shared_k" not in Schedule().to_json()  # manifests of other schedules unchanged
-    v = Schedule(workgroup_size=64, splits=(Split(0, 4, True), Split(1, 4)), shared_k=8, vector_width=4)
-    assert v.to_json()["vector_width"] == 4 and Schedule.from_json(v.to_json()) == v
+    v = Schedule(workgroup_size=64, splits=(Split(0, 4, True), Split(1, 4)), shared_k=8, vector_width=4, prefetch=True)
+    assert v.to_json()["vector_width"] == 4 and v.to_json()["prefetch"] is True and Schedule.from_json(v.to_json()) == v
+    with pytest.raises(ValueError, match="prefetch"):
+        Schedule(prefetch=True)
     with pytest.raises(ValueError, match="vector_width"):
         Schedule(vector_width=3)
     mm = inline(library.build("MatMul", [placeholder((96, 80)), placeholder((80, 72))], {}, (96, 72), "mm"))
     space = SearchSpace(mm)
     picked = [c for c in space if c.shared_k]
     assert picked and all(space.check(c) is None for c in picked) and any(c.vector_width == 4 for c in picked)
+    assert any(c.prefetch for c in picked)
     assert SearchSpace(mm, lanes=False).shared == (0,)  # CPU adapters: no barriers
     big = inline(library.build("MatMul", [placeholder((4096, 4096)), placeholder((4096, 4096))], {}, (4096, 4096),
                                "gemm"))
@@ -201,7 +208,7 @@ def test_every_tuner_pick_is_correct(rng):
     t, arrays, expected = _primitive("MatMul", [(21, 19), (19, 26)], {}, rng)
     picked = [c for c in SearchSpace(t) if c.shared_k]
     for sched in picked[::max(1, len(picked) // 12)]:
-        _check(t, arrays, expected, sched, "tuner")
+        _check(t, arrays, expected, sched, "tuner", exact=False)
 
 
 def test_model_against_onnxruntime(tmp_path, rng):

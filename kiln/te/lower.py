@@ -354,7 +354,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
 
         found = analyse(out, schedule)
         if isinstance(found, str):  # not a contraction (or too large): lowered without shared tiles
-            schedule = dataclasses.replace(schedule, shared_k=0)
+            schedule = dataclasses.replace(schedule, shared_k=0, prefetch=False)
         else:
             body, total, shared, vectors = lower_shared(out, found, schedule, lambda e, g: flatten(e, g, pname),
                                                         lambda vals, block: _cse_loads(vals, block, counter), counter)

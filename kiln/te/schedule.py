@@ -66,6 +66,9 @@ class Schedule:
             ``array<vec4<f32>>`` and loaded a vector at a time; a float32 output whose tile columns are
             contiguous along a static innermost extent divisible by 4 is stored a vector at a time.
             Recorded as 1 where none of these applies.
+        prefetch: with ``shared_k``, load the next chunk's operands into registers before computing
+            on the current one (its load latency then overlaps the arithmetic; a register per loaded
+            element), storing them to workgroup memory after the chunk's second barrier.
     """
 
     workgroup_size: int = 64
@@ -75,6 +78,7 @@ class Schedule:
     reduce_lanes: int = 1
     shared_k: int = 0
     vector_width: int = 1
+    prefetch: bool = False
 
     def __post_init__(self):
         r = self.reduce_lanes
@@ -84,6 +88,8 @@ class Schedule:
             raise ValueError(f"shared_k={self.shared_k} must be 0 or positive, and reduce_lanes 1 with it")
         if self.vector_width not in (1, 4):
             raise ValueError(f"vector_width={self.vector_width} must be 1 or 4")
+        if self.prefetch and not self.shared_k:
+            raise ValueError("prefetch needs shared_k")
 
     def dispatch(self, total: int) -> tuple[int, int, int]:
         """Workgroup counts ``(x, y, z)`` covering ``total`` invocations."""
@@ -100,6 +106,8 @@ class Schedule:
             d["shared_k"] = self.shared_k
         if self.vector_width != 1:
             d["vector_width"] = self.vector_width
+        if self.prefetch:
+            d["prefetch"] = True
         return d
 
     @classmethod
@@ -108,7 +116,7 @@ class Schedule:
         return cls(workgroup_size=int(d.get("workgroup_size", 64)),
                    splits=tuple(Split(**s) for s in d.get("splits", ())), unroll=int(d.get("unroll", 1)),
                    reduce_lanes=int(d.get("reduce_lanes", 1)), shared_k=int(d.get("shared_k", 0)),
-                   vector_width=int(d.get("vector_width", 1)))
+                   vector_width=int(d.get("vector_width", 1)), prefetch=bool(d.get("prefetch", False)))
 
 
 def reuse_axes(t: Tensor) -> dict[int, frozenset[int]]:
@@ -180,9 +188,10 @@ DEFAULT_SHARED_TILES = "large"
 #: workgroups a ``"medium"`` contraction must fill (two per streaming multiprocessor of a large GPU)
 MEDIUM_GROUPS = 256
 #: the default shared-tile schedules, as ``bench.micro`` names its candidates: (register tile factor per axis,
-#: workgroup size, ``shared_k``, innermost output axis contiguous per invocation (else strided), ``vector_width``)
-SHARED_LARGE = (8, 256, 8, False, 4)
-SHARED_MEDIUM = (4, 256, 16, False, 4)
+#: workgroup size, ``shared_k``, innermost output axis contiguous per invocation (else strided), ``vector_width``,
+#: ``prefetch``)
+SHARED_LARGE = (8, 256, 8, False, 4, False)
+SHARED_MEDIUM = (4, 256, 16, False, 4, False)
 
 
 def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations: int = 65536,
@@ -256,9 +265,9 @@ def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, sha
     if DEFAULT_SHARED_TILES == "off" or len(axes) != 2:
         return None
     if big:
-        factor, wg, kc, cols_contiguous, width = SHARED_LARGE
+        factor, wg, kc, cols_contiguous, width, prefetch = SHARED_LARGE
     elif DEFAULT_SHARED_TILES == "medium":
-        factor, wg, kc, cols_contiguous, width = SHARED_MEDIUM
+        factor, wg, kc, cols_contiguous, width, prefetch = SHARED_MEDIUM
         from kiln.te.tiles import threads
 
         tx, ty = threads(wg)
@@ -270,7 +279,7 @@ def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, sha
         return None
     last = len(shape) - 1
     splits = tuple(Split(a, factor, contiguous=a != last or cols_contiguous) for a in axes)
-    s = Schedule(workgroup_size=wg, splits=splits, unroll=kc, shared_k=kc, vector_width=width)
+    s = Schedule(workgroup_size=wg, splits=splits, unroll=kc, shared_k=kc, vector_width=width, prefetch=prefetch)
     from kiln.te.tiles import analyse
 
     return s if not isinstance(analyse(t, s, shared_bytes), str) else None

@@ -229,54 +229,86 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
     vectors: dict[str, int] = {name: w for name, split in (("sh_p", c.rows), ("sh_q", c.cols))
                                if w > 1 and split.contiguous and split.factor % w == 0}
     strides = _row_strides(c)
-    for name, f, axis, extent, width, origin, stride in (("sh_p", c.p, out.axes[a], A, ba, row0, strides[0]),
-                                                          ("sh_q", c.q, out.axes[b], B, bb, col0, strides[1])):
-        kfast = stride != width
-        dtype = f.dtype
-        arrays[name] = (dtype, kc * stride, stride)
-        vl = _storage_vector(f, axis, r.axes, kfast, extent, width, kc, schedule.vector_width)
-        fast_n = (kc if kfast else width) // vl  # loads along the contiguous direction of one line
-        n = kc * width // vl
-        for step in range(-(-n // wg)):
-            e = lid + step * wg
-            if wg % fast_n == 0:  # the same position along the line for every step of the workgroup
-                fast, slow = lid % fast_n * vl, lid // fast_n + step * (wg // fast_n)
-            else:
-                fast, slow = e % fast_n * vl, e // fast_n
-            kk, row = (fast, slow) if kfast else (slow, fast)
-            xv, kv = origin + row, kv0 * kc + kk
-            cond = const(True, "bool")
-            xc, kcl = xv, kv
-            if is_symbolic(extent) or _prod([ceil_div(extent, width), width]) != extent:
-                cond, xc = cond & binop("<", xv, extent), call("min", xv, extent - (1 if kfast else vl))
-            if is_symbolic(K) or K % kc:
-                cond, kcl = cond & binop("<", kv, K), call("min", kv, K - (vl if kfast else 1))
-            mapping = {axis: xc}
-            rem: Expr = kcl
-            for m, ax in reversed(list(enumerate(r.axes))):
-                inner = simplify(_prod(x.extent for x in r.axes[m + 1:]))
-                v = rem if m == len(r.axes) - 1 else rem // inner
-                if m:
-                    v = v % ax.extent
-                mapping[ax] = v
-            value = flatten(substitute(f, mapping), False)
-            stmts: list = []
-            if vl == 1:
-                values, targets = [value], [kk * stride + row]
-            else:  # one vector load of storage, stored element by element
-                vec = Var(f"ld{next(counter)}", 0, dtype)
-                stmts.append(Let(vec, VecLoad(value.buf, linear(value.index) // vl, vl, dtype)))
-                vectors[value.buf] = vl
-                values = [Lane(vec, q, dtype) for q in range(vl)]
-                targets = [(kk + q) * stride + row if kfast else kk * stride + row + q for q in range(vl)]
-            if not (isinstance(cond, Const) and cond.value is True):
-                values = [select(cond, x, const(0.0, dtype)) for x in values]
-            if vl > 1 and not kfast and vectors.get(name) == vl:  # consecutive and aligned: one vector store
-                stmts.append(Store(name, linear(kk * (stride // vl) + row // vl), Vec(tuple(values), dtype)))
-            else:
-                stmts += [Store(name, linear(target), x) for x, target in zip(values, targets)]
-            loop.body.extend([If(binop("<", e, n), stmts)] if (step + 1) * wg > n else stmts)
-    loop.body.append(Barrier())
+    operands = (("sh_p", c.p, out.axes[a], A, ba, row0, strides[0]), ("sh_q", c.q, out.axes[b], B, bb, col0, strides[1]))
+    for name, f, _, _, width, _, stride in operands:
+        arrays[name] = (f.dtype, kc * stride, stride)
+    decls: list = []
+
+    def chunk_loads(kbase: Expr, registers: bool) -> tuple[list, list]:
+        """Statements loading the operand tiles of the chunk starting at reduction iteration ``kbase``:
+        ``(fetch, store)``; with ``registers`` the fetch assigns registers (declared in ``decls``) and the
+        store moves them to workgroup memory, otherwise the fetch stores directly and ``store`` is empty."""
+        fetch_all, store_all = [], []
+        for name, f, axis, extent, width, origin, stride in operands:
+            kfast = stride != width
+            dtype = f.dtype
+            vl = _storage_vector(f, axis, r.axes, kfast, extent, width, kc, schedule.vector_width)
+            fast_n = (kc if kfast else width) // vl  # loads along the contiguous direction of one line
+            n = kc * width // vl
+            for step in range(-(-n // wg)):
+                e = lid + step * wg
+                if wg % fast_n == 0:  # the same position along the line for every step of the workgroup
+                    fast, slow = lid % fast_n * vl, lid // fast_n + step * (wg // fast_n)
+                else:
+                    fast, slow = e % fast_n * vl, e // fast_n
+                kk, row = (fast, slow) if kfast else (slow, fast)
+                xv, kv = origin + row, kbase + kk
+                cond = const(True, "bool")
+                xc, kcl = xv, kv
+                if is_symbolic(extent) or _prod([ceil_div(extent, width), width]) != extent:
+                    cond, xc = cond & binop("<", xv, extent), call("min", xv, extent - (1 if kfast else vl))
+                if is_symbolic(K) or K % kc:
+                    cond, kcl = cond & binop("<", kv, K), call("min", kv, K - (vl if kfast else 1))
+                mapping = {axis: xc}
+                rem: Expr = kcl
+                for m, ax in reversed(list(enumerate(r.axes))):
+                    inner = simplify(_prod(x.extent for x in r.axes[m + 1:]))
+                    v = rem if m == len(r.axes) - 1 else rem // inner
+                    if m:
+                        v = v % ax.extent
+                    mapping[ax] = v
+                value = flatten(substitute(f, mapping), False)
+                fetch: list = []
+                if vl == 1:
+                    values, targets = [value], [kk * stride + row]
+                else:  # one vector load of storage, stored element by element
+                    vec = Var(f"ld{next(counter)}", 0, dtype)
+                    fetch.append(Let(vec, VecLoad(value.buf, linear(value.index) // vl, vl, dtype)))
+                    vectors[value.buf] = vl
+                    values = [Lane(vec, q, dtype) for q in range(vl)]
+                    targets = [(kk + q) * stride + row if kfast else kk * stride + row + q for q in range(vl)]
+                if registers:  # the raw loads (masking them here would wait for them before the products)
+                    regs = [Var(f"pf{next(counter)}", 0, dtype) for _ in values]
+                    decls.extend(Decl(x, const(0.0, dtype)) for x in regs)
+                    fetch += [Assign(x, v) for x, v in zip(regs, values)]
+                    values = regs
+                if not (isinstance(cond, Const) and cond.value is True):
+                    values = [select(cond, x, const(0.0, dtype)) for x in values]
+                store: list = []
+                if vl > 1 and not kfast and vectors.get(name) == vl:  # consecutive and aligned: one vector store
+                    store.append(Store(name, linear(kk * (stride // vl) + row // vl), Vec(tuple(values), dtype)))
+                else:
+                    store += [Store(name, linear(target), x) for x, target in zip(values, targets)]
+                if not registers:
+                    fetch, store = fetch + store, []
+                partial = (step + 1) * wg > n  # the last step of a tile that does not divide the workgroup
+                fetch_all += [If(binop("<", e, n), fetch)] if partial else fetch
+                store_all += [If(binop("<", e, n), store)] if partial and store else store
+        return fetch_all, store_all
+
+    chunks = ceil_div(K, kc)
+    if schedule.prefetch:
+        # chunk 0 before the loop; in the loop, the next chunk's loads are issued before this chunk's
+        # products (their latency overlaps the arithmetic) and stored once every invocation has read it
+        prologue, _ = chunk_loads(const(0, "int32"), False)
+        fetch, store = chunk_loads((kv0 + 1) * kc, True)
+        body.insert(body.index(loop), If(binop("<", const(0, "int32"), chunks), prologue))
+        body[body.index(loop):body.index(loop)] = decls
+        more = binop("<", kv0 + 1, chunks)  # uniform: no barrier inside
+        loop.body += [Barrier(), If(more, fetch)]
+    else:
+        fetch, _ = chunk_loads(kv0 * kc, False)
+        loop.body += fetch + [Barrier()]
     unroll = max(d for d in range(1, max(1, schedule.unroll) + 1) if kc % d == 0)
     inner = loop.body
     ko = None
@@ -310,6 +342,8 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
         values = cse(updates, inner)
         inner.extend(Assign(acc, v) for acc, v in zip(accs.values(), values))
     loop.body.append(Barrier())
+    if schedule.prefetch:
+        loop.body.append(If(more, store))
     # epilogue: the fused elementwise tail of every tile element, stored where in range
     ok = binop("<", wid, n_groups)
     results, conds, indices = [], [], []

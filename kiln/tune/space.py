@@ -5,7 +5,7 @@ A kernel's knobs are the fields of :class:`~kiln.te.schedule.Schedule`: the regi
 workgroup size, the unrolling budget of the innermost reduction loops, the reduce lanes and, for
 contractions (MatMul, Gemm, convolutions as implicit GEMMs), the reduction chunk staged through
 workgroup memory (``shared_k``, :mod:`kiln.te.tiles`) and whether those tiles are loaded and
-read as ``vec4`` (``vector_width``). Other kernels load and store scalars (a tile along the
+read as ``vec4`` (``vector_width``) and whether the next chunk is prefetched into registers (``prefetch``). Other kernels load and store scalars (a tile along the
 innermost axis gives the same reuse).
 
 :class:`SearchSpace` lists the values worth trying for one tensor expression, rejects
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.te.compute import Tensor
+from kiln.te.compute import Tensor, placeholders
 from kiln.te.schedule import Schedule, Split, reductions, reuse_axes
 
 #: register tiles per axis
@@ -38,6 +38,8 @@ LANES = (1, 2, 4, 8, 16, 32, 64)
 SHARED_KS = (0, 4, 8, 16)
 #: vector widths of shared operand tile reads (with ``shared_k`` only)
 VECTOR_WIDTHS = (1, 4)
+#: register prefetch of the next chunk (with ``shared_k`` only)
+PREFETCH = (False, True)
 
 
 @dataclass(frozen=True)
@@ -168,12 +170,23 @@ class SearchSpace:
             why = analyse(self.t, s, lim.workgroup_storage_bytes)
             if isinstance(why, str):
                 return f"no shared tiles: {why}"
+        if s.prefetch and not s.shared_k:
+            return "prefetch needs shared_k"
         if s.vector_width != 1 and (s.vector_width not in VECTOR_WIDTHS or not s.shared_k):
             return f"vector width {s.vector_width} needs shared_k and one of {VECTOR_WIDTHS}"
+        if s.vector_width != 1 and not self._vectorizable(s):
+            return f"vector width {s.vector_width} would change nothing here"
         updates = accs * self.unrolled_iterations(s)
         if updates > lim.unrolled_updates:
             return f"{updates} unrolled accumulator updates; at most {lim.unrolled_updates}"
         return None
+
+    def _vectorizable(self, s: Schedule) -> bool:
+        """Whether ``vector_width`` may apply: a contiguous split with a factor it divides (workgroup-memory
+        reads), or an input whose static innermost dim it divides (storage loads; a necessary condition)."""
+        w = s.vector_width
+        return any(sp.contiguous and sp.factor % w == 0 for sp in s.splits) or any(
+            p.shape and isinstance(p.shape[-1], int) and p.shape[-1] % w == 0 for p in placeholders(self.t))
 
     def valid(self, s: Schedule) -> bool:
         """``check(s) is None``."""
@@ -191,12 +204,12 @@ class SearchSpace:
     def __iter__(self) -> Iterator[Schedule]:
         """Every valid schedule (brute force; the space has a few thousand points)."""
         for splits in self._tiles():
-            for wg, unroll, lanes, kc, vw in itertools.product(WORKGROUP_SIZES, self.unrolls, self.lanes, self.shared,
-                                                               VECTOR_WIDTHS):
-                if wg % lanes or (kc and (lanes > 1 or len(splits) != 2)) or (vw > 1 and not kc):
+            for wg, unroll, lanes, kc, vw, pf in itertools.product(WORKGROUP_SIZES, self.unrolls, self.lanes,
+                                                                   self.shared, VECTOR_WIDTHS, PREFETCH):
+                if wg % lanes or (kc and (lanes > 1 or len(splits) != 2)) or ((vw > 1 or pf) and not kc):
                     continue
                 s = Schedule(workgroup_size=wg, splits=splits, unroll=unroll, reduce_lanes=lanes, shared_k=kc,
-                             vector_width=vw)
+                             vector_width=vw, prefetch=pf)
                 if self.valid(s):
                     yield s
 
@@ -220,9 +233,10 @@ class SearchSpace:
             lanes = rng.choice(self.lanes)
             kc = rng.choice(self.shared) if lanes == 1 else 0
             vw = rng.choice(VECTOR_WIDTHS) if kc else 1
+            pf = rng.choice(PREFETCH) if kc else False
             wg = rng.choice([w for w in WORKGROUP_SIZES if w % lanes == 0] or [64])
             s = Schedule(workgroup_size=wg, splits=splits, unroll=rng.choice(self.unrolls), reduce_lanes=lanes,
-                         shared_k=kc, vector_width=vw)
+                         shared_k=kc, vector_width=vw, prefetch=pf)
             if self.valid(s):
                 return s
         return Schedule()
@@ -233,8 +247,9 @@ class SearchSpace:
         unrolling or lane count). Returns ``s`` itself if no neighbour was found."""
         for _ in range(tries):
             splits = list(s.splits)
-            wg, unroll, lanes, kc, vw = s.workgroup_size, s.unroll, s.reduce_lanes, s.shared_k, s.vector_width
-            knob = rng.randrange(8)
+            wg, unroll, lanes, kc, vw, pf = (s.workgroup_size, s.unroll, s.reduce_lanes, s.shared_k, s.vector_width,
+                                             s.prefetch)
+            knob = rng.randrange(9)
             if knob == 0 and splits:
                 i = rng.randrange(len(splits))
                 sp = splits[i]
@@ -271,14 +286,16 @@ class SearchSpace:
                 lanes = 1 if kc else lanes
             elif knob == 7 and kc:
                 vw = rng.choice([n for n in VECTOR_WIDTHS if n != vw])
+            elif knob == 8 and kc:
+                pf = not pf
             else:
                 continue
-            vw = vw if kc else 1
+            vw, pf = (vw, pf) if kc else (1, False)
             if wg % lanes:
                 wg = max(wg, lanes)
             try:
                 out = Schedule(workgroup_size=wg, splits=tuple(sorted(splits, key=lambda x: x.axis)),
-                               unroll=unroll, reduce_lanes=lanes, shared_k=kc, vector_width=vw)
+                               unroll=unroll, reduce_lanes=lanes, shared_k=kc, vector_width=vw, prefetch=pf)
             except ValueError:
                 continue
             if out != s and self.valid(out):
@@ -292,12 +309,13 @@ class SearchSpace:
         lanes = rng.choice(pick).reduce_lanes
         kc = rng.choice(pick).shared_k if lanes == 1 else 0
         vw = rng.choice(pick).vector_width if kc else 1
+        pf = rng.choice(pick).prefetch if kc else False
         wg = rng.choice(pick).workgroup_size
         if wg % lanes:
             wg = max(wg, lanes)
         try:
             child = Schedule(workgroup_size=wg, splits=tile_from.splits, unroll=rng.choice(pick).unroll,
-                             reduce_lanes=lanes, shared_k=kc, vector_width=vw)
+                             reduce_lanes=lanes, shared_k=kc, vector_width=vw, prefetch=pf)
         except ValueError:
             return a
         return child if self.valid(child) else a
@@ -309,7 +327,7 @@ class SearchSpace:
         Per tileable axis: log2 of its factor and whether the split is contiguous; then log2 of
         the workgroup size, unrolled iterations, reduce lanes, invocations, tile size and
         workgroups, whether the workgroups fill a large GPU (about 1000 of them), log2 of
-        ``shared_k + 1`` and of the vector width.
+        ``shared_k + 1`` and of the vector width, and whether the next chunk is prefetched.
         """
         factor = {sp.axis: sp for sp in s.splits}
         row = []
@@ -320,5 +338,5 @@ class SearchSpace:
         groups = max(1, -(-inv // s.workgroup_size))
         row += [math.log2(s.workgroup_size), math.log2(self.unrolled_iterations(s)), math.log2(s.reduce_lanes),
                 math.log2(inv), math.log2(self.tile(s)), math.log2(groups), min(groups / 1024, 1.0),
-                math.log2(s.shared_k + 1), math.log2(s.vector_width)]
+                math.log2(s.shared_k + 1), math.log2(s.vector_width), float(s.prefetch)]
         return np.asarray(row, dtype=np.float64)
