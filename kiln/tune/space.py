@@ -95,6 +95,8 @@ class SearchSpace:
         self.lanes = tuple(n for n in LANES if n == 1 or (lanes and n * 4 <= self.outer_extent))
         # shared tiles need a contraction (one sum of products over two reuse axes)
         self.shared = SHARED_KS if lanes and len(self.reds) == 1 and len(self.axes) >= 2 else (0,)
+        self._analysed: dict = {}
+        self._inner_dims = [p.shape[-1] for p in placeholders(t) if p.shape and isinstance(p.shape[-1], int)]
 
     # ------------------------------------------------------------------ checks
     def tile(self, s: Schedule) -> int:
@@ -165,10 +167,8 @@ class SearchSpace:
                 return f"shared_k {s.shared_k} is not in the space {self.shared}"
             if s.shared_k % s.unroll:
                 return f"unroll {s.unroll} does not divide shared_k {s.shared_k}"
-            from kiln.te.tiles import analyse
-
-            why = analyse(self.t, s, lim.workgroup_storage_bytes)
-            if isinstance(why, str):
+            why = self._contraction(s)
+            if why:
                 return f"no shared tiles: {why}"
         if s.prefetch and not s.shared_k:
             return "prefetch needs shared_k"
@@ -181,12 +181,21 @@ class SearchSpace:
             return f"{updates} unrolled accumulator updates; at most {lim.unrolled_updates}"
         return None
 
+    def _contraction(self, s: Schedule) -> str | None:
+        """Why ``s``'s shared tiles do not apply to this kernel (:func:`kiln.te.tiles.analyse`), or ``None``; cached."""
+        key = (s.splits, s.workgroup_size, s.shared_k)
+        if key not in self._analysed:
+            from kiln.te.tiles import analyse
+
+            why = analyse(self.t, s, self.limits.workgroup_storage_bytes)
+            self._analysed[key] = why if isinstance(why, str) else None
+        return self._analysed[key]
+
     def _vectorizable(self, s: Schedule) -> bool:
         """Whether ``vector_width`` may apply: a contiguous split with a factor it divides (workgroup-memory
         reads), or an input whose static innermost dim it divides (storage loads; a necessary condition)."""
         w = s.vector_width
-        return any(sp.contiguous and sp.factor % w == 0 for sp in s.splits) or any(
-            p.shape and isinstance(p.shape[-1], int) and p.shape[-1] % w == 0 for p in placeholders(self.t))
+        return any(sp.contiguous and sp.factor % w == 0 for sp in s.splits) or any(d % w == 0 for d in self._inner_dims)
 
     def valid(self, s: Schedule) -> bool:
         """``check(s) is None``."""
