@@ -211,21 +211,28 @@ def test_every_tuner_pick_is_correct(rng):
         _check(t, arrays, expected, sched, "tuner", exact=False)
 
 
-def test_model_against_onnxruntime(tmp_path, rng):
-    """Gemm(transA, transB, bias) and a padded Conv + Relu in one model, shared tiles where they apply."""
+#: (a, b, x) shapes of the Gemm + Conv model: awkward, and multiples of 4 (vec4 loads and stores)
+MODEL_SHAPES = {"awkward": ((19, 10), (17, 19), (1, 3, 9, 11)), "aligned": ((20, 12), (16, 20), (1, 4, 8, 12))}
+
+
+def _gemm_conv_package(tmp_path, rng, shapes):
+    """Gemm(transA, transB, bias) and a padded Conv + Relu in one model, compiled with shared tiles
+    (vec4, prefetch) wherever a kernel has two tile axes; returns (package, model, feeds)."""
     f = np.float32
-    w = rng.standard_normal((6, 3, 3, 3)).astype(f)
-    cb = rng.standard_normal(6).astype(f)
-    gc = rng.standard_normal(17).astype(f)
+    (sa, sb, sx) = shapes
+    cout = 6
+    w = rng.standard_normal((cout, sx[1], 3, 3)).astype(f)
+    cb = rng.standard_normal(cout).astype(f)
+    gc = rng.standard_normal(sb[0]).astype(f)
     n = helper.make_node
     nodes = [n("Gemm", ["a", "b", "gc"], ["g"], transA=1, transB=1),
              n("Conv", ["x", "w", "cb"], ["c0"], pads=[1, 1, 1, 1]), n("Relu", ["c0"], ["c"])]
     graph = helper.make_graph(
-        nodes, "shared", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [19, 10]),
-                          helper.make_tensor_value_info("b", TensorProto.FLOAT, [17, 19]),
-                          helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 11])],
-        [helper.make_tensor_value_info("g", TensorProto.FLOAT, [10, 17]),
-         helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 6, 9, 11])],
+        nodes, "shared", [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(sa)),
+                          helper.make_tensor_value_info("b", TensorProto.FLOAT, list(sb)),
+                          helper.make_tensor_value_info("x", TensorProto.FLOAT, list(sx))],
+        [helper.make_tensor_value_info("g", TensorProto.FLOAT, [sa[1], sb[0]]),
+         helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, cout, *sx[2:]])],
         [numpy_helper.from_array(v, k) for k, v in {"w": w, "cb": cb, "gc": gc}.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -235,17 +242,55 @@ def test_model_against_onnxruntime(tmp_path, rng):
         axes = tile_axes(t)
         if len(axes) != 2:
             return default_schedule(t)
-        return Schedule(workgroup_size=64, splits=(Split(axes[0], 4, True), Split(axes[1], 4)), unroll=4, shared_k=8)
+        return Schedule(workgroup_size=64, splits=(Split(axes[0], 4, True), Split(axes[1], 4, True)), unroll=4,
+                        shared_k=8, vector_width=4, prefetch=True)
 
     pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", schedule=choose)
     kernels = json.loads((pkg / "manifest.json").read_text())["targets"]["webgpu"]["kernels"]
     assert sum(1 for k in kernels if k["schedule"].get("shared_k") == 8) == 2
-    feeds = {"a": rng.standard_normal((19, 10)).astype(f), "b": rng.standard_normal((17, 19)).astype(f),
-             "x": rng.standard_normal((1, 3, 9, 11)).astype(f)}
-    got = kiln.load(pkg, poison=True).run(feeds)
+    feeds = {"a": rng.standard_normal(sa).astype(f), "b": rng.standard_normal(sb).astype(f),
+             "x": rng.standard_normal(sx).astype(f)}
+    return pkg, model, feeds
+
+
+def _reference(model, feeds) -> dict:
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for name, want in zip(("g", "c"), ref.run(["g", "c"], feeds)):
+    return dict(zip(("g", "c"), ref.run(["g", "c"], feeds)))
+
+
+@pytest.mark.parametrize("shapes", sorted(MODEL_SHAPES))
+def test_model_against_onnxruntime(tmp_path, rng, shapes):
+    pkg, model, feeds = _gemm_conv_package(tmp_path, rng, MODEL_SHAPES[shapes])
+    sources = "".join(p.read_text() for p in (pkg / "kernels").glob("*.wgsl"))
+    assert ("array<vec4<f32>>" in sources) == (shapes == "aligned")
+    got = kiln.load(pkg, poison=True).run(feeds)
+    for name, want in _reference(model, feeds).items():
         np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_model_in_the_browser(browser, tmp_path, rng):
+    """The aligned model's shared-tile kernels (vec4 storage and workgroup arrays, prefetch) through
+    Chromium's shader compiler and kiln.js."""
+    from browser import ConsoleLog, serving
+
+    pkg, model, feeds = _gemm_conv_package(tmp_path, rng, MODEL_SHAPES["aligned"])
+    page = browser.new_page()
+    log = ConsoleLog(page)
+    try:
+        with serving(pkg) as url:
+            page.goto(url + "manifest.json")
+            got = log.evaluate("""async (feeds) => {
+              const kiln = await import('./kiln.js');
+              const session = await kiln.load('./');
+              const t = (k) => new kiln.Tensor('float32', Float32Array.from(feeds[k].data), feeds[k].shape);
+              const out = await session.run({a: t('a'), b: t('b'), x: t('x')});
+              session.destroy();
+              return {g: Array.from(out.g.data), c: Array.from(out.c.data)};
+            }""", {k: {"data": v.ravel().tolist(), "shape": list(v.shape)} for k, v in feeds.items()})
+    finally:
+        page.close()
+    for name, want in _reference(model, feeds).items():
+        np.testing.assert_allclose(got[name], want.ravel(), rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 def test_default_shared_tiles_with_run_time_dims(tmp_path, rng, monkeypatch):
