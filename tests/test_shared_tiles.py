@@ -319,3 +319,22 @@ def test_default_shared_tiles_with_run_time_dims(tmp_path, rng, monkeypatch):
         x = rng.standard_normal((2, seq, 72)).astype(np.float32)
         np.testing.assert_allclose(session.run({"x": x})["y"], ref.run(["y"], {"x": x})[0], rtol=1e-4, atol=1e-4,
                                    err_msg=f"seq={seq}")
+
+
+def test_epilogue_reads_a_vec4_operand(rng):
+    """``A @ B + A``: the epilogue reads single elements of an input bound as ``array<vec4<f32>>``."""
+    a, b = rng.standard_normal((36, 20)).astype(np.float32), rng.standard_normal((20, 20)).astype(np.float32)
+    pa, pb = placeholder(a.shape, name="a"), placeholder(b.shape, name="b")
+    t = inline(elementwise.binary("Add", library.build("MatMul", [pa, pb], {}, (36, 20), "mm"), pa, (36, 20)))
+    sched = Schedule(workgroup_size=64, splits=(Split(0, 4, True), Split(1, 4, True)), unroll=4, shared_k=8,
+                     vector_width=4, prefetch=True)
+    src = _check(t, [a, b], a @ b + a, sched, "epilogue")
+    assert "read> in0: array<vec4<f32>>" in src and "% 4i]" in src
+
+
+def test_default_large_gemm_kernel_validates():
+    """The default 4096^3 MatMul kernel (shared tiles under DEFAULT_SHARED_TILES) passes naga (not run here)."""
+    g = inline(library.build("MatMul", [placeholder((4096, 4096)), placeholder((4096, 4096))], {}, (4096, 4096), "g"))
+    k = lower(g, default_schedule(g))
+    assert k.dispatch == ((1024, 1, 1) if k.schedule.shared_k else k.dispatch)
+    validate_wgsl(wgsl.render(k), "default 4096 MatMul")
