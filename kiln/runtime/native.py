@@ -37,11 +37,7 @@ def _request_device(limits: dict[str, int], features: list[str], optional: tuple
     Only limits above WebGPU's defaults are requested; ``optional`` features are requested when the
     adapter has them. Raises DeviceError if the adapter falls short.
     """
-    import wgpu
-
-    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    if adapter is None:
-        raise DeviceError("no WebGPU adapter found (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers)")
+    adapter = gpu.request_adapter()
     have = adapter.limits
     required = {}
     for name, value in limits.items():
