@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -343,9 +342,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="recognition widths are rounded up to a multiple of this (one package per width)")
     ap.add_argument("--scores", action="store_true", help="print each line's score too")
     args = ap.parse_args(argv)
-    from kiln.cli import _runtime_dir
-
-    os.environ.setdefault("XDG_RUNTIME_DIR", _runtime_dir())  # Mesa's Vulkan drivers complain when it is unset
     image = read_image(args.image or Path(args.models) / "samples" / "page.png")
     characters = rec_characters(Path(args.models) / REC)
     results = {}

@@ -13,7 +13,6 @@ attention mask and L2-normalises, as sentence-transformers does (Reimers & Gurev
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -86,9 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device-class", choices=["cpu", "gpu"], default="cpu",
                     help="Kiln's schedules: cpu for lavapipe/SwiftShader, gpu for GPUs")
     args = ap.parse_args(argv)
-    from kiln.cli import _runtime_dir
-
-    os.environ.setdefault("XDG_RUNTIME_DIR", _runtime_dir())  # Mesa's Vulkan drivers complain when it is unset
     sentences = args.sentences or SENTENCES
     models = Path(args.models)
     feeds = tokenize(sentences, models / TOKENIZER.relative_to(MODELS))

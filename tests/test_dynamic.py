@@ -270,7 +270,7 @@ def _minilm_feeds(rng, batch, seq):
 def test_cli_dim_ranges():
     import click
 
-    from kiln.cli import _parse_dims
+    from kiln.cli_options import parse_dims as _parse_dims
 
     assert _parse_dims(("seq=1..512@128", "batch=1..4", "N=4")) == {"seq": (1, 512, 128), "batch": (1, 4, 4), "N": 4}
     for bad in ("seq=0..4", "seq=8..4", "seq=1..4@9", "seq=a..b", "seq"):
