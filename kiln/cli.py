@@ -17,7 +17,7 @@ from kiln.errors import KilnError
 
 
 def _parse_dims(values: tuple[str, ...]) -> dict[str, int | tuple[int, int, int]]:
-    """``--dim`` values: ``NAME=SIZE`` binds statically, ``NAME=LO..HI[@OPT]`` makes a run-time dim
+    """``--dim`` values: ``NAME=SIZE`` binds statically, ``NAME=LO..HI[@OPT][%MULTIPLE]`` makes a run-time dim
     (docs/dynamic-shapes.md)."""
     from kiln.frontend.onnx.importer import parse_dim_spec
 
@@ -30,7 +30,7 @@ def _parse_dims(values: tuple[str, ...]) -> dict[str, int | tuple[int, int, int]
             spec = None
         if spec is None or (isinstance(spec, int) and spec < 1) or (isinstance(spec, tuple) and spec[0] < 1):
             raise click.BadParameter(f"{item!r}: expected NAME=SIZE with SIZE >= 1, or NAME=LO..HI[@OPT] with "
-                                     "1 <= LO <= OPT <= HI", param_hint="--dim")
+                                     "1 <= LO <= OPT <= HI (and %MULTIPLE dividing them)", param_hint="--dim")
         dims[name.strip()] = spec
     return dims
 
@@ -74,7 +74,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--target", default="webgpu", show_default=True, metavar="TARGETS",
               help="Code generation targets, a comma list of webgpu, webgl2 and wasm (e.g. webgpu,webgl2,wasm).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4; a range makes it a run-time dim: "
-              "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128).")
+              "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128; --dim H=32..960%32: multiples of 32 only).")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
 @click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,
               help="Pre/post-processing for the demo page and `kiln run --image`.")
