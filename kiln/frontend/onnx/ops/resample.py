@@ -71,7 +71,7 @@ def _rational(scale: float, what: str) -> tuple[int, int]:
     """
     f = Fraction(scale).limit_denominator(1024)
     if f <= 0 or np.float32(f.numerator / f.denominator) != np.float32(scale):
-        raise KilnError(f"Resize: scale {scale} along run-time dim {what} is not a simple fraction; bind the dim "
+        raise KilnError(f"Resize: scale {scale:.6g} along run-time dim {what} is not a simple fraction; bind the dim "
                         "statically with --dim NAME=SIZE")
     return f.numerator, f.denominator
 
