@@ -56,7 +56,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--target", default="webgpu", show_default=True, metavar="TARGETS",
               help="Code generation targets, a comma list of webgpu, webgl2 and wasm (e.g. webgpu,webgl2,wasm).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4; a range makes it a run-time dim: "
-              "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128).")
+              "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128; --dim H=32..960%32: multiples of 32 only).")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
 @click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,
               help="Pre/post-processing for the demo page and `kiln run --image`.")

@@ -8,9 +8,10 @@ import click
 from kiln.errors import KilnError
 
 
-def parse_dims(values: tuple[str, ...], ranges: bool = True) -> dict[str, int | tuple[int, int, int]]:
-    """``--dim`` values: ``NAME=SIZE`` binds a symbolic dim statically; with ``ranges``, ``NAME=LO..HI[@OPT]``
-    makes it a run-time dim (docs/dynamic-shapes.md), ``(lo, hi, opt)``.
+def parse_dims(values: tuple[str, ...], ranges: bool = True) -> dict[str, int | tuple[int, ...]]:
+    """``--dim`` values: ``NAME=SIZE`` binds a symbolic dim statically; with ``ranges``,
+    ``NAME=LO..HI[@OPT][%MULTIPLE]`` makes it a run-time dim (docs/dynamic-shapes.md), ``(lo, hi, opt)`` or
+    ``(lo, hi, opt, multiple)``.
 
     Raises:
         click.BadParameter: a malformed value, a size below 1, bounds out of order, or a range where
@@ -18,8 +19,10 @@ def parse_dims(values: tuple[str, ...], ranges: bool = True) -> dict[str, int | 
     """
     from kiln.frontend.onnx.importer import parse_dim_spec
 
-    dims: dict[str, int | tuple[int, int, int]] = {}
-    expected = "NAME=SIZE with SIZE >= 1" + (", or NAME=LO..HI[@OPT] with 1 <= LO <= OPT <= HI" if ranges else "")
+    dims: dict[str, int | tuple[int, ...]] = {}
+    expected = "NAME=SIZE with SIZE >= 1"
+    if ranges:
+        expected += ", or NAME=LO..HI[@OPT][%MULTIPLE] with 1 <= LO <= OPT <= HI (and MULTIPLE dividing them)"
     for item in values:
         name, sep, val = item.partition("=")
         try:
