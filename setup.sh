@@ -2,7 +2,8 @@
 # Set up a fresh Debian machine for Kiln: system packages, then a virtual environment in .venv
 # with Kiln and its test and examples dependencies. Safe to run again.
 #   apt: chromium (browser tests and `kiln serve`), mesa-vulkan-drivers (lavapipe: WebGPU on the CPU
-#   through wgpu-py when there is no GPU), python3-venv.
+#   through wgpu-py when there is no GPU), python3-venv, nodejs and npm (the browser embeddings example vendors
+#   its tokenizer library from npm: examples/web/embeddings/package-lock.json pins it).
 set -euo pipefail
 cd "$(dirname "$0")"
 SUDO=""
@@ -12,6 +13,7 @@ need=()
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
 dpkg -s libvulkan1 >/dev/null 2>&1 || need+=(libvulkan1)
 python3 -c "import ensurepip, venv" 2>/dev/null || need+=(python3-venv)
+command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]} with apt"
   $SUDO apt-get update -q
@@ -20,6 +22,8 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test,examples]"
+# the browser embeddings example's tokenizer library (exact version and integrity from its package-lock.json)
+(cd examples/web/embeddings && npm ci --no-audit --no-fund --loglevel=error)
 # the wasm target's C compiler (zig) builds its compiler-rt once per machine: do it now, not in the first test
 .venv/bin/python -c "from kiln.codegen.wasm import warm_up; warm_up()"
 echo "setup: done ($(.venv/bin/kiln --version))"

@@ -71,10 +71,10 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{r['max_abs_error']:.1e}")
     console.print(table)
     console.print(f"dynamic / static: {ratio:.2f}x")
-    import wgpu
+    from kiln.runtime import gpu
 
     record = {"benchmark": "dynamic", "model": args.model.name, "batch": args.batch, "seq": args.seq,
-              "device": wgpu.gpu.request_adapter_sync().info.get("device", "?"), "results": results,
+              "device": gpu.adapter().info.get("device", "?"), "results": results,
               "dynamic_over_static": ratio}
     path = write_record(record, args.out, "dynamic")
     console.print(f"wrote {path}")

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m bench.host [--models mobilenet_v2,tiny] [--repeat 30] [--warmup 5] [--out bench/results]
+    python -m bench.host [--models mobilenet_v2,tiny] [--repeat 30] [--warmup 5] [--chunks 1,2,3,4] [--out bench/results]
 
 For each model (``mobilenet_v2``: the bundled MobileNetV2; ``tiny``: a 2-layer MLP on a 1x64 input
 whose GPU time is negligible, so its run time is host overhead) it times, with the device idle
@@ -19,7 +19,8 @@ before each phase (``kiln.runtime.gpu.synchronize``):
   mapping through wgpu-native's C API).
 
 and end-to-end medians of ``run(feeds)`` (host arrays in, numpy out) against ``run(gpu_feeds,
-output="gpu")`` plus a device sync (GPUTensors in and out), interleaved. Prints a table and
+output="gpu")`` plus a device sync (GPUTensors in and out), interleaved; then ``run(feeds)`` with the plan split
+into each of ``--chunks`` command buffers submitted as they are encoded (``Session.submit_chunks``), interleaved. Prints a table and
 writes JSON (``host-<date>.json``). No GPU needed: on lavapipe the ``wait`` row is CPU compute.
 """
 
@@ -142,6 +143,27 @@ def end_to_end(session, feeds: dict, repeat: int, warmup: int) -> dict[str, list
     return out
 
 
+def chunked(session, feeds: dict, chunks: list[int], repeat: int, warmup: int) -> dict[int, list[float]]:
+    """Interleaved wall-clock ms of ``run`` (host I/O) with the plan split into each of ``chunks`` command
+    buffers (:attr:`Session.submit_chunks`), with the outputs checked equal to the one-buffer run's."""
+    session.submit_chunks = 1
+    want = session.run(feeds)
+    out: dict[int, list[float]] = {k: [] for k in chunks}
+    for i in range(warmup + repeat):
+        for k in chunks:
+            session.submit_chunks = k
+            t0 = time.perf_counter()
+            got = session.run(feeds)
+            t1 = time.perf_counter()
+            if i >= warmup:
+                out[k].append((t1 - t0) * 1e3)
+            elif i == 0:
+                for name, a in want.items():
+                    np.testing.assert_array_equal(got[name], a, err_msg=f"{name} with {k} command buffers")
+    session.submit_chunks = 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns the JSON record."""
     import kiln
@@ -151,6 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--models", default="mobilenet_v2,tiny", help="comma list of mobilenet_v2, tiny")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--chunks", default="1,2,3,4",
+                    help="comma list of command-buffer counts a run is split into (Session.submit_chunks)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)
     console = Console(width=140)
@@ -165,8 +189,11 @@ def main(argv: list[str] | None = None) -> dict:
             console.print(f"[bold]{name}[/]: {len(session.steps)} dispatches, {session.adapter_info().get('device')}")
             p = phases(session, feeds, args.repeat)
             e = end_to_end(session, feeds, args.repeat, args.warmup)
+            c = chunked(session, feeds, [int(k) for k in args.chunks.split(",")], args.repeat, args.warmup)
             results[name] = {"dispatches": len(session.steps), "phases_ms": {k: float(np.median(v)) for k, v in p.items()},
-                             "e2e_ms": {k: float(np.median(v)) for k, v in e.items()}, "load_ms": session.load_ms}
+                             "e2e_ms": {k: float(np.median(v)) for k, v in e.items()},
+                             "chunks_e2e_ms": {str(k): float(np.median(v)) for k, v in c.items()},
+                             "load_ms": session.load_ms}
     table = Table(title=f"Session.run host phases, median ms of {args.repeat} (wait = GPU work)")
     cols = ("check", "upload", "encode", "submit", "wait", "readback-before", "readback")
     for col in ("model", "dispatches", *cols, "run host-io", "run gpu-io + sync"):
@@ -175,6 +202,14 @@ def main(argv: list[str] | None = None) -> dict:
         table.add_row(name, str(r["dispatches"]), *(f"{r['phases_ms'][c]:.3f}" for c in cols),
                       f"{r['e2e_ms']['host-io']:.3f}", f"{r['e2e_ms']['gpu-io']:.3f}")
     console.print(table)
+    chunks = Table(title=f"run (host I/O), median ms of {args.repeat}, by command buffers per run (submit_chunks)")
+    chunks.add_column("model")
+    keys = args.chunks.split(",")
+    for k in keys:
+        chunks.add_column(k, justify="right")
+    for name, r in results.items():
+        chunks.add_row(name, *(f"{r['chunks_e2e_ms'][k]:.3f}" for k in keys))
+    console.print(chunks)
     record = {"benchmark": "host", "repeat": args.repeat, "warmup": args.warmup, "results": results}
     path = write_record(record, args.out, "host")
     console.print(f"wrote {path}")

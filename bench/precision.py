@@ -90,10 +90,9 @@ def load_model(name: str, models: Path, rng: np.random.Generator):
 
 def device_class() -> str:
     """``cpu`` when wgpu-py's adapter is a CPU (lavapipe, SwiftShader), else ``gpu``."""
-    import wgpu
+    from kiln.runtime import gpu
 
-    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    return "cpu" if adapter is not None and adapter.info.get("adapter_type") == "CPU" else "gpu"
+    return "cpu" if gpu.adapter().info.get("adapter_type") == "CPU" else "gpu"
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -17,12 +17,14 @@ The pipeline follows PaddleOCR's (``tools/infer/predict_system.py``) and RapidOC
    ICML 2006) over the character dictionary embedded in the recognition model's metadata (``character``:
    PaddleOCR's ``ppocr_keys_v1.txt``) plus the blank (class 0) and a space (the last class).
 
-Kiln compiles one package per concrete input shape (the models' dims are symbolic), so inputs are padded to a
-few shapes: batches of ``--batch`` lines (default 1; empty lines fill a short last batch) and recognition widths
+Kiln compiles one package per concrete input shape (the models' dims are symbolic) unless told otherwise
+(``--dynamic-det``: one detector package with run-time height and width, 32..960 in multiples of 32, serves pages
+of every size; docs/dynamic-shapes.md), so inputs are padded to a few shapes: batches of ``--batch`` lines (default 1; empty lines fill a short last batch) and recognition widths
 rounded up to a multiple of ``--width-step`` (320: buckets 320, 640, 960, ...). Packages are cached in ``--cache`` and reused by later runs.
 onnxruntime gets exactly the same padded inputs. Thresholds are RapidOCR's (box score 0.5, unclip ratio 1.6).
 
-    python examples/ocr.py [IMAGE] [--engine kiln|onnxruntime|both] [--cache build/ocr-packages] [--scores]
+    python examples/ocr.py [IMAGE] [--engine kiln|onnxruntime|both] [--cache build/ocr-packages] [--dynamic-det]
+                           [--scores]
 
 prints one recognised line per text line, top to bottom (``--engine both`` also says whether Kiln's
 text equals onnxruntime's).
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from package_cache import cached_package, symbolic_dims
+from package_cache import cached_dynamic_package, cached_package, symbolic_dims
 
 MODELS = (Path(__file__).resolve().parents[1] / ".." / "shared" / "models").resolve()
 DET, CLS, REC = "ch_PP-OCRv4_det_infer.onnx", "ch_ppocr_mobile_v2.0_cls_infer.onnx", "ch_PP-OCRv4_rec_infer.onnx"
@@ -104,6 +105,42 @@ class KilnRunner:
         return next(iter(session.run({self.input_name: np.ascontiguousarray(x, np.float32)}).values()))
 
 
+class DynamicDetRunner:
+    """Runs the detector for pages of any size from ONE Kiln package with run-time height and width (multiples of
+    32 from 32 to ``max_side``, as :func:`det_preprocess` makes them; docs/dynamic-shapes.md), compiled on first use
+    into ``cache`` (:func:`package_cache.cached_dynamic_package`) instead of one package per page size.
+
+    Args:
+        model: the detector's ``.onnx`` file (input ``[N, 3, H, W]``; N is bound to 1).
+        cache: directory of the packages.
+        max_side: the largest height and width (a multiple of 32; :func:`det_preprocess`'s default limit is 960).
+        device_class: ``cpu`` or ``gpu``, the schedules' target.
+        log: called with a line when the package is compiled.
+
+    Raises ``kiln.ShapeError`` (when run) for a page larger than ``max_side`` or a side that is not a multiple of 32.
+    """
+
+    def __init__(self, model: str | Path, cache: str | Path, max_side: int = 960, device_class: str = "cpu",
+                 log: Callable[[str], None] | None = None):
+        (self.input_name, keys), = symbolic_dims(model).items()
+        n, _, h, w = keys
+        self.dims = {n: 1, h: (32, max_side, max_side, 32), w: (32, max_side, max_side, 32)}
+        self.model, self.cache, self.device_class, self.log = Path(model), Path(cache), device_class, log
+        self._session = None
+
+    def package(self) -> Path:
+        """The package (compiled now unless cached)."""
+        return cached_dynamic_package(self.model, self.cache, self.dims, self.device_class, self.log)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """Run the detector on ``x`` (float32 [1, 3, H, W]); returns its probability map [1, 1, H, W]."""
+        import kiln
+
+        if self._session is None:
+            self._session = kiln.load(self.package())
+        return next(iter(self._session.run({self.input_name: np.ascontiguousarray(x, np.float32)}).values()))
+
+
 @dataclass
 class Engine:
     """The three networks of the pipeline, each a :data:`Runner`."""
@@ -114,14 +151,19 @@ class Engine:
 
 
 def make_engine(name: str, models: str | Path = MODELS, cache: str | Path = "build/ocr-packages",
-                device_class: str = "cpu", log: Callable[[str], None] | None = None) -> Engine:
-    """``kiln`` (packages in ``cache``, schedules for ``device_class``) or ``onnxruntime``.
+                device_class: str = "cpu", log: Callable[[str], None] | None = None,
+                dynamic_det: int | None = None) -> Engine:
+    """``kiln`` (packages in ``cache``, schedules for ``device_class``; with ``dynamic_det``, one detector package
+    for pages up to ``dynamic_det`` pixels a side, :class:`DynamicDetRunner`) or ``onnxruntime``.
     Raises ``ValueError`` for another name."""
     models = Path(models)
     if name == "onnxruntime":
         return Engine(*(onnxruntime_runner(models / f) for f in (DET, CLS, REC)))
     if name == "kiln":
-        return Engine(*(KilnRunner(models / f, cache, device_class, log) for f in (DET, CLS, REC)))
+        engine = Engine(*(KilnRunner(models / f, cache, device_class, log) for f in (DET, CLS, REC)))
+        if dynamic_det:
+            engine.det = DynamicDetRunner(models / DET, cache, dynamic_det, device_class, log)
+        return engine
     raise ValueError(f"engine must be 'kiln' or 'onnxruntime', not {name!r}")
 
 
@@ -341,17 +383,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="lines per batch (Kiln compiles a package per batch size and width bucket)")
     ap.add_argument("--width-step", type=int, default=320,
                     help="recognition widths are rounded up to a multiple of this (one package per width)")
+    ap.add_argument("--dynamic-det", action="store_true",
+                    help="one detector package with run-time height and width (32..960, multiples of 32) for pages "
+                         "of any size, instead of one package per page size")
     ap.add_argument("--scores", action="store_true", help="print each line's score too")
     args = ap.parse_args(argv)
-    from kiln.cli import _runtime_dir
-
-    os.environ.setdefault("XDG_RUNTIME_DIR", _runtime_dir())  # Mesa's Vulkan drivers complain when it is unset
     image = read_image(args.image or Path(args.models) / "samples" / "page.png")
     characters = rec_characters(Path(args.models) / REC)
     results = {}
     for name in (["kiln", "onnxruntime"] if args.engine == "both" else [args.engine]):
         engine = make_engine(name, args.models, args.cache, args.device_class,
-                             log=lambda s: print(s, file=sys.stderr))
+                             log=lambda s: print(s, file=sys.stderr), dynamic_det=960 if args.dynamic_det else None)
         t0 = time.perf_counter()
         results[name] = ocr(image, engine, characters, args.batch, args.width_step)
         print(f"# {name}: {len(results[name])} lines in {time.perf_counter() - t0:.1f} s", file=sys.stderr)

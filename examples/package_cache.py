@@ -61,3 +61,37 @@ def cached_package(model: str | Path, cache: str | Path, shapes: dict[str, tuple
     if log:
         log(f"compiled {model.name} for {dims} in {time.perf_counter() - t0:.1f} s -> {out}")
     return out
+
+
+def cached_dynamic_package(model: str | Path, cache: str | Path, dims: dict[str, int | tuple[int, ...]],
+                           device_class: str = "cpu", log: Callable[[str], None] | None = None) -> Path:
+    """The ONE package of ``model`` with run-time dims ``dims`` (key -> a static size, or ``(lo, hi, opt[,
+    multiple])`` for a run-time dim, as :func:`kiln.compile` takes them; docs/dynamic-shapes.md), from ``cache``
+    when a package there was made by this Kiln version from a file of the same name with the same dims and device
+    class; otherwise compiled now (``force=True``: ``cache`` must hold Kiln packages only).
+
+    The package directory is ``<cache>/<model stem>-dynamic-<lo..hi of each run-time dim>-<device_class>``.
+
+    Raises:
+        what :func:`kiln.compile` raises (a dim naming no input dim, bad bounds).
+    """
+    import kiln
+
+    model, cache = Path(model), Path(cache)
+    ranges = {k: tuple(v) for k, v in dims.items() if not isinstance(v, int)}
+    want = [[k, v[0], v[1], v[2] if len(v) > 2 else v[1], v[3] if len(v) > 3 else 1] for k, v in ranges.items()]
+    tag = "_".join(f"{v[0]}..{v[1]}" for v in ranges.values())
+    out = cache / f"{model.stem}-dynamic-{tag}-{device_class}"
+    manifest = out / "manifest.json"
+    if manifest.exists():
+        m = json.loads(manifest.read_text())
+        have = [[d["name"], d["min"], d["max"], d["opt"], d.get("multiple", 1)] for d in m.get("dynamic_dims", [])]
+        if (m.get("generator") == f"kiln {kiln.__version__}" and have == want and m.get("source") == model.name
+                and m.get("targets", {}).get("webgpu", {}).get("device_class") == device_class):
+            return out
+    t0 = time.perf_counter()
+    cache.mkdir(parents=True, exist_ok=True)
+    kiln.compile(model, out, dims=dims, device_class=device_class, force=True)
+    if log:
+        log(f"compiled {model.name} once for {tag} in {time.perf_counter() - t0:.1f} s -> {out}")
+    return out

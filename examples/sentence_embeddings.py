@@ -8,12 +8,17 @@ attention mask and L2-normalises, as sentence-transformers does (Reimers & Gurev
 2019). Prints the cosine-similarity matrix.
 
     python examples/sentence_embeddings.py ["a sentence" ...] [--engine kiln|onnxruntime] [--cache DIR] [--models DIR]
+
+With ``--web DIR`` it instead builds the browser version (examples/web/embeddings/, see embeddings_web.py): one
+package with run-time dims (batch 1..--max-batch, seq 1..--max-seq) in DIR and the page in DIR/embeddings/, which
+tokenizes in the browser with the model's tokenizer.json; serve it with ``kiln serve DIR``.
+
+    python examples/sentence_embeddings.py --web build/embeddings [--force] [--max-batch 8] [--max-seq 128]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -75,6 +80,27 @@ def embed_onnxruntime(feeds: dict[str, np.ndarray], model: str | Path = MODEL) -
     return session.run(["last_hidden_state"], feeds)[0]
 
 
+def build_web(args: argparse.Namespace) -> int:
+    """``--web DIR``: compile the package with run-time dims and write the page (embeddings_web.build); prints
+    how to serve it. Returns the exit status (2 for a refused destination or an npm failure)."""
+    import embeddings_web
+
+    import kiln
+
+    models = Path(args.models)
+    try:
+        out = embeddings_web.build(args.web, models / MODEL.name, models / TOKENIZER.parent.name,
+                                   max_batch=args.max_batch, max_seq=args.max_seq, device_class=args.device_class,
+                                   force=args.force, log=lambda s: print(s, file=sys.stderr))
+    except (kiln.KilnError, RuntimeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote the package {out} and its page {out / 'embeddings'}/; serve them with\n"
+          f"  kiln serve {out}\n"
+          "and open http://127.0.0.1:8000/embeddings/ in a browser with WebGPU")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line: prints the cosine-similarity matrix of the sentences."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -85,10 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default="build/minilm-packages", help="directory of Kiln's compiled packages")
     ap.add_argument("--device-class", choices=["cpu", "gpu"], default="cpu",
                     help="Kiln's schedules: cpu for lavapipe/SwiftShader, gpu for GPUs")
+    web = ap.add_argument_group("browser page (--web)")
+    web.add_argument("--web", metavar="DIR", help="build the browser page: a package with run-time dims in DIR "
+                     "and the page in DIR/embeddings/ (serve with `kiln serve DIR`)")
+    web.add_argument("--force", action="store_true", help="replace the package at DIR if there is one")
+    web.add_argument("--max-batch", type=int, default=8, help="most sentences per run (default: %(default)s)")
+    web.add_argument("--max-seq", type=int, default=128, help="most tokens per sentence (default: %(default)s)")
     args = ap.parse_args(argv)
-    from kiln.cli import _runtime_dir
-
-    os.environ.setdefault("XDG_RUNTIME_DIR", _runtime_dir())  # Mesa's Vulkan drivers complain when it is unset
+    if args.web:
+        return build_web(args)
     sentences = args.sentences or SENTENCES
     models = Path(args.models)
     feeds = tokenize(sentences, models / TOKENIZER.relative_to(MODELS))

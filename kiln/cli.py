@@ -13,26 +13,8 @@ from pathlib import Path
 
 import click
 
+from kiln.cli_options import parse_dims
 from kiln.errors import KilnError
-
-
-def _parse_dims(values: tuple[str, ...]) -> dict[str, int | tuple[int, int, int]]:
-    """``--dim`` values: ``NAME=SIZE`` binds statically, ``NAME=LO..HI[@OPT]`` makes a run-time dim
-    (docs/dynamic-shapes.md)."""
-    from kiln.frontend.onnx.importer import parse_dim_spec
-
-    dims: dict[str, int | tuple[int, int, int]] = {}
-    for item in values:
-        name, sep, val = item.partition("=")
-        try:
-            spec = parse_dim_spec(name.strip(), val) if sep else None
-        except KilnError:
-            spec = None
-        if spec is None or (isinstance(spec, int) and spec < 1) or (isinstance(spec, tuple) and spec[0] < 1):
-            raise click.BadParameter(f"{item!r}: expected NAME=SIZE with SIZE >= 1, or NAME=LO..HI[@OPT] with "
-                                     "1 <= LO <= OPT <= HI", param_hint="--dim")
-        dims[name.strip()] = spec
-    return dims
 
 
 class KilnGroup(click.Group):
@@ -74,7 +56,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--target", default="webgpu", show_default=True, metavar="TARGETS",
               help="Code generation targets, a comma list of webgpu, webgl2 and wasm (e.g. webgpu,webgl2,wasm).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4; a range makes it a run-time dim: "
-              "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128).")
+              "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128; --dim H=32..960%32: multiples of 32 only).")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
 @click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,
               help="Pre/post-processing for the demo page and `kiln run --image`.")
@@ -123,7 +105,7 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
         train_options = TrainOptions(trainable=trainable, loss=loss, optimizer=cfg)
     t0 = time.perf_counter()
     schedule = _tuned_scheduler(tuning_db, adapter, device_class)
-    path = compile_model(model, out, target=target, dims=_parse_dims(dims), force=force, preset=preset,
+    path = compile_model(model, out, target=target, dims=parse_dims(dims), force=force, preset=preset,
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
                          device_class=device_class, schedule=schedule, train=train_options, precision=precision)
     m = read_manifest(path)
@@ -406,22 +388,15 @@ def info_cmd(package: Path, as_json: bool) -> None:
 
 def run() -> None:
     """Console entry point: :func:`main` with quiet handling of closed pipes (``kiln info | head``)."""
-    os.environ.setdefault("XDG_RUNTIME_DIR", _runtime_dir())
+    from kiln.runtime.gpu import runtime_dir
+
+    os.environ.setdefault("XDG_RUNTIME_DIR", runtime_dir())
     try:
         main()
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(1)
-
-
-def _runtime_dir() -> str:
-    """A private directory for XDG_RUNTIME_DIR (Mesa's Vulkan drivers complain on stderr when it is unset)."""
-    import tempfile
-
-    d = Path(tempfile.gettempdir()) / f"kiln-runtime-{os.getuid()}"
-    d.mkdir(mode=0o700, exist_ok=True)
-    return str(d)
 
 
 if __name__ == "__main__":

@@ -120,7 +120,9 @@ def steps_for(groups: list[Group], outputs: list[Any]) -> list[int]:
 def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "float32") -> Tensor:
     """The tensor expression of a fused group, producers inlined into the group's output.
 
-    Each placeholder's ``attrs["value"]`` is the IR value it binds to. With a ``plan`` that stores
+    Each placeholder's ``attrs["value"]`` is the IR value it binds to. A float16 value computed inside
+    the group is rounded to float16 where it is produced (:func:`kiln.kernels.storage.round_view`), so
+    results do not depend on fusion. With a ``plan`` that stores
     values as f16 (fp16 compute) the expression reads and writes them as f16 and computes by the
     mixed-precision rules of :mod:`kiln.te.half` (dot products accumulated in ``accumulate``).
 
@@ -149,6 +151,8 @@ def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "
             raise KilnError(f"node {node.name!r} ({node.op}): {out.dtype} results are not supported by the webgpu "
                             "target yet")
         env[id(out)] = library.build(node.op, operands, node.attrs, out.shape, group.name)
+        if out is not group.output and not (plan is not None and plan.half):
+            env[id(out)] = storage.round_view(env[id(out)], out.dtype)  # float16 intermediates, as if stored
     final = inline(storage.store_view(env[id(group.output)], group.output.dtype, plan and plan.storage(group.output)))
     if plan is not None and plan.half:
         from kiln.te.half import demote

@@ -89,3 +89,24 @@ def test_float16_computes_in_float32_rounded_at_kernel_boundaries(rng):
     a, b = rng.uniform(-4, 4, (3, 7)).astype(np.float16), rng.uniform(0.5, 2, (7,)).astype(np.float16)
     check_op("Mul", {"a": a, "b": b}, rtol=1e-3)
     check_op("Softmax", {"x": a}, {"axis": -1}, rtol=2e-3, atol=1e-3)
+
+
+def test_float16_intermediates_of_a_fused_kernel_are_rounded_as_onnx_does(tmp_path, rng):
+    """A float16 chain that fusion makes one kernel still rounds each node's result to float16 (onnx's
+    reference evaluator computes op by op in numpy float16): bit-exact, overflow to inf and NaN included."""
+    f16 = TensorProto.FLOAT16
+    consts = [numpy_helper.from_array(np.array(v, np.float16), n) for n, v in [("s", 4096.0), ("r", 2.0**-12)]]
+    nodes = [helper.make_node("Mul", ["x", "s"], ["t1"]), helper.make_node("Add", ["t1", "y"], ["t2"]),
+             helper.make_node("Mul", ["t2", "r"], ["t3"]), helper.make_node("Sub", ["t3", "x"], ["z"])]
+    path = _model(tmp_path, nodes, [helper.make_tensor_value_info(n, f16, [64]) for n in "xy"],
+                  [helper.make_tensor_value_info("z", f16, [64])], consts)
+    pkg = kiln.compile(path, tmp_path / "pkg")
+    assert len(json.loads((pkg / "manifest.json").read_text())["targets"]["webgpu"]["kernels"]) == 1
+    x, y = rng.uniform(-4, 4, (2, 64)).astype(np.float16)
+    x[:3] = [20.0, -17.0, np.nan]  # x * 4096 overflows float16 (z is +-inf), NaN propagates
+    from onnx.reference import ReferenceEvaluator
+
+    want = ReferenceEvaluator(str(path)).run(None, {"x": x, "y": y})[0]
+    got = kiln.load(pkg).run({"x": x, "y": y})["z"]
+    assert got.dtype == np.float16 and np.isinf(got[:2]).all() and np.isnan(got[2])
+    np.testing.assert_array_equal(got, want)

@@ -26,9 +26,9 @@ DIMS = {"batch": (1, 4), "seq": (1, 16, 8)}  # opt 8: schedules for seq=8 must a
 SHAPES = [(1, 1), (2, 7), (3, 16), (4, 9)]
 
 
-def _model(nodes, inputs, outputs, inits, name):
+def _model(nodes, inputs, outputs, inits, name, opset=17):
     graph = helper.make_graph(nodes, name, inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
@@ -125,8 +125,65 @@ def _conv_model(rng) -> onnx.ModelProto:
                   "conv")
 
 
-BUILDS = {"attention": (_attention_model, DIMS), "shape_ops": (_shape_ops_model, DIMS),
-          "conv": (_conv_model, {"H": (4, 24, 16), "W": (4, 24, 16)})}
+def _resize_model(rng) -> onnx.ModelProto:
+    """img [1, 2, H, W]: Resize with constant scales (nearest asymmetric floor x2 as PP-OCR's FPN; linear half_pixel
+    x2; linear asymmetric x0.5 of odd sizes) and with sizes from Shape arithmetic (a pooled map resized back to the
+    input's H x W as FPN/UNet exports write it: Shape -> Slice -> Concat; linear half_pixel, align_corners and
+    pytorch_half_pixel, nearest round_prefer_floor), all along run-time H and W."""
+    f = np.float32
+    inits = {"roi": np.zeros(0, f), "none": np.zeros(0, f), "s2": np.array([1, 1, 2, 2], f),
+             "shalf": np.array([1, 1, 0.5, 0.5], f), "nc": np.array([1, 2], np.int64), "i2": np.array([2], np.int64),
+             "i4": np.array([4], np.int64), "ax": np.array([0], np.int64)}
+    n = helper.make_node
+    nodes = [
+        n("Resize", ["img", "roi", "s2"], ["up_nearest"], mode="nearest", coordinate_transformation_mode="asymmetric",
+          nearest_mode="floor"),
+        n("Resize", ["img", "roi", "s2"], ["up_linear"], mode="linear", coordinate_transformation_mode="half_pixel"),
+        n("Resize", ["img", "roi", "shalf"], ["down"], mode="linear", coordinate_transformation_mode="asymmetric"),
+        n("MaxPool", ["img"], ["pooled"], kernel_shape=[2, 2], strides=[2, 2]),
+        n("Shape", ["img"], ["shp"]), n("Slice", ["shp", "i2", "i4", "ax"], ["hw"]),
+        n("Concat", ["nc", "hw"], ["size"], axis=0),
+        n("Resize", ["pooled", "roi", "none", "size"], ["back_linear"], mode="linear",
+          coordinate_transformation_mode="half_pixel"),
+        n("Resize", ["pooled", "roi", "none", "size"], ["back_corners"], mode="linear",
+          coordinate_transformation_mode="align_corners"),
+        n("Resize", ["pooled", "roi", "none", "size"], ["back_pytorch"], mode="linear",
+          coordinate_transformation_mode="pytorch_half_pixel"),
+        n("Resize", ["pooled", "roi", "none", "size"], ["back_nearest"], mode="nearest",
+          coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_floor"),
+    ]
+    outs = [_vi(o, TensorProto.FLOAT, [1, 2, None, None]) for o in
+            ("up_nearest", "up_linear", "down", "back_linear", "back_corners", "back_pytorch", "back_nearest")]
+    return _model(nodes, [_vi("img", TensorProto.FLOAT, [1, 2, "H", "W"])], outs, inits, "resize")
+
+
+def _pool_pad_model(rng) -> onnx.ModelProto:
+    """img [1, 2, H, W]: ceil-mode MaxPool and AveragePool (with and without padding counted; odd sizes drop or keep
+    the last window), and Pad in constant, edge and reflect modes along run-time H and W (and a crop)."""
+    f = np.float32
+    inits = {"p1": np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64), "p2": np.array([0, 0, 2, 0, 0, 0, 1, 3], np.int64),
+             "crop": np.array([0, 0, -1, 1, 0, 0, 0, -2], np.int64), "v": np.array(0.5, f)}
+    n = helper.make_node
+    nodes = [
+        n("MaxPool", ["img"], ["max_ceil"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+        n("MaxPool", ["img"], ["max_ceil2"], kernel_shape=[2, 2], strides=[2, 2], pads=[1, 0, 1, 0], ceil_mode=1),
+        n("AveragePool", ["img"], ["avg_ceil"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+        n("AveragePool", ["img"], ["avg_ceil_pad"], kernel_shape=[3, 2], strides=[3, 2], pads=[1, 1, 1, 1],
+          ceil_mode=1, count_include_pad=1),
+        n("Pad", ["img", "p1", "v"], ["pad_constant"], mode="constant"),
+        n("Pad", ["img", "p2"], ["pad_edge"], mode="edge"),
+        n("Pad", ["img", "p1"], ["pad_reflect"], mode="reflect"),
+        n("Pad", ["img", "crop"], ["pad_crop"], mode="constant"),
+    ]
+    outs = [_vi(o, TensorProto.FLOAT, [1, 2, None, None]) for o in
+            ("max_ceil", "max_ceil2", "avg_ceil", "avg_ceil_pad", "pad_constant", "pad_edge", "pad_reflect",
+             "pad_crop")]
+    return _model(nodes, [_vi("img", TensorProto.FLOAT, [1, 2, "H", "W"])], outs, inits, "pool_pad")
+
+
+SPATIAL = {"H": (4, 24, 16), "W": (4, 24, 16)}
+BUILDS = {"attention": (_attention_model, DIMS), "shape_ops": (_shape_ops_model, DIMS), "conv": (_conv_model, SPATIAL),
+          "resize": (_resize_model, SPATIAL), "pool_pad": (_pool_pad_model, SPATIAL)}
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +200,8 @@ def models(tmp_path_factory):
 
 
 def _feeds(name, b, s, rng):
-    if name == "conv":  # (b, s) as spatial sizes: 4 + 2b x 4 + s
-        return {"img": rng.standard_normal((1, 3, 4 + 2 * b, 4 + s)).astype(np.float32)}
+    if name in ("conv", "resize", "pool_pad"):  # (b, s) as spatial sizes: 4 + 2b x 4 + s
+        return {"img": rng.standard_normal((1, 3 if name == "conv" else 2, 4 + 2 * b, 4 + s)).astype(np.float32)}
     if name == "attention":
         mask = np.ones((b, s), np.int64)
         mask[0, s // 2 + 1:] = 0
@@ -211,12 +268,20 @@ def test_compile_errors(models, tmp_path):
     with pytest.raises(KilnError, match="name no input dim"):
         kiln.compile(path, tmp_path / "u", dims={"sequence": (1, 8)})
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])
-    pads = numpy_helper.from_array(np.array([0, 1, 0, 1], np.int64), "pads")
-    pad = _model([helper.make_node("Pad", ["x", "pads"], ["y"], name="pad0", mode="reflect")], [x],
-                 [_vi("y", TensorProto.FLOAT, ["batch", "seq2"])], {"pads": numpy_helper.to_array(pads)}, "pad")
-    onnx.save(pad, str(tmp_path / "pad.onnx"))
-    with pytest.raises(KilnError, match=r"node 'pad0' \(Pad, opset 17\).*run-time dims? .*seq.*--dim"):
-        kiln.compile(tmp_path / "pad.onnx", tmp_path / "p", dims={"batch": 2, "seq": (1, 8)})
+    scales = np.array([1, 0.5], np.float32)  # an antialiased Resize is a constant matrix per axis: static sizes only
+    resize = _model([helper.make_node("Resize", ["x", "", "scales"], ["y"], name="resize0", mode="linear",
+                                      antialias=1)], [x], [_vi("y", TensorProto.FLOAT, ["batch", "seq2"])],
+                    {"scales": scales}, "resize", opset=18)
+    onnx.save(resize, str(tmp_path / "resize.onnx"))
+    with pytest.raises(KilnError, match=r"node 'resize0' \(Resize, opset 18\).*run-time dims? .*seq.*--dim"):
+        kiln.compile(tmp_path / "resize.onnx", tmp_path / "p", dims={"batch": 2, "seq": (1, 8)})
+    third = _model([helper.make_node("Resize", ["x", "", "scales"], ["y"], name="resize1", mode="nearest")], [x],
+                   [_vi("y", TensorProto.FLOAT, ["batch", "seq2"])], {"scales": np.array([1, 0.3333], np.float32)},
+                   "third")
+    onnx.save(third, str(tmp_path / "third.onnx"))
+    with pytest.raises(KilnError, match=r"node 'resize1' \(Resize, opset 17\).*scale 0\.333.* run-time dim seq is not "
+                                        r"a simple fraction.*--dim"):
+        kiln.compile(tmp_path / "third.onnx", tmp_path / "t", dims={"batch": 2, "seq": (1, 8)})
 
 
 def test_size_expressions():
@@ -270,7 +335,7 @@ def _minilm_feeds(rng, batch, seq):
 def test_cli_dim_ranges():
     import click
 
-    from kiln.cli import _parse_dims
+    from kiln.cli_options import parse_dims as _parse_dims
 
     assert _parse_dims(("seq=1..512@128", "batch=1..4", "N=4")) == {"seq": (1, 512, 128), "batch": (1, 4, 4), "N": 4}
     for bad in ("seq=0..4", "seq=8..4", "seq=1..4@9", "seq=a..b", "seq"):
@@ -308,3 +373,55 @@ def test_fp16_run_time_dims(models, tmp_path, rng):
             assert got[n].shape == want.shape, (n, b, s)
             # f16 storage: relative rounding 2^-11 per stored value, a few layers deep
             np.testing.assert_allclose(got[n], want, rtol=2e-2, atol=2e-2, err_msg=f"{n} at {b}x{s}")
+
+
+def test_ppocr_det_one_package(tmp_path_factory):
+    """PP-OCRv4's DBNet detector (Resize x2 nearest, ConvTranspose, stride-2 convolutions) from ONE package with
+    run-time height and width, multiples of 32 as the model needs (``--dim H=32..256@128%32``), at three sizes
+    against onnxruntime within the static PP-OCR test's tolerance (tests/test_models.py); a size that is not a
+    multiple of 32 is refused."""
+    model = SHARED_MODELS / "ch_PP-OCRv4_det_infer.onnx"
+    h, w = "p2o.DynamicDimension.1", "p2o.DynamicDimension.2"
+    pkg = kiln.compile(model, tmp_path_factory.mktemp("det") / "pkg", device_class="cpu",
+                       dims={"p2o.DynamicDimension.0": 1, h: "32..256@128%32", w: (32, 256, 128, 32)})
+    m = json.loads((pkg / "manifest.json").read_text())
+    assert [(d["name"], d["min"], d["max"], d.get("multiple")) for d in m["dynamic_dims"]] == \
+        [(h, 32, 256, 32), (w, 32, 256, 32)]
+    session = kiln.load(pkg, poison=True)
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    for shape in [(1, 3, 64, 96), (1, 3, 256, 160), (1, 3, 96, 256)]:
+        x = rng.uniform(-1, 1, size=shape).astype(np.float32)
+        (got,) = session.run({"x": x}).values()
+        (want,) = ref.run(None, {"x": x})
+        assert got.shape == want.shape == (1, 1, *shape[2:])
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, err_msg=str(shape))
+    with pytest.raises(ShapeError, match=rf"'x' dim 2 \({h}\) is 80, not a multiple of 32"):
+        session.run({"x": np.zeros((1, 3, 80, 96), np.float32)})
+
+
+def test_multiple_of_dims():
+    """A dim declared a multiple (``%32``) is ``32 * (H // 32)`` to the shape arithmetic: stride-2 convolutions
+    (``(H - 1) // 2 + 1``) fold to exact fractions of H, so an upsampled map broadcasts against its lateral."""
+    from kiln.frontend.onnx.importer import parse_dim_spec
+    from kiln.ir.ops import pool_out_dim
+
+    hv = symbolic.size_var("H", 0, 32, 960, 640, 32)
+    d = hv
+    for _ in range(5):
+        d = symbolic.simplify((d - 1) // 2 + 1)
+    assert symbolic.simplify(d * 32 - hv) == 0 and symbolic.bounds(d) == (1, 30)
+    assert symbolic.upper(symbolic.simplify(d * d)) == 900
+    assert parse_dim_spec("H", "32..960@640%32") == (32, 960, 640, 32) and parse_dim_spec("H", "1..9") == (1, 9, 9)
+    for bad in ("30..960%32", "32..960@100%32"):
+        with pytest.raises(KilnError, match="multiples of 32"):
+            parse_dim_spec("H", bad)
+    s = symbolic.size_var("s", 1, 3, 40)
+    for k, st, pb, pe in [(3, 2, 0, 0), (3, 2, 1, 1), (1, 2, 0, 0), (2, 3, 1, 1), (3, 3, 0, 2)]:
+        e = pool_out_dim(s, k, st, 1, pb, pe, 1)  # ceil mode: exact for every value in bounds
+        for v in range(3, 41):
+            assert symbolic.evaluate(e, {"s": v}) == pool_out_dim(v, k, st, 1, pb, pe, 1), (k, st, pb, pe, v)
+    for e in [(s - 1) // 2 + 1, (3 * s + 5) // 2, (4 * s - 3) % 4, (2 * s + 1) // 2 * 3]:
+        f = symbolic.simplify(e)
+        for v in range(3, 41):
+            assert symbolic.evaluate(f, {"s": v}) == symbolic.evaluate(e, {"s": v}), (e, f, v)

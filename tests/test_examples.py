@@ -100,6 +100,22 @@ def test_ocr_packages_are_cached_per_shape(ocr_runs):
         engine.det.package((3, 192, 384))
 
 
+def test_ocr_dynamic_det_one_package(ocr_runs, tmp_path):
+    """``--dynamic-det``: ONE detector package with run-time height and width reads page.png word for word as
+    onnxruntime's pipeline, and the same package serves the page at another size (probability map within the
+    static test's tolerance)."""
+    _, expected, _, engine, _ = ocr_runs
+    compiled = []
+    det = ocr.DynamicDetRunner(SHARED_MODELS / ocr.DET, tmp_path, max_side=384, log=compiled.append)
+    got = ocr.ocr(ocr.read_image(ocr.DEFAULT_IMAGE), ocr.Engine(det, engine.cls, engine.rec), ocr.rec_characters(),
+                  width_step=WIDTH_STEP)
+    assert [ln.text for ln in got] == [ln.text for ln in expected]
+    x = ocr.det_preprocess(ocr.read_image(ocr.DEFAULT_IMAGE), limit_side_len=288)
+    assert x.shape[2:] != (192, 384)
+    np.testing.assert_allclose(det(x), ocr.onnxruntime_runner(SHARED_MODELS / ocr.DET)(x), atol=1e-4, rtol=0)
+    assert len(compiled) == 1 and [p.name for p in tmp_path.iterdir()] == ["ch_PP-OCRv4_det_infer-dynamic-32..384_32..384-cpu"]
+
+
 def test_ocr_cli_prints_lines(capsys):
     assert ocr.main(["--engine", "onnxruntime"]) == 0
     out = capsys.readouterr().out.splitlines()

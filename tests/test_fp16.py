@@ -28,10 +28,12 @@ from kiln.te.lower import lower
 
 @functools.lru_cache(maxsize=1)
 def _f16_missing() -> str | None:
-    import wgpu
+    from kiln.errors import DeviceError
+    from kiln.runtime import gpu
 
-    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    if adapter is None:
+    try:
+        adapter = gpu.adapter()
+    except DeviceError:
         return "no WebGPU adapter"
     if "shader-f16" not in adapter.features:
         return (f"adapter {adapter.info.get('device')} lacks shader-f16: fp16 numerics need a device with it "

@@ -145,8 +145,10 @@ static float kiln_atanhf(float x) {
     if (__builtin_fabs(a) < 1e-4) return x;
     return (float)(0.5 * log((1.0 + a) / (1.0 - a)));
 }
-// f32 rounded to the nearest half-precision value (ties to even); |x| <= 65504 (callers clamp)
+// f32 rounded to the nearest half-precision value (ties to even), beyond f16's range +-infinity, NaN kept
 static float kiln_round_f16(float x) {
+    if ((kiln_bits_i32(x) & 0x7fffffff) > 0x7f800000) return x;
+    if (__builtin_fabsf(x) >= 65520.0f) return x * 1e38f;
     if (__builtin_fabsf(x) < 6.103515625e-05f) return __builtin_rintf(x * 16777216.0f) / 16777216.0f;
     unsigned b = __builtin_bit_cast(unsigned, x);
     b += 0x0FFFu + ((b >> 13) & 1u);

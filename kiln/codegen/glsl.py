@@ -69,6 +69,14 @@ MAX_TEXTURE_IMAGE_UNITS = 16
 TEXTURE_WIDTH = 4096
 
 #: name -> IEEE-754 bits (as a signed int) of the special float values a kernel body may use
+#: ``round_f16``: f32 rounded to the nearest f16 value, beyond f16's range +-infinity (``x * 1e38`` of the
+#: run-time argument), NaN kept (tested on the bits); ``packHalf2x16`` only sees values within f16's range
+ROUND_F16 = """float kiln_round_f16(float x) {
+    float r = unpackHalf2x16(packHalf2x16(vec2(clamp(x, -65504.0, 65504.0), 0.0))).x;
+    float o = abs(x) >= 65520.0 ? x * 1e38 : r;
+    return (floatBitsToInt(x) & 0x7fffffff) > 0x7f800000 ? x : o;
+}"""
+
 SPECIAL_FLOATS = {"kiln_pos_inf": 0x7F800000, "kiln_neg_inf": -0x00800000, "kiln_nan": 0x7FC00000}
 
 _ARITH = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&", "|", "^", "<<", ">>"}
@@ -142,8 +150,8 @@ def expr(e: Expr) -> str:
     if isinstance(e, Call):
         if e.fn in ("sin", "cos"):  # see SINCOS
             return f"kiln_sincos({expr(e.args[0])}, {0 if e.fn == 'sin' else 1})"
-        if e.fn == "round_f16":  # f32 rounded to half precision
-            return f"unpackHalf2x16(packHalf2x16(vec2({expr(e.args[0])}, 0.0))).x"
+        if e.fn == "round_f16":  # f32 rounded to half precision: see ROUND_F16
+            return f"kiln_round_f16({expr(e.args[0])})"
         return f"{BUILTINS[e.fn]}({', '.join(expr(a) for a in e.args)})"
     if isinstance(e, Select):
         return f"({expr(e.cond)} ? {expr(e.t)} : {expr(e.f)})"
@@ -243,6 +251,8 @@ def render(k: LoweredKernel, comment: str = "", width: int = TEXTURE_WIDTH, node
         lines.append("int kiln_rem(int a, int b) { return a - (a / b) * b; }")
     if "kiln_sincos(" in text:
         lines.append(SINCOS)
+    if "kiln_round_f16(" in text:
+        lines.append(ROUND_F16)
     lines += ["", "void main() {", f"    int {k.gid.name} = int(gl_FragCoord.y) * {out_w} + int(gl_FragCoord.x);"]
     if out.size % out_w:
         lines += [f"    if ({k.gid.name} >= {out.size}) {{", "        discard;", "    }"]

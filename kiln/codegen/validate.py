@@ -17,10 +17,12 @@ class ShaderError(KilnError):
 
 @functools.lru_cache(maxsize=4)
 def _device(features: tuple[str, ...] = ()):
-    import wgpu
+    from kiln.errors import DeviceError
+    from kiln.runtime import gpu
 
-    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    if adapter is None:
+    try:
+        adapter = gpu.request_adapter()
+    except DeviceError:
         return None
     missing = [f for f in features if f not in adapter.features]
     if missing:

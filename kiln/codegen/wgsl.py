@@ -31,6 +31,16 @@ BUILTINS = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "
 #: name -> IEEE-754 bits of the special float values a kernel body may use (see :func:`literal`)
 SPECIAL_FLOATS = {"kiln_pos_inf": 0x7F800000, "kiln_neg_inf": 0xFF800000, "kiln_nan": 0x7FC00000}
 
+#: ``round_f16``: f32 rounded to the nearest f16 value (ties to even), beyond f16's range +-infinity, NaN kept.
+#: ``pack2x16float`` is indeterminate outside f16's finite range (WGSL §17.9), so it sees clamped values; the
+#: infinity is ``x * 1e38`` of the run-time argument (Tint rejects infinite const-expressions); NaN is tested on
+#: the bits (``x != x`` may be folded away by compilers that assume no NaNs)
+ROUND_F16 = """fn kiln_round_f16(x: f32) -> f32 {
+    let r = unpack2x16float(pack2x16float(vec2<f32>(clamp(x, -65504.0f, 65504.0f), 0.0f))).x;
+    let o = select(r, x * 1e38f, abs(x) >= 65520.0f);
+    return select(o, x, (bitcast<i32>(x) & 0x7fffffffi) > 0x7f800000i);
+}"""
+
 #: a use of the f16 type: WGSL's ``enable f16;`` (WebGPU feature ``shader-f16``) must come first
 _F16 = re.compile(r"\bf16\b")
 
@@ -113,7 +123,7 @@ def expr(e: Expr) -> str:
         raise ValueError(f"WGSL: unknown binary op {e.op!r}")
     if isinstance(e, Call):
         if e.fn == "round_f16":  # f32 rounded to half precision, without the optional shader-f16 feature
-            return f"unpack2x16float(pack2x16float(vec2<f32>({expr(e.args[0])}, 0.0f))).x"
+            return f"kiln_round_f16({expr(e.args[0])})"
         return f"{BUILTINS[e.fn]}({', '.join(expr(a) for a in e.args)})"
     if isinstance(e, Select):
         return f"select({expr(e.f)}, {expr(e.t)}, {expr(e.cond)})"
@@ -233,4 +243,6 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
             lines += [f"    let {name}_bits = {bits:#010x}u;", f"    let {name} = bitcast<f32>({name}_bits);"]
     lines += body
     lines.append("}")
+    if "kiln_round_f16(" in text:
+        lines += ["", ROUND_F16]
     return "\n".join(lines) + "\n"

@@ -378,15 +378,26 @@ register("Concat", "layout", _concat_infer, lambda xs, a: [np.concatenate(xs, ax
 def pool_out_dim(size: int, k: int, stride: int, dilation: int, pad_begin: int, pad_end: int, ceil_mode: int) -> int:
     """Output extent of one pooled axis (ONNX MaxPool-12 / AveragePool-19 formula, floor or ceil mode).
 
-    In ceil mode a last window that would start in the end padding is dropped.
+    In ceil mode a last window that would start in the end padding is dropped. Over a run-time dim (a size
+    expression ``size``) that is ``min(ceil(span / stride) + 1, (size + pad_begin - 1) // stride + 1)``: the same
+    whenever at most one window is dropped, which holds when ``pad_end`` is less than the dilated kernel.
+
+    Raises:
+        ShapeError: ceil mode over a run-time dim with ``pad_end`` at least the dilated kernel.
     """
     span = size + pad_begin + pad_end - ((k - 1) * dilation + 1)
     if not isinstance(size, (int, np.integer)):
         from kiln.te import symbolic
+        from kiln.te.expr import call, const
 
-        if ceil_mode:
-            raise ShapeError("pooling with ceil_mode=1 over a run-time dim is not supported; bind it with --dim")
-        return symbolic.simplify(span // stride + 1)
+        if not ceil_mode:
+            return symbolic.simplify(span // stride + 1)
+        if pad_end >= (k - 1) * dilation + 1:
+            raise ShapeError(f"pooling with ceil_mode=1 and end padding {pad_end} >= the window {(k - 1) * dilation + 1} "
+                             "over a run-time dim is not supported; bind it with --dim")
+        windows = symbolic.simplify(symbolic.ceil_div(span, stride) + 1)
+        last = symbolic.simplify((size + pad_begin - 1) // stride + 1)  # windows starting before the end padding
+        return symbolic.simplify(call("min", const(0, "int32") + windows, const(0, "int32") + last))
     out = (-(-span // stride) if ceil_mode else span // stride) + 1
     if ceil_mode and (out - 1) * stride >= size + pad_begin:
         out -= 1

@@ -103,6 +103,14 @@ def _pad_infer(ts, a):
     n = len(sh)
     p = a["pads"]
     out = tuple(d + p[i] + p[n + i] for i, d in enumerate(sh))
+    if not all(isinstance(d, (int, np.integer)) for d in out):  # run-time dims: the smallest value decides
+        from kiln.te import symbolic
+
+        out = symbolic.shape(out)
+        if a["mode"] not in _PAD_MODES or min(symbolic.bounds(d)[0] for d in out) < 0:
+            raise ShapeError(f"Pad: mode {a['mode']!r} and pads {list(p)} do not fit input {symbolic.format_shape(sh)} "
+                             "for every run-time dim in bounds")
+        return [(dt, out)]
     if a["mode"] not in _PAD_MODES or min(out, default=1) < 0:
         raise ShapeError(f"Pad: mode {a['mode']!r} and pads {list(p)} do not fit input {list(sh)}")
     return [(dt, out)]

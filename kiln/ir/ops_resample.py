@@ -63,6 +63,36 @@ def source_coord(x, mode: str, scale: float, size_in: int, size_out: int):
     return offset + (x + 0.5) * (1 / scale) - 0.5
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating))
+
+
+def source_coord_dynamic(m: MathOps, x, mode: str, scale, size_in, size_out):
+    """:func:`source_coord` over size expressions (run-time dims, docs/dynamic-shapes.md): ``size_in`` and
+    ``size_out`` may be int32 expressions and ``scale`` a float, or None for ``size_out / size_in`` computed in
+    float32 at run time (as onnxruntime computes the scales of a Resize given ``sizes``). The conditions of
+    pytorch_half_pixel and align_corners on the resized length become selects."""
+    fin = m.to_float(size_in)
+    if scale is None:
+        scale = m.to_float(size_out) / fin
+    inv = 1 / scale
+    half = (x + 0.5) * inv - 0.5 if _is_number(inv) else (x + 0.5) / scale - 0.5
+    length = fin * scale
+    if mode == "half_pixel":
+        return half
+    if mode == "pytorch_half_pixel":
+        return m.where(m.less(1.0, length), half, x * 0.0)
+    if mode == "align_corners":
+        one = m.logical_or(m.less(length, 1.0 - 1e-6), m.less(1.0 + 1e-6, length))  # length != 1
+        return m.where(one, x * ((fin - 1.0) / (length - 1.0)), x * 0.0)
+    if mode == "asymmetric":
+        return x * inv if _is_number(inv) else x / scale
+    # half_pixel_symmetric
+    adjustment = m.to_float(size_out) / length
+    offset = fin * 0.5 * (1.0 - adjustment)
+    return offset + half
+
+
 def _cubic_weights(t, a: float):
     """Keys' cubic convolution weights of the taps at offsets -1, 0, 1, 2 from floor (t = fraction)."""
     t1, t2, s1 = t + 1.0, 1.0 - t, 2.0 - t
@@ -75,11 +105,16 @@ def _cubic_weights(t, a: float):
 def resize_taps(m: MathOps, x, size_in: int, size_out: int, scale: float, attrs: dict[str, Any]):
     """The input taps of output coordinate ``x`` (a float array or expression) along one axis.
 
+    ``size_in``/``size_out`` may be size expressions of run-time dims and ``scale`` None (``size_out / size_in``
+    at run time): see :func:`source_coord_dynamic`.
+
     Returns:
         ``[(index, weight), ...]``: integer input indices (inside ``[0, size_in)``) and weights
         (``None`` meaning 1) whose weighted sum is the resampled value.
     """
-    xo = source_coord(x, attrs["coord"], scale, size_in, size_out)
+    static = _is_number(scale) and _is_number(size_in) and _is_number(size_out)
+    xo = source_coord(x, attrs["coord"], scale, size_in, size_out) if static else \
+        source_coord_dynamic(m, x, attrs["coord"], scale, size_in, size_out)
     mode = attrs["mode"]
     if mode == "nearest":
         nm = attrs["nearest_mode"]
@@ -93,7 +128,7 @@ def resize_taps(m: MathOps, x, size_in: int, size_out: int, scale: float, attrs:
             r = m.ceil(xo)
         return [(m.clamp(m.to_int(r), 0, size_in - 1), None)]
     if mode == "linear":
-        xc = m.clamp(xo, 0.0, float(size_in - 1))
+        xc = m.clamp(xo, 0.0, float(size_in - 1) if static else m.to_float(size_in - 1))
         f = m.floor(xc)
         i0 = m.to_int(f)
         w = xc - f
@@ -125,8 +160,11 @@ def _resize_infer(ts, a):
 
 
 def resized_axes(shape, a) -> list[int]:
-    """The axes Resize actually resamples (the others are copied)."""
-    return [d for d in range(len(shape)) if a["sizes"][d] != shape[d] or a["scales"][d] != 1.0]
+    """The axes Resize actually resamples (the others are copied); a scale of None is computed at run time."""
+    from kiln.te import symbolic
+
+    return [d for d in range(len(shape)) if symbolic.simplify(a["sizes"][d]) != symbolic.simplify(shape[d])
+            or a["scales"][d] != 1.0]
 
 
 def _resize_eval(xs, a):
@@ -165,6 +203,14 @@ def _convt_infer(ts, a):
         raise ShapeError(f"ConvTranspose: input {list(sx)} and weight {list(sw)} do not fit")
     p, s, d, op = a["pads"], a["strides"], a["dilations"], a["output_padding"]
     out = [conv_transpose_out_dim(sx[2 + i], sw[2 + i], s[i], d[i], p[i], p[nsp + i], op[i]) for i in range(nsp)]
+    if any(not _is_number(v) for v in out):  # run-time dims
+        from kiln.te import symbolic
+
+        out = [symbolic.simplify(v) for v in out]
+        if min(symbolic.bounds(v)[0] for v in out) < 1:
+            raise ShapeError(f"ConvTranspose: output spatial shape {symbolic.format_shape(out)} is empty for some "
+                             "run-time dims in bounds")
+        return [(dx, (sx[0], sw[1] * g, *out))]
     if min(out) < 1:
         raise ShapeError(f"ConvTranspose: output spatial shape {out} is empty")
     return [(dx, (sx[0], sw[1] * g, *out))]

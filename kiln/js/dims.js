@@ -40,6 +40,7 @@ export function evalDims(e, env) {
  * @param {Record<string, {dims: number[]}>} feeds input name -> tensor (names and dtypes already checked)
  * @returns {Record<string, number>} dim name -> value
  * @throws {ShapeError} a wrong rank or static dim, inputs that disagree on a dim, or a value out of bounds
+ *   or not a multiple the dim requires
  *   (naming the input, the dim and its bounds)
  */
 export function bindDims(manifest, feeds) {
@@ -56,6 +57,9 @@ export function bindDims(manifest, feeds) {
       const d = dims[w], v = got[axis];
       if (v < d.min || v > d.max) {
         throw new ShapeError(`input '${spec.name}' dim ${axis} (${w}) is ${v}, outside its bounds ${d.min}..${d.max}`);
+      }
+      if (d.multiple && v % d.multiple !== 0) {
+        throw new ShapeError(`input '${spec.name}' dim ${axis} (${w}) is ${v}, not a multiple of ${d.multiple}`);
       }
       if (w in env && env[w] !== v) {
         throw new ShapeError(`inconsistent dim ${w}: input '${spec.name}' dim ${axis} is ${v} but input '${from[w]}' gave ${env[w]}`);

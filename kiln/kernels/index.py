@@ -72,7 +72,7 @@ def pad(x: Tensor, pads, mode: str, value, out_shape, name: str = "pad") -> Tens
             elif mode == "wrap":
                 idx.append(((s % size) + size) % size)
             else:  # reflect: period 2 (size - 1), mirrored about both ends
-                period = max(2 * (size - 1), 1)
+                period = max(2 * (size - 1), 1) if isinstance(size, int) else call("max", 2 * (size - 1), 1)
                 m = ((s % period) + period) % period
                 idx.append(select(binop("<", m, size), m, period - m))
         v = x[tuple(idx)]

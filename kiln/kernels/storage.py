@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from kiln.errors import KilnError
 from kiln.ir import dtypes
-from kiln.kernels.elementwise import isnan
 from kiln.kernels.narrow import is_narrow_float, round_narrow
 from kiln.package.format import STORAGE
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, call, cast, select
+from kiln.te.expr import Expr, binop, call, cast
 
 _INT32 = (-(2**31), 2**31 - 1)
 
@@ -62,12 +61,26 @@ def wrap(x, dtype: str):
 def round_half(x):
     """``x`` (f32) rounded to the nearest half-precision value, overflowing to infinity and keeping NaN.
 
-    WGSL's ``pack2x16float`` is indeterminate outside f16's finite range, so it only sees clamped values.
-    Infinities are made at run time: Chromium's WGSL compiler (Tint) rejects infinite constant expressions.
+    One ``round_f16`` call, which each target renders as a helper function (WGSL's ``pack2x16float``
+    is indeterminate outside f16's finite range, so the helpers clamp first and make infinities at run
+    time: Chromium's WGSL compiler, Tint, rejects infinite constant expressions). ``x`` appears once,
+    so rounding every intermediate of a fused group (:func:`round_view`) does not duplicate its code.
     """
-    r = call("round_f16", call("clamp", x, -65504.0, 65504.0))
-    inf = x * 1e38  # overflows to +-inf at run time (Tint rejects infinite constants)
-    return select(isnan(x), x, select(binop(">=", call("abs", x), 65520.0), inf, r))
+    return call("round_f16", x)
+
+
+def round_view(t: Tensor, dtype: str) -> Tensor:
+    """``t`` (a node's result of ``dtype``, computed in f32) with its values rounded to float16 when
+    ``dtype`` is ``float16``, as if it had been stored and read back; other dtypes are returned as is.
+
+    A fused group rounds every float16 intermediate this way (:func:`kiln.compiler.group_expr`), so a
+    float16 model's results do not depend on which nodes fusion keeps in one kernel: each node's result
+    is a float16 value, as ONNX (and its reference evaluator, which computes op by op in numpy float16)
+    defines it.
+    """
+    if dtype != "float16" or t.dtype != "float32":
+        return t
+    return compute(t.shape, lambda *i: round_half(t[i]), t.name)
 
 
 def placeholder_dtype(dtype: str, stored: str | None = None) -> str:

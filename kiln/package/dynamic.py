@@ -13,9 +13,10 @@ from kiln.te import symbolic
 
 
 def dims_section(graph) -> list[dict[str, Any]]:
-    """The manifest's ``dynamic_dims``: one entry per run-time dim, in dims-uniform order (word ``index``)."""
-    return [{"name": s.name, "index": s.index, "min": s.lo, "max": s.hi, "opt": s.opt}
-            for s in graph.size_vars.values()]
+    """The manifest's ``dynamic_dims``: one entry per run-time dim, in dims-uniform order (word ``index``), with
+    ``multiple`` when its values must be multiples of it."""
+    return [{"name": s.name, "index": s.index, "min": s.lo, "max": s.hi, "opt": s.opt,
+             **({"multiple": s.multiple} if s.multiple > 1 else {})} for s in graph.size_vars.values()]
 
 
 def io_fields(v) -> dict[str, Any]:

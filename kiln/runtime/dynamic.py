@@ -52,7 +52,8 @@ def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]
 
     Raises:
         ShapeError: an unknown or missing input, a wrong rank or static dim, inputs that disagree on a
-            dim, or a value outside the dim's bounds (naming the input, the dim and the bounds).
+            dim, a value outside the dim's bounds or not a multiple it must be (naming the input, the dim and the
+            bounds).
     """
     dims = {d["name"]: d for d in manifest["dynamic_dims"]}
     env: dict[str, int] = {}
@@ -76,6 +77,9 @@ def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]
                 if not d["min"] <= got <= d["max"]:
                     raise ShapeError(f"input {name!r} dim {axis} ({w}) is {got}, outside its bounds "
                                      f"{d['min']}..{d['max']} (compile with a wider --dim {w}=MIN..MAX)")
+                if got % d.get("multiple", 1):
+                    raise ShapeError(f"input {name!r} dim {axis} ({w}) is {got}, not a multiple of {d['multiple']} "
+                                     "(the package was compiled for multiples only)")
                 if w in env and env[w] != got:
                     raise ShapeError(f"inconsistent dim {w}: input {name!r} dim {axis} is {got} but input "
                                      f"{seen[w]!r} gave {env[w]}")

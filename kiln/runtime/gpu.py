@@ -14,8 +14,11 @@ microseconds a run on a fast GPU.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import weakref
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,8 +37,31 @@ def _kebab(name: str) -> str:
     return "".join("-" + c.lower() if c.isupper() else c for c in name)
 
 
+def runtime_dir() -> str:
+    """A private directory for ``XDG_RUNTIME_DIR`` (Mesa's Vulkan drivers complain on stderr when it is unset)."""
+    d = Path(tempfile.gettempdir()) / f"kiln-runtime-{os.getuid()}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return str(d)
+
+
+def request_adapter():
+    """A new high-performance WebGPU adapter from wgpu-py (setting ``XDG_RUNTIME_DIR`` to :func:`runtime_dir`
+    first where it is unset). Most callers want the process-wide one, :func:`adapter`.
+
+    Raises:
+        DeviceError: no adapter (no Vulkan, Metal or D3D12 driver).
+    """
+    import wgpu
+
+    os.environ.setdefault("XDG_RUNTIME_DIR", runtime_dir())
+    found = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    if found is None:
+        raise DeviceError("no WebGPU adapter found (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers)")
+    return found
+
+
 def adapter():
-    """The process-wide high-performance WebGPU adapter (requested once).
+    """The process-wide high-performance WebGPU adapter (:func:`request_adapter`, once).
 
     Raises:
         DeviceError: no adapter (no Vulkan, Metal or D3D12 driver).
@@ -43,13 +69,7 @@ def adapter():
     global _adapter
     with _lock:
         if _adapter is None:
-            import wgpu
-
-            found = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-            if found is None:
-                raise DeviceError("no WebGPU adapter found (install a Vulkan driver, e.g. Debian's "
-                                  "mesa-vulkan-drivers)")
-            _adapter = found
+            _adapter = request_adapter()
         return _adapter
 
 

@@ -92,9 +92,10 @@ class SizeVar(Expr):
     """A run-time size symbol (a dynamic dim such as ``seq``), bound per run by the runtime.
 
     Kernels read it from the dims uniform (word ``index``, see :mod:`kiln.codegen.wgsl`); the
-    compiler knows only its bounds ``lo <= value <= hi`` and ``opt``, the value schedules are
-    chosen for (docs/dynamic-shapes.md). Python comparisons (``<``, ``>``) and ``int()`` of a
-    size expression raise TypeError: code must never pick a branch on a value it does not know.
+    compiler knows only its bounds ``lo <= value <= hi``, ``opt``, the value schedules are chosen
+    for, and ``multiple``, a number the value is a multiple of (docs/dynamic-shapes.md). Python
+    comparisons (``<``, ``>``) and ``int()`` of a size expression raise TypeError: code must never
+    pick a branch on a value it does not know.
     """
 
     __hash__ = Expr._hash
@@ -108,6 +109,8 @@ class SizeVar(Expr):
     hi: int
     opt: int
     dtype: str = "int32"
+    #: the value is a multiple of this (``--dim H=32..960%32``; 1: any value)
+    multiple: int = 1
 
 
 @dataclass(frozen=True, eq=True)

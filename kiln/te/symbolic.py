@@ -61,10 +61,24 @@ def symbols(e: Any) -> list[SizeVar]:
 
 
 # ----------------------------------------------------------------------------- canonical form
+def _quotient(s: SizeVar) -> Expr:
+    """The atom ``s // s.multiple`` of a dim declared a multiple (``s`` is ``multiple * quotient``)."""
+    return Bin("//", s, const(s.multiple, "int32"), "int32")
+
+
 def _poly(e: Expr) -> dict[tuple[Expr, ...], int]:
-    """``e`` as a polynomial: sorted tuple of atoms (symbols, non-polynomial terms) -> coefficient."""
+    """``e`` as a polynomial: sorted tuple of atoms (symbols, non-polynomial terms) -> coefficient.
+
+    A dim declared a multiple of ``m`` is the monomial ``m * (s // m)``, so ``(s - 1) // 2 + 1`` folds to
+    ``s // 2`` when ``m`` is even (the shape arithmetic of stride-2 convolutions over such a dim).
+    """
     if isinstance(e, Const):
         return {(): int(e.value)}
+    if isinstance(e, SizeVar) and e.multiple > 1:
+        return {(_quotient(e),): e.multiple}
+    if isinstance(e, Bin) and e.op == "//" and isinstance(e.a, SizeVar) and e.a.multiple > 1 \
+            and isinstance(e.b, Const) and int(e.b.value) == e.a.multiple:
+        return {(e,): 1}
     if isinstance(e, Bin) and e.op in ("+", "-"):
         out = dict(_poly(e.a))
         for m, c in _poly(e.b).items():
@@ -76,7 +90,12 @@ def _poly(e: Expr) -> dict[tuple[Expr, ...], int]:
             m = tuple(sorted(ma + mb, key=repr))
             out[m] = out.get(m, 0) + ca * cb
         return {m: c for m, c in out.items() if c}
-    return {(_atom(e),): 1}
+    if isinstance(e, SizeVar):
+        return {(e,): 1}
+    a = _atom(e)
+    if isinstance(a, (Const, SizeVar)) or isinstance(a, Bin) and a.op in ("+", "-", "*"):
+        return _poly(a)  # an atom that folded to a polynomial (``(2 * s + 1) // 2`` is ``s``)
+    return {(a,): 1}
 
 
 def _atom(e: Expr) -> Expr:
@@ -88,12 +107,23 @@ def _atom(e: Expr) -> Expr:
             if all(c % b == 0 for c in p.values()):  # exact: (b * x) // b, (b * x) % b
                 return _expr(simplify(_from_poly({m: c // b for m, c in p.items()}))) if e.op == "//" \
                     else const(0, "int32")
+            # a = b * q + r, the multiples of b taken out of the symbolic monomials' coefficients:
+            # a // b = q + r // b and a % b = r % b (floor division, exact for integers)
+            q = {m: c // b for m, c in p.items() if m and c // b}
+            if q:
+                r = _expr(simplify(_from_poly({m: (c % b if m else c) for m, c in p.items()})))
+                rest = _atom(binop(e.op, r, _expr(b)))
+                return _expr(simplify(_from_poly(q) + rest)) if e.op == "//" else rest
             lo, hi = bounds(a)
             if 0 <= lo and hi < b:  # a // b == 0, a % b == a
                 return const(0, "int32") if e.op == "//" else _expr(a)
+            if lo == hi:  # a constant (after the multiples were taken out)
+                return const(lo // b if e.op == "//" else lo % b, "int32")
         return binop(e.op, _expr(a), _expr(b))
     if isinstance(e, Call) and e.fn in ("max", "min"):
         a, b = simplify(e.args[0]), simplify(e.args[1])
+        if a == b:
+            return _expr(a)
         (la, ha), (lb, hb) = bounds(a), bounds(b)
         if e.fn == "max":
             if la >= hb:
@@ -293,8 +323,9 @@ def upper(d: Dim, syms: Iterable[SizeVar] | None = None) -> int:
     points = 1
     for s in syms:
         points *= s.hi - s.lo + 1
-    if points <= 1 << 20:
-        grids = np.meshgrid(*[np.arange(s.lo, s.hi + 1, dtype=np.int64) for s in syms], indexing="ij")
+    if points <= 1 << 20:  # the values each dim takes: its multiples in bounds
+        grids = np.meshgrid(*[np.arange(-(-s.lo // s.multiple) * s.multiple, s.hi + 1, s.multiple, dtype=np.int64)
+                              for s in syms], indexing="ij")
         return int(np.max(evaluate(d, {s.name: g for s, g in zip(syms, grids)})))
     corners = itertools.product(*[(s.lo, s.hi) for s in syms])
     return max(max(int(evaluate(d, {s.name: v for s, v in zip(syms, c)})) for c in corners), 0)
@@ -349,8 +380,10 @@ def concrete(shape: Iterable[Dim], env: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(int(evaluate(d, env)) for d in shape)
 
 
-def size_var(name: str, index: int, lo: int, hi: int, opt: int | None = None) -> SizeVar:
-    """A run-time dim ``name`` with bounds ``lo..hi`` (``0 <= lo <= hi``) and schedule value ``opt`` (default ``hi``).
+def size_var(name: str, index: int, lo: int, hi: int, opt: int | None = None, multiple: int = 1) -> SizeVar:
+    """A run-time dim ``name`` with bounds ``lo..hi`` (``0 <= lo <= hi``), schedule value ``opt`` (default ``hi``)
+    and, when ``multiple > 1``, the constraint that every value is a multiple of ``multiple`` (the bounds and
+    ``opt`` must be multiples too; runtimes refuse other values).
 
     Raises:
         KilnError: bad bounds.
@@ -360,7 +393,9 @@ def size_var(name: str, index: int, lo: int, hi: int, opt: int | None = None) ->
         raise KilnError(f"dim {name!r}: bounds must satisfy 0 <= lo <= opt <= hi, got {lo}..{hi}@{opt}")
     if hi >= 2**31:
         raise KilnError(f"dim {name!r}: upper bound {hi} does not fit in int32")
-    return SizeVar(name, index, int(lo), int(hi), int(opt))
+    if multiple < 1 or any(v % multiple for v in (lo, hi, opt)):
+        raise KilnError(f"dim {name!r}: bounds {lo}..{hi}@{opt} must be multiples of {multiple} (%{multiple})")
+    return SizeVar(name, index, int(lo), int(hi), int(opt), multiple=int(multiple))
 
 
 def at_opt(d: Dim) -> int:

@@ -8,18 +8,8 @@ from pathlib import Path
 
 import click
 
+from kiln.cli_options import parse_dims
 from kiln.errors import KilnError
-
-
-def parse_dims(values: tuple[str, ...]) -> dict[str, int]:
-    """``("N=4",)`` -> ``{"N": 4}`` (click BadParameter otherwise)."""
-    dims = {}
-    for item in values:
-        name, sep, val = item.partition("=")
-        if not sep or not val.strip().isdigit() or int(val) < 1:
-            raise click.BadParameter(f"{item!r}: expected NAME=SIZE with SIZE >= 1", param_hint="--dim")
-        dims[name.strip()] = int(val)
-    return dims
 
 
 def open_measurer(device: str, token: str | None, device_ids: tuple[int, ...]):
@@ -86,7 +76,7 @@ def tune_cmd(model: Path, db_path: Path, device: str, token, device_ids, trials:
     t0 = time.monotonic()
     try:
         tasks = tune_model(model, measurer, db, Budget(trials, minutes * 60 if minutes else None),
-                           device_class=device_class, dims=parse_dims(dims), jobs=jobs, seed=seed,
+                           device_class=device_class, dims=parse_dims(dims, ranges=False), jobs=jobs, seed=seed,
                            progress=console.is_terminal, log=console.print)
     finally:
         if hasattr(measurer, "close"):

@@ -117,11 +117,13 @@ def local_adapter() -> dict[str, str]:
     Raises:
         KilnError: no adapter (pass ``--adapter`` to ``kiln compile`` instead).
     """
-    import wgpu
+    from kiln.errors import DeviceError
+    from kiln.runtime import gpu
 
-    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    if adapter is None:
-        raise KilnError("no local WebGPU adapter to match tuning records against; name one with --adapter")
+    try:
+        adapter = gpu.adapter()
+    except DeviceError:
+        raise KilnError("no local WebGPU adapter to match tuning records against; name one with --adapter") from None
     return adapter_identity(dict(adapter.info))
 
 

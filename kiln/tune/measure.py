@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kiln.errors import DeviceError, KilnError
+from kiln.errors import KilnError
 from kiln.tune.db import adapter_identity
 
 #: output elements sampled for the correctness check
@@ -110,11 +110,9 @@ class LocalMeasurer:
     parallel = 8
 
     def __init__(self):
-        import wgpu
+        from kiln.runtime import gpu
 
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-        if adapter is None:
-            raise DeviceError("no WebGPU adapter found (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers)")
+        adapter = gpu.adapter()
         self.info = dict(adapter.info)
         self.adapter = adapter_identity(self.info)
         self.is_cpu = _is_cpu(self.info)

@@ -87,34 +87,44 @@ def dim_key(input_name: str, index: int, dim: onnx.TensorShapeProto.Dimension) -
     return f"{input_name}_dim{index}"
 
 
-def parse_dim_spec(key: str, value: Any) -> int | tuple[int, int, int]:
-    """A ``--dim`` value: an int (a static binding), or ``(lo, hi)``, ``(lo, hi, opt)``, ``"lo..hi"`` or
-    ``"lo..hi@opt"`` (a run-time dim with bounds; ``opt``, default ``hi``, is the value schedules are chosen for).
+def parse_dim_spec(key: str, value: Any) -> int | tuple[int, ...]:
+    """A ``--dim`` value: an int (a static binding), or ``(lo, hi)``, ``(lo, hi, opt)``, ``(lo, hi, opt, multiple)``,
+    ``"lo..hi"``, ``"lo..hi@opt"`` or ``"lo..hi@opt%multiple"`` (a run-time dim with bounds; ``opt``, default ``hi``,
+    is the value schedules are chosen for; ``%multiple`` says every value is a multiple of it, as PP-OCR's
+    detector needs of its height and width). A multiple of 1 gives the 3-tuple.
 
     Raises:
         KilnError: a malformed value.
     """
+    multiple = 1
     if isinstance(value, str):
         text = value.strip()
         try:
             if ".." not in text:
                 return int(text)
+            text, _, mult = text.partition("%")
+            multiple = int(mult) if mult else 1
             rng, _, opt = text.partition("@")
             lo, _, hi = rng.partition("..")
             lo_i, hi_i = int(lo), int(hi)
             spec = (lo_i, hi_i, int(opt) if opt else hi_i)
         except ValueError:
-            raise KilnError(f"--dim {key}={value}: expected SIZE, LO..HI or LO..HI@OPT (integers)") from None
+            raise KilnError(f"--dim {key}={value}: expected SIZE, LO..HI, LO..HI@OPT or LO..HI[@OPT]%MULTIPLE "
+                            "(integers)") from None
     elif isinstance(value, (tuple, list, range)):
         v = (value.start, value.stop - 1) if isinstance(value, range) else tuple(int(x) for x in value)
-        if len(v) not in (2, 3):
-            raise KilnError(f"dim {key}: a run-time dim is (lo, hi) or (lo, hi, opt), got {value!r}")
-        spec = (v[0], v[1], v[2] if len(v) == 3 else v[1])
+        if len(v) not in (2, 3, 4):
+            raise KilnError(f"dim {key}: a run-time dim is (lo, hi), (lo, hi, opt) or (lo, hi, opt, multiple), "
+                            f"got {value!r}")
+        spec = (v[0], v[1], v[2] if len(v) >= 3 else v[1])
+        multiple = v[3] if len(v) == 4 else 1
     else:
         return int(value)
     if not 1 <= spec[0] <= spec[2] <= spec[1]:
         raise KilnError(f"dim {key}: a run-time dim needs 1 <= lo <= opt <= hi, got {spec[0]}..{spec[1]}@{spec[2]}")
-    return spec
+    if multiple < 1 or any(x % multiple for x in spec):
+        raise KilnError(f"dim {key}: {spec[0]}..{spec[1]}@{spec[2]} must be multiples of {multiple}")
+    return spec if multiple == 1 else (*spec, multiple)
 
 
 def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int | str, ...]]:

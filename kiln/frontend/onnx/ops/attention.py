@@ -206,6 +206,11 @@ def linear_attention(b: Builder, q: Value, k: Value, v: Value, past_state: Value
     gating, delta = update_rule in ("gated", "gated_delta"), update_rule in ("delta", "gated_delta")
     if gating != (decay is not None) or delta != (beta is not None):
         raise KilnError(f"LinearAttention: update_rule {update_rule!r} does not fit the decay/beta inputs given")
+    out_dtype = q.dtype
+    state_dtype = past_state.dtype if past_state is not None else out_dtype
+    if out_dtype != "float32":  # computed in float32 and rounded once at the end, as onnx's reference does
+        q, k, v, past_state, decay, beta = (None if x is None else b.op("Cast", [x], to="float32")
+                                            for x in (q, k, v, past_state, decay, beta))
     q4, k4, v4 = _to_4d(b, q, q_num_heads, "query"), _to_4d(b, k, kv_num_heads, "key"), \
         _to_4d(b, v, kv_num_heads, "value")
     batch, hq, steps, dk = q4.shape
@@ -240,4 +245,6 @@ def linear_attention(b: Builder, q: Value, k: Value, v: Value, past_state: Value
         outs.append(b.op("Mul", [b.op("MatMul", [step(q4, t), read]), sc]))  # [B, Hq, 1, dv]
     y = outs[0] if steps == 1 else b.op("Concat", outs, axis=2)
     y = _reshape(b, transpose(b, y, (0, 2, 1, 3)), (batch, steps, hq * dv))
+    if out_dtype != "float32":
+        y, state = b.op("Cast", [y], to=out_dtype), b.op("Cast", [state], to=state_dtype)
     return [y, state][:max(_nout, 1)]

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
 from kiln.errors import KilnError, ShapeError
-from kiln.frontend.onnx.ops.common import const_value, norm_axis
+from kiln.frontend.onnx.ops.common import const_value, dims_of, norm_axis
 from kiln.frontend.onnx.ops.nn import _reshape, transpose
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
 from kiln.ir.ops_resample import COORD_MODES, NEAREST_MODES
+from kiln.te import symbolic
 
 
 def _resize(b: Builder, x: Value, scales, sizes, *, mode: str, coord: str, nearest_mode: str,
@@ -21,7 +23,9 @@ def _resize(b: Builder, x: Value, scales, sizes, *, mode: str, coord: str, neare
     axes = list(range(rank)) if axes is None else [norm_axis(int(a), rank) for a in axes]
     full_scales = [1.0] * rank
     full_sizes = list(x.shape)
-    if sizes is not None:
+    if not symbolic.is_static(x.shape) or sizes is not None and not symbolic.is_static(sizes):
+        full_scales, full_sizes = _dynamic_sizes(x, scales, sizes, axes, policy)
+    elif sizes is not None:
         sizes = [int(v) for v in sizes]
         if len(sizes) != len(axes):
             raise ShapeError(f"Resize: {len(sizes)} sizes for {len(axes)} axes")
@@ -53,10 +57,66 @@ def _resize(b: Builder, x: Value, scales, sizes, *, mode: str, coord: str, neare
     if separable is not None:
         return _resize_separable(b, x, full_scales, full_sizes, axes, mode=mode, coord=coord,
                                  cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside, **separable)
-    if tuple(full_sizes) == x.shape and all(s == 1.0 for s in full_scales):
+    if symbolic.shape(full_sizes) == symbolic.shape(x.shape) and all(s == 1.0 for s in full_scales):
         return b.op("Identity", [x])
     return b.op("Resize", [x], mode=mode, coord=coord, nearest_mode=nearest_mode, scales=tuple(full_scales),
                 sizes=tuple(full_sizes), cubic_coeff_a=float(cubic_coeff_a), exclude_outside=int(exclude_outside))
+
+
+def _rational(scale: float, what: str) -> tuple[int, int]:
+    """``scale`` as ``p / q`` (small ``q``), so ``floor(size * scale)`` is ``size * p // q`` for a run-time size.
+
+    Raises:
+        KilnError: no fraction with ``q <= 1024`` rounds to ``scale`` in float32.
+    """
+    f = Fraction(scale).limit_denominator(1024)
+    if f <= 0 or np.float32(f.numerator / f.denominator) != np.float32(scale):
+        raise KilnError(f"Resize: scale {scale:.6g} along run-time dim {what} is not a simple fraction; bind the dim "
+                        "statically with --dim NAME=SIZE")
+    return f.numerator, f.denominator
+
+
+def _dynamic_sizes(x: Value, scales, sizes, axes, policy: str) -> tuple[list, list]:
+    """Resize's per-axis scales and output sizes when an input dim or a size is a size expression (run-time
+    dims): with ``scales``, the output is ``floor(size * scale)`` (an exact fraction of the size expression); with
+    ``sizes`` (constants or Shape arithmetic folded to size expressions), the scale is ``size_out / size_in``,
+    None when that is only known at run time (the kernel computes it in float32, as onnxruntime does).
+
+    Raises:
+        KilnError: a keep_aspect_ratio_policy other than stretch, or a scale that is no simple fraction.
+    """
+    rank = len(x.shape)
+    full_scales: list = [1.0] * rank
+    full_sizes = list(x.shape)
+    if sizes is not None:
+        sizes = dims_of(sizes)
+        if len(sizes) != len(axes):
+            raise ShapeError(f"Resize: {len(sizes)} sizes for {len(axes)} axes")
+        if policy != "stretch":
+            raise KilnError(f"Resize: keep_aspect_ratio_policy={policy!r} over run-time dims is not supported; bind "
+                            "them statically with --dim NAME=SIZE")
+        for k, a in enumerate(axes):
+            full_sizes[a] = sizes[k]
+            n_in = symbolic.simplify(x.shape[a])
+            if sizes[k] == n_in:
+                full_scales[a] = 1.0
+            elif symbolic.is_static((sizes[k], n_in)):
+                full_scales[a] = sizes[k] / n_in
+            else:
+                full_scales[a] = None
+    elif scales is not None:
+        if len(scales) != len(axes):
+            raise ShapeError(f"Resize: {len(scales)} scales for {len(axes)} axes")
+        for k, a in enumerate(axes):
+            full_scales[a] = float(np.float32(scales[k]))
+            if symbolic.is_symbolic(x.shape[a]):
+                p, q = _rational(full_scales[a], symbolic.to_text(x.shape[a]))
+                full_sizes[a] = symbolic.simplify(x.shape[a] * p // q)
+            else:
+                full_sizes[a] = math.floor(x.shape[a] * full_scales[a] + 1e-9)
+    else:
+        raise KilnError("Resize: needs scales or sizes")
+    return full_scales, full_sizes
 
 
 def _optional(v: Value | None, what: str):
