@@ -179,12 +179,16 @@ DEVICE_CLASSES = ("gpu", "cpu")
 
 #: shared operand tiles (:mod:`kiln.te.tiles`) in the default ``gpu`` schedules, the one switch:
 #: ``"off"`` (register tiles only, as before), ``"large"`` (the large GEMMs that get 8 x 8 tiles: blocks of
-#: 128 x 128 outputs, 256 invocations, chunks of 8) or ``"medium"`` (also contractions that still fill
-#: :data:`MEDIUM_GROUPS` workgroups with blocks of 64 x 64: 4 x 4 tiles, 256 invocations, chunks of 16).
+#: 128 x 128 outputs, 256 invocations, chunks of 8) or ``"medium"`` (also matrix products, i.e. contractions
+#: over one reduction axis, not convolutions' implicit GEMMs, that still fill :data:`MEDIUM_GROUPS` workgroups
+#: with blocks of 64 x 64: 4 x 4 tiles, 256 invocations, chunks of 16).
 #: Rows are contiguous per invocation and read from workgroup memory as vec4 (``vector_width`` 4),
 #: columns strided (coalesced stores): :data:`SHARED_LARGE` and :data:`SHARED_MEDIUM`.
-#: Not yet measured on a GPU against register tiles alone: ``python -m bench.micro`` times both.
-DEFAULT_SHARED_TILES = "large"
+#: Measured on an H100 (bench/results/gpu-20261122-102525.json against gpu-20261122-102645.json, same code
+#: but for this switch): 4096^3 matmul 28.6 TFLOP/s with the large default (25.4 with register tiles alone);
+#: MiniLM batch 32 x 128 10.8 ms with "large", 8.7 ms with "medium"; "medium" on convolutions as well made
+#: ResNet-50 no faster (2.52 -> 2.70 ms), hence matrix products only.
+DEFAULT_SHARED_TILES = "medium"
 #: workgroups a ``"medium"`` contraction must fill (two per streaming multiprocessor of a large GPU)
 MEDIUM_GROUPS = 256
 #: the default shared-tile schedules, as ``bench.micro`` names its candidates: (register tile factor per axis,
@@ -266,7 +270,7 @@ def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, sha
         return None
     if big:
         factor, wg, kc, cols_contiguous, width, prefetch = SHARED_LARGE
-    elif DEFAULT_SHARED_TILES == "medium":
+    elif DEFAULT_SHARED_TILES == "medium" and all(len(r.axes) == 1 for r in reductions(t)):
         factor, wg, kc, cols_contiguous, width, prefetch = SHARED_MEDIUM
         from kiln.te.tiles import threads
 
