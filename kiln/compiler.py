@@ -158,6 +158,8 @@ def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "
         from kiln.te.half import demote
 
         final = demote(final, accumulate)
+    if group.rows:  # a row kernel (kiln.te.rows): default_schedule gives it a workgroup per row
+        final.attrs = {**final.attrs, "rows": True}
     return final
 
 
@@ -296,7 +298,11 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     tgt = get_target("webgpu")  # the groups and buffers serve every target: WebGPU's limits are the tightest
     verify(graph)
     fired = optimize(graph)
-    groups = fuse(graph, max_inputs=tgt.limits["maxStorageBuffersPerShaderStage"] - 1)
+    # row kernels (kiln.te.rows): the webgpu lowering of gpu schedules only (the other targets and cpu
+    # schedules would compute the fused reductions once per element)
+    rows = _row_kernel if (targets == ("webgpu",) and device_class == "gpu" and accumulate is None
+                           and training is None) else None
+    groups = fuse(graph, max_inputs=tgt.limits["maxStorageBuffersPerShaderStage"] - 1, rows=rows)
     plan = plan_memory(graph, groups, half=accumulate is not None)
     if accumulate is not None:
         tgt = dataclasses.replace(tgt, features=(*tgt.features, "shader-f16"))
@@ -323,6 +329,16 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         infer = steps_for(groups, [v for v in graph.outputs if v.name in names])
     return Compiled(graph, groups, plan, kernels, steps, tgt, fired, device_class=device_class, targets=targets,
                     wasm=program, webgl2=webgl2_code, training=training, infer_steps=infer, precision=precision)
+
+
+def _row_kernel(group: Group) -> bool:
+    """Whether fused ``group`` lowers as a row kernel (:func:`kiln.te.rows.analyse_rows`)."""
+    from kiln.te.rows import analyse_rows
+
+    try:
+        return not isinstance(analyse_rows(group_expr(group)), str)
+    except KilnError:
+        return False
 
 
 def _static_only(schedule: Callable[[Tensor], Schedule], fallback: Callable[[Tensor], Schedule]):

@@ -16,6 +16,10 @@ consumers). LayerNormalization (mean, centre, square, mean, rsqrt, scale) thus
 becomes two reductions and one elementwise kernel instead of five kernels, and
 Softmax (max, exp-sum, divide) three instead of four, with no full-size temporaries.
 
+Optionally (:func:`fuse_rows`, for targets whose lowering has row kernels) a row reduction whose
+result is read only by the elementwise group over the same rows is then fused into that group too:
+LayerNormalization and Softmax each become one kernel, a workgroup per row (:mod:`kiln.te.rows`).
+
 Reshapes (``view`` ops) make no kernel at all: their output aliases the input's
 buffer (see :mod:`kiln.passes.memory_plan`) unless it is a graph output fed
 straight by a graph input, which gets a copy kernel.
@@ -23,6 +27,7 @@ straight by a graph input, which gets a copy kernel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kiln.ir import ops
@@ -34,6 +39,8 @@ FUSIBLE = ("elementwise", "binary", "ternary")
 INLINE_INTO = FUSIBLE + ("reduce",)
 #: most nodes a group may reach by inlining (duplicated producers must not grow kernels without bound)
 MAX_INLINED_NODES = 24
+#: most nodes a row group (:func:`fuse_rows`) may reach
+MAX_ROW_NODES = 48
 
 
 @dataclass(eq=False)
@@ -43,11 +50,14 @@ class Group:
     Attributes:
         inputs: values read from outside the group (activations, weights; scalar constants included).
         alias: True for a view (reshape) that needs no kernel.
+        rows: True for a row group (:func:`fuse_rows`): row reductions and the elementwise work over the
+            same rows, lowered as a row kernel (:mod:`kiln.te.rows`).
     """
 
     nodes: list[Node]
     inputs: list[Value] = field(default_factory=list)
     alias: bool = False
+    rows: bool = False
 
     @property
     def output(self) -> Value:
@@ -60,12 +70,14 @@ class Group:
         return "_".join(n.op.lower() for n in self.nodes)
 
 
-def fuse(graph: Graph, max_inputs: int = 7) -> list[Group]:
+def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None = None) -> list[Group]:
     """Partition ``graph.nodes`` into groups in execution order.
 
     Args:
         max_inputs: most buffers a kernel may read (WebGPU's default
             ``maxStorageBuffersPerShaderStage`` is 8, one of which is the output).
+        rows: if given, also fuse row reductions into their elementwise consumers (:func:`fuse_rows`)
+            where ``rows(candidate group)`` says the target lowers the result as a row kernel.
     """
     uses = graph.consumers()
     outputs = {id(v) for v in graph.outputs}
@@ -103,7 +115,8 @@ def fuse(graph: Graph, max_inputs: int = 7) -> list[Group]:
             assigned.add(id(nxt))
         groups.append((position[id(chain[-1])], Group(chain, external)))
     groups.sort(key=lambda g: g[0])
-    return inline_elementwise(graph, [g for _, g in groups], max_inputs)
+    fused = inline_elementwise(graph, [g for _, g in groups], max_inputs)
+    return fuse_rows(graph, fused, rows, max_inputs) if rows is not None else fused
 
 
 def _buffers(values: list[Value]) -> int:
@@ -149,5 +162,54 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7) -
                     t.inputs = inputs
                 groups.remove(p)
                 changed = True
+                break
+    return groups
+
+
+def fuse_rows(graph: Graph, groups: list[Group], supported: Callable[[Group], bool], max_inputs: int = 7) -> list[Group]:
+    """Fuse reduction groups into the elementwise group that alone reads their result (see the module docstring).
+
+    A group of a reduction (and the elementwise nodes inlined into it or chained after it) is merged into consumer group
+    ``c`` when every node reading its output is in ``c``, the output is not a graph output, ``c`` ends in an
+    elementwise node and holds only elementwise and reduction nodes, the merged group stays within
+    ``max_inputs`` buffers and :data:`MAX_ROW_NODES` nodes, and ``supported(merged)`` (the target's lowering
+    makes it a row kernel: the reductions depend only on output axes the consumer's other axes do not).
+    Repeats until nothing changes, so LayerNormalization's mean, then its variance, join the normalisation.
+    """
+    uses = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    changed = True
+    while changed:
+        changed = False
+        producer = {id(g.output): g for g in groups if not g.alias}
+        holders: dict[int, set[int]] = {}  # node -> the groups holding it (an inlined node may be in several)
+        for g in groups:
+            for n in g.nodes:
+                holders.setdefault(id(n), set()).add(id(g))
+        for i, c in enumerate(groups):
+            if c.alias or ops.kind(c.nodes[-1].op) not in FUSIBLE or \
+                    any(ops.kind(n.op) not in INLINE_INTO for n in c.nodes):
+                continue
+            mine = {id(n) for n in c.nodes}
+            for v in c.inputs:
+                p = producer.get(id(v))
+                if p is None or p is c or id(v) in outputs or all(ops.kind(n.op) != "reduce" for n in p.nodes) or \
+                        any(ops.kind(n.op) not in INLINE_INTO for n in p.nodes):
+                    continue
+                if any(id(r) not in mine or holders[id(r)] != {id(c)} for r in uses.get(id(v), [])):
+                    continue
+                nodes = sorted({id(n): n for n in [*p.nodes, *c.nodes]}.values(), key=lambda n: position[id(n)])
+                inputs = list(dict.fromkeys([*p.inputs, *(x for x in c.inputs if x is not v)]))
+                if _buffers(inputs) > max_inputs or len(nodes) > MAX_ROW_NODES:
+                    continue
+                merged = Group(nodes, inputs, rows=True)
+                if not supported(merged):
+                    continue
+                groups[i] = merged
+                groups.remove(p)
+                changed = True
+                break
+            if changed:
                 break
     return groups

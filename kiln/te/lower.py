@@ -361,6 +361,16 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             if schedule.vector_width > 1 and not vectors:  # no operand tile read as vectors
                 schedule = dataclasses.replace(schedule, vector_width=1)
             return LoweredKernel(name or out.name, params, ins, total, Var("gid"), body, schedule, shared, vectors)
+    if schedule.rows:
+        from kiln.te.rows import analyse_rows, lower_rows
+
+        plan = analyse_rows(out)
+        if isinstance(plan, str):  # not a row kernel: lowered element by element
+            schedule = dataclasses.replace(schedule, rows=False, reduce_lanes=1)
+        else:
+            body, total, shared = lower_rows(out, plan, schedule.reduce_lanes, lambda e, g: flatten(e, g, pname),
+                                             lambda vals, block: _cse_loads(vals, block, counter), counter)
+            return LoweredKernel(name or out.name, params, ins, total, Var("gid"), body, schedule, shared)
     if schedule.vector_width > 1:  # vector width applies to shared operand tiles only (for now)
         schedule = dataclasses.replace(schedule, vector_width=1)
     # a split of a run-time extent is always guarded (correct for every value, e.g. seq=1 with tiles of 4)

@@ -69,6 +69,10 @@ class Schedule:
         prefetch: with ``shared_k``, load the next chunk's operands into registers before computing
             on the current one (its load latency then overlaps the arithmetic; a register per loaded
             element), storing them to workgroup memory after the chunk's second barrier.
+        rows: one workgroup per row of a row kernel (:mod:`kiln.te.rows`: row reductions and the
+            elementwise work over the same rows, as a fused LayerNormalization or Softmax); its
+            ``reduce_lanes`` (equal to ``workgroup_size``) invocations share the row's reductions and
+            then its outputs. A kernel that is not such a row kernel is lowered without it.
     """
 
     workgroup_size: int = 64
@@ -79,6 +83,7 @@ class Schedule:
     shared_k: int = 0
     vector_width: int = 1
     prefetch: bool = False
+    rows: bool = False
 
     def __post_init__(self):
         r = self.reduce_lanes
@@ -90,6 +95,8 @@ class Schedule:
             raise ValueError(f"vector_width={self.vector_width} must be 1 or 4")
         if self.prefetch and not self.shared_k:
             raise ValueError("prefetch needs shared_k")
+        if self.rows and (r != self.workgroup_size or self.shared_k):
+            raise ValueError("rows needs reduce_lanes equal to workgroup_size and no shared_k")
 
     def dispatch(self, total: int) -> tuple[int, int, int]:
         """Workgroup counts ``(x, y, z)`` covering ``total`` invocations."""
@@ -108,6 +115,8 @@ class Schedule:
             d["vector_width"] = self.vector_width
         if self.prefetch:
             d["prefetch"] = True
+        if self.rows:
+            d["rows"] = True
         return d
 
     @classmethod
@@ -116,7 +125,8 @@ class Schedule:
         return cls(workgroup_size=int(d.get("workgroup_size", 64)),
                    splits=tuple(Split(**s) for s in d.get("splits", ())), unroll=int(d.get("unroll", 1)),
                    reduce_lanes=int(d.get("reduce_lanes", 1)), shared_k=int(d.get("shared_k", 0)),
-                   vector_width=int(d.get("vector_width", 1)), prefetch=bool(d.get("prefetch", False)))
+                   vector_width=int(d.get("vector_width", 1)), prefetch=bool(d.get("prefetch", False)),
+                   rows=bool(d.get("rows", False)))
 
 
 def reuse_axes(t: Tensor) -> dict[int, frozenset[int]]:
@@ -216,6 +226,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     workgroup barriers: full 4 x 4 tiles, no lanes and no unrolling (MobileNetV2 on lavapipe: 0.9 s a run,
     against 2.6 s with the GPU schedules; unrolling made its shaders 5x slower to generate and 4x slower for
     lavapipe to compile, with no faster runs).
+    Row kernels (a fused LayerNormalization or Softmax, ``t.attrs["rows"]``) on ``gpu`` get
+    :func:`row_schedule`.
     Contractions (:mod:`kiln.te.tiles`) on ``gpu`` may stage their operands through workgroup
     memory instead (``shared_k``), as :data:`DEFAULT_SHARED_TILES` says.
 
@@ -224,6 +236,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     """
     if device_class not in DEVICE_CLASSES:
         raise ValueError(f"device_class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
+    if device_class == "gpu" and t.attrs.get("rows"):
+        return row_schedule(t)
     if device_class == "cpu":
         min_invocations, target_invocations = 1, 0
     reds = reductions(t)
@@ -262,6 +276,22 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     if width * accs * 4 > shared_bytes:
         return Schedule(splits=splits, unroll=9)
     return Schedule(workgroup_size=width, splits=splits, unroll=9, reduce_lanes=lanes)
+
+
+def row_schedule(t: Tensor) -> Schedule:
+    """The schedule of a row kernel (:mod:`kiln.te.rows`, a group the fusion pass marked ``attrs["rows"]``):
+    one workgroup a row, of the power of two from 32 to 256 that leaves each lane about 4 of the row's
+    elements (run-time dims at their ``opt`` value)."""
+    from kiln.te.rows import analyse_rows
+
+    plan = analyse_rows(t)
+    if isinstance(plan, str):
+        return Schedule()
+    n = _prod(at_opt(t.shape[a]) for a in plan.cols)
+    width = 32
+    while width < 256 and width * 4 < n:
+        width *= 2
+    return Schedule(workgroup_size=width, reduce_lanes=width, rows=True)
 
 
 def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, shared_bytes: int) -> Schedule | None:

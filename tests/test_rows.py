@@ -1,0 +1,49 @@
+"""Row kernels (kiln.te.rows): LayerNormalization and Softmax fused into one kernel, a workgroup per row,
+checked against onnxruntime with NaN-poisoned buffers (tests/opcheck.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from opcheck import check_op, make_model
+
+from kiln.compiler import compile_graph
+from kiln.frontend.onnx.importer import import_model
+
+
+@pytest.mark.parametrize("width", [7, 384, 1000])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_rows(rng, width, bias):
+    x = (rng.standard_normal((3, 2, width)) * 3 + 1).astype(np.float32)
+    inits = {"scale": rng.standard_normal(width).astype(np.float32)}
+    if bias:
+        inits["bias"] = rng.standard_normal(width).astype(np.float32)
+    check_op("LayerNormalization", {"x": x}, {"axis": -1, "epsilon": 1e-3}, inits, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("width", [7, 128, 1000])
+def test_softmax_rows(rng, op, width):
+    x = (rng.standard_normal((2, 3, width)) * 4).astype(np.float32)
+    check_op(op, {"x": x}, {"axis": -1}, opset=13, rtol=1e-4, atol=1e-6)
+
+
+def _kernels(model, **kw) -> list[list[str]]:
+    return [k.ops for k in compile_graph(import_model(model), **kw).kernels]
+
+
+def test_row_fusion_makes_one_kernel_per_op(rng):
+    """LayerNormalization and Softmax each become one row kernel on gpu schedules; cpu schedules and the
+    other targets keep the reductions in kernels of their own."""
+    x = rng.standard_normal((4, 384)).astype(np.float32)
+    ln = make_model("LayerNormalization", {"x": x}, {"axis": -1},
+                    {"scale": np.ones(384, np.float32), "bias": np.zeros(384, np.float32)})
+    sm = make_model("Softmax", {"x": x}, {"axis": -1}, opset=13)
+    for model in (ln, sm):
+        gpu = compile_graph(import_model(model))
+        assert len(gpu.kernels) == 1, [k.ops for k in gpu.kernels]
+        assert gpu.kernels[0].schedule.get("rows") and gpu.groups[-1].rows
+        assert len(_kernels(model, device_class="cpu")) == 3
+        assert len(_kernels(model, target="webgpu,wasm")) == 3
+    # a reduction whose result is also a graph output is not fused away
+    assert len(_kernels(make_model("ReduceMax", {"x": x}, {"axes": [1], "keepdims": 1}, opset=13))) == 1
