@@ -1,0 +1,1 @@
+"""Kiln benchmarks: each script prints a table and writes JSON under bench/results/."""

@@ -1,0 +1,67 @@
+"""Timing and reporting helpers shared by the benchmarks."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def time_runs(fn: Callable[[], object], repeat: int, warmup: int, on_step: Callable[[], None] | None = None,
+              sync: Callable[[], None] | None = None) -> tuple[float, list[float]]:
+    """Time ``fn``: returns (first call ms, ``repeat`` per-call ms after ``warmup`` more calls).
+
+    ``sync`` (e.g. ``torch.cuda.synchronize``) is called before reading each clock, so
+    asynchronous work is counted where it happens.
+    """
+    def one() -> float:
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        if on_step:
+            on_step()
+        return (time.perf_counter() - t0) * 1e3
+
+    cold = one()
+    for _ in range(warmup):
+        one()
+    return cold, [one() for _ in range(repeat)]
+
+
+def summary(times: list[float], cold: float) -> dict[str, float]:
+    """Median, min, max and first-run milliseconds."""
+    return {"median_ms": float(np.median(times)), "min_ms": float(min(times)), "max_ms": float(max(times)),
+            "cold_ms": float(cold)}
+
+
+def commit() -> str:
+    """Short git commit of the working tree: ``$KILN_COMMIT`` if set (the GPU machine gets no .git), else git's."""
+    if os.environ.get("KILN_COMMIT"):
+        return os.environ["KILN_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_record(record: dict, out_dir: Path, stem: str) -> Path:
+    """Write ``record`` (plus date, host, commit) as JSON ``<stem>-<UTC timestamp>.json`` in ``out_dir``."""
+    now = datetime.datetime.now(datetime.UTC)
+    record = {"date": now.isoformat(timespec="seconds"), "commit": commit(), "host": platform.node(), **record}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stem}-{now:%Y%m%d-%H%M%S}.json"
+    path.write_text(json.dumps(record, indent=1))
+    return path

@@ -1,0 +1,38 @@
+"""Option parsers shared by the ``kiln`` commands (``kiln compile``, ``kiln tune``); kept apart from
+:mod:`kiln.cli` so that :mod:`kiln.tune.cli`, which ``kiln.cli`` imports, can use them too."""
+
+from __future__ import annotations
+
+import click
+
+from kiln.errors import KilnError
+
+
+def parse_dims(values: tuple[str, ...], ranges: bool = True) -> dict[str, int | tuple[int, ...]]:
+    """``--dim`` values: ``NAME=SIZE`` binds a symbolic dim statically; with ``ranges``,
+    ``NAME=LO..HI[@OPT][%MULTIPLE]`` makes it a run-time dim (docs/dynamic-shapes.md), ``(lo, hi, opt)`` or
+    ``(lo, hi, opt, multiple)``.
+
+    Raises:
+        click.BadParameter: a malformed value, a size below 1, bounds out of order, or a range where
+            ``ranges`` is false.
+    """
+    from kiln.frontend.onnx.importer import parse_dim_spec
+
+    dims: dict[str, int | tuple[int, ...]] = {}
+    expected = "NAME=SIZE with SIZE >= 1"
+    if ranges:
+        expected += ", or NAME=LO..HI[@OPT][%MULTIPLE] with 1 <= LO <= OPT <= HI (and MULTIPLE dividing them)"
+    for item in values:
+        name, sep, val = item.partition("=")
+        try:
+            spec = parse_dim_spec(name.strip(), val) if sep else None
+        except KilnError:
+            spec = None
+        if spec is None or (isinstance(spec, int) and spec < 1) or (isinstance(spec, tuple) and spec[0] < 1):
+            raise click.BadParameter(f"{item!r}: expected {expected}", param_hint="--dim")
+        if isinstance(spec, tuple) and not ranges:
+            raise click.BadParameter(f"{item!r}: this command binds dims statically; expected {expected}",
+                                     param_hint="--dim")
+        dims[name.strip()] = spec
+    return dims

@@ -1,0 +1,264 @@
+"""GLSL ES 3.00 rendering of lowered kernels for the WebGL2 target (GLSL ES 3.00.6 spec).
+
+WebGL2 has no compute shaders, so each kernel is a fragment shader that computes one output
+element per fragment (the GPGPU scheme of TensorFlow.js's WebGL backend and TensorJS):
+
+- every tensor lives in a 2-D texture, ``R32F`` for float32 storage and ``R32I`` for int32 storage
+  (bool and narrow integers are stored as int32, float16 as float32, as in the package format's
+  *Dtypes*), row-major: flat element ``i`` of a tensor of ``n`` elements is texel
+  ``(i % w, i / w)`` with ``w = min(n, width)`` (:func:`layout`; ``width`` is the package's
+  ``texture_width``);
+- loads are ``texelFetch`` calls (exact texels, no filtering or normalised coordinates);
+- the fragment at ``gl_FragCoord.xy`` computes flat output element ``y * w_out + x``, drawn by a
+  full-screen triangle into a viewport of the output's ``w_out x h_out`` texels (fragments past the
+  last element of a partial last row are discarded: they write nothing);
+- the result goes to ``layout(location = 0) out`` of a float (``EXT_color_buffer_float``) or
+  integer render target, and runtimes read outputs back with ``readPixels``.
+
+Shapes, strides and sizes are baked into each specialised shader as constants (no uniforms
+besides the input samplers: TensorJS measured uniform uploads costing more than small shaders).
+Only schedules with one element per invocation map onto fragments: register tiles, reduce lanes and
+workgroup barriers do not (:func:`check`). This module shares only the target-neutral kernel IR of
+:mod:`kiln.te.lower` with the other targets.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.te.expr import Bin, Call, Cast, Const, Expr, Select, Var
+from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Let, LoweredKernel, Store
+
+#: Kiln dtype -> GLSL ES 3.00 scalar type
+TYPES = {"float32": "float", "int32": "int", "bool": "bool"}
+
+#: storage dtype -> (sampler type, texture internal format)
+TEXTURES = {"float32": ("sampler2D", "R32F"), "int32": ("isampler2D", "R32I")}
+
+#: expression function -> GLSL ES 3.00 built-in (§8); ``round`` is round-half-to-even as in WGSL and ONNX
+BUILTINS = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil",
+            "tanh": "tanh", "max": "max", "min": "min", "pow": "pow", "clamp": "clamp",
+            "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
+            "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "round": "roundEven", "sign": "sign",
+            "trunc": "trunc", "bitcast_i32": "floatBitsToInt", "bitcast_f32": "intBitsToFloat"}
+
+#: sin and cos of our own: GLSL ES 3.00 leaves the built-ins' precision to the implementation, and
+#: SwiftShader's are off by up to 2e-4 on [-3, 3]. Cody-Waite reduction by pi/2 (two-part constant) and
+#: Cephes' single-precision minimax polynomials on [-pi/4, pi/4] (sinf.c, cosf.c): within a few ulp for
+#: |x| up to about 1e4
+SINCOS = """float kiln_sincos(float x, int quadrant) {
+    float k = roundEven(x * 0.636619772);
+    float r = (x - k * 1.57079637) + k * 4.37113883e-8;
+    float z = r * r;
+    float s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r;
+    float c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0;
+    int q = (int(k) + quadrant) & 3;
+    float v = (q & 1) == 0 ? s : c;
+    return q >= 2 ? -v : v;
+}"""
+
+#: WebGL2's guaranteed minimum of MAX_TEXTURE_IMAGE_UNITS (WebGL 2.0 spec, OpenGL ES 3.0 table 6.33): the
+#: most input textures a kernel may sample
+MAX_TEXTURE_IMAGE_UNITS = 16
+
+#: default texture row width (texels); WebGL2 guarantees MAX_TEXTURE_SIZE >= 2048, and 4096 is what
+#: nearly every WebGL2 device offers
+TEXTURE_WIDTH = 4096
+
+#: name -> IEEE-754 bits (as a signed int) of the special float values a kernel body may use
+#: ``round_f16``: f32 rounded to the nearest f16 value, beyond f16's range +-infinity (``x * 1e38`` of the
+#: run-time argument), NaN kept (tested on the bits); ``packHalf2x16`` only sees values within f16's range
+ROUND_F16 = """float kiln_round_f16(float x) {
+    float r = unpackHalf2x16(packHalf2x16(vec2(clamp(x, -65504.0, 65504.0), 0.0))).x;
+    float o = abs(x) >= 65520.0 ? x * 1e38 : r;
+    return (floatBitsToInt(x) & 0x7fffffff) > 0x7f800000 ? x : o;
+}"""
+
+SPECIAL_FLOATS = {"kiln_pos_inf": 0x7F800000, "kiln_neg_inf": -0x00800000, "kiln_nan": 0x7FC00000}
+
+_ARITH = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&", "|", "^", "<<", ">>"}
+#: logical operators on bool (GLSL has no bitwise operators on bool)
+_LOGICAL = {"&&": "&&", "||": "||", "&": "&&", "|": "||", "^": "^^"}
+
+#: the vertex shader every kernel is drawn with: one triangle covering the viewport, no attributes
+VERTEX_SHADER = """#version 300 es
+// Kiln: a full-screen triangle (vertices 0, 1, 2 -> clip space (-1,-1), (3,-1), (-1,3))
+void main() {
+    vec2 p = vec2(float((gl_VertexID << 1) & 2), float(gl_VertexID & 2));
+    gl_Position = vec4(p * 2.0 - 1.0, 0.0, 1.0);
+}
+"""
+
+
+def layout(elements: int, width: int = TEXTURE_WIDTH) -> tuple[int, int]:
+    """Texels ``(w, h)`` holding a tensor (or buffer) of ``elements`` elements in rows of at most ``width``."""
+    w = max(1, min(elements, width))
+    return w, max(1, -(-elements // w))
+
+
+def literal(value, dtype: str) -> str:
+    """A GLSL ES 3.00 literal of ``dtype`` (infinities and NaN as the names in :data:`SPECIAL_FLOATS`)."""
+    if dtype == "bool":
+        return "true" if value else "false"
+    if dtype == "int32":
+        v = int(value)
+        if v == -(2**31):
+            return "(-2147483647 - 1)"
+        return f"({v})" if v < 0 else str(v)
+    f = float(np.float32(value))
+    if math.isnan(f):
+        return "kiln_nan"
+    if math.isinf(f):
+        return "kiln_pos_inf" if f > 0 else "kiln_neg_inf"
+    r = repr(f)
+    if "e" not in r and "." not in r:
+        r += ".0"
+    return f"({r})" if f < 0 else r
+
+
+def expr(e: Expr) -> str:
+    """Render one expression (fully parenthesised)."""
+    if isinstance(e, Const):
+        return literal(e.value, e.dtype)
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, BufLoad):
+        idx = expr(e.index)
+        if e.guard:
+            idx = f"clamp({idx}, 0, {e.size - 1})"
+        return f"load_{e.buf}({idx})"
+    if isinstance(e, Bin):
+        a, b = expr(e.a), expr(e.b)
+        if e.a.dtype == "bool" and e.op in _LOGICAL:
+            return f"({a} {_LOGICAL[e.op]} {b})"
+        if e.op in ("&&", "||"):
+            return f"({a} {e.op} {b})"
+        if e.op == "//":
+            return f"({a} / {b})"
+        if e.op == "%":  # truncated remainder, as WGSL; GLSL leaves % on negative operands undefined
+            if e.dtype == "int32":
+                return f"kiln_rem({a}, {b})"
+            return f"({a} - {b} * trunc({a} / {b}))"
+        if e.op in ("<<", ">>"):  # WGSL takes the shift amount modulo 32; GLSL leaves >= 32 undefined
+            return f"({a} {e.op} ({b} & 31))"
+        if e.op in _ARITH:
+            return f"({a} {e.op} {b})"
+        raise ValueError(f"GLSL: unknown binary op {e.op!r}")
+    if isinstance(e, Call):
+        if e.fn in ("sin", "cos"):  # see SINCOS
+            return f"kiln_sincos({expr(e.args[0])}, {0 if e.fn == 'sin' else 1})"
+        if e.fn == "round_f16":  # f32 rounded to half precision: see ROUND_F16
+            return f"kiln_round_f16({expr(e.args[0])})"
+        return f"{BUILTINS[e.fn]}({', '.join(expr(a) for a in e.args)})"
+    if isinstance(e, Select):
+        return f"({expr(e.cond)} ? {expr(e.t)} : {expr(e.f)})"
+    if isinstance(e, Cast):
+        return f"{TYPES[e.dtype]}({expr(e.x)})"
+    raise TypeError(f"GLSL: cannot render {type(e).__name__}")
+
+
+def _stmts(stmts, indent: int, out_name: str) -> list[str]:
+    pad = "    " * indent
+    out = []
+    for s in stmts:
+        if isinstance(s, Let):
+            out.append(f"{pad}{TYPES[s.value.dtype]} {s.var.name} = {expr(s.value)};")
+        elif isinstance(s, Decl):
+            out.append(f"{pad}{TYPES[s.var.dtype]} {s.var.name} = {expr(s.value)};")
+        elif isinstance(s, Assign):
+            out.append(f"{pad}{s.var.name} = {expr(s.value)};")
+        elif isinstance(s, For):
+            v = s.var.name
+            out.append(f"{pad}for (int {v} = 0; {v} < {s.extent}; {v}++) {{")
+            out.extend(_stmts(s.body, indent + 1, out_name))
+            out.append(f"{pad}}}")
+        elif isinstance(s, If):
+            out.append(f"{pad}if ({expr(s.cond)}) {{")
+            out.extend(_stmts(s.body, indent + 1, out_name))
+            out.append(f"{pad}}}")
+        elif isinstance(s, Store):
+            # one output element per fragment: the store's index is the fragment's own (checked in render)
+            out.append(f"{pad}{out_name} = {expr(s.value)};")
+        elif isinstance(s, Barrier):
+            raise KilnError("GLSL: fragment shaders have no workgroup barriers")
+        else:
+            raise TypeError(f"GLSL: cannot render statement {type(s).__name__}")
+    return out
+
+
+def check(k: LoweredKernel, node: str = "") -> None:
+    """Raise :class:`KilnError` naming ``node`` if kernel ``k`` cannot be a WebGL2 fragment shader.
+
+    A fragment computes exactly one output element and samples at most
+    :data:`MAX_TEXTURE_IMAGE_UNITS` textures; register tiles, reduce lanes (workgroup memory
+    and barriers) and more inputs than that do not map.
+    """
+    where = f"node {node!r}" if node else f"kernel {k.name}"
+    if k.lanes > 1 or k.shared:
+        raise KilnError(f"{where}: the webgl2 target cannot run reduce lanes (no workgroup memory in fragment shaders)")
+    if k.total != k.params[-1].size:
+        raise KilnError(f"{where}: the webgl2 target computes one element per fragment; the schedule has register "
+                        f"tiles ({k.total} invocations for {k.params[-1].size} elements)")
+    stores = [s for s in k.body if isinstance(s, Store)]
+    if len(stores) != 1 or k.body[-1] is not stores[0]:
+        raise KilnError(f"{where}: the webgl2 target needs one unconditional output store per fragment")
+    inputs = len(k.params) - 1
+    if inputs > MAX_TEXTURE_IMAGE_UNITS:
+        raise KilnError(f"{where}: its kernel reads {inputs} tensors, more than the {MAX_TEXTURE_IMAGE_UNITS} "
+                        "textures a WebGL2 fragment shader may sample (MAX_TEXTURE_IMAGE_UNITS)")
+    for p in k.params:
+        if p.dtype not in TEXTURES:
+            raise KilnError(f"{where}: the webgl2 target has no texture format for {p.dtype} tensors")
+
+
+def render(k: LoweredKernel, comment: str = "", width: int = TEXTURE_WIDTH, node: str = "") -> str:
+    """GLSL ES 3.00 fragment shader of kernel ``k`` (textures in rows of at most ``width`` texels).
+
+    Input ``i`` is the sampler uniform ``in{i}`` (bind its texture to any unit), the output is
+    fragment output 0; draw the viewport ``layout(output elements, width)``.
+
+    Raises:
+        KilnError: ``k`` does not map onto one element per fragment (:func:`check`), naming ``node``.
+    """
+    check(k, node)
+    out = k.params[-1]
+    out_w, _ = layout(out.size, width)
+    lines = ["#version 300 es", f"// Kiln kernel {k.name}" + (f": {comment}" if comment else ""),
+             "// generated from a tensor expression; do not edit", "precision highp float;", "precision highp int;",
+             "precision highp sampler2D;", "precision highp isampler2D;", ""]
+    for p in k.params[:-1]:
+        sampler, fmt = TEXTURES[p.dtype]
+        w, h = layout(p.size, width)
+        lines.append(f"uniform {sampler} {p.name};  // {p.dtype}[{p.size}]: {fmt} {w}x{h}")
+    lines.append(f"layout(location = 0) out {TYPES[out.dtype]} kiln_out;  // {out.dtype}[{out.size}]: "
+                 f"{TEXTURES[out.dtype][1]} {out_w}x{layout(out.size, width)[1]}")
+    lines.append("")
+    for p in k.params[:-1]:
+        w, _ = layout(p.size, width)
+        if w >= p.size:
+            coord = "ivec2(i, 0)"
+        elif w & (w - 1) == 0:
+            coord = f"ivec2(i & {w - 1}, i >> {w.bit_length() - 1})"
+        else:
+            coord = f"ivec2(i % {w}, i / {w})"
+        lines.append(f"{TYPES[p.dtype]} load_{p.name}(int i) {{ return texelFetch({p.name}, {coord}, 0).x; }}")
+    body = _stmts(k.body, 1, "kiln_out")
+    text = "\n".join(body)
+    if "kiln_rem(" in text:
+        lines.append("int kiln_rem(int a, int b) { return a - (a / b) * b; }")
+    if "kiln_sincos(" in text:
+        lines.append(SINCOS)
+    if "kiln_round_f16(" in text:
+        lines.append(ROUND_F16)
+    lines += ["", "void main() {", f"    int {k.gid.name} = int(gl_FragCoord.y) * {out_w} + int(gl_FragCoord.x);"]
+    if out.size % out_w:
+        lines += [f"    if ({k.gid.name} >= {out.size}) {{", "        discard;", "    }"]
+    for name, bits in SPECIAL_FLOATS.items():
+        if name in text:  # made from a run-time value, so compilers cannot fold it into a literal they reject
+            lines.append(f"    float {name} = intBitsToFloat({bits} + min({k.gid.name}, 0));")
+    lines += body
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,44 @@
+"""Validation of generated WGSL by naga, through wgpu-py's ``create_shader_module``.
+
+Compilation validates every shader before a package is written, so a codegen bug
+fails at ``kiln compile`` with the shader's name rather than in a user's browser.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from kiln.errors import KilnError
+
+
+class ShaderError(KilnError):
+    """Generated WGSL failed validation (a Kiln bug: please report it with the model)."""
+
+
+@functools.lru_cache(maxsize=4)
+def _device(features: tuple[str, ...] = ()):
+    from kiln.errors import DeviceError
+    from kiln.runtime import gpu
+
+    try:
+        adapter = gpu.request_adapter()
+    except DeviceError:
+        return None
+    missing = [f for f in features if f not in adapter.features]
+    if missing:
+        raise ShaderError(f"the WebGPU adapter here ({adapter.info.get('device', '?')}) lacks {', '.join(missing)}, "
+                          "so naga cannot validate these shaders (pass validate=False to skip)")
+    return adapter.request_device_sync(required_features=list(features))
+
+
+def validate_wgsl(source: str, name: str, features: tuple[str, ...] = ()) -> None:
+    """Compile ``source`` with naga on a device with WebGPU ``features`` (``shader-f16`` for shaders that
+    ``enable f16``); raise :class:`ShaderError` naming kernel ``name`` if it is invalid or no adapter here
+    has the features."""
+    dev = _device(tuple(features))
+    if dev is None:
+        raise ShaderError("no WebGPU adapter to validate shaders with (pass validate=False to skip)")
+    try:
+        dev.create_shader_module(label=name, code=source)
+    except Exception as e:  # noqa: BLE001  (wgpu raises several error types for invalid WGSL)
+        raise ShaderError(f"generated WGSL for kernel {name!r} is invalid: {e}") from None

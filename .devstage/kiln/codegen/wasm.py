@@ -1,0 +1,227 @@
+"""The WebAssembly target: CPU schedules, the linear-memory layout, and building one ``.wasm`` module.
+
+Kernels are rendered to C (:mod:`kiln.codegen.c`) and compiled by clang through the ``ziglang``
+wheel (``zig cc --target=wasm32-freestanding``) with SIMD128, saturating float-to-int
+conversions and bulk memory. One module holds every kernel of a package (each an exported
+function) and one linear memory:
+
+``[0, ARENA)``            the module's own constant data and clang's stack (``STACK`` bytes)
+``[ARENA, ARENA + n)``    the package's buffers, each at its ``offsets[id]`` (16-byte aligned),
+``SLACK`` bytes           after the last buffer, so whole-vector loads at a buffer's end stay in memory
+
+The threaded variant is the same code built with ``-matomics -mbulk-memory`` against an
+imported shared memory (WebAssembly threads proposal), for runtimes with workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiln.errors import KilnError
+from kiln.te.compute import Tensor
+from kiln.te.schedule import Schedule, Split, reduction_size, tile_axes
+
+#: bytes of clang's stack at the bottom of linear memory
+STACK = 64 * 1024
+#: first byte of the buffer arena (the stack and the module's constant data lie below it)
+ARENA = 128 * 1024
+#: free bytes before the arena's first and after its last buffer (vector loads reach 12 bytes past)
+SLACK = 64
+#: WebAssembly page size (bytes)
+PAGE = 65536
+#: the most memory a wasm32 module addresses (65536 pages)
+MAX_MEMORY = 4 * 1024**3
+
+#: clang flags of every build: SIMD128, non-trapping float-to-int, no errno (math calls become
+#: instructions), wrap-around signed arithmetic (ONNX integer semantics), no debug information and no
+#: loop unrolling of clang's own (lowering unrolled the reductions already; both halve compile time), stripped
+CFLAGS = ["--target=wasm32-freestanding", "-O3", "-msimd128", "-mnontrapping-fptoint", "-mbulk-memory",
+          "-fno-math-errno", "-fwrapv", "-std=c11", "-g0", "-fno-unroll-loops", "-s", "-Wl,--no-entry",
+          f"-Wl,-z,stack-size={STACK}",
+          "-Wl,--export=__heap_base"]
+THREAD_FLAGS = ["-matomics", "-Wl,--shared-memory", "-Wl,--import-memory"]
+
+
+def grid_shape(shape: tuple[int, ...], schedule: Schedule) -> tuple[int, ...]:
+    """The tile grid of an output of ``shape`` under ``schedule`` (split axes divided, rounded up),
+    as :func:`kiln.te.lower.lower` unravels the invocation index over it."""
+    splits = {s.axis: s.factor for s in schedule.splits if s.factor > 1 and shape[s.axis] > 1}
+    return tuple(-(-d // splits[a]) if a in splits else d for a, d in enumerate(shape))
+
+
+def wasm_schedule(t: Tensor) -> Schedule:
+    """The CPU schedule of ``t`` for the WebAssembly target (no reduce lanes, no workgroups).
+
+    Four neighbouring tiles along the grid's innermost axis run as the lanes of a SIMD128
+    vector, so that axis stays whole (a strided split of it keeps each element's columns
+    contiguous): reductions of 9 iterations and more (a 3x3 window and up) tile the innermost axis
+    by 2 when that leaves a multiple of 4 columns per element, and the other axis with
+    complementary load reuse (output channels of a convolution, rows of a matrix product) by 4,
+    or by 8 when the innermost is not tiled: 8 vector accumulators a tile, each input vector used
+    4 or 8 times. When the innermost extent is no multiple of 4, vectors run across its rows
+    (:func:`kiln.codegen.c.render`), so the axis outside it is not tiled. Windows up to 9 iterations unroll fully; longer reductions unroll by their
+    largest divisor up to 8.
+    """
+    if reduction_size(t) < 9:
+        return Schedule()
+    axes = tile_axes(t)
+    dims = [a for a, d in enumerate(t.shape) if d > 1]
+    inner = dims[-1] if dims else -1
+    second = dims[-2] if len(dims) > 1 else -1
+    split_inner = inner in axes and t.shape[inner] % 8 == 0  # two vectors a row, each a multiple of 4 wide
+    splits = []
+    for a in axes:
+        if a == inner:
+            if split_inner:
+                splits.append(Split(a, 2, contiguous=False))
+        elif a == second and t.shape[inner] % 4:
+            continue  # vectors cross rows of the innermost axis: tiling the row axis would break their contiguity
+        else:
+            f = min(4 if split_inner else 8, t.shape[a])
+            if f > 1:
+                splits.append(Split(a, f, contiguous=True))
+    return Schedule(splits=tuple(splits), unroll=9 if reduction_size(t) <= 9 else 8)
+
+
+@dataclass
+class Layout:
+    """Where every buffer lives in linear memory.
+
+    Attributes:
+        offsets: buffer id -> byte offset (16-byte aligned).
+        bytes: the memory the plan needs, from address 0 to the end of the last buffer's slack.
+    """
+
+    offsets: list[int]
+    bytes: int = 0
+
+    @property
+    def pages(self) -> int:
+        """64 KiB pages of :attr:`bytes`."""
+        return -(-self.bytes // PAGE)
+
+
+def plan_layout(sizes: list[int]) -> Layout:
+    """Place buffers of ``sizes`` bytes (in buffer-id order) one after another from :data:`ARENA`.
+
+    Raises:
+        KilnError: the buffers do not fit a wasm32 memory (4 GiB).
+    """
+    offsets, at = [], ARENA + SLACK
+    for n in sizes:
+        offsets.append(at)
+        at += -(-n // 16) * 16
+    total = at + SLACK
+    if total > MAX_MEMORY:
+        raise KilnError(f"the package needs {total / 2**30:.2f} GiB of linear memory; wasm32 addresses at most 4 GiB")
+    return Layout(offsets, total)
+
+
+def _zig() -> list[str]:
+    try:
+        import ziglang  # noqa: F401
+    except ImportError:
+        raise KilnError("the wasm target needs the ziglang package (pip install ziglang)") from None
+    return [sys.executable, "-m", "ziglang"]
+
+
+def compile_module(source: str, pages: int, threads: bool = False) -> bytes:
+    """Compile C ``source`` (kernels exported by name) into a WebAssembly module with ``pages`` pages of memory.
+
+    Single-threaded modules define and export ``memory``; threaded ones import a shared
+    ``env.memory`` of exactly ``pages`` pages.
+
+    Raises:
+        KilnError: the C compiler failed (its message attached) or ziglang is missing.
+    """
+    return compile_modules(source, pages, (threads,))[0]
+
+
+def compile_modules(source: str, pages: int, variants: tuple[bool, ...] = (False, True)) -> list[bytes]:
+    """:func:`compile_module` for each of ``variants`` (``threads`` flags), the compilers running in parallel."""
+    base = CFLAGS + [f"-Wl,--initial-memory={pages * PAGE}", f"-Wl,--max-memory={pages * PAGE}"]
+    with tempfile.TemporaryDirectory(prefix="kiln-wasm-") as tmp:
+        src = Path(tmp) / "kernels.c"
+        src.write_text(source)
+        procs = []
+        for n, threads in enumerate(variants):
+            out = Path(tmp) / f"kernels{n}.wasm"
+            cmd = _zig() + ["cc", *base, *(THREAD_FLAGS if threads else []), "-o", str(out), str(src)]
+            procs.append((out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        results = []
+        for out, proc in procs:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise KilnError(f"the WebAssembly C compiler failed:\n{err.strip()[-4000:]}")
+            results.append(out.read_bytes())
+        return results
+
+
+def warm_up() -> None:
+    """Compile a tiny module in both variants, so that zig builds and caches its compiler-rt for them
+    (about a minute the first time on a machine; ``setup.sh`` calls this so tests and users do not wait).
+
+    Raises:
+        KilnError: the toolchain does not work.
+    """
+    from kiln.codegen.c import PRELUDE
+
+    src = PRELUDE + ('KILN_EXPORT("f") void f(float* x, int n) {\n'
+                     '    for (int i = 0; i < n; i++) x[i] = expf(x[i]) + logf(x[i]) + sinf(x[i]) + cosf(x[i])\n'
+                     '        + tanf(x[i]) + kiln_tanhf(x[i]) + kiln_powf(x[i], 0.5f);\n}\n')
+    compile_modules(src, 4)
+
+
+def heap_base(module: bytes) -> int:
+    """The first address after the module's constant data and stack (its exported ``__heap_base``)."""
+    import wasmtime
+
+    engine = wasmtime.Engine()
+    store = wasmtime.Store(engine)
+    instance = wasmtime.Instance(store, wasmtime.Module(engine, module), [])
+    return int(instance.exports(store)["__heap_base"].value(store))
+
+
+def sha256(data: bytes) -> str:
+    """Hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class WasmKernel:
+    """One exported kernel function."""
+
+    name: str
+    export: str
+    params: int
+    ops: list[str]
+    schedule: dict
+    vectorized: bool
+
+
+@dataclass
+class WasmStep:
+    """One call of the plan: ``kernel`` over tiles ``[0, total)`` with ``buffers`` bound to its pointers."""
+
+    kernel: int
+    buffers: list[int]
+    total: int
+    name: str
+
+
+@dataclass
+class WasmProgram:
+    """Everything the package's ``targets.wasm`` is written from."""
+
+    source: str
+    module: bytes
+    layout: Layout
+    kernels: list[WasmKernel]
+    steps: list[WasmStep]
+    threads_module: bytes | None = None
+    meta: dict = field(default_factory=dict)

@@ -1,0 +1,152 @@
+"""Eager tensors on WebGPU with reverse-mode autodiff (see docs/eager.md).
+
+::
+
+    import kiln
+    x = kiln.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    y = (x @ x).relu().sum()
+    y.backward()
+    x.grad.numpy()
+
+Every op runs a kernel generated from the compiler's tensor expressions on one shared wgpu
+device; tensors stay on the device until ``.numpy()``. :func:`stats` shows the kernel cache.
+"""
+
+from __future__ import annotations
+
+from kiln.eager import functional
+from kiln.eager.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from kiln.eager.kernels import set_specialize_after, stats
+from kiln.eager.ops import (
+    argmax,
+    argmin,
+    cat,
+    expand,
+    flatten,
+    gather,
+    matmul,
+    max,
+    mean,
+    min,
+    permute,
+    reshape,
+    squeeze,
+    stack,
+    sum,
+    take,
+    transpose,
+    unsqueeze,
+)
+from kiln.eager.tensors import (
+    Tensor,
+    abs,
+    arange,
+    atan,
+    clamp,
+    cos,
+    cosh,
+    elu,
+    erf,
+    exp,
+    full,
+    gelu,
+    hardsigmoid,
+    leaky_relu,
+    log,
+    manual_seed,
+    maximum,
+    minimum,
+    mish,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    reciprocal,
+    relu,
+    selu,
+    sigmoid,
+    silu,
+    sin,
+    sinh,
+    softplus,
+    softsign,
+    sqrt,
+    tan,
+    tanh,
+    tensor,
+    where,
+    zeros,
+    zeros_like,
+)
+
+softmax = functional.softmax
+log_softmax = functional.log_softmax
+
+__all__ = [
+    "Tensor",
+    "abs",
+    "arange",
+    "argmax",
+    "argmin",
+    "atan",
+    "cat",
+    "clamp",
+    "cos",
+    "cosh",
+    "elu",
+    "enable_grad",
+    "erf",
+    "exp",
+    "expand",
+    "flatten",
+    "full",
+    "functional",
+    "gather",
+    "gelu",
+    "hardsigmoid",
+    "is_grad_enabled",
+    "leaky_relu",
+    "log",
+    "log_softmax",
+    "manual_seed",
+    "matmul",
+    "max",
+    "maximum",
+    "mean",
+    "min",
+    "minimum",
+    "mish",
+    "no_grad",
+    "ones",
+    "ones_like",
+    "permute",
+    "rand",
+    "randn",
+    "reciprocal",
+    "relu",
+    "reshape",
+    "selu",
+    "set_grad_enabled",
+    "set_specialize_after",
+    "sigmoid",
+    "silu",
+    "sin",
+    "sinh",
+    "softmax",
+    "softplus",
+    "softsign",
+    "sqrt",
+    "squeeze",
+    "stack",
+    "stats",
+    "sum",
+    "take",
+    "tan",
+    "tanh",
+    "tensor",
+    "transpose",
+    "unsqueeze",
+    "where",
+    "zeros",
+    "zeros_like",
+]

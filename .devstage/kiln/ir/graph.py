@@ -1,0 +1,220 @@
+"""The graph IR: SSA values, nodes of primitive ops, and graphs.
+
+A :class:`Value` is defined once (by a node, as a graph input, or as a constant)
+and carries a dtype and a shape. Shapes are concrete tuples of ints; graph inputs
+and outputs also keep the model's symbolic shape (``("N", 3, 224, 224)``) and
+``Graph.dims`` records the value each symbol was bound to.
+
+Nodes hold *primitive* ops (see :mod:`kiln.ir.ops`); frontends decompose model
+operators into them through :class:`Builder`, which also runs shape inference.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kiln.ir import dtypes
+
+Shape = tuple[int, ...]
+
+
+@dataclass(eq=False)
+class Value:
+    """One SSA value: a tensor of ``dtype`` and ``shape``.
+
+    Attributes:
+        name: unique name inside its graph.
+        dtype: Kiln dtype name (see :mod:`kiln.ir.dtypes`).
+        shape: concrete dims.
+        const: the data, for constants and weights (``None`` for computed values).
+        producer: the node that defines it (``None`` for inputs and constants).
+        sym_shape: the model's own shape with symbolic dims, for graph inputs/outputs.
+    """
+
+    name: str
+    dtype: str
+    shape: Shape
+    const: np.ndarray | None = None
+    producer: Node | None = None
+    sym_shape: tuple[int | str, ...] | None = None
+
+    @property
+    def size(self) -> Any:
+        """Number of elements (a size expression when the shape has run-time dims)."""
+        if any(not isinstance(d, (int, np.integer)) for d in self.shape):
+            from kiln.te import symbolic
+
+            return symbolic.prod(self.shape)
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> Any:
+        """Bytes in host memory (a size expression when the shape has run-time dims)."""
+        return self.size * dtypes.itemsize(self.dtype)
+
+    @property
+    def is_static(self) -> bool:
+        """True when every dim is an int (no run-time dims)."""
+        return all(isinstance(d, (int, np.integer)) for d in self.shape)
+
+    @property
+    def is_shape_const(self) -> bool:
+        """True for a constant holding size expressions (an object array: ``Shape`` of a run-time dim)."""
+        return self.const is not None and self.const.dtype == object
+
+    @property
+    def is_const(self) -> bool:
+        """True for constants and weights."""
+        return self.const is not None
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.dtype}{list(self.shape)}"
+
+
+@dataclass(eq=False)
+class Node:
+    """One primitive op applied to input values, defining output values."""
+
+    op: str
+    inputs: list[Value]
+    outputs: list[Value]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+    def __repr__(self) -> str:
+        return f"Node({self.op}, {self.name!r})"
+
+
+@dataclass(eq=False)
+class Graph:
+    """A dataflow graph in topological order.
+
+    Attributes:
+        nodes: nodes, each after the producers of its inputs.
+        inputs: runtime inputs (fed by the user).
+        outputs: values returned to the user, in order.
+        dims: symbolic dim name -> the concrete value shapes were bound to.
+        name: model name.
+    """
+
+    nodes: list[Node] = field(default_factory=list)
+    inputs: list[Value] = field(default_factory=list)
+    outputs: list[Value] = field(default_factory=list)
+    dims: dict[str, int] = field(default_factory=dict)
+    name: str = "model"
+    #: run-time dims (docs/dynamic-shapes.md): name -> its size symbol, in uniform order; empty when static
+    size_vars: dict[str, Any] = field(default_factory=dict)
+
+    def consumers(self) -> dict[int, list[Node]]:
+        """Map ``id(value)`` -> the nodes that read it (in graph order)."""
+        uses: dict[int, list[Node]] = {}
+        for node in self.nodes:
+            for v in node.inputs:
+                uses.setdefault(id(v), []).append(node)
+        return uses
+
+    def replace_uses(self, old: Value, new: Value) -> None:
+        """Make every reader of ``old`` (nodes and graph outputs) read ``new`` instead.
+
+        If ``old`` is a graph output, ``new`` takes over its name and symbolic shape, so the
+        model's interface never changes; ``new`` must then be computed by a node and not
+        already be an output (ValueError otherwise: callers keep an Identity instead).
+        """
+        if any(v is old for v in self.outputs):
+            if new.producer is None or any(v is new for v in self.outputs):
+                raise ValueError(f"cannot replace graph output %{old.name} by %{new.name}")
+            new.name, new.sym_shape = old.name, old.sym_shape
+        for node in self.nodes:
+            node.inputs = [new if v is old else v for v in node.inputs]
+        self.outputs = [new if v is old else v for v in self.outputs]
+
+
+class Builder:
+    """Appends primitive nodes to a graph, inferring output dtypes and shapes.
+
+    Frontends call :meth:`op`; shapes come from :mod:`kiln.ir.ops`, so a converter
+    never states an output shape by hand. With ``fold=True`` an op whose inputs are all
+    constants is evaluated at once (numpy semantics of :mod:`kiln.ir.ops`) and its result
+    returned as a constant, so shape computations (``Shape -> Gather -> Concat -> Reshape``)
+    are known to later converters that need compile-time values.
+    """
+
+    def __init__(self, graph: Graph, fold: bool = False):
+        self.graph = graph
+        self.fold = fold
+        #: set by the ONNX importer: converts a subgraph (If branch) inline, returning its outputs
+        self.subgraph = None
+        #: set by the ONNX importer: converts a subgraph into a closed Graph of its own (run-time If and Loop)
+        self.region = None
+        self._names: set[str] = {v.name for v in graph.inputs}
+        self._counter = itertools.count()
+        self.scope = ""
+
+    def fresh(self, hint: str) -> str:
+        """A value name unique in this graph, derived from ``hint``."""
+        name = hint or "v"
+        while name in self._names:
+            name = f"{hint}_{next(self._counter)}"
+        self._names.add(name)
+        return name
+
+    def const(self, array: np.ndarray | float, name: str = "const", dtype: str | None = None) -> Value:
+        """A constant value holding ``array`` (copied; ``dtype`` overrides the array's).
+
+        An object array of size expressions (a shape with run-time dims, :mod:`kiln.te.symbolic`) stays one,
+        of dtype ``dtype`` (default int64), unless every element simplifies to an int.
+        """
+        arr = np.asarray(array)
+        if arr.dtype == object:
+            from kiln.te import symbolic
+
+            flat = [symbolic.simplify(x) if not isinstance(x, (bool, np.bool_)) else x for x in arr.reshape(-1)]
+            dtype = dtype or "int64"
+            if any(symbolic.is_symbolic(x) for x in flat):
+                obj = np.empty(len(flat), object)
+                obj[:] = flat
+                return Value(self.fresh(name), dtype, tuple(arr.shape), const=obj.reshape(arr.shape))
+            arr = np.array(flat, dtype=dtypes.NUMPY[dtype]).reshape(arr.shape)
+        if dtype is not None:
+            arr = arr.astype(dtypes.NUMPY[dtype])
+        arr = np.array(arr, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
+        return Value(self.fresh(name), dtypes.from_numpy(arr.dtype), tuple(arr.shape), const=arr)
+
+    def op(self, op: str, inputs: list[Value], *, name: str = "", nout: int = 1, **attrs: Any) -> Value | list[Value]:
+        """Append primitive ``op`` reading ``inputs``; returns its output value (or list when ``nout > 1``).
+
+        Raises:
+            ShapeError: when the inputs do not fit the op (from the op's shape rule).
+        """
+        from kiln.ir import ops
+
+        spec = ops.get(op)
+        out_types = spec.infer([(v.dtype, v.shape) for v in inputs], attrs)
+        node_name = name or self.scope or op
+        static_out = all(all(isinstance(d, (int, np.integer)) for d in sh) for _, sh in out_types)
+        if self.fold and inputs and all(v.is_const for v in inputs) and static_out:
+            results = None
+            if any(v.is_shape_const for v in inputs):
+                from kiln.ir.shape_fold import fold
+
+                results = fold(op, [v.const for v in inputs], dict(attrs), out_types)
+            else:
+                results = spec.evaluate([v.const for v in inputs], dict(attrs))
+            if results is not None:
+                outs = [self.const(r, name=node_name, dtype=dt) for r, (dt, _) in zip(results, out_types)]
+                return outs if nout > 1 or len(outs) > 1 else outs[0]
+        if any(v.is_shape_const for v in inputs):
+            from kiln.ir.shape_fold import materialize_inputs
+
+            inputs = materialize_inputs(self, op, inputs)
+        outs = [Value(self.fresh(f"{node_name}:{i}" if len(out_types) > 1 else node_name), dt, tuple(sh))
+                for i, (dt, sh) in enumerate(out_types)]
+        node = Node(op, list(inputs), outs, dict(attrs), name=node_name)
+        for o in outs:
+            o.producer = node
+        self.graph.nodes.append(node)
+        return outs if nout > 1 or len(outs) > 1 else outs[0]

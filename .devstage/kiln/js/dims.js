@@ -1,0 +1,114 @@
+// Kiln browser runtime: run-time dims of a package (format 1.4, `dynamic_dims`; docs/dynamic-shapes.md).
+//
+// Each dim's value comes from the fed input shapes (all inputs must agree, within the dim's bounds);
+// the WebGPU backend writes the values into the dims uniform (dim `index` in i32 word `index`), and
+// dispatch sizes and output shapes follow from the manifest's size expressions: an int, a dim name,
+// or [op, a, b] with op one of + - * // % max min, evaluated here (never with eval).
+
+import {PackageError, ShapeError} from './errors.js';
+
+const OPS = {
+  '+': (a, b) => a + b, '-': (a, b) => a - b, '*': (a, b) => a * b,
+  '//': (a, b) => Math.floor(a / b), '%': (a, b) => a - b * Math.floor(a / b),
+  max: Math.max, min: Math.min,
+};
+
+/**
+ * Evaluate a manifest size expression.
+ * @param {any} e an int, a dim name or [op, a, b]
+ * @param {Record<string, number>} env dim name -> value
+ * @returns {number}
+ * @throws {PackageError} a malformed expression, an unknown dim or a division by zero
+ */
+export function evalDims(e, env) {
+  if (Number.isInteger(e)) return e;
+  if (typeof e === 'string') {
+    if (!(e in env)) throw new PackageError(`size expression names unknown dim '${e}'`);
+    return env[e];
+  }
+  if (Array.isArray(e) && e.length === 3 && Object.hasOwn(OPS, e[0])) {
+    const a = evalDims(e[1], env), b = evalDims(e[2], env);
+    if ((e[0] === '//' || e[0] === '%') && b === 0) throw new PackageError('size expression divides by zero');
+    return OPS[e[0]](a, b);
+  }
+  throw new PackageError(`malformed size expression ${JSON.stringify(e)}`);
+}
+
+/**
+ * Each run-time dim's value from the fed tensors' shapes.
+ * @param {any} manifest
+ * @param {Record<string, {dims: number[]}>} feeds input name -> tensor (names and dtypes already checked)
+ * @returns {Record<string, number>} dim name -> value
+ * @throws {ShapeError} a wrong rank or static dim, inputs that disagree on a dim, or a value out of bounds
+ *   or not a multiple the dim requires
+ *   (naming the input, the dim and its bounds)
+ */
+export function bindDims(manifest, feeds) {
+  const dims = Object.fromEntries(manifest.dynamic_dims.map((d) => [d.name, d]));
+  const env = {}, from = {};
+  for (const spec of manifest.inputs) {
+    const want = spec.dynamic_shape ?? spec.shape;
+    const got = feeds[spec.name].dims;
+    if (got.length !== want.length) {
+      throw new ShapeError(`input '${spec.name}': expected rank ${want.length} ${JSON.stringify(want)}, got shape [${got.join(', ')}]`);
+    }
+    want.forEach((w, axis) => {
+      if (typeof w !== 'string' || !(w in dims)) return;
+      const d = dims[w], v = got[axis];
+      if (v < d.min || v > d.max) {
+        throw new ShapeError(`input '${spec.name}' dim ${axis} (${w}) is ${v}, outside its bounds ${d.min}..${d.max}`);
+      }
+      if (d.multiple && v % d.multiple !== 0) {
+        throw new ShapeError(`input '${spec.name}' dim ${axis} (${w}) is ${v}, not a multiple of ${d.multiple}`);
+      }
+      if (w in env && env[w] !== v) {
+        throw new ShapeError(`inconsistent dim ${w}: input '${spec.name}' dim ${axis} is ${v} but input '${from[w]}' gave ${env[w]}`);
+      }
+      env[w] = v;
+      from[w] = spec.name;
+    });
+  }
+  for (const spec of manifest.inputs) {
+    const want = spec.dynamic_shape ?? spec.shape;
+    const expected = want.map((w) => evalDims(w, env));
+    const got = feeds[spec.name].dims;
+    if (expected.some((v, i) => v !== got[i])) {
+      throw new ShapeError(`input '${spec.name}': expected shape [${expected.join(', ')}] (symbolic ` +
+        `${JSON.stringify(want)}), got [${got.join(', ')}]`);
+    }
+  }
+  return env;
+}
+
+/**
+ * The dims uniform's contents.
+ * @param {any} manifest @param {Record<string, number>} env
+ * @returns {Int32Array}
+ */
+export function dimsWords(manifest, env) {
+  const dims = manifest.dynamic_dims;
+  const words = new Int32Array(4 * Math.max(1, Math.ceil(dims.length / 4)));
+  for (const d of dims) words[d.index] = env[d.name];
+  return words;
+}
+
+/**
+ * Workgroup counts of a plan step for dims `env` ([0, 0, 0]: nothing to do, skip the dispatch).
+ * @param {any} step @param {Record<string, number>} env @param {number} [maxX]
+ * @returns {number[]}
+ */
+export function stepDispatch(step, env, maxX = 65535) {
+  if (step.groups === undefined) return step.dispatch;
+  const g = evalDims(step.groups, env);
+  if (g <= 0) return [0, 0, 0];
+  return g <= maxX ? [g, 1, 1] : [maxX, Math.ceil(g / maxX), 1];
+}
+
+/**
+ * An output's shape for dims `env`.
+ * @param {any} spec the manifest's output entry @param {Record<string, number>} env
+ * @returns {number[]}
+ */
+export function outputShape(spec, env) {
+  return (spec.dynamic_shape ?? spec.shape).map((d) => evalDims(d, env));
+}

@@ -1,0 +1,231 @@
+// Kiln browser runtime: reading a package (zero dependencies besides errors.js and tensor.js).
+//
+// A package's files come from a URL (fetched) or from memory; this module reads and checks
+// `manifest.json` (format, version, sections), and reads the weights files, checking each one's
+// size and SHA-256 and handing every weight tensor's bytes to a backend to upload.
+
+import {PackageError} from './errors.js';
+import {DTYPES} from './tensor.js';
+
+/** Package format name that `manifest.json` must declare. */
+export const FORMAT = 'kiln-package';
+/** Highest package format major version this runtime reads. */
+export const FORMAT_MAJOR = 1;
+
+/**
+ * Where a package's files come from: a URL (fetched) or memory ({@link loadFiles}).
+ * @typedef {object} PackageSource
+ * @property {string} name  the package in messages: its directory URL, or 'in-memory package'
+ * @property {string | null} url  the package directory URL; null for in-memory packages
+ * @property {(path: string, what: string) => Promise<ArrayBuffer>} bytes  a file's bytes
+ * @property {(path: string, what: string) => string} where  a file's name in messages
+ */
+
+/** @param {URL} root package directory URL @returns {PackageSource} */
+export function urlSource(root) {
+  return {
+    name: root.href,
+    url: root.href,
+    async bytes(path, what) {
+      const url = new URL(path, root);
+      return (await fetchOk(url, what)).arrayBuffer();
+    },
+    where: (path) => new URL(path, root).href,
+  };
+}
+
+/**
+ * @param {Map<string, ArrayBuffer | ArrayBufferView> | Record<string, ArrayBuffer | ArrayBufferView>} files
+ * @returns {PackageSource}
+ */
+export function memorySource(files) {
+  const entries = files instanceof Map ? [...files] : Object.entries(files ?? {});
+  /** @type {Map<string, ArrayBuffer>} */
+  const byPath = new Map();
+  for (const [path, data] of entries) {
+    if (data instanceof ArrayBuffer) {
+      byPath.set(path, data);
+    } else if (ArrayBuffer.isView(data)) {
+      byPath.set(path, data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength));
+    } else {
+      throw new PackageError(`in-memory package: file ${path} must be an ArrayBuffer or a typed array, ` +
+        `got ${data?.constructor?.name ?? typeof data}`);
+    }
+  }
+  return {
+    name: 'in-memory package',
+    url: null,
+    async bytes(path, what) {
+      const data = byPath.get(path);
+      if (data === undefined) throw new PackageError(`in-memory package: no ${what} ${path}`);
+      return data;
+    },
+    where: (path) => `${path} (in memory)`,
+  };
+}
+
+/**
+ * @param {URL} url
+ * @param {string} what description of the file for error messages
+ * @returns {Promise<Response>}
+ */
+async function fetchOk(url, what) {
+  let response;
+  try {
+    response = await fetch(url);
+  } catch (error) {
+    throw new PackageError(`cannot fetch ${what} ${url}: ${error.message}`);
+  }
+  if (!response.ok) {
+    throw new PackageError(`cannot fetch ${what} ${url}: HTTP ${response.status} ${response.statusText}`);
+  }
+  return response;
+}
+
+/**
+ * Read `manifest.json` and check its format, version and required sections.
+ * @param {PackageSource} source
+ * @returns {Promise<any>} the manifest
+ */
+export async function readManifest(source) {
+  const root = source.name;
+  const url = source.where('manifest.json');
+  const bytes = await source.bytes('manifest.json', 'package manifest');
+  let manifest;
+  try {
+    manifest = JSON.parse(new TextDecoder().decode(bytes));
+  } catch (error) {
+    throw new PackageError(`${url}: malformed JSON (${error.message})`);
+  }
+  if (manifest === null || typeof manifest !== 'object' || manifest.format !== FORMAT) {
+    throw new PackageError(`${url}: not a Kiln package manifest (format is not '${FORMAT}')`);
+  }
+  const version = String(manifest.version ?? '');
+  const major = Number.parseInt(version.split('.')[0], 10);
+  if (!/^\d+(\.\d+)*$/.test(version) || Number.isNaN(major)) {
+    throw new PackageError(`${url}: bad format version '${version}'`);
+  }
+  if (major > FORMAT_MAJOR) {
+    throw new PackageError(`${root}: package format ${version} is newer than this kiln.js reads ` +
+      `(${FORMAT_MAJOR}.x); use the kiln.js that came with the package or upgrade Kiln`);
+  }
+  for (const key of ['inputs', 'outputs', 'buffers', 'targets', 'weights']) {
+    if (!(key in manifest)) throw new PackageError(`${url}: manifest lacks '${key}'`);
+  }
+  // format 1.4 dtypes (bfloat16, float8, 4- and 2-bit, uint64) run on the native runtimes only
+  for (const t of [...manifest.inputs, ...manifest.outputs]) {
+    if (!(t.dtype in DTYPES)) {
+      throw new PackageError(`${root}: ${t.name} is a ${t.dtype} tensor, which kiln.js does not support yet ` +
+        '(the native Python runtimes do)');
+    }
+  }
+  return manifest;
+}
+
+/** @param {ArrayBuffer} bytes @returns {Promise<string>} lowercase hex SHA-256 */
+export async function sha256Hex(bytes) {
+  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+/**
+ * Parse a safetensors file: 8-byte little-endian header length N, N bytes of JSON header
+ * ({name: {dtype, shape, data_offsets: [begin, end]}}, offsets relative to the end of the
+ * header), then the tensor data.
+ * @param {ArrayBuffer} bytes the whole file
+ * @param {string} path the file's path in the package, for error messages
+ * @returns {{header: Record<string, {dtype: string, shape: number[], data_offsets: [number, number]}>, dataStart: number}}
+ */
+export function parseSafetensors(bytes, path) {
+  if (bytes.byteLength < 8) throw new PackageError(`weights file ${path}: too short to be safetensors`);
+  const headerBytes = new DataView(bytes).getBigUint64(0, true);
+  if (headerBytes > BigInt(bytes.byteLength - 8)) {
+    throw new PackageError(`weights file ${path}: safetensors header length ${headerBytes} exceeds the file`);
+  }
+  const dataStart = 8 + Number(headerBytes);
+  let header;
+  try {
+    header = JSON.parse(new TextDecoder().decode(new Uint8Array(bytes, 8, Number(headerBytes))));
+  } catch (error) {
+    throw new PackageError(`weights file ${path}: malformed safetensors header (${error.message})`);
+  }
+  return {header, dataStart};
+}
+
+/**
+ * Write `byteLength` bytes of `source` from `sourceOffset` to the start of `buffer`,
+ * padding to WebGPU's 4-byte write granularity.
+ * @param {GPUQueue} queue
+
+/**
+ * One weight tensor's bytes, ready to upload into its buffer.
+ * @typedef {object} WeightData
+ * @property {any} buffer  the manifest's buffer entry (`id`, `bytes`, `dtype` = storage type, `shape`, ...)
+ * @property {ArrayBuffer} bytes  the whole weights file
+ * @property {number} offset  where the tensor's data starts in `bytes`
+ * @property {number} length  the tensor's data in bytes (at most `buffer.bytes`)
+ */
+
+/**
+ * Read each weights file, check its size and (with `verify`) SHA-256, and hand its tensors to
+ * `upload`. Files are processed one at a time to bound memory use.
+ * @param {PackageSource} source
+ * @param {any} manifest
+ * @param {boolean} verify
+ * @param {(file: string, weights: WeightData[]) => (void | Promise<void>)} upload  called once per file
+ * @throws {PackageError} a missing, corrupted or malformed weights file, or a tensor that does not match the manifest
+ */
+export async function readWeights(source, manifest, verify, upload) {
+  const root = source.name;
+  if (verify && !globalThis.crypto?.subtle) {
+    throw new PackageError('cannot verify the weights: crypto.subtle needs a secure context ' +
+      '(https:// or localhost); serve the package from one, or load with {verify: false}');
+  }
+  const files = manifest.weights.files;
+  const byFile = new Map(files.map((f) => [f.path, []]));
+  for (const b of manifest.buffers) {
+    if (b.kind !== 'weight') continue;
+    if (!byFile.has(b.file)) throw new PackageError(`${root}: weight ${b.tensor} is in ${b.file}, which the manifest does not list`);
+    byFile.get(b.file).push(b);
+  }
+  for (const file of files) {
+    const bytes = await source.bytes(file.path, 'weights file');
+    if (bytes.byteLength !== file.bytes) {
+      throw new PackageError(`weights file ${file.path}: size mismatch (expected ${file.bytes} bytes, ` +
+        `got ${bytes.byteLength}); the package is corrupted or incomplete`);
+    }
+    if (verify) {
+      const digest = await sha256Hex(bytes);
+      if (digest !== file.sha256) {
+        throw new PackageError(`weights file ${file.path}: SHA-256 checksum mismatch (expected ${file.sha256}, ` +
+          `got ${digest}); the package is corrupted or was edited`);
+      }
+    }
+    const {header, dataStart} = parseSafetensors(bytes, file.path);
+    const weights = byFile.get(file.path).map((b) => {
+      const entry = header[b.tensor];
+      if (!entry) throw new PackageError(`weights file ${file.path}: no tensor '${b.tensor}'`);
+      const dtype = DTYPES[b.dtype];
+      if (!dtype || entry.dtype !== dtype.safetensors) {
+        throw new PackageError(`weights file ${file.path}: tensor '${b.tensor}' is ${entry.dtype}, the manifest says ${b.dtype}`);
+      }
+      const [begin, end] = entry.data_offsets;
+      if (!(begin >= 0 && begin <= end && dataStart + end <= bytes.byteLength && end - begin <= b.bytes)) {
+        throw new PackageError(`weights file ${file.path}: tensor '${b.tensor}' has bad data offsets [${begin}, ${end}] ` +
+          `(buffer ${b.id} holds ${b.bytes} bytes)`);
+      }
+      return {buffer: b, bytes, offset: dataStart + begin, length: end - begin};
+    });
+    await upload(file.path, weights);
+  }
+}
+
+/**
+ * A kernel source file of the package as text.
+ * @param {PackageSource} source
+ * @param {{name: string, source: string}} kernel the manifest's kernel entry
+ * @returns {Promise<string>}
+ */
+export async function kernelText(source, kernel) {
+  return new TextDecoder().decode(await source.bytes(kernel.source, `kernel ${kernel.name}`));
+}

@@ -1,0 +1,60 @@
+// Kiln browser runtime: one worker thread of the WebAssembly backend (wasm.js starts it as a module worker).
+//
+// Messages from wasm.js:
+//   {type: 'init', module, memory, control, index, workers, steps}  instantiate the threaded module over the
+//       shared `memory`; `steps` is the plan as [{export, ptrs, total}]; answers {type: 'ready'}
+//   {type: 'run'}  compute this worker's share of every step, tiles [floor(total*index/workers),
+//       floor(total*(index+1)/workers)), meeting the other workers at a barrier (the shared Int32Array
+//       `control`: [arrived, generation]) after each step; answers {type: 'done'} or {type: 'error', message}
+
+let exports = null;
+let control = null;
+let index = 0;
+let workers = 1;
+let steps = [];
+
+/** Wait until every worker has arrived (a sense-reversing barrier on `control`). */
+function barrier() {
+  const generation = Atomics.load(control, 1);
+  if (Atomics.add(control, 0, 1) === workers - 1) {
+    Atomics.store(control, 0, 0);
+    Atomics.add(control, 1, 1);
+    Atomics.notify(control, 1);
+  } else {
+    while (Atomics.load(control, 1) === generation) Atomics.wait(control, 1, generation);
+  }
+}
+
+self.onmessage = async ({data}) => {
+  if (data.type === 'init') {
+    try {
+      const instance = await WebAssembly.instantiate(data.module, {env: {memory: data.memory}});
+      exports = instance.exports;
+      control = new Int32Array(data.control);
+      ({index, workers, steps} = data);
+      const missing = steps.find((s) => typeof exports[s.export] !== 'function');
+      if (missing) throw new Error(`the threaded module has no export ${missing.export}`);
+      self.postMessage({type: 'ready'});
+    } catch (error) {
+      self.postMessage({type: 'error', message: `wasm worker ${data.index}: ${error.message}`});
+    }
+    return;
+  }
+  if (data.type === 'run') {
+    let failure = null;
+    for (let i = 0; i < steps.length; i++) {
+      const {export: name, ptrs, total} = steps[i];
+      const begin = Math.floor(total * index / workers);
+      const end = Math.floor(total * (index + 1) / workers);
+      if (end > begin && failure === null) {
+        try {
+          exports[name](...ptrs, begin, end);
+        } catch (error) {  // keep meeting the barriers, or the other workers would wait forever
+          failure = `wasm worker ${index}: kernel ${name} failed: ${error.message}`;
+        }
+      }
+      if (i < steps.length - 1) barrier();
+    }
+    self.postMessage(failure === null ? {type: 'done'} : {type: 'error', message: failure});
+  }
+};

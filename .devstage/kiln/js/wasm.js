@@ -1,0 +1,281 @@
+// Kiln browser runtime: the WebAssembly backend (zero dependencies besides errors.js and package.js;
+// its Web Workers run wasm-worker.js).
+//
+// Runs a package's `targets.wasm` (docs/package-format.md): every kernel is an exported function of one
+// SIMD128 module, and every buffer lives at a fixed offset of one linear memory. Single-threaded, the
+// module is instantiated on the calling thread and each plan step is one call over all its tiles.
+// With threads (only where the page is cross-origin isolated, so SharedArrayBuffer exists), the
+// package's threaded module is instantiated in each of N workers over one shared memory; a run
+// posts one message to every worker, each computes its contiguous share of every step's tiles, the
+// workers meet at an Atomics barrier between steps, and each answers when the plan is done.
+// See kiln.js for the backend interface this module implements.
+
+import {DeviceError, KilnError, PackageError} from './errors.js';
+import {readWeights, sha256Hex} from './package.js';
+
+/** The manifest target this backend runs. */
+export const target = 'wasm';
+
+/** The smallest module using SIMD128: `(func (result v128) (v128.const i32x4 0 0 0 0))`. */
+const SIMD_PROBE = new Uint8Array([
+  0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,  // magic, version 1
+  0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b,  // type section: () -> v128
+  0x03, 0x02, 0x01, 0x00,  // function section
+  0x0a, 0x16, 0x01, 0x14, 0x00, 0xfd, 0x0c, ...new Array(16).fill(0), 0x0b,  // code: v128.const 0, end
+]);
+
+/** Most worker threads a session starts by default. */
+const MAX_DEFAULT_THREADS = 8;
+
+/**
+ * Why this browser cannot run WebAssembly packages, or null if it can: it needs WebAssembly with
+ * SIMD128 (a tiny SIMD module must validate).
+ * @returns {Promise<string | null>}
+ */
+export async function unavailable() {
+  if (typeof WebAssembly !== 'object') return 'no WebAssembly';
+  try {
+    return WebAssembly.validate(SIMD_PROBE) ? null : 'WebAssembly has no SIMD128 (fixed-width SIMD)';
+  } catch (error) {
+    return `WebAssembly.validate failed: ${error.message}`;
+  }
+}
+
+/** Whether this page may share memory with workers (cross-origin isolated: COOP + COEP headers). */
+function canShareMemory() {
+  return globalThis.crossOriginIsolated === true && typeof SharedArrayBuffer === 'function' &&
+    typeof Worker === 'function';
+}
+
+/**
+ * Instantiate the package's module (threaded where it can and `threads` allows) and write the weights.
+ * @param {import('./package.js').PackageSource} source
+ * @param {any} manifest
+ * @param {{verify: boolean, poison?: boolean, threads?: number}} options  `threads`: worker threads (default:
+ *   the hardware's, at most 8, when the page is cross-origin isolated and the package has a threaded module;
+ *   otherwise 1, on the calling thread). `poison` fills activation and output buffers with NaN before each run.
+ * @returns {Promise<WasmBackend>}
+ * @throws {DeviceError} threads asked for where the page is not cross-origin isolated, or a module this
+ *   browser cannot compile.
+ * @throws {PackageError} a missing or corrupted module or weights file.
+ */
+export async function create(source, manifest, options) {
+  const spec = manifest.targets.wasm;
+  const sharing = canShareMemory() && Boolean(spec.threads);
+  let threads = options.threads;
+  if (threads === undefined || threads === null) {
+    threads = sharing ? Math.max(1, Math.min(MAX_DEFAULT_THREADS, navigator.hardwareConcurrency || 1)) : 1;
+  }
+  if (!Number.isInteger(threads) || threads < 1) throw new KilnError(`load: threads must be an integer >= 1, got ${threads}`);
+  if (threads > 1 && !sharing) {
+    throw new DeviceError(`cannot run the wasm target on ${threads} threads: ` + (spec.threads
+      ? 'the page is not cross-origin isolated (serve it with COOP: same-origin and COEP: require-corp, as `kiln serve` does)'
+      : 'the package has no threaded module'));
+  }
+  const entry = threads > 1 ? spec.threads : spec;
+  const bytes = await source.bytes(entry.module, 'wasm module');
+  if (bytes.byteLength !== entry.bytes) {
+    throw new PackageError(`wasm module ${entry.module}: size mismatch (expected ${entry.bytes} bytes, got ${bytes.byteLength})`);
+  }
+  if (options.verify) {
+    const digest = await sha256Hex(bytes);
+    if (digest !== entry.sha256) {
+      throw new PackageError(`wasm module ${entry.module}: SHA-256 checksum mismatch (expected ${entry.sha256}, ` +
+        `got ${digest}); the package is corrupted or was edited`);
+    }
+  }
+  let module;
+  try {
+    module = await WebAssembly.compile(bytes);
+  } catch (error) {
+    throw new DeviceError(`this browser cannot compile the package's wasm module ${entry.module}: ${error.message}`);
+  }
+  const backend = threads > 1
+    ? await WasmBackend.threaded(module, manifest, threads)
+    : await WasmBackend.single(module, manifest);
+  backend.poison = Boolean(options.poison);
+  try {
+    await readWeights(source, manifest, options.verify, (file, weights) => {
+      const memory = new Uint8Array(backend.memory.buffer);
+      for (const w of weights) memory.set(new Uint8Array(w.bytes, w.offset, w.length), backend.offsets[w.buffer.id]);
+    });
+  } catch (error) {
+    backend.dispose();
+    throw error;
+  }
+  return backend;
+}
+
+/** A package in WebAssembly linear memory. Create it with {@link create}. */
+export class WasmBackend {
+  /**
+   * @param {WebAssembly.Memory} memory
+   * @param {any} manifest
+   * @param {number} threads
+   * @private
+   */
+  constructor(memory, manifest, threads) {
+    /** The manifest target this backend runs. */
+    this.target = target;
+    /** What runs the kernels. */
+    this.adapterInfo = {
+      vendor: 'WebAssembly', architecture: 'SIMD128', device: `${threads} thread${threads > 1 ? 's' : ''}`,
+      description: threads > 1 ? 'Web Workers over shared memory' : 'single-threaded',
+    };
+    /** WebAssembly runs are timed with the wall clock. */
+    this.timestampQuery = false;
+    /** Worker threads computing the kernels (1: the calling thread). */
+    this.threads = threads;
+    /** @private */ this.memory = memory;
+    /** @private */ this.manifest = manifest;
+    /** @private */ this.spec = manifest.targets.wasm;
+    /** @private @type {number[]} byte address of each buffer */
+    this.offsets = this.spec.memory.offsets;
+    /** @private */ this.poison = false;
+    /** @private @type {Function[]} the single-threaded plan: one closure per step */
+    this.calls = [];
+    /** @private @type {Worker[]} */ this.workers = [];
+  }
+
+  /**
+   * The single-threaded backend: one instance on this thread.
+   * @param {WebAssembly.Module} module @param {any} manifest @returns {Promise<WasmBackend>} @private
+   */
+  static async single(module, manifest) {
+    const instance = await WebAssembly.instantiate(module, {});
+    const {memory} = instance.exports;
+    const layout = manifest.targets.wasm.memory;
+    if (memory.buffer.byteLength < layout.bytes) {
+      memory.grow(Math.ceil((layout.bytes - memory.buffer.byteLength) / 65536));
+    }
+    const backend = new WasmBackend(memory, manifest, 1);
+    backend.calls = backend.planCalls(instance.exports);
+    return backend;
+  }
+
+  /**
+   * The threaded backend: `threads` workers, each with an instance over one shared memory.
+   * @param {WebAssembly.Module} module @param {any} manifest @param {number} threads
+   * @returns {Promise<WasmBackend>} @private
+   */
+  static async threaded(module, manifest, threads) {
+    const {pages} = manifest.targets.wasm.memory;
+    const memory = new WebAssembly.Memory({initial: pages, maximum: pages, shared: true});
+    const backend = new WasmBackend(memory, manifest, threads);
+    const control = new SharedArrayBuffer(8);  // the barrier: [arrived, generation]
+    const steps = backend.spec.plan.map((s) => ({
+      export: backend.spec.kernels[s.kernel].export, ptrs: s.buffers.map((b) => backend.offsets[b]), total: s.total,
+    }));
+    try {
+      await Promise.all(Array.from({length: threads}, (_, index) => {
+        const worker = new Worker(new URL('./wasm-worker.js', import.meta.url), {type: 'module', name: `kiln-wasm-${index}`});
+        backend.workers.push(worker);
+        return backend.ask(worker, {type: 'init', module, memory, control, index, workers: threads, steps});
+      }));
+    } catch (error) {
+      backend.dispose();
+      throw new DeviceError(`cannot start the wasm worker threads: ${error.message}`);
+    }
+    return backend;
+  }
+
+  /**
+   * Each plan step as a call of its kernel export over all its tiles.
+   * @param {WebAssembly.Exports} exports @returns {Function[]} @private
+   */
+  planCalls(exports) {
+    return this.spec.plan.map((step, index) => {
+      const kernel = this.spec.kernels[step.kernel];
+      const fn = kernel && exports[kernel.export];
+      if (typeof fn !== 'function') throw new PackageError(`wasm plan step ${index}: no kernel export for kernel ${step.kernel}`);
+      const args = [...step.buffers.map((b) => this.offsets[b]), 0, step.total];
+      return () => fn(...args);
+    });
+  }
+
+  /**
+   * Post `message` to `worker` and wait for its answer.
+   * @param {Worker} worker @param {any} message @returns {Promise<any>} @private
+   */
+  ask(worker, message) {
+    return new Promise((resolve, reject) => {
+      worker.onmessage = ({data}) => (data.type === 'error' ? reject(new DeviceError(data.message)) : resolve(data));
+      worker.onerror = (event) => reject(new DeviceError(`wasm worker failed: ${event.message ?? 'unknown error'}`));
+      worker.postMessage(message);
+    });
+  }
+
+  /** Fill activation and output buffers with NaN. @private */
+  fillPoison() {
+    for (const b of this.manifest.buffers) {
+      if (b.kind !== 'activation' && b.kind !== 'output') continue;
+      new Float32Array(this.memory.buffer, this.offsets[b.id], b.bytes / 4).fill(NaN);
+    }
+  }
+
+  /** @param {{spec: any, data: ArrayBufferView}[]} inputs in storage form @private */
+  writeInputs(inputs) {
+    const memory = new Uint8Array(this.memory.buffer);
+    for (const {spec, data} of inputs) {
+      memory.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength), this.offsets[spec.buffer]);
+    }
+  }
+
+  /** Run every plan step. @private */
+  async compute() {
+    if (!this.workers.length) {
+      for (const call of this.calls) call();
+      return;
+    }
+    await Promise.all(this.workers.map((worker) => this.ask(worker, {type: 'run'})));
+  }
+
+  /**
+   * Run the plan once.
+   * @param {{spec: any, data: ArrayBufferView}[]} inputs every manifest input, its data in storage form
+   * @returns {Promise<Record<string, ArrayBuffer>>} each output's buffer contents (storage form)
+   * @throws {DeviceError} a kernel trapped or a worker failed.
+   */
+  async run(inputs) {
+    if (this.poison) this.fillPoison();
+    this.writeInputs(inputs);
+    try {
+      await this.compute();
+    } catch (error) {
+      throw error instanceof DeviceError ? error : new DeviceError(`a wasm kernel failed: ${error.message}`);
+    }
+    const results = {};
+    for (const output of this.manifest.outputs) {
+      const bytes = this.manifest.buffers[output.buffer].bytes;
+      const copy = new Uint8Array(bytes);
+      copy.set(new Uint8Array(this.memory.buffer, this.offsets[output.buffer], bytes));
+      results[output.name] = copy.buffer;
+    }
+    return results;
+  }
+
+  /**
+   * Time the kernels: inputs written once, then `warmup + repeat` runs of every plan step.
+   * @param {{spec: any, data: ArrayBufferView}[]} inputs in storage form
+   * @param {{repeat: number, warmup: number}} options
+   * @returns {Promise<{clock: 'wall', times: number[], wall: number[]}>} milliseconds
+   */
+  async time(inputs, {repeat, warmup}) {
+    this.writeInputs(inputs);
+    const times = [];
+    for (let i = 0; i < warmup + repeat; i++) {
+      const start = performance.now();
+      await this.compute();
+      const elapsed = performance.now() - start;
+      if (i >= warmup) times.push(elapsed);
+    }
+    return {clock: 'wall', times, wall: [...times]};
+  }
+
+  /** Stop the workers and drop the memory. */
+  dispose() {
+    for (const worker of this.workers) worker.terminate();
+    this.workers = [];
+    this.calls = [];
+  }
+}

@@ -1,0 +1,227 @@
+"""The package format: a directory both runtimes read (see docs/package-format.md).
+
+Version ``MAJOR.MINOR``: a runtime reads any package of its own major version
+and refuses a newer major version with a clear message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import PackageError, ShapeError
+
+#: tensor dtype -> the element type its WebGPU buffers hold (every element 4 bytes). WGSL storage
+#: buffers hold no bool, 8-, 16- or 64-bit integers: those are widened or narrowed to i32 on upload
+#: and converted back on readback; int64 values must fit in int32 (checked on upload). float16 is
+#: widened to f32 (exactly), so packages need no shader-f16 device feature.
+STORAGE: dict[str, str] = {
+    "float32": "float32",
+    "float16": "float32",
+    "int32": "int32",
+    "int64": "int32",
+    "bool": "int32",
+    "int16": "int32",
+    "uint16": "int32",
+    "uint8": "int32",
+    "int8": "int32",
+    # uint32 and uint64 as int32 (values must fit, checked on upload; results wrap as the unsigned type does);
+    # narrow floats (ml_dtypes) widened to f32 exactly, narrow ints to i32 (format 1.4, native runtimes)
+    "uint32": "int32",
+    "uint64": "int32",
+    "bfloat16": "float32",
+    "float8e4m3fn": "float32",
+    "float8e4m3fnuz": "float32",
+    "float8e5m2": "float32",
+    "float8e5m2fnuz": "float32",
+    "float4e2m1": "float32",
+    "float8e8m0": "float32",
+    "int4": "int32",
+    "uint4": "int32",
+    "int2": "int32",
+    "uint2": "int32",
+}
+
+#: dtypes whose numpy type is ``ml_dtypes``' (their manifest names are ONNX's, lower case)
+_ML_DTYPES = {"bfloat16": "bfloat16", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
+              "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz", "float4e2m1": "float4_e2m1fn",
+              "float8e8m0": "float8_e8m0fnu",
+              "int4": "int4", "uint4": "uint4", "int2": "int2", "uint2": "uint2"}
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of a manifest dtype name (``float32``, ``int64``, ``bfloat16``, ``float8e4m3fn``, ...)."""
+    if dtype in _ML_DTYPES:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, _ML_DTYPES[dtype]))
+    return np.dtype(dtype)
+
+_INT32 = np.iinfo(np.int32)
+
+
+def to_storage(array: np.ndarray, dtype: str, what: str) -> np.ndarray:
+    """``array`` (of ``dtype``) converted to its buffer element type (:data:`STORAGE`).
+
+    Raises:
+        ShapeError: an int64 value outside int32's range (naming ``what``, the value and where it is),
+            or a dtype the WebGPU target cannot store.
+    """
+    if dtype not in STORAGE:
+        raise ShapeError(f"{what}: {dtype} tensors cannot be stored in WebGPU buffers")
+    store = np.dtype(STORAGE[dtype])
+    a = np.asarray(array)
+    if a.dtype == store:
+        return np.ascontiguousarray(a)
+    if dtype in ("int64", "uint32", "uint64") and a.size:
+        bad = (a > _INT32.max) if dtype != "int64" else (a < _INT32.min) | (a > _INT32.max)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ShapeError(f"{what}: {dtype} value {int(a[where])} at index {list(where)} does not fit in int32; the "
+                             f"WebGPU target computes {dtype} tensors as int32 (WGSL has no 64-bit integers)")
+    return np.ascontiguousarray(a.astype(store))
+
+
+def from_storage(raw: bytes | memoryview | np.ndarray, dtype: str, shape) -> np.ndarray:
+    """A tensor of ``dtype`` and ``shape`` from the bytes of its buffer (:data:`STORAGE` element type)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    stored = np.frombuffer(raw, dtype=STORAGE[dtype], count=n).reshape(shape)
+    if dtype == "bool":
+        return stored != 0
+    return stored.astype(numpy_dtype(dtype), copy=True)
+
+FORMAT = "kiln-package"
+VERSION = "1.4"
+MAJOR = 1
+MANIFEST = "manifest.json"
+
+#: WebGPU's default limits (WebGPU spec §3.6.2 "Limits"), which every conformant adapter offers:
+#: the compiler stays within them by default, runtimes request only limits above them
+DEFAULT_LIMITS: dict[str, int] = {
+    "maxStorageBuffersPerShaderStage": 8,
+    "maxStorageBufferBindingSize": 134217728,
+    "maxBufferSize": 268435456,
+    "maxComputeWorkgroupsPerDimension": 65535,
+    "maxComputeInvocationsPerWorkgroup": 256,
+    "maxComputeWorkgroupSizeX": 256,
+}
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(package: str | os.PathLike) -> dict[str, Any]:
+    """Load and check ``manifest.json`` of a package directory.
+
+    Raises:
+        PackageError: no such directory, no manifest, malformed JSON, not a Kiln package,
+            or a newer major format version than this runtime reads.
+    """
+    root = Path(package)
+    if not root.exists():
+        raise PackageError(f"{root}: no such package directory")
+    if not root.is_dir():
+        raise PackageError(f"{root}: a package is a directory (made by `kiln compile`), not a file")
+    path = root / MANIFEST
+    if not path.exists():
+        raise PackageError(f"{root}: not a Kiln package (no {MANIFEST})")
+    return parse_manifest(path.read_bytes(), path, root)
+
+
+def parse_manifest(data: bytes | str, path: str | os.PathLike, root: str | os.PathLike) -> dict[str, Any]:
+    """Parse and check the text of a ``manifest.json`` (for packages that are not directories, e.g. uploads).
+
+    Args:
+        data: the file's bytes (UTF-8) or text.
+        path: the manifest's name in error messages.
+        root: the package's name in error messages.
+
+    Returns:
+        The manifest, a dict with at least ``format``, ``version``, ``inputs``, ``outputs``,
+        ``buffers``, ``targets`` and ``weights``.
+
+    Raises:
+        PackageError: malformed JSON, not a Kiln package manifest, a newer major format version
+            than this runtime reads, or a missing section.
+    """
+    try:
+        manifest = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise PackageError(f"{path}: malformed JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise PackageError(f"{path}: not a Kiln package manifest")
+    version = str(manifest.get("version", ""))
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        raise PackageError(f"{path}: bad format version {version!r}") from None
+    if major > MAJOR:
+        raise PackageError(f"{root}: package format {version} is newer than this Kiln reads ({VERSION}); upgrade Kiln")
+    for key in ("inputs", "outputs", "buffers", "targets", "weights"):
+        if key not in manifest:
+            raise PackageError(f"{path}: manifest lacks {key!r}")
+    return manifest
+
+
+def verify_weights(package: str | os.PathLike, manifest: dict[str, Any]) -> None:
+    """Check every weight file's size and SHA-256 against the manifest (PackageError on mismatch)."""
+    root = Path(package)
+    for f in manifest["weights"]["files"]:
+        p = root / f["path"]
+        if not p.exists():
+            raise PackageError(f"{root}: weight file {f['path']} is missing")
+        if p.stat().st_size != f["bytes"] or sha256_file(p) != f["sha256"]:
+            raise PackageError(f"{p}: checksum mismatch (corrupted or edited weights)")
+
+
+def read_weights(package: str | os.PathLike, manifest: dict[str, Any]):
+    """Yield ``(buffer entry, array)`` for every ``weight`` buffer of a package, in manifest order.
+
+    Each array is C-contiguous, of the buffer's stored dtype (see :data:`STORAGE`). Check the files
+    first with :func:`verify_weights`; runtimes copy each array into their buffer or linear memory.
+
+    Raises:
+        PackageError: a weights file or tensor is missing or unreadable, or a tensor is larger than its buffer.
+    """
+    from safetensors import safe_open
+
+    path = Path(package)
+    handles: dict[str, Any] = {}
+    try:
+        for b in manifest["buffers"]:
+            if b["kind"] != "weight":
+                continue
+            f = b["file"]
+            if f not in handles:
+                handles[f] = safe_open(str(path / f), framework="numpy")
+            data = np.ascontiguousarray(handles[f].get_tensor(b["tensor"]))
+            if data.nbytes > b["bytes"]:
+                raise PackageError(f"{path}: weight {b['tensor']} is larger than its buffer")
+            yield b, data
+    except (OSError, KeyError) as e:
+        raise PackageError(f"{path}: cannot read weights ({e})") from None
+
+
+def kernel_steps(plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every kernel step of an execution plan in order, those inside the control steps of format 1.4 included
+    (both branches of an ``if``, the body of a ``loop``; docs/package-format.md). A flat plan comes back as is."""
+    out: list[dict[str, Any]] = []
+    for step in plan:
+        if "kernel" in step:
+            out.append(step)
+        elif "if" in step:
+            out += kernel_steps(step["then"]) + kernel_steps(step["else"])
+        elif "loop" in step:
+            out += kernel_steps(step["loop"]["body"])
+    return out

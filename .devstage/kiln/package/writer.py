@@ -1,0 +1,241 @@
+"""Write a compiled model as a package directory (format in docs/package-format.md).
+
+The package is assembled in a temporary sibling directory and renamed into place,
+so a failed compile never leaves a half-written package, and an existing
+directory is only replaced with ``force`` and only if it is a Kiln package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from kiln import __version__
+from kiln.errors import KilnError, PackageError
+from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, sha256_file, to_storage
+
+#: weights are split into files of at most this many bytes (browsers and WebGPU limit single buffers)
+SHARD_BYTES = 256 * 1024 * 1024
+
+#: the browser runtime (ES modules, kiln.js first) and the demo page, copied from kiln/js into every package
+RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "webgl2.js",
+                 "wasm.js", "wasm-worker.js", "train.js", "control.js", "gputensor.js", "dims.js", "index.html")
+
+#: pages copied into train-step packages besides RUNTIME_FILES (the fine-tuning demo)
+TRAINING_FILES = ("train.html",)
+
+IMAGENET = {
+    "preprocess": {"type": "image", "input": None, "resize": 256, "crop": 224, "scale": 1 / 255,
+                   "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "layout": "NCHW"},
+    "postprocess": {"type": "classification", "output": None, "softmax": True, "labels": "labels.txt"},
+}
+
+
+def check_destination(out: str | os.PathLike, force: bool) -> None:
+    """Refuse an existing ``out`` unless ``force`` and it is empty or a Kiln package.
+
+    Raises:
+        PackageError: naming the directory and what to do.
+    """
+    p = Path(out)
+    if not p.exists():
+        return
+    if not force:
+        raise PackageError(f"{p} already exists; pass --force to replace it")
+    if p.is_file() or (any(p.iterdir()) and not (p / MANIFEST).exists()):
+        raise PackageError(f"{p} exists and is not a Kiln package; refusing to replace it even with --force")
+
+
+def _io(v, buffer: int) -> dict[str, Any]:
+    from kiln.package.dynamic import io_fields
+
+    return {"name": v.name, "dtype": v.dtype, "storage": STORAGE.get(v.dtype, v.dtype), "shape": list(v.shape),
+            "symbolic_shape": list(v.sym_shape) if v.sym_shape else list(v.shape), "buffer": buffer, **io_fields(v)}
+
+
+def needed_limits(compiled) -> dict[str, int]:
+    """The WebGPU limits (spec names) the package's plan actually uses: a runtime asks the device for these."""
+    kernels, steps = compiled.kernels, compiled.steps
+    biggest = max((b.nbytes for b in compiled.plan.buffers), default=4)
+    return {
+        "maxStorageBuffersPerShaderStage": max((len(k.access) for k in kernels), default=1),
+        "maxStorageBufferBindingSize": biggest,
+        "maxBufferSize": biggest,
+        "maxComputeWorkgroupsPerDimension": max((max(s.dispatch) for s in steps), default=1),
+        "maxComputeInvocationsPerWorkgroup": max((k.workgroup_size for k in kernels), default=1),
+        "maxComputeWorkgroupSizeX": max((k.workgroup_size for k in kernels), default=1),
+    }
+
+
+def detect_preset(inputs, outputs) -> str:
+    """``imagenet`` for a model with one [N,3,H,W] float input and one [N,1000] output, else ``none``."""
+    if len(inputs) == 1 and len(outputs) == 1:
+        i, o = inputs[0], outputs[0]
+        if i.dtype == "float32" and len(i.shape) == 4 and i.shape[1] == 3 and len(o.shape) == 2 and o.shape[1] == 1000:
+            return "imagenet"
+    return "none"
+
+
+def write_package(compiled, out: str | os.PathLike, *, force: bool = False, preset: str = "auto",
+                  labels: str | os.PathLike | None = None, source: str = "") -> Path:
+    """Write ``compiled`` (a :class:`kiln.compiler.Compiled`) to directory ``out``; returns its path."""
+    out = Path(out)
+    check_destination(out, force)
+    graph, plan = compiled.graph, compiled.plan
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "kernels").mkdir()
+        # weights, sharded
+        values = {}  # buffer id -> (tensor name, array, model dtype)
+        half = set()  # buffer ids of weights stored as f16 (fp16 compute)
+        for g in compiled.groups:
+            for n in g.nodes:
+                for v in n.inputs:
+                    if v.is_const and id(v) in plan.of:
+                        values[plan.of[id(v)]] = (v.name, v.const, v.dtype)
+                        if id(v) in plan.half:
+                            half.add(plan.of[id(v)])
+        if compiled.training is not None:
+            from kiln.package.training import param_weights
+
+            values.update(param_weights(compiled))
+        files: list[dict[str, Any]] = []
+        shard: dict[str, np.ndarray] = {}
+        shard_bytes = 0
+        where: dict[int, str] = {}
+
+        def flush():
+            nonlocal shard, shard_bytes
+            if not shard and files:
+                return
+            name = "weights.safetensors" if not files else f"weights-{len(files):05d}.safetensors"
+            save_file(shard, str(tmp / name))
+            files.append({"path": name, "bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)})
+            shard, shard_bytes = {}, 0
+
+        stored: dict[int, np.ndarray] = {}
+        for bid in sorted(values):
+            vname, varray, vdtype = values[bid]
+            try:
+                stored[bid] = (np.ascontiguousarray(np.asarray(varray).astype(np.float16)) if bid in half
+                               else to_storage(varray, vdtype, f"constant %{vname}"))
+            except KilnError as e:
+                raise KilnError(f"{e} (a constant must fit the buffer type it is stored in)") from None
+            if shard and shard_bytes + stored[bid].nbytes > SHARD_BYTES:
+                flush()
+            shard[vname] = stored[bid]
+            shard_bytes += stored[bid].nbytes
+            where[bid] = "weights.safetensors" if not files else f"weights-{len(files):05d}.safetensors"
+        flush()
+        buffers = []
+        for b in plan.buffers:
+            entry: dict[str, Any] = {"id": b.id, "kind": b.kind, "bytes": b.nbytes, "values": b.values}
+            if b.id in values:
+                vname, varray, vdtype = values[b.id]
+                entry.update(kind="weight", tensor=vname, file=where[b.id], dtype=str(stored[b.id].dtype),
+                             shape=list(varray.shape), model_dtype=vdtype)
+            buffers.append(entry)
+        training = None
+        if compiled.training is not None:
+            from kiln.package.training import training_manifest
+
+            training = training_manifest(compiled, buffers)
+        from kiln.package.training import io_lists
+
+        model_inputs, model_outputs = io_lists(compiled)
+        kernels = []
+        for k in compiled.kernels:
+            path = f"kernels/{k.name}.wgsl"
+            (tmp / path).write_text(k.source)
+            kernels.append({"name": k.name, "source": path, "entry_point": "main",
+                            "workgroup_size": [k.workgroup_size, 1, 1],
+                            "bindings": [{"binding": i, "access": a} for i, a in enumerate(k.access)],
+                            "ops": k.ops, "schedule": k.schedule, **({"dims_binding": len(k.access)} if k.dims else {}),
+                            **({"tuned": True, "tuning": k.tuning} if k.tuning else {})})
+        from kiln.package import dynamic
+
+        plan_steps = [{"kernel": s.kernel, "dispatch": list(s.dispatch), "buffers": s.buffers, "node": s.name,
+                       **dynamic.step_fields(s)} for s in compiled.steps]
+        if getattr(compiled, "control_plan", None) is not None:  # run-time If/Loop: nested steps (format 1.4)
+            plan_steps = compiled.control_plan
+        train_steps = None
+        if compiled.infer_steps is not None:
+            train_steps, plan_steps = plan_steps, [plan_steps[i] for i in compiled.infer_steps]
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "generator": f"kiln {__version__}",
+            "name": graph.name,
+            "source": source,
+            "precision": getattr(compiled, "precision", "fp32"),
+            "dims": graph.dims,
+            **({"dynamic_dims": dynamic.dims_section(graph)} if graph.size_vars else {}),
+            "inputs": [_io(v, plan.of[id(v)]) for v in model_inputs],
+            "outputs": [_io(v, plan.of[id(v)]) for v in model_outputs],
+            "buffers": buffers,
+            "memory": {
+                "weight_bytes": sum(b["bytes"] for b in buffers if b["kind"] == "weight"),
+                "activation_bytes": plan.bytes("activation"),
+                "activation_bytes_unshared": plan.unshared_bytes,
+                "io_bytes": sum(b["bytes"] for b in buffers if b["kind"] in ("input", "output")),
+                **({"state_bytes": sum(b["bytes"] for b in buffers if b["kind"] in ("state", "update"))}
+                   if training is not None else {}),
+            },
+            **({"training": training} if training is not None else {}),
+            "weights": {"files": files},
+            "targets": {},
+        }
+        if "webgpu" in compiled.targets:
+            manifest["targets"]["webgpu"] = {
+                "features": list(compiled.target.features),
+                "device_class": compiled.device_class,
+                "limits": needed_limits(compiled),
+                "kernels": kernels,
+                "plan": plan_steps,
+                **({"dims_uniform": dynamic.uniform_section(graph)} if graph.size_vars else {}),
+                **({"train_plan": train_steps} if train_steps is not None else {}),
+            }
+        if compiled.webgl2 is not None:
+            for path, text in compiled.webgl2.files().items():
+                (tmp / path).write_text(text)
+            manifest["targets"]["webgl2"] = compiled.webgl2.manifest()
+        if compiled.wasm is not None:
+            from kiln.package.wasm import write_wasm_target
+
+            manifest["targets"]["wasm"] = write_wasm_target(compiled.wasm, tmp)
+        chosen = detect_preset(model_inputs, model_outputs) if preset == "auto" else preset
+        if chosen == "imagenet":
+            pre = json.loads(json.dumps(IMAGENET))
+            pre["preprocess"]["input"] = model_inputs[0].name
+            pre["postprocess"]["output"] = model_outputs[0].name
+            manifest.update(pre)
+            with resources.as_file(resources.files("kiln") / "data" / "imagenet_classes.txt") as default:
+                shutil.copyfile(labels or default, tmp / "labels.txt")
+        elif labels:
+            shutil.copyfile(labels, tmp / "labels.txt")
+            manifest["postprocess"] = {"type": "classification", "output": model_outputs[0].name,
+                                       "softmax": True, "labels": "labels.txt"}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        from kiln.ir.printer import format_graph
+
+        (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
+        js = resources.files("kiln") / "js"
+        for name in RUNTIME_FILES + (TRAINING_FILES if training is not None else ()):
+            with resources.as_file(js / name) as f:
+                shutil.copyfile(f, tmp / name)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

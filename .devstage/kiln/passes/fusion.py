@@ -1,0 +1,215 @@
+"""Operator fusion: partition the graph into kernels.
+
+Each kernel is an *anchor* node (any op) followed by a chain of elementwise or
+broadcasting binary consumers of the same output shape, each reading the
+previous one's result and nothing else reading it (for example
+Conv → Add(bias) → Clip, or Conv → Add(bias) → Add(residual)). The chain becomes
+one tensor expression, so intermediate values never reach memory.
+
+Then purely elementwise groups are *inlined into their consumers* when every
+consumer reads each of their elements once per element it computes (elementwise
+chains and reductions; never a convolution or matmul, which would recompute the
+producer for every reduction step): the producer's nodes are prepended to each
+consumer's group, duplicated when there are several, and the producer's result
+never reaches memory (TVM's rule of fusing injective operators into their
+consumers). LayerNormalization (mean, centre, square, mean, rsqrt, scale) thus
+becomes two reductions and one elementwise kernel instead of five kernels, and
+Softmax (max, exp-sum, divide) three instead of four, with no full-size temporaries.
+
+Optionally (:func:`fuse_rows`, for targets whose lowering has row kernels) a row reduction whose
+result is read only by the elementwise group over the same rows is then fused into that group too:
+LayerNormalization and Softmax each become one kernel, a workgroup per row (:mod:`kiln.te.rows`).
+
+Reshapes (``view`` ops) make no kernel at all: their output aliases the input's
+buffer (see :mod:`kiln.passes.memory_plan`) unless it is a graph output fed
+straight by a graph input, which gets a copy kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kiln.ir import ops
+from kiln.ir.graph import Graph, Node, Value
+
+#: kinds of ops that can be fused into the kernel of their producer
+FUSIBLE = ("elementwise", "binary", "ternary")
+#: kinds of consumers an elementwise producer is inlined into (each reads an element once per element computed)
+INLINE_INTO = FUSIBLE + ("reduce",)
+#: most nodes a group may reach by inlining (duplicated producers must not grow kernels without bound)
+MAX_INLINED_NODES = 24
+#: most nodes a row group (:func:`fuse_rows`) may reach
+MAX_ROW_NODES = 48
+
+
+@dataclass(eq=False)
+class Group:
+    """A fused kernel: ``nodes`` in order; ``nodes[-1]`` defines ``output``.
+
+    Attributes:
+        inputs: values read from outside the group (activations, weights; scalar constants included).
+        alias: True for a view (reshape) that needs no kernel.
+        rows: True for a row group (:func:`fuse_rows`): row reductions and the elementwise work over the
+            same rows, lowered as a row kernel (:mod:`kiln.te.rows`).
+    """
+
+    nodes: list[Node]
+    inputs: list[Value] = field(default_factory=list)
+    alias: bool = False
+    rows: bool = False
+
+    @property
+    def output(self) -> Value:
+        """The one value the group writes."""
+        return self.nodes[-1].outputs[0]
+
+    @property
+    def name(self) -> str:
+        """Readable kernel name: the ops joined by ``_``."""
+        return "_".join(n.op.lower() for n in self.nodes)
+
+
+def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None = None) -> list[Group]:
+    """Partition ``graph.nodes`` into groups in execution order.
+
+    Args:
+        max_inputs: most buffers a kernel may read (WebGPU's default
+            ``maxStorageBuffersPerShaderStage`` is 8, one of which is the output).
+        rows: if given, also fuse row reductions into their elementwise consumers (:func:`fuse_rows`)
+            where ``rows(candidate group)`` says the target lowers the result as a row kernel.
+    """
+    uses = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    ins = {id(v) for v in graph.inputs}
+    assigned: set[int] = set()
+    groups: list[tuple[int, Group]] = []
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        if id(node) in assigned:
+            continue
+        assigned.add(id(node))
+        if ops.kind(node.op) == "control":  # If/Loop: a step of its own, never fused (kiln.compile_control)
+            groups.append((position[id(node)], Group([node], list(dict.fromkeys(node.inputs)))))
+            continue
+        if ops.kind(node.op) == "view":
+            src = node.inputs[0]
+            alias = not (id(node.outputs[0]) in outputs and (id(src) in ins or src.is_const))
+            groups.append((position[id(node)], Group([node], [src], alias=alias)))
+            continue
+        chain = [node]
+        external = list(dict.fromkeys(node.inputs))
+        while len(node.outputs) == 1:
+            out = chain[-1].outputs[0]
+            readers = uses.get(id(out), [])
+            if len(readers) != 1 or id(out) in outputs:
+                break
+            nxt = readers[0]
+            if ops.kind(nxt.op) not in FUSIBLE or nxt.outputs[0].shape != out.shape or id(nxt) in assigned:
+                break
+            extra = [v for v in nxt.inputs if v is not out and v not in external]
+            if _buffers(external + extra) > max_inputs:
+                break
+            chain.append(nxt)
+            external += extra
+            assigned.add(id(nxt))
+        groups.append((position[id(chain[-1])], Group(chain, external)))
+    groups.sort(key=lambda g: g[0])
+    fused = inline_elementwise(graph, [g for _, g in groups], max_inputs)
+    return fuse_rows(graph, fused, rows, max_inputs) if rows is not None else fused
+
+
+def _buffers(values: list[Value]) -> int:
+    """Buffers a kernel reading ``values`` binds (scalar constants become literals)."""
+    return len([v for v in values if not (v.is_const and v.size == 1)])
+
+
+def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7) -> list[Group]:
+    """Inline purely elementwise groups into the groups that consume them (see the module docstring).
+
+    A group is inlined when its output is not a graph output, every node reading it is elementwise or
+    a reduction, and every consumer group stays within ``max_inputs`` buffers and
+    :data:`MAX_INLINED_NODES` nodes; otherwise it stays a kernel of its own. Repeats until nothing
+    changes, so chains of such groups collapse into their consumers.
+    """
+    uses = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    changed = True
+    while changed:
+        changed = False
+        group_of: dict[int, list[Group]] = {}  # an inlined node lives in every group it was copied into
+        for g in groups:
+            for n in g.nodes:
+                group_of.setdefault(id(n), []).append(g)
+        for p in groups:
+            if p.alias or any(ops.kind(n.op) not in FUSIBLE for n in p.nodes) or id(p.output) in outputs:
+                continue
+            readers = uses.get(id(p.output), [])
+            if not readers or any(ops.kind(r.op) not in INLINE_INTO for r in readers):
+                continue
+            targets = list({id(g): g for r in readers for g in group_of[id(r)]}.values())
+            merged = []
+            for t in targets:
+                if t is p or t.alias:
+                    break
+                inputs = list(dict.fromkeys([*p.inputs, *(v for v in t.inputs if v is not p.output)]))
+                if _buffers(inputs) > max_inputs or len(p.nodes) + len(t.nodes) > MAX_INLINED_NODES:
+                    break
+                merged.append((t, inputs))
+            else:
+                for t, inputs in merged:
+                    t.nodes[:0] = p.nodes
+                    t.inputs = inputs
+                groups.remove(p)
+                changed = True
+                break
+    return groups
+
+
+def fuse_rows(graph: Graph, groups: list[Group], supported: Callable[[Group], bool], max_inputs: int = 7) -> list[Group]:
+    """Fuse reduction groups into the elementwise group that alone reads their result (see the module docstring).
+
+    A group of a reduction (and the elementwise nodes inlined into it or chained after it) is merged into consumer group
+    ``c`` when every node reading its output is in ``c``, the output is not a graph output, ``c`` ends in an
+    elementwise node and holds only elementwise and reduction nodes, the merged group stays within
+    ``max_inputs`` buffers and :data:`MAX_ROW_NODES` nodes, and ``supported(merged)`` (the target's lowering
+    makes it a row kernel: the reductions depend only on output axes the consumer's other axes do not).
+    Repeats until nothing changes, so LayerNormalization's mean, then its variance, join the normalisation.
+    """
+    uses = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    changed = True
+    while changed:
+        changed = False
+        producer = {id(g.output): g for g in groups if not g.alias}
+        holders: dict[int, set[int]] = {}  # node -> the groups holding it (an inlined node may be in several)
+        for g in groups:
+            for n in g.nodes:
+                holders.setdefault(id(n), set()).add(id(g))
+        for i, c in enumerate(groups):
+            if c.alias or ops.kind(c.nodes[-1].op) not in FUSIBLE or \
+                    any(ops.kind(n.op) not in INLINE_INTO for n in c.nodes):
+                continue
+            mine = {id(n) for n in c.nodes}
+            for v in c.inputs:
+                p = producer.get(id(v))
+                if p is None or p is c or id(v) in outputs or all(ops.kind(n.op) != "reduce" for n in p.nodes) or \
+                        any(ops.kind(n.op) not in INLINE_INTO for n in p.nodes):
+                    continue
+                if any(id(r) not in mine or holders[id(r)] != {id(c)} for r in uses.get(id(v), [])):
+                    continue
+                nodes = sorted({id(n): n for n in [*p.nodes, *c.nodes]}.values(), key=lambda n: position[id(n)])
+                inputs = list(dict.fromkeys([*p.inputs, *(x for x in c.inputs if x is not v)]))
+                if _buffers(inputs) > max_inputs or len(nodes) > MAX_ROW_NODES:
+                    continue
+                merged = Group(nodes, inputs, rows=True)
+                if not supported(merged):
+                    continue
+                groups[i] = merged
+                groups.remove(p)
+                changed = True
+                break
+            if changed:
+                break
+    return groups

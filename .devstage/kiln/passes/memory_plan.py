@@ -1,0 +1,191 @@
+"""Memory planning: activations share buffers by liveness.
+
+Every kernel-produced value gets a live interval ``[def, last use]`` over the
+kernel sequence (a reshape alias extends its source's interval). Intervals are
+assigned to shared buffers greedily by size, largest first, each to the smallest
+buffer that is free for its whole interval (growing the largest free one if none
+is big enough): the "greedy by size" strategy of TFLite's GPU delegate for shared
+objects. Graph inputs and outputs get buffers of their own so the runtime can
+write and read them at any time; weights get one buffer each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln.ir import dtypes, ops
+from kiln.ir.graph import Graph, Node, Value
+from kiln.passes.fusion import Group
+
+
+def needs_buffer(node: Node, v: Value) -> bool:
+    """Whether constant ``v`` read by ``node`` lives in a buffer (scalars of elementwise ops become literals)."""
+    return v.size != 1 or ops.kind(node.op) not in ("binary", "ternary")
+
+
+def max_size(v: Value) -> int:
+    """Elements of ``v``; for a shape with run-time dims, the most for any dims in bounds
+    (:func:`kiln.te.symbolic.upper`)."""
+    size = v.size
+    if not isinstance(size, int):
+        from kiln.te import symbolic
+
+        size = symbolic.upper(size)
+    return size
+
+
+def storage_bytes(v: Value) -> int:
+    """Bytes ``v`` takes in a WebGPU buffer (its dtype's storage element type, see ``package.format.STORAGE``);
+    for a shape with run-time dims, the most it takes for any dims in bounds (:func:`max_size`)."""
+    return max_size(v) * dtypes.storage_itemsize(v.dtype)
+
+
+def fits_half(a) -> bool:
+    """Whether every finite value of array ``a`` is within f16's range (|x| <= 65504): fp16 compute
+    stores such weights as f16 and keeps the others (an attention mask's -3.4e38, say) in f32."""
+    import numpy as np
+
+    a = np.asarray(a, dtype=np.float64)
+    finite = a[np.isfinite(a)]
+    return finite.size == 0 or float(np.abs(finite).max()) <= 65504.0
+
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of 4 (WebGPU storage bindings), at least 4."""
+    return max(4, (nbytes + 3) // 4 * 4)
+
+
+@dataclass
+class Buffer:
+    """A device buffer of the plan.
+
+    Attributes:
+        id: index in :attr:`MemoryPlan.buffers`.
+        kind: ``input``, ``output``, ``weight`` or ``activation``.
+        nbytes: size (a multiple of 4).
+        values: names of the values stored in it over the run.
+    """
+
+    id: int
+    kind: str
+    nbytes: int
+    values: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MemoryPlan:
+    """Value -> buffer assignment.
+
+    Attributes:
+        buffers: all buffers.
+        of: ``id(value)`` -> buffer id (aliases included).
+        unshared_bytes: activation bytes if every activation had its own buffer.
+    """
+
+    buffers: list[Buffer]
+    of: dict[int, int]
+    unshared_bytes: int
+    #: ``id(value)`` of the values stored as f16 (fp16 compute: float weights and activations)
+    half: set[int] = field(default_factory=set)
+
+    def storage(self, v: Value) -> str:
+        """The element type ``v``'s buffer holds: ``float16`` for an f16-stored value, else its
+        dtype's (``package.format.STORAGE``)."""
+        from kiln.package.format import STORAGE
+
+        return "float16" if id(v) in self.half else STORAGE.get(v.dtype, v.dtype)
+
+    def bytes(self, kind: str) -> int:
+        """Total bytes of buffers of ``kind``."""
+        return sum(b.nbytes for b in self.buffers if b.kind == kind)
+
+
+def plan_memory(graph: Graph, groups: list[Group], half: bool = False) -> MemoryPlan:
+    """Assign every value the kernels touch to a buffer (see the module docstring).
+
+    With ``half`` (fp16 compute) float weights and activations are stored as f16, 2 bytes an
+    element (buffer sizes still rounded up to 4 bytes), except weights with finite values beyond
+    f16's range (see :func:`fits_half`); model inputs and outputs keep their storage type, so the
+    first and last kernels convert them.
+    """
+    buffers: list[Buffer] = []
+    of: dict[int, int] = {}
+    io = {id(v) for v in graph.inputs} | {id(v) for v in graph.outputs}
+    halves: set[int] = set()
+
+    def nbytes(v: Value) -> int:
+        if half and dtypes.is_float(v.dtype) and id(v) not in io and (not v.is_const or fits_half(v.const)):
+            halves.add(id(v))
+            return max_size(v) * 2
+        return storage_bytes(v)
+
+    def new(kind: str, v: Value) -> int:
+        if kind in ("input", "output"):
+            io.add(id(v))
+        b = Buffer(len(buffers), kind, aligned(nbytes(v)), [v.name])
+        buffers.append(b)
+        of[id(v)] = b.id
+        return b.id
+
+    for v in graph.inputs:
+        new("input", v)
+    root: dict[int, Value] = {}
+    for g in groups:
+        if g.alias:
+            src = g.inputs[0]
+            root[id(g.output)] = root.get(id(src), src)
+    for v in graph.outputs:
+        r = root.get(id(v), v)
+        if id(r) not in of and not r.is_const:
+            new("output", r)
+    for g in groups:
+        for node in g.nodes:
+            for v in node.inputs:
+                if v.is_const and id(v) not in of and needs_buffer(node, v):
+                    new("weight", v)
+    # activation live intervals over the kernel sequence
+    start: dict[int, int] = {}
+    end: dict[int, int] = {}
+    vals: dict[int, Value] = {}
+    for step, g in enumerate(groups):
+        for v in g.inputs:
+            r = root.get(id(v), v)
+            if id(r) in start:
+                end[id(r)] = step
+        if not g.alias:
+            last = g.nodes[-1]  # a control-flow group (If, Loop) writes every output of its node
+            for r in last.outputs if ops.kind(last.op) == "control" else [g.output]:
+                if id(r) not in of:
+                    start[id(r)] = end[id(r)] = step
+                    vals[id(r)] = r
+    unshared = sum(aligned(nbytes(vals[k])) for k in start)
+    slots: list[tuple[Buffer, list[tuple[int, int]]]] = []
+    for key in sorted(start, key=lambda k: (-nbytes(vals[k]), start[k])):
+        v, lo, hi = vals[key], start[key], end[key]
+        size = aligned(nbytes(v))
+        free = [(b, iv) for b, iv in slots if all(hi < a or lo > z for a, z in iv)]
+        fits = [s for s in free if s[0].nbytes >= size]
+        if fits:
+            b, iv = min(fits, key=lambda s: s[0].nbytes)
+        elif free:
+            b, iv = max(free, key=lambda s: s[0].nbytes)
+            b.nbytes = size
+        else:
+            b = Buffer(len(buffers), "activation", size)
+            buffers.append(b)
+            iv = []
+            slots.append((b, iv))
+        iv.append((lo, hi))
+        b.values.append(v.name)
+        of[key] = b.id
+    for g in groups:
+        if g.alias:
+            src = g.inputs[0]
+            r = root.get(id(src), src)
+            if id(r) in of:
+                of[id(g.output)] = of[id(r)]
+                if g.output.name not in buffers[of[id(r)]].values:
+                    buffers[of[id(r)]].values.append(g.output.name)
+                if id(r) in halves:
+                    halves.add(id(g.output))
+    return MemoryPlan(buffers, of, unshared, halves)

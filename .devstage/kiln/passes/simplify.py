@@ -1,0 +1,134 @@
+"""Graph simplification: constant folding, scale folding into Conv/MatMul weights, dead-code elimination.
+
+Each pass maps a graph to an equivalent graph (same :func:`kiln.ir.interp.run`
+results up to float rounding) and edits it in place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.ir import interp
+from kiln.ir.graph import Graph, Node, Value
+
+
+def const_fold(graph: Graph) -> bool:
+    """Evaluate every node whose inputs are all constants; its outputs become constants.
+
+    Nodes defining graph outputs stay, so every output is written by a kernel.
+
+    Returns True if anything changed.
+    """
+    changed = False
+    keep: list[Node] = []
+    outputs = {id(v) for v in graph.outputs}
+    for node in graph.nodes:
+        if node.inputs and all(v.is_const and not v.is_shape_const for v in node.inputs) \
+                and all(o.is_static for o in node.outputs) and not any(id(o) in outputs for o in node.outputs):
+            outs = interp.eval_node(node, [v.const for v in node.inputs])
+            for v, a in zip(node.outputs, outs):
+                v.const = np.array(a, order="C")
+                v.producer = None
+            changed = True
+        else:
+            keep.append(node)
+    graph.nodes = keep
+    return changed
+
+
+def remove_identities(graph: Graph) -> bool:
+    """Drop Identity nodes, Reshapes to the same shape, and x+0, x*1 with scalar constants."""
+    changed = False
+    outputs = {id(v) for v in graph.outputs}
+    keep = []
+    for node in graph.nodes:
+        src = None
+        if node.op == "Identity" or (node.op == "Reshape" and node.inputs[0].shape == node.outputs[0].shape):
+            src = node.inputs[0]
+        elif node.op in ("Add", "Mul", "Sub", "Div") and node.inputs[1].is_const and not node.inputs[1].is_shape_const \
+                and node.outputs[0].shape == node.inputs[0].shape:
+            c = node.inputs[1].const
+            neutral = 0 if node.op in ("Add", "Sub") else 1
+            if c.size and np.all(c == neutral):
+                src = node.inputs[0]
+        if src is not None and id(node.outputs[0]) not in outputs:
+            graph.replace_uses(node.outputs[0], src)
+            changed = True
+            continue
+        keep.append(node)
+    graph.nodes = keep
+    return changed
+
+
+def _channel_scale(s: np.ndarray, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """``s`` as a vector over ``axis`` of ``out_shape`` if it broadcasts along that axis only, else None."""
+    rank = len(out_shape)
+    if s.ndim > rank:
+        return None
+    full = (1,) * (rank - s.ndim) + s.shape
+    if any(d != 1 for i, d in enumerate(full) if i != axis):
+        return None
+    return np.broadcast_to(s.reshape(full[axis]), (out_shape[axis],)).astype(np.float32)
+
+
+def fold_scale(graph: Graph) -> bool:
+    """Fold ``Mul`` by a per-output-channel constant into the weights of the Conv or MatMul before it.
+
+    ``Conv(x, W) * s -> Conv(x, W * s[:, None, ...])`` and ``(Conv(x, W) + b) * s -> Conv(x, W*s) + b*s``
+    (likewise MatMul with a constant right operand, scaled per column). This is how a
+    BatchNormalization after a convolution disappears.
+    """
+    uses = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+
+    def single_use(v: Value) -> bool:
+        return len(uses.get(id(v), [])) == 1 and id(v) not in outputs
+
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Mul" or not node.inputs[1].is_const or node.inputs[1].is_shape_const or node not in graph.nodes:
+            continue
+        y, s = node.inputs
+        add = None
+        prod = y.producer
+        if prod is not None and prod.op == "Add" and prod.inputs[1].is_const and not prod.inputs[1].is_shape_const \
+                and single_use(y):
+            add, y = prod, prod.inputs[0]
+            prod = y.producer
+        if prod is None or prod.op not in ("Conv", "MatMul") or not prod.inputs[1].is_const or not single_use(y):
+            continue
+        if node.outputs[0].shape != y.shape:
+            continue
+        axis = 1 if prod.op == "Conv" else len(y.shape) - 1
+        vec = _channel_scale(s.const, node.outputs[0].shape, axis)
+        if vec is None or (add is not None and _channel_scale(add.inputs[1].const, y.shape, axis) is None):
+            continue
+        w = prod.inputs[1]
+        wshape = [1] * w.const.ndim
+        wshape[0 if prod.op == "Conv" else -1] = -1
+        prod.inputs[1] = Value(w.name + "_scaled", w.dtype, w.shape, const=(w.const * vec.reshape(wshape)).astype(w.const.dtype))
+        if add is not None:
+            b = add.inputs[1]
+            rank = len(y.shape)
+            vshape = [1] * rank
+            vshape[axis] = -1
+            scaled = b.const.reshape((1,) * (rank - b.const.ndim) + b.const.shape) * vec.reshape(vshape)
+            add.inputs[1] = Value(b.name + "_scaled", b.dtype, scaled.shape, const=scaled.astype(b.const.dtype))
+        graph.replace_uses(node.outputs[0], node.inputs[0])
+        graph.nodes.remove(node)
+        uses = graph.consumers()
+        changed = True
+    return changed
+
+
+def dead_code(graph: Graph) -> bool:
+    """Remove nodes none of whose outputs is read or returned."""
+    live = {id(v) for v in graph.outputs}
+    keep = []
+    for node in reversed(graph.nodes):
+        if any(id(o) in live for o in node.outputs):
+            keep.append(node)
+            live.update(id(v) for v in node.inputs)
+    changed = len(keep) != len(graph.nodes)
+    graph.nodes = keep[::-1]
+    return changed

@@ -1,0 +1,123 @@
+"""Run-time dims of a package (format 1.4, docs/dynamic-shapes.md), for the native runtime.
+
+:func:`bind_dims` reads each dim's value from the fed input shapes (every input must agree, and each
+value must lie within the dim's bounds); :func:`dims_words` packs the values into the dims uniform;
+:func:`dispatches` evaluates every step's workgroup count (the manifest's size expressions) and
+:func:`output_shapes` the outputs' shapes. The runtime never imports the compiler: expressions are
+evaluated by :func:`kiln.te.symbolic.eval_json`'s small interpreter, which depends on nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import PackageError, ShapeError
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "//": lambda a, b: a // b,
+        "%": lambda a, b: a % b, "max": max, "min": min}
+
+
+def eval_json(j: Any, env: dict[str, int]) -> int:
+    """Evaluate a manifest size expression (an int, a dim name, or ``[op, a, b]`` with ``op`` one of
+    ``+ - * // % max min``; ``//`` floors) with dim values ``env``.
+
+    Raises:
+        PackageError: a malformed expression, an unknown dim, or a division by zero.
+    """
+    if isinstance(j, bool):
+        raise PackageError(f"malformed size expression {j!r}")
+    if isinstance(j, int):
+        return j
+    if isinstance(j, str):
+        if j not in env:
+            raise PackageError(f"size expression names unknown dim {j!r}")
+        return int(env[j])
+    if isinstance(j, list) and len(j) == 3 and j[0] in _OPS:
+        a, b = eval_json(j[1], env), eval_json(j[2], env)
+        if j[0] in ("//", "%") and b == 0:
+            raise PackageError("size expression divides by zero")
+        return int(_OPS[j[0]](a, b))
+    raise PackageError(f"malformed size expression {j!r}")
+
+
+def is_dynamic(manifest: dict[str, Any]) -> bool:
+    """True for a package with run-time dims."""
+    return bool(manifest.get("dynamic_dims"))
+
+
+def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]:
+    """Each run-time dim's value, read from the shapes of ``feeds`` (input name -> array).
+
+    Raises:
+        ShapeError: an unknown or missing input, a wrong rank or static dim, inputs that disagree on a
+            dim, a value outside the dim's bounds or not a multiple it must be (naming the input, the dim and the
+            bounds).
+    """
+    dims = {d["name"]: d for d in manifest["dynamic_dims"]}
+    env: dict[str, int] = {}
+    seen: dict[str, str] = {}
+    names = {i["name"] for i in manifest["inputs"]}
+    unknown = sorted(set(feeds) - names)
+    if unknown:
+        raise ShapeError(f"unknown input{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                         f"the model's inputs are {', '.join(map(repr, sorted(names)))}")
+    for spec in manifest["inputs"]:
+        name = spec["name"]
+        want = spec.get("dynamic_shape", spec["shape"])
+        if name not in feeds:
+            raise ShapeError(f"missing input {name!r} ({spec['dtype']}{want})")
+        shape = np.shape(feeds[name])
+        if len(shape) != len(want):
+            raise ShapeError(f"input {name!r}: expected rank {len(want)} {want}, got shape {list(shape)}")
+        for axis, (got, w) in enumerate(zip(shape, want)):
+            if isinstance(w, str) and w in dims:
+                d = dims[w]
+                if not d["min"] <= got <= d["max"]:
+                    raise ShapeError(f"input {name!r} dim {axis} ({w}) is {got}, outside its bounds "
+                                     f"{d['min']}..{d['max']} (compile with a wider --dim {w}=MIN..MAX)")
+                if got % d.get("multiple", 1):
+                    raise ShapeError(f"input {name!r} dim {axis} ({w}) is {got}, not a multiple of {d['multiple']} "
+                                     "(the package was compiled for multiples only)")
+                if w in env and env[w] != got:
+                    raise ShapeError(f"inconsistent dim {w}: input {name!r} dim {axis} is {got} but input "
+                                     f"{seen[w]!r} gave {env[w]}")
+                env[w], seen[w] = int(got), name
+    for spec in manifest["inputs"]:  # dims of expressions (not plain names) follow from the bound ones
+        want = spec.get("dynamic_shape", spec["shape"])
+        got = list(np.shape(feeds[spec["name"]]))
+        missing = [w for w in want if not isinstance(w, (int, str)) or (isinstance(w, str) and w not in env)]
+        if missing:
+            raise ShapeError(f"input {spec['name']!r}: cannot bind dims {missing} from its shape")
+        exp = [eval_json(w, env) for w in want]
+        if exp != got:
+            raise ShapeError(f"input {spec['name']!r}: expected shape {exp} (symbolic {want}), got {got}")
+    return env
+
+
+def dims_words(manifest: dict[str, Any], env: dict[str, int]) -> bytes:
+    """The dims uniform's bytes: dim ``index`` in i32 word ``index``, padded to whole ``vec4``s."""
+    dims = manifest["dynamic_dims"]
+    words = np.zeros(4 * max(1, -(-len(dims) // 4)), np.int32)
+    for d in dims:
+        words[d["index"]] = env[d["name"]]
+    return words.tobytes()
+
+
+def dispatches(plan: list[dict[str, Any]], env: dict[str, int], max_x: int = 65535) -> list[tuple[int, int, int]]:
+    """Workgroup counts ``(x, y, z)`` of every step for dims ``env``; ``(0, 0, 0)`` for a step with nothing to do
+    (the runtime skips it). Counts above ``max_x`` wrap into y, as the kernels expect."""
+    out = []
+    for s in plan:
+        if "groups" not in s:
+            out.append(tuple(s["dispatch"]))
+            continue
+        g = eval_json(s["groups"], env)
+        out.append((0, 0, 0) if g <= 0 else (g, 1, 1) if g <= max_x else (max_x, -(-g // max_x), 1))
+    return out
+
+
+def output_shapes(manifest: dict[str, Any], env: dict[str, int]) -> dict[str, list[int]]:
+    """Each output's shape for dims ``env``."""
+    return {o["name"]: [eval_json(d, env) for d in o.get("dynamic_shape", o["shape"])] for o in manifest["outputs"]}

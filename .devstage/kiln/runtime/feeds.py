@@ -1,0 +1,60 @@
+"""Checking a model's inputs against its manifest, shared by the native and the RPC runtimes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import ShapeError
+
+
+def check_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tuple[dict[str, Any], np.ndarray]]:
+    """Match ``feeds`` to the manifest's input descriptions.
+
+    Args:
+        specs: the manifest's ``inputs`` (each with ``name``, ``dtype``, ``shape``, ``symbolic_shape``).
+        feeds: input name -> array-like of exactly that dtype and shape.
+
+    Returns:
+        ``(spec, array)`` per input in manifest order, each array C-contiguous.
+
+    Raises:
+        ShapeError: an unknown or missing input, or one of another dtype or shape.
+    """
+    names = {i["name"] for i in specs}
+    unknown = sorted(set(feeds) - names)
+    if unknown:
+        raise ShapeError(f"unknown input{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                         f"the model's inputs are {', '.join(map(repr, sorted(names)))}")
+    out = []
+    for spec in specs:
+        if spec["name"] not in feeds:
+            raise ShapeError(f"missing input {spec['name']!r} ({spec['dtype']}{spec['shape']})")
+        a = np.asarray(feeds[spec["name"]])
+        from kiln.package.format import numpy_dtype
+
+        if a.dtype != numpy_dtype(spec["dtype"]):
+            raise ShapeError(f"input {spec['name']!r}: expected dtype {spec['dtype']}, got {a.dtype}")
+        if "dynamic_shape" in spec:  # run-time dims: the runtime binds and checks them (kiln.runtime.dynamic)
+            if a.ndim != len(spec["dynamic_shape"]):
+                raise ShapeError(f"input {spec['name']!r}: expected rank {len(spec['dynamic_shape'])} "
+                                 f"{spec['dynamic_shape']}, got shape {list(a.shape)}")
+        elif list(a.shape) != list(spec["shape"]):
+            raise ShapeError(f"input {spec['name']!r}: expected shape {spec['shape']} "
+                             f"(symbolic {spec['symbolic_shape']}), got {list(a.shape)}")
+        out.append((spec, np.ascontiguousarray(a)))
+    return out
+
+
+def storage_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tuple[dict[str, Any], np.ndarray]]:
+    """:func:`check_feeds`, then each array converted to its buffer's element type (the manifest's
+    ``storage``: bool, 8/16-bit and int64 tensors become int32), C-contiguous.
+
+    Raises:
+        ShapeError: as :func:`check_feeds`, or an int64 value outside int32's range.
+    """
+    from kiln.package.format import to_storage
+
+    return [(spec, np.ascontiguousarray(to_storage(a, spec["dtype"], f"input {spec['name']!r}")))
+            for spec, a in check_feeds(specs, feeds)]

@@ -1,0 +1,507 @@
+"""Native execution of a package through wgpu-py (Vulkan, Metal or D3D12; Mesa's lavapipe on CPUs).
+
+The runtime reads packages only; it never imports the compiler. Buffers,
+pipelines and bind groups are created once at load; each :meth:`Session.run`
+writes the inputs, records one command encoder with one compute pass holding
+every dispatch plus the copies of the outputs into one mappable staging buffer,
+submits it once, and maps that buffer once.
+
+Inputs and outputs can also stay on the GPU (:class:`~kiln.runtime.gpu.GPUTensor`, ``run(feeds,
+output="gpu")``), and sessions share one device per process and its pipeline cache
+(:mod:`kiln.runtime.gpu`, :mod:`kiln.runtime.pipelines`); see docs/runtime.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import DeviceError, KilnError, PackageError, ShapeError
+from kiln.package.format import DEFAULT_LIMITS, STORAGE, from_storage, read_manifest, read_weights, verify_weights
+from kiln.runtime import dynamic, gpu
+from kiln.runtime.feeds import storage_feeds
+from kiln.runtime.gpu import GPUTensor, shared_device, synchronize, to_gpu
+from kiln.runtime.pipelines import KernelSpec, pipeline_cache
+from kiln.runtime.timing import wall_clock_ms
+from kiln.runtime.training import TrainingMixin
+
+
+def _request_device(limits: dict[str, int], features: list[str], optional: tuple[str, ...] = ()):
+    """An adapter and a device with the ``limits`` (package needs, spec names) and ``features`` the package uses.
+
+    Only limits above WebGPU's defaults are requested; ``optional`` features are requested when the
+    adapter has them. Raises DeviceError if the adapter falls short.
+    """
+    adapter = gpu.request_adapter()
+    have = adapter.limits
+    required = {}
+    for name, value in limits.items():
+        key = "".join("-" + c.lower() if c.isupper() else c for c in name)
+        if key not in have:
+            continue
+        if have[key] < value:
+            raise DeviceError(f"adapter {adapter.info.get('device', '?')} has {name}={have[key]}, the package "
+                              f"needs {value}")
+        if value > DEFAULT_LIMITS.get(name, 0):
+            required[key] = value
+    missing = [f for f in features if f not in adapter.features]
+    if missing:
+        why = (" (the package computes in fp16: compile it with --precision fp32 for this adapter)"
+               if "shader-f16" in missing else "")
+        raise DeviceError(f"adapter {adapter.info.get('device', '?')} lacks WebGPU features {missing}{why}")
+    features = list(features) + [f for f in optional if f in adapter.features and f not in features]
+    return adapter, adapter.request_device_sync(required_features=features, required_limits=required)
+
+
+def _session_device(tgt: dict[str, Any], device):
+    """The adapter and device a session runs on: ``"shared"`` (the process-wide device,
+    :func:`~kiln.runtime.gpu.shared_device`), ``"own"`` (a device of its own) or a wgpu device.
+
+    Raises:
+        DeviceError: the adapter or the given device falls short of the package's limits or features.
+        KilnError: ``device`` is none of these.
+    """
+    limits, features = tgt.get("limits", {}), tgt.get("features", [])
+    if device == "shared":
+        return gpu.adapter(), shared_device(limits, features)
+    if device == "own":
+        return _request_device(limits, features, optional=("timestamp-query",))
+    if isinstance(device, str) or not hasattr(device, "create_buffer"):
+        raise KilnError(f"device must be 'shared', 'own' or a wgpu device (e.g. another session's .device), "
+                        f"got {device!r}")
+    if not gpu._fits(device, limits, features):
+        raise DeviceError(f"the given device lacks limits {limits} or features {features} the package needs")
+    return device.adapter, device
+
+
+#: plans with at least this many dispatches are submitted in two command buffers by default (Session.submit_chunks)
+CHUNKED_STEPS = 32
+
+
+def _copy_size(spec: dict[str, Any], buffer, shape=None) -> int:
+    """Bytes of the tensor ``spec`` (an input or output) of ``shape`` (default: the manifest's; run-time dims
+    give smaller ones) in its buffer, rounded up to WebGPU's 4-byte copies."""
+    n = int(np.prod(spec["shape"] if shape is None else shape, dtype=np.int64)) * np.dtype(spec.get("storage", STORAGE[spec["dtype"]])).itemsize
+    return min(buffer.size, -(-n // 4) * 4)
+
+
+class Session(TrainingMixin):
+    """A loaded package, ready to run natively (and, for train-step packages, to train: ``train_step``,
+    ``state``, ``export_weights``; see :class:`~kiln.runtime.training.TrainingMixin`).
+
+    Args:
+        package: package directory (made by ``kiln compile``).
+        target: the target to run (only ``webgpu`` natively).
+        verify: check the weights' SHA-256 against the manifest.
+        poison: fill activation and output buffers with NaN at load and before every run, so an
+            element a kernel forgets to write shows up as NaN (for tests).
+        device: ``"shared"`` (default): the process-wide device (:func:`kiln.runtime.gpu.shared_device`),
+            so sessions exchange :class:`~kiln.runtime.gpu.GPUTensor` s and reuse each other's compiled
+            pipelines; ``"own"``: a device of its own; or a wgpu device (e.g. another session's ``device``).
+        jobs: threads compiling the pipelines the device's cache lacks (default: CPU count, at most 8).
+
+    Attributes:
+        load_ms: milliseconds of the load's phases: ``device``, ``weights`` (buffers and weight
+            uploads, overlapping the pipelines), ``pipelines`` (compiling or fetching from the cache)
+            and ``total``.
+        pipeline_hits: kernels whose pipeline the device's cache already held at load.
+        submit_chunks: command buffers a run's dispatches are split into (``KILN_SUBMIT_CHUNKS`` if set,
+            else 2 for plans of at least :data:`CHUNKED_STEPS` dispatches, else 1): each is submitted as soon
+            as it is encoded, so the GPU works on the first while the host encodes the next. On an H100,
+            MobileNetV2's run went from 1.19 to 1.07 ms with 2; each further buffer costs about 0.06 ms
+            (``python -m bench.host --chunks 1,2,3,4``, bench/results/host-20261122-095553.json).
+
+    Raises:
+        PackageError: missing, malformed, corrupted, or newer-format package, or a kernel that does not compile.
+        DeviceError: no adapter, or it lacks a limit or feature the package needs.
+    """
+
+    def __init__(self, package: str | os.PathLike, target: str = "webgpu", verify: bool = True, poison: bool = False,
+                 device: Any = "shared", jobs: int | None = None):
+        import wgpu
+
+        t_start = time.perf_counter()
+        self.path = Path(package)
+        self.manifest: dict[str, Any] = read_manifest(self.path)
+        if target not in self.manifest["targets"]:
+            raise PackageError(f"{self.path}: package has no {target!r} target "
+                               f"(has: {', '.join(self.manifest['targets'])})")
+        if verify:
+            verify_weights(self.path, self.manifest)
+        tgt = self.manifest["targets"][target]
+        self.adapter, self.device = _session_device(tgt, device)
+        dev = self.device
+        t_device = time.perf_counter()
+        cache = pipeline_cache(dev)
+        # a kernel over run-time dims (docs/dynamic-shapes.md) reads their uniform after its storage buffers
+        specs = [KernelSpec((self.path / k["source"]).read_text(), k["entry_point"],
+                            tuple(b["access"] for b in sorted(k["bindings"], key=lambda b: b["binding"]))
+                            + (("uniform",) if "dims_binding" in k else ()), k["name"])
+                 for k in tgt["kernels"]]
+        hits = cache.hits
+        # the pipelines compile on their own threads while this one uploads the weights
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-load") as ex:
+            def compile_all():
+                t0 = time.perf_counter()
+                return cache.get_many(specs, jobs), time.perf_counter() - t0
+
+            compiling = ex.submit(compile_all)
+            try:
+                usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+                self.buffers = [dev.create_buffer(size=b["bytes"], usage=usage, label=f"b{b['id']}_{b['kind']}")
+                                for b in self.manifest["buffers"]]
+                for b, data in read_weights(self.path, self.manifest):
+                    if data.size:  # f16 weights of odd length: padded to WebGPU's 4-byte write granularity
+                        raw = data.tobytes()
+                        dev.queue.write_buffer(self.buffers[b["id"]], 0, raw + bytes(-len(raw) % 4))
+            finally:
+                t_weights = time.perf_counter()
+                cached, compile_s = compiling.result()
+        self.pipeline_hits = cache.hits - hits
+        self.pipelines = [(c.pipeline, c.layout) for c in cached]
+        # run-time dims (docs/dynamic-shapes.md): one uniform buffer of dim values; dispatch sizes and output
+        # shapes follow from the fed shapes
+        self._dyn = dynamic.is_dynamic(self.manifest)
+        self._dims_env: dict[str, int] | None = None
+        self._dispatch: list[tuple[int, int, int]] | None = None
+        self.dims_buffer = dev.create_buffer(size=tgt["dims_uniform"]["bytes"], label="kiln_dims",
+                                             usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST) \
+            if self._dyn else None
+        from kiln.runtime.control import ControlPlan, is_control_plan
+
+        #: runs plans with run-time If/Loop (format 1.4); None for a flat plan
+        self.control = ControlPlan(self, tgt["plan"]) if is_control_plan(tgt["plan"]) else None
+        plan = self.control.kernel_steps if self.control is not None else tgt["plan"]
+        self.steps = []
+        for s in plan:
+            pipeline, layout = self.pipelines[s["kernel"]]
+            entries = [{"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0,
+                                                   "size": self.buffers[bid].size}} for i, bid in enumerate(s["buffers"])]
+            if "dims_binding" in tgt["kernels"][s["kernel"]]:
+                entries.append({"binding": tgt["kernels"][s["kernel"]]["dims_binding"], "resource": {
+                    "buffer": self.dims_buffer, "offset": 0, "size": self.dims_buffer.size}})
+            group = dev.create_bind_group(layout=layout, entries=entries)
+            self.steps.append((pipeline, group, tuple(s["dispatch"])))
+        self._raw = self._raw_steps()
+        self._ran = False
+        chunks = os.environ.get("KILN_SUBMIT_CHUNKS")
+        self.submit_chunks = max(1, int(chunks)) if chunks else 2 if len(self.steps) >= CHUNKED_STEPS else 1
+        self._init_training(tgt)
+        self.step_names = [f"{tgt['kernels'][s['kernel']]['name']}" for s in plan]
+        self.poison = poison
+        if poison:
+            for b in self.manifest["buffers"]:
+                if b["kind"] in ("activation", "output"):
+                    self._fill_nan(b["id"])
+        self._out_bytes = [_copy_size(o, self.buffers[o["buffer"]]) for o in self.outputs]
+        self._readback = gpu.Readback(dev, self._out_bytes)
+        t_end = time.perf_counter()
+        self.load_ms = {"device": (t_device - t_start) * 1e3, "weights": (t_weights - t_device) * 1e3,
+                        "pipelines": compile_s * 1e3, "total": (t_end - t_start) * 1e3}
+
+    def _raw_steps(self):
+        """The plan as raw wgpu-native handles, for :meth:`_encode_raw`; ``None`` where the backend differs."""
+        try:
+            from wgpu.backends.wgpu_native._ffi import ffi, lib
+        except ImportError:
+            return None
+        index = {id(p): i for i, (p, _) in enumerate(self.pipelines)}
+        raw = [(index[id(p)], p._internal, g._internal, x, y, z) for p, g, (x, y, z) in self.steps]
+        if not all(isinstance(r[1], ffi.CData) and isinstance(r[2], ffi.CData) for r in raw):
+            return None
+        return lib, ffi.NULL, raw
+
+    def _encode_raw(self, cpass, dispatch: list[tuple[int, int, int]] | None = None, start: int = 0,
+                    stop: int | None = None) -> None:
+        """Record the dispatches of steps ``start:stop`` (default: all) through wgpu-native's C API directly.
+
+        Encoding through wgpu-py's checked wrappers costs about 15 us of Python per dispatch,
+        as much as a small kernel takes on a fast GPU. The plan was validated by the first
+        run (encoded through the public API), and the calls are the same three per dispatch.
+        """
+        lib, null, raw = self._raw
+        set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+        set_group = lib.wgpuComputePassEncoderSetBindGroup
+        dispatch_workgroups = lib.wgpuComputePassEncoderDispatchWorkgroups
+        h = cpass._internal
+        last = -1
+        for k, (i, pipeline, group, x, y, z) in enumerate(raw[start:stop], start):
+            if dispatch is not None:
+                x, y, z = dispatch[k]
+                if not x:  # nothing to do for these dims: a dispatch of 0 workgroups is skipped
+                    continue
+            if i != last:
+                set_pipeline(h, pipeline)
+                last = i
+            set_group(h, 0, group, 0, null)
+            dispatch_workgroups(h, x, y, z)
+
+    def _fill_nan(self, buffer_id: int) -> None:
+        # 0x7FC07FC0 is a NaN as one f32 and as two f16 (fp16 packages' buffers)
+        self.device.queue.write_buffer(self.buffers[buffer_id], 0,
+                                       np.full(self.buffers[buffer_id].size // 4, 0x7FC07FC0, np.uint32).tobytes())
+
+    @property
+    def inputs(self) -> list[dict[str, Any]]:
+        """Input descriptions from the manifest: name, dtype, shape, symbolic_shape."""
+        return self.manifest["inputs"]
+
+    @property
+    def outputs(self) -> list[dict[str, Any]]:
+        """Output descriptions from the manifest."""
+        return self.manifest["outputs"]
+
+    def adapter_info(self) -> dict[str, Any]:
+        """The adapter's vendor, architecture, device and backend, as wgpu reports them."""
+        return dict(self.adapter.info)
+
+    def _check_feeds(self, feeds: dict[str, np.ndarray]) -> list[tuple[dict, np.ndarray]]:
+        return storage_feeds(self.inputs, feeds)
+
+    def run(self, feeds: dict[str, np.ndarray | GPUTensor], output: str = "numpy") -> dict[str, Any]:
+        """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape, or a
+        :class:`~kiln.runtime.gpu.GPUTensor` of that dtype and shape on this session's device).
+
+        Args:
+            feeds: every model input. A GPUTensor is copied into the input's buffer on the GPU, in the
+                run's own command buffer (no host copy); arrays are written from host memory.
+            output: ``"numpy"``: outputs read back to new host arrays (all in one mapping);
+                ``"gpu"``: outputs copied, on the GPU, into new GPUTensors that this session never
+                writes again (later runs do not change them), and nothing is read back: the call
+                returns once the work is submitted (``GPUTensor.numpy()`` or :meth:`sync` waits).
+
+        Returns:
+            Output name -> a new numpy array, or a new GPUTensor with ``output="gpu"``.
+
+        Inputs are converted to their buffers' element type (``storage`` in the manifest: bool,
+        int8, uint8 and int64 are stored as int32) and outputs back to their dtype.
+        A package with run-time dims (docs/dynamic-shapes.md) takes inputs of any shape within its dims'
+        bounds and returns outputs of their run-time shapes.
+
+        Raises:
+            ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
+                input value that does not fit in int32; for run-time dims, a value outside its bounds or
+                inputs that disagree on one.
+            DeviceError: a GPUTensor on another device; the device failed to map the outputs.
+            KilnError: a released GPUTensor, or an unknown ``output``.
+        """
+        if output not in ("numpy", "gpu"):
+            raise KilnError(f"run: output must be 'numpy' or 'gpu', got {output!r}")
+        host, on_gpu = self._split_feeds(feeds)
+        dispatch, shapes = self._bind_dims(feeds) if self._dyn else (None, None)
+        dev = self.device
+        for spec, a in host:
+            if a.size:  # an empty tensor has nothing to write (WebGPU refuses empty writes)
+                dev.queue.write_buffer(self.buffers[spec["buffer"]], 0, memoryview(a.reshape(-1)).cast("B"))
+        if self.poison:
+            for o in self.outputs:
+                self._fill_nan(o["buffer"])
+        enc = dev.create_command_encoder()
+        for spec, t in on_gpu:
+            size = _copy_size(spec, self.buffers[spec["buffer"]], t.shape)
+            if size:
+                enc.copy_buffer_to_buffer(t.buffer, 0, self.buffers[spec["buffer"]], 0, size)
+        if self.control is not None:  # run-time If/Loop: submits and reads conditions as it goes
+            enc = self.control.execute(enc, host)
+        else:
+            enc = self._encode_chunks(enc, dispatch)
+        self._dispatch = dispatch  # the last run's dispatches (run-time dims), for profile()
+        outs = self.outputs
+        # run-time dims: the outputs' shapes, and so the bytes to copy, follow from the dims
+        out_shapes = [shapes[o["name"]] for o in outs] if shapes else [o["shape"] for o in outs]
+        sizes = [_copy_size(o, self.buffers[o["buffer"]], s) for o, s in zip(outs, out_shapes)] if shapes \
+            else self._out_bytes
+        if output == "gpu":
+            results = {}
+            for o, shape, size in zip(outs, out_shapes, sizes):
+                t = results[o["name"]] = gpu.empty(shape, o["dtype"], dev, label=o["name"])
+                if size:
+                    enc.copy_buffer_to_buffer(self.buffers[o["buffer"]], 0, t.buffer, 0, size)
+            dev.queue.submit([enc.finish()])
+            self._ran = True
+            return results
+        self._readback.copy(enc, [self.buffers[o["buffer"]] for o in outs], sizes)
+        dev.queue.submit([enc.finish()])
+        self._ran = True
+        return dict(zip((o["name"] for o in outs),
+                        self._readback.read(lambda i, data: from_storage(data, outs[i]["dtype"], out_shapes[i]))))
+
+    def _encode_chunks(self, enc, dispatch: list[tuple[int, int, int]] | None = None):
+        """Record the plan into ``enc`` and return the encoder that takes the rest of the run (the output
+        copies). With :attr:`submit_chunks` ``k > 1`` (after the first run), the plan is split into ``k``
+        runs of steps and each but the last is submitted at once, in its own command buffer, so that the
+        GPU starts while the host encodes the rest."""
+        n, k = len(self.steps), min(self.submit_chunks, len(self.steps))
+        if k <= 1 or self._raw is None or not self._ran:
+            self._encode_pass(enc, dispatch)
+            return enc
+        bounds = [n * i // k for i in range(k + 1)]
+        for i in range(k):
+            self._encode_pass(enc, dispatch, bounds[i], bounds[i + 1])
+            if i < k - 1:
+                self.device.queue.submit([enc.finish()])
+                enc = self.device.create_command_encoder()
+        return enc
+
+    def _encode_pass(self, enc, dispatch: list[tuple[int, int, int]] | None = None, start: int = 0,
+                     stop: int | None = None) -> None:
+        """Record steps ``start:stop`` of the plan (default: all) in one compute pass of ``enc`` (through the C
+        API once a run has validated it); ``dispatch``: each step's workgroup counts for run-time dims (steps
+        with none are skipped)."""
+        cpass = enc.begin_compute_pass()
+        if self._raw is not None and self._ran:
+            self._encode_raw(cpass, dispatch, start, stop)
+        elif dispatch is None:
+            gpu.record_dispatches(cpass, self.steps[start:stop])
+        else:
+            gpu.record_dispatches(cpass, [(p, g, d) for (p, g, _), d in zip(self.steps[start:stop], dispatch[start:stop])
+                                          if d[0]])
+        cpass.end()
+
+    def _bind_dims(self, feeds: dict[str, Any]) -> tuple[list[tuple[int, int, int]], dict[str, list[int]]]:
+        """Run-time dims of a package that has them: binds them from the fed shapes, writes the dims uniform
+        when they changed, and returns ``(each step's workgroup counts, each output's shape)``.
+
+        Raises:
+            ShapeError: as :func:`kiln.runtime.dynamic.bind_dims`.
+        """
+        env = dynamic.bind_dims(self.manifest, feeds)
+        if env != self._dims_env:
+            self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))
+            self._dims_env = env
+        plan = self.manifest["targets"]["webgpu"]["plan"]
+        return dynamic.dispatches(plan, env), dynamic.output_shapes(self.manifest, env)
+
+    def _split_feeds(self, feeds: dict[str, Any]) -> tuple[list[tuple[dict, np.ndarray]], list[tuple[dict, GPUTensor]]]:
+        """Host feeds checked and in storage form (:meth:`_check_feeds`), and GPUTensor feeds checked.
+
+        Raises:
+            ShapeError, DeviceError, KilnError: as :meth:`run`.
+        """
+        if not isinstance(feeds, dict):
+            raise ShapeError(f"run() takes a dict {{input name: array or GPUTensor}}, got {type(feeds).__name__}")
+        on_gpu = {k: v for k, v in feeds.items() if isinstance(v, GPUTensor)}
+        if not on_gpu:
+            return self._check_feeds(feeds), []
+        specs = {i["name"]: i for i in self.inputs}
+        unknown = sorted(set(on_gpu) - set(specs))
+        if unknown:
+            raise ShapeError(f"unknown input{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                             f"the model's inputs are {', '.join(map(repr, sorted(specs)))}")
+        checked = []
+        for name, t in on_gpu.items():
+            spec = specs[name]
+            if t.buffer is None:
+                raise KilnError(f"input {name!r}: the GPUTensor was released")
+            if t.dtype != np.dtype(spec["dtype"]):
+                raise ShapeError(f"input {name!r}: expected dtype {spec['dtype']}, got a GPUTensor of {t.dtype}")
+            if "dynamic_shape" not in spec and list(t.shape) != list(spec["shape"]):  # run-time dims: _bind_dims
+                raise ShapeError(f"input {name!r}: expected shape {spec['shape']} (symbolic {spec['symbolic_shape']}), "
+                                 f"got a GPUTensor of shape {list(t.shape)}")
+            if t.device is not self.device:
+                raise DeviceError(f"input {name!r}: the GPUTensor lives on another WebGPU device than this session "
+                                  "(buffers cannot move between devices); load the sessions on one device (the "
+                                  "default, device='shared') or upload it again with session.upload()")
+            checked.append((spec, t))
+        rest = [i for i in self.inputs if i["name"] not in on_gpu]
+        return storage_feeds(rest, {k: v for k, v in feeds.items() if k not in on_gpu}), checked
+
+    def upload(self, data: np.ndarray | dict[str, np.ndarray]) -> GPUTensor | dict[str, GPUTensor]:
+        """Copy ``data`` to new :class:`~kiln.runtime.gpu.GPUTensor` s on this session's device, to feed
+        :meth:`run` without host copies later (a dict of arrays gives a dict of tensors).
+
+        Raises:
+            ShapeError: a dtype WebGPU buffers cannot hold, or int64 values outside int32's range.
+        """
+        if isinstance(data, dict):
+            return {k: to_gpu(v, device=self.device) for k, v in data.items()}
+        return to_gpu(data, device=self.device)
+
+    def sync(self) -> None:
+        """Block until the device has finished every submitted run (e.g. after ``run(..., output="gpu")``)."""
+        synchronize(self.device)
+
+    def benchmark(self, feeds: dict[str, Any], repeat: int = 20, warmup: int = 3, output: str = "numpy") -> list[float]:
+        """Wall-clock milliseconds of ``repeat`` full runs after ``warmup`` runs: with host arrays and
+        ``output="numpy"``, upload, compute and readback; with GPUTensor feeds and ``output="gpu"``, the
+        run and a device sync after it (:meth:`sync`), no host copies."""
+        if output == "gpu":
+            def once():
+                self.run(feeds, output="gpu")
+                self.sync()
+            return wall_clock_ms(once, repeat, warmup)
+        return wall_clock_ms(lambda: self.run(feeds, output=output), repeat, warmup)
+
+    def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
+        """GPU milliseconds of every dispatch, median over ``repeat`` runs (after one warm-up run).
+
+        Each dispatch gets its own compute pass with WebGPU timestamp writes (feature
+        ``timestamp-query``, requested at load when the adapter has it; timestamps are read as
+        nanoseconds). Without the feature each dispatch is submitted and waited for alone and
+        timed by the wall clock, which adds submission overhead to every row.
+
+        Returns:
+            One dict per dispatch in plan order: ``step``, ``kernel``, ``dispatch`` (workgroup
+            counts), ``ms``, ``clock`` (``timestamp-query`` or ``wall``).
+        """
+        import wgpu
+
+        self.run(feeds)
+        steps = self.steps
+        if getattr(self, "_dispatch", None) is not None:  # run-time dims: this run's dispatches, empty ones dropped
+            steps = [(p, g, d) for (p, g, _), d in zip(self.steps, self._dispatch)]
+        n = len(steps)
+        samples: list[list[float]] = [[] for _ in range(n)]
+        timestamps = "timestamp-query" in self.device.features
+        if timestamps:
+            qs = self.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
+            resolve = self.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE
+                                                | wgpu.BufferUsage.COPY_SRC)
+            staging = self.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.MAP_READ
+                                                | wgpu.BufferUsage.COPY_DST)
+        for _ in range(repeat):
+            if timestamps:
+                enc = self.device.create_command_encoder()
+                for i, (pipeline, group, dispatch) in enumerate(steps):
+                    if not dispatch[0]:
+                        continue
+                    cpass = enc.begin_compute_pass(timestamp_writes={
+                        "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+                    cpass.set_pipeline(pipeline)
+                    cpass.set_bind_group(0, group)
+                    cpass.dispatch_workgroups(*dispatch)
+                    cpass.end()
+                enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+                enc.copy_buffer_to_buffer(resolve, 0, staging, 0, 16 * n)
+                self.device.queue.submit([enc.finish()])
+                staging.map_sync(wgpu.MapMode.READ)
+                try:
+                    ticks = np.frombuffer(staging.read_mapped(copy=True), dtype=np.uint64).reshape(n, 2)
+                finally:
+                    staging.unmap()
+                for i in range(n):
+                    samples[i].append(float(ticks[i, 1] - ticks[i, 0]) / 1e6 if ticks[i, 1] >= ticks[i, 0] else 0.0)
+            else:
+                for i, (pipeline, group, dispatch) in enumerate(steps):
+                    if not dispatch[0]:
+                        samples[i].append(0.0)
+                        continue
+                    t0 = time.perf_counter()
+                    enc = self.device.create_command_encoder()
+                    cpass = enc.begin_compute_pass()
+                    cpass.set_pipeline(pipeline)
+                    cpass.set_bind_group(0, group)
+                    cpass.dispatch_workgroups(*dispatch)
+                    cpass.end()
+                    self.device.queue.submit([enc.finish()])
+                    self.device.queue.read_buffer(self.buffers[0], 0, 4)  # waits for the submission
+                    samples[i].append((time.perf_counter() - t0) * 1e3)
+        plan = self.control.kernel_steps if self.control is not None else self.manifest["targets"]["webgpu"]["plan"]
+        return [{"step": plan[i].get("node", str(i)), "kernel": self.step_names[i], "dispatch": list(steps[i][2]),
+                 "ms": float(np.median(samples[i])), "clock": "timestamp-query" if timestamps else "wall"}
+                for i in range(n)]

@@ -1,0 +1,216 @@
+"""Native execution of a package's WebAssembly target through wasmtime.
+
+The runtime reads packages only; it never imports the compiler. At load the module
+(``targets.wasm.module``, SHA-256 checked) is compiled by wasmtime's Cranelift with SIMD, one
+instance is made, and every weight is written into linear memory at its buffer's offset
+(``targets.wasm.memory.offsets``). Each :meth:`WasmSession.run` writes the inputs, calls each
+plan step's exported kernel over its tiles ``[0, total)`` and reads the outputs, all through one
+numpy view of the memory.
+
+With ``threads`` > 1 the package's threaded module is instantiated once per worker thread over
+one shared memory, and each step's tiles are split into contiguous ranges, one a worker, as the
+browser runtime does with Web Workers (wasmtime releases the GIL while wasm runs).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import PackageError
+from kiln.package.format import from_storage, read_manifest, read_weights, sha256_file, verify_weights
+from kiln.runtime.feeds import storage_feeds
+from kiln.runtime.timing import wall_clock_ms
+
+
+def _shared_memory_class():
+    """wasmtime's SharedMemory, importable by a Linker (wasmtime-py 50 wraps the pointer once too often)."""
+    import wasmtime
+    from wasmtime import _ffi as ffi
+
+    class SharedMemory(wasmtime.SharedMemory):
+        def _as_extern(self):
+            union = ffi.wasmtime_extern_union(sharedmemory=self.ptr())
+            return ffi.wasmtime_extern_t(ffi.WASMTIME_EXTERN_SHAREDMEMORY, union)
+
+    return SharedMemory
+
+
+class WasmSession:
+    """A loaded package running its ``wasm`` target natively (the same API as :class:`kiln.runtime.native.Session`).
+
+    Args:
+        package: package directory (made by ``kiln compile --target ...,wasm``).
+        target: must be ``wasm``.
+        verify: check the weights' and the module's SHA-256 against the manifest.
+        poison: fill activation and output buffers with NaN at load and the outputs before every
+            run, so an element a kernel forgets to write shows up as NaN (for tests).
+        threads: worker threads (1: the single-threaded module; more: the threaded module over a
+            shared memory, which the package must have).
+
+    Raises:
+        PackageError: missing, malformed, corrupted or newer-format package, one without a
+            ``wasm`` target, or without a threaded module when ``threads`` > 1.
+    """
+
+    def __init__(self, package: str | os.PathLike, target: str = "wasm", verify: bool = True, poison: bool = False,
+                 threads: int = 1):
+        import wasmtime
+
+        self.path = Path(package)
+        self.manifest: dict[str, Any] = read_manifest(self.path)
+        if target != "wasm" or "wasm" not in self.manifest["targets"]:
+            raise PackageError(f"{self.path}: package has no 'wasm' target (has: {', '.join(self.manifest['targets'])}); "
+                               "compile it with --target webgpu,wasm")
+        tgt = self.manifest["targets"]["wasm"]
+        self.threads = max(1, int(threads))
+        if self.threads > 1 and not tgt.get("threads"):
+            raise PackageError(f"{self.path}: the package's wasm target has no threaded module")
+        entry = tgt["threads"] if self.threads > 1 else tgt
+        module_path = self.path / entry["module"]
+        if not module_path.exists():
+            raise PackageError(f"{self.path}: wasm module {entry['module']} is missing")
+        if verify:
+            verify_weights(self.path, self.manifest)
+            if sha256_file(module_path) != entry["sha256"]:
+                raise PackageError(f"{module_path}: checksum mismatch (corrupted or edited module)")
+        config = wasmtime.Config()
+        config.wasm_simd = True
+        config.wasm_threads = self.threads > 1
+        config.shared_memory = self.threads > 1
+        config.cranelift_opt_level = "speed"
+        self.engine = wasmtime.Engine(config)
+        layout = tgt["memory"]
+        try:
+            module = wasmtime.Module(self.engine, module_path.read_bytes())
+            if self.threads > 1:
+                _SharedMemory = _shared_memory_class()
+                pages = int(layout["pages"])
+                shared = _SharedMemory(self.engine, wasmtime.MemoryType(wasmtime.Limits(pages, pages), shared=True))
+                self.workers = []
+                for _ in range(self.threads):
+                    store = wasmtime.Store(self.engine)
+                    linker = wasmtime.Linker(self.engine)
+                    linker.define(store, "env", "memory", shared)
+                    self.workers.append((store, linker.instantiate(store, module)))
+                self.store, self.instance = self.workers[0]
+                size, ptr = shared.data_len(), shared.data_ptr()
+            else:
+                self.store = wasmtime.Store(self.engine)
+                self.instance = wasmtime.Instance(self.store, module, [])
+                memory = self.instance.exports(self.store)["memory"]
+                if memory.data_len(self.store) < layout["bytes"]:
+                    memory.grow(self.store, -(-(layout["bytes"] - memory.data_len(self.store)) // 65536))
+                size, ptr = memory.data_len(self.store), memory.data_ptr(self.store)
+        except wasmtime.WasmtimeError as e:
+            raise PackageError(f"{module_path}: cannot instantiate the wasm module ({e})") from None
+        self.mem = np.ctypeslib.as_array(ptr, shape=(size,))
+        self.offsets: list[int] = layout["offsets"]
+        exports = self.instance.exports(self.store)
+        self.functions = [exports[k["export"]] for k in tgt["kernels"]]
+        self.kernel_names = [k["name"] for k in tgt["kernels"]]
+        self.steps = [(self.functions[s["kernel"]], tuple(self.offsets[b] for b in s["buffers"]), int(s["total"]))
+                      for s in tgt["plan"]]
+        self._pool = None
+        if self.threads > 1:
+            per_worker = [[ex[k["export"]] for k in tgt["kernels"]]
+                          for ex in (inst.exports(st) for st, inst in self.workers)]
+            self._worker_steps = [[(fns[s["kernel"]], st) for st, fns in zip((w[0] for w in self.workers), per_worker)]
+                                  for s in tgt["plan"]]
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiln-wasm")
+        for b, data in read_weights(self.path, self.manifest):
+            self._view(b["id"], data.nbytes)[:] = data.reshape(-1).view(np.uint8)
+        self.poison = poison
+        if poison:
+            for b in self.manifest["buffers"]:
+                if b["kind"] in ("activation", "output"):
+                    self._fill_nan(b["id"])
+
+    def _view(self, buffer_id: int, nbytes: int | None = None) -> np.ndarray:
+        """The bytes of buffer ``buffer_id`` in linear memory (a writable view)."""
+        start = self.offsets[buffer_id]
+        n = self.manifest["buffers"][buffer_id]["bytes"] if nbytes is None else nbytes
+        return self.mem[start:start + n]
+
+    def _fill_nan(self, buffer_id: int) -> None:
+        self._view(buffer_id).view(np.float32)[:] = np.nan
+
+    @property
+    def inputs(self) -> list[dict[str, Any]]:
+        """Input descriptions from the manifest: name, dtype, shape, symbolic_shape."""
+        return self.manifest["inputs"]
+
+    @property
+    def outputs(self) -> list[dict[str, Any]]:
+        """Output descriptions from the manifest."""
+        return self.manifest["outputs"]
+
+    def adapter_info(self) -> dict[str, Any]:
+        """What runs the kernels, in the keys :meth:`kiln.runtime.native.Session.adapter_info` uses."""
+        import platform
+
+        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        return {"device": f"wasmtime on {platform.machine()}", "backend_type": f"wasm (SIMD128, {threads})"}
+
+    def _compute(self) -> None:
+        if self._pool is None:
+            store = self.store
+            for fn, ptrs, total in self.steps:
+                fn(store, *ptrs, 0, total)
+            return
+        n = self.threads
+        for (_, ptrs, total), workers in zip(self.steps, self._worker_steps):
+            bounds = [total * w // n for w in range(n + 1)]
+            futures = [self._pool.submit(fn, store, *ptrs, bounds[w], bounds[w + 1])
+                       for w, (fn, store) in enumerate(workers) if bounds[w + 1] > bounds[w]]
+            for f in futures:
+                f.result()
+
+    def close(self) -> None:
+        """Stop the worker threads of a threaded session (later runs use one thread)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape).
+
+        Returns:
+            Output name -> a new numpy array.
+
+        Raises:
+            ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
+                input value that does not fit in int32.
+            wasmtime.Trap: a kernel trapped (a bug: kernels never index out of memory).
+        """
+        for spec, a in storage_feeds(self.inputs, feeds):
+            if a.size:
+                self._view(spec["buffer"], a.nbytes)[:] = a.reshape(-1).view(np.uint8)
+        if self.poison:
+            for o in self.outputs:
+                self._fill_nan(o["buffer"])
+        self._compute()
+        return {o["name"]: from_storage(self._view(o["buffer"]).tobytes(), o["dtype"], o["shape"]) for o in self.outputs}
+
+    def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:
+        """Wall-clock milliseconds of ``repeat`` full runs (inputs written, kernels, outputs read) after ``warmup``."""
+        return wall_clock_ms(lambda: self.run(feeds), repeat, warmup)
+
+    def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
+        """Milliseconds of every plan step (wall clock around each call), median over ``repeat`` runs
+        after one warm-up run; rows as :meth:`kiln.runtime.native.Session.profile` returns them."""
+        self.run(feeds)
+        samples: list[list[float]] = [[] for _ in self.steps]
+        for _ in range(repeat):
+            for i, (fn, ptrs, total) in enumerate(self.steps):
+                t0 = time.perf_counter()
+                fn(self.store, *ptrs, 0, total)
+                samples[i].append((time.perf_counter() - t0) * 1e3)
+        plan = self.manifest["targets"]["wasm"]["plan"]
+        return [{"step": s.get("node", str(i)), "kernel": self.kernel_names[s["kernel"]], "dispatch": [s["total"], 1, 1],
+                 "ms": float(np.median(samples[i])), "clock": "wall"} for i, s in enumerate(plan)]

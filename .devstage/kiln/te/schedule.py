@@ -1,0 +1,326 @@
+"""Schedules: how a tensor expression is mapped onto parallel invocations.
+
+A schedule's fields are its knobs (the auto-tuner's search space). Each invocation
+computes a *register tile* of the output: one element by default, or the product of
+the :class:`Split` factors, so loads shared by the tile's elements (an input pixel
+used by several output channels, a weight used by several pixels) are read once and
+reused from registers. The reduction loops of a tile are shared; their innermost
+iterations are unrolled up to ``unroll``. Invocations are grouped ``workgroup_size`` to a
+workgroup over the flattened grid of tiles.
+
+:func:`default_schedule` is the compiler's choice when no tuning record applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kiln.te.compute import Tensor
+from kiln.te.expr import Load, Reduce, free_vars, transform
+from kiln.te.symbolic import at_opt
+
+
+@dataclass(frozen=True)
+class Split:
+    """Give each invocation ``factor`` elements of output ``axis``.
+
+    ``contiguous`` elements are ``outer*factor + j`` (neighbouring windows of a convolution
+    overlap, so unrolled loads coincide); otherwise they are ``outer + j*ceil(extent/factor)``
+    (strided: neighbouring invocations read neighbouring addresses, which coalesces). An
+    extent that ``factor`` does not divide is handled by clamped loads and guarded stores.
+    """
+
+    axis: int
+    factor: int
+    contiguous: bool = False
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Knobs of a kernel's schedule.
+
+    Attributes:
+        workgroup_size: invocations per workgroup (the WebGPU workgroup size; at most the
+            device's ``maxComputeInvocationsPerWorkgroup``, 256 by default).
+        max_groups_x: workgroups along x before the dispatch wraps into y
+            (``maxComputeWorkgroupsPerDimension``, 65535 by default).
+        splits: the register tile, one :class:`Split` per tiled output axis.
+        unroll: fully unroll the innermost reduction loops while the product of their
+            extents is at most this (1: no unrolling); an innermost axis longer than that is
+            unrolled partially, by its largest divisor up to ``unroll``.
+        reduce_lanes: invocations sharing one tile's reductions (a power of two dividing
+            ``workgroup_size``): each takes every ``reduce_lanes``-th iteration of the outermost
+            reduction axis, and the partial results are combined in workgroup memory. More
+            parallelism for outputs too small to fill the GPU (batch-1 late layers, a classifier).
+        shared_k: stage the operands of a contraction through workgroup memory, ``shared_k``
+            reduction iterations at a time (0: off; see :mod:`kiln.te.tiles`). The two
+            :class:`Split` axes become a workgroup block of (threads x factor) rows by columns; the
+            workgroup loads each operand's tile for the chunk cooperatively, then every invocation
+            computes its register tile from workgroup memory. Kernels that are not such a
+            contraction (or whose tiles would not fit the workgroup memory limit) are lowered without it.
+        vector_width: 1, or 4: with ``shared_k``, each operand tile whose register-tile split is
+            contiguous with a factor divisible by 4 is a workgroup array of ``vec4`` and every invocation
+            reads its rows (or columns) of a reduction step as whole vectors (a quarter of the
+            workgroup-memory loads); and each float32 operand whose cooperative load walks a
+            contiguous innermost dim with static extents divisible by 4 is bound as
+            ``array<vec4<f32>>`` and loaded a vector at a time; a float32 output whose tile columns are
+            contiguous along a static innermost extent divisible by 4 is stored a vector at a time.
+            Recorded as 1 where none of these applies.
+        prefetch: with ``shared_k``, load the next chunk's operands into registers before computing
+            on the current one (its load latency then overlaps the arithmetic; a register per loaded
+            element), storing them to workgroup memory after the chunk's second barrier.
+        rows: one workgroup per row of a row kernel (:mod:`kiln.te.rows`: row reductions and the
+            elementwise work over the same rows, as a fused LayerNormalization or Softmax); its
+            ``reduce_lanes`` (equal to ``workgroup_size``) invocations share the row's reductions and
+            then its outputs. A kernel that is not such a row kernel is lowered without it.
+    """
+
+    workgroup_size: int = 64
+    max_groups_x: int = 65535
+    splits: tuple[Split, ...] = ()
+    unroll: int = 1
+    reduce_lanes: int = 1
+    shared_k: int = 0
+    vector_width: int = 1
+    prefetch: bool = False
+    rows: bool = False
+
+    def __post_init__(self):
+        r = self.reduce_lanes
+        if r < 1 or r & (r - 1) or self.workgroup_size % r:
+            raise ValueError(f"reduce_lanes={r} must be a power of two dividing workgroup_size={self.workgroup_size}")
+        if self.shared_k < 0 or (self.shared_k and r > 1):
+            raise ValueError(f"shared_k={self.shared_k} must be 0 or positive, and reduce_lanes 1 with it")
+        if self.vector_width not in (1, 4):
+            raise ValueError(f"vector_width={self.vector_width} must be 1 or 4")
+        if self.prefetch and not self.shared_k:
+            raise ValueError("prefetch needs shared_k")
+        if self.rows and (r != self.workgroup_size or self.shared_k):
+            raise ValueError("rows needs reduce_lanes equal to workgroup_size and no shared_k")
+
+    def dispatch(self, total: int) -> tuple[int, int, int]:
+        """Workgroup counts ``(x, y, z)`` covering ``total`` invocations."""
+        groups = max(1, -(-total // self.workgroup_size))
+        if groups <= self.max_groups_x:
+            return (groups, 1, 1)
+        return (self.max_groups_x, -(-groups // self.max_groups_x), 1)
+
+    def to_json(self) -> dict:
+        """A JSON-able description (manifests, tuning records)."""
+        d = {"workgroup_size": self.workgroup_size, "splits": [asdict(s) for s in self.splits],
+             "unroll": self.unroll, "reduce_lanes": self.reduce_lanes}
+        if self.shared_k:  # only when set: records and manifests of other schedules stay as they were
+            d["shared_k"] = self.shared_k
+        if self.vector_width != 1:
+            d["vector_width"] = self.vector_width
+        if self.prefetch:
+            d["prefetch"] = True
+        if self.rows:
+            d["rows"] = True
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> Schedule:
+        """Inverse of :meth:`to_json`."""
+        return cls(workgroup_size=int(d.get("workgroup_size", 64)),
+                   splits=tuple(Split(**s) for s in d.get("splits", ())), unroll=int(d.get("unroll", 1)),
+                   reduce_lanes=int(d.get("reduce_lanes", 1)), shared_k=int(d.get("shared_k", 0)),
+                   vector_width=int(d.get("vector_width", 1)), prefetch=bool(d.get("prefetch", False)),
+                   rows=bool(d.get("rows", False)))
+
+
+def reuse_axes(t: Tensor) -> dict[int, frozenset[int]]:
+    """Output axes of ``t`` along which some load inside a reduction does not vary.
+
+    Returns axis -> the positions (in first-seen order) of the loads that do not vary along
+    it. Tiling such an axis lets the tile's elements share those loads: for a convolution the
+    output-channel axis shares the input window and the spatial axes share the weights; for a
+    matrix product each output axis shares one operand.
+    """
+    loads: list[Load] = []
+
+    def visit(x):
+        if isinstance(x, Reduce):
+            transform(x.body, lambda y: loads.append(y) if isinstance(y, Load) else None)
+
+    transform(t.body, visit)
+    deps = [set().union(*(free_vars(i) for i in ld.indices)) for ld in loads]
+    out = {}
+    for a, ax in enumerate(t.axes):
+        shared = frozenset(k for k, d in enumerate(deps) if ax not in d)
+        if at_opt(t.shape[a]) > 1 and shared:
+            out[a] = shared
+    return out
+
+
+def tile_axes(t: Tensor) -> list[int]:
+    """Up to two output axes to tile: the innermost with reuse, then the one sharing the most
+    loads the first does not (complementary reuse, as rows and columns of a matrix product)."""
+    reuse = reuse_axes(t)
+    if not reuse:
+        return []
+    first = max(reuse)
+    rest = [a for a in reuse if a != first]
+    if not rest:
+        return [first]
+    second = max(rest, key=lambda a: (len(reuse[a] - reuse[first]), a))
+    return sorted([second, first])
+
+
+def reductions(t: Tensor) -> list[Reduce]:
+    """The distinct :class:`Reduce` nodes of ``t`` (outermost first)."""
+    found: dict[Reduce, None] = {}
+
+    def visit(x):
+        if isinstance(x, Reduce):
+            found.setdefault(x, None)
+
+    transform(t.body, visit)
+    return list(found)
+
+
+def reduction_size(t: Tensor) -> int:
+    """Iterations of the largest reduction in ``t`` (0 if it has none)."""
+    return max((_prod(at_opt(ax.extent) for ax in r.axes) for r in reductions(t)), default=0)
+
+
+#: device classes a package's default schedules can be made for
+DEVICE_CLASSES = ("gpu", "cpu")
+
+#: shared operand tiles (:mod:`kiln.te.tiles`) in the default ``gpu`` schedules, the one switch:
+#: ``"off"`` (register tiles only, as before), ``"large"`` (the large GEMMs that get 8 x 8 tiles: blocks of
+#: 128 x 128 outputs, 256 invocations, chunks of 8) or ``"medium"`` (also matrix products, i.e. contractions
+#: over one reduction axis, not convolutions' implicit GEMMs, that still fill :data:`MEDIUM_GROUPS` workgroups
+#: with blocks of 64 x 64: 4 x 4 tiles, 256 invocations, chunks of 16).
+#: Rows are contiguous per invocation and read from workgroup memory as vec4 (``vector_width`` 4),
+#: columns strided (coalesced stores): :data:`SHARED_LARGE` and :data:`SHARED_MEDIUM`.
+#: Measured on an H100 (bench/results/gpu-20261122-102525.json against gpu-20261122-102645.json, same code
+#: but for this switch): 4096^3 matmul 28.6 TFLOP/s with the large default (25.4 with register tiles alone);
+#: MiniLM batch 32 x 128 10.8 ms with "large", 8.7 ms with "medium"; "medium" on convolutions as well made
+#: ResNet-50 no faster (2.52 -> 2.70 ms), hence matrix products only.
+DEFAULT_SHARED_TILES = "medium"
+#: workgroups a ``"medium"`` contraction must fill (two per streaming multiprocessor of a large GPU)
+MEDIUM_GROUPS = 256
+#: the default shared-tile schedules, as ``bench.micro`` names its candidates: (register tile factor per axis,
+#: workgroup size, ``shared_k``, innermost output axis contiguous per invocation (else strided), ``vector_width``,
+#: ``prefetch``)
+SHARED_LARGE = (8, 256, 8, False, 4, False)
+SHARED_MEDIUM = (4, 256, 16, False, 4, False)
+
+
+def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations: int = 65536,
+                     shared_bytes: int = 16384, device_class: str = "gpu") -> Schedule:
+    """The schedule the compiler uses for ``t`` (inlined, any axis names) without tuning.
+
+    Elementwise and layout kernels and reductions of fewer than 9 iterations run one element
+    per invocation. Larger reductions (a 3x3 depthwise window and up) get a register tile of up
+    to 4 x 4 over the two axes with complementary load reuse (:func:`tile_axes`; the innermost
+    strided for coalescing), shrunk while fewer than ``min_invocations`` tiles would remain, and
+    unroll up to 9 innermost reduction iterations (a 3x3 window). Large GEMMs, which still have
+    ``16 * min_invocations`` tiles of 8 x 8, get 8 x 8 tiles unrolled by 16 (the best of
+    ``bench.micro``'s sweep on an H100: 49% of cuBLAS fp32). For ``device_class="gpu"``, when there are still fewer
+    than ``target_invocations`` invocations, up to 64 ``reduce_lanes`` share each tile's
+    reduction (each lane keeping at least 4 iterations of the outermost axis), in workgroups
+    whose partial sums fit ``shared_bytes`` of workgroup memory (the WebGPU default limit).
+    ``device_class="cpu"`` (WebGPU on a CPU: SwiftShader, lavapipe) has few cores and slow
+    workgroup barriers: full 4 x 4 tiles, no lanes and no unrolling (MobileNetV2 on lavapipe: 0.9 s a run,
+    against 2.6 s with the GPU schedules; unrolling made its shaders 5x slower to generate and 4x slower for
+    lavapipe to compile, with no faster runs).
+    Row kernels (a fused LayerNormalization or Softmax, ``t.attrs["rows"]``) on ``gpu`` get
+    :func:`row_schedule`.
+    Contractions (:mod:`kiln.te.tiles`) on ``gpu`` may stage their operands through workgroup
+    memory instead (``shared_k``), as :data:`DEFAULT_SHARED_TILES` says.
+
+    Raises:
+        ValueError: unknown ``device_class``.
+    """
+    if device_class not in DEVICE_CLASSES:
+        raise ValueError(f"device_class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
+    if device_class == "gpu" and t.attrs.get("rows"):
+        return row_schedule(t)
+    if device_class == "cpu":
+        min_invocations, target_invocations = 1, 0
+    reds = reductions(t)
+    if reduction_size(t) < 9:
+        return Schedule()
+    axes = tile_axes(t)
+    # run-time dims count at their ``opt`` value here; lowering guards every split and loop of a
+    # run-time extent, so the schedule stays correct for every value in bounds
+    shape = [at_opt(d) for d in t.shape]
+    size = _prod(shape)
+    big = len(axes) == 2 and size // 64 >= 16 * min_invocations  # a large GEMM: 8 x 8 tiles still fill the GPU
+    factors = {a: 8 if big else 4 for a in axes}
+    for a in sorted(axes, key=lambda a: shape[a]):
+        while factors[a] > 1 and (factors[a] > shape[a] or size // _prod(factors.values()) < min_invocations):
+            factors[a] //= 2
+    last = len(shape) - 1
+    splits = tuple(Split(a, f, contiguous=a != last) for a, f in sorted(factors.items()) if f > 1)
+    tiles = 1
+    for a, d in enumerate(shape):
+        tiles *= -(-d // factors.get(a, 1))
+    outer = min(at_opt(r.axes[0].extent) for r in reds)
+    lanes = 1
+    while lanes < 64 and tiles * lanes < target_invocations and lanes * 2 * 4 <= outer:
+        lanes *= 2
+    if device_class == "cpu":
+        return Schedule(splits=splits)
+    shared = _shared_default(t, axes, shape, big, shared_bytes)
+    if shared:
+        return shared
+    if lanes == 1:
+        return Schedule(splits=splits, unroll=16 if big else 9)
+    accs = _prod(factors.values()) * len(reds)
+    width = 256
+    while width > lanes and width * accs * 4 > shared_bytes:
+        width //= 2
+    if width * accs * 4 > shared_bytes:
+        return Schedule(splits=splits, unroll=9)
+    return Schedule(workgroup_size=width, splits=splits, unroll=9, reduce_lanes=lanes)
+
+
+def row_schedule(t: Tensor) -> Schedule:
+    """The schedule of a row kernel (:mod:`kiln.te.rows`, a group the fusion pass marked ``attrs["rows"]``):
+    one workgroup a row, of the power of two from 32 to 256 that leaves each lane about 4 of the row's
+    elements (run-time dims at their ``opt`` value)."""
+    from kiln.te.rows import analyse_rows
+
+    plan = analyse_rows(t)
+    if isinstance(plan, str):
+        return Schedule()
+    n = _prod(at_opt(t.shape[a]) for a in plan.cols)
+    width = 32
+    while width < 256 and width * 4 < n:
+        width *= 2
+    return Schedule(workgroup_size=width, reduce_lanes=width, rows=True)
+
+
+def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, shared_bytes: int) -> Schedule | None:
+    """The default shared-tile schedule of contraction ``t`` under :data:`DEFAULT_SHARED_TILES`, or ``None``."""
+    if DEFAULT_SHARED_TILES == "off" or len(axes) != 2:
+        return None
+    if big:
+        factor, wg, kc, cols_contiguous, width, prefetch = SHARED_LARGE
+    elif DEFAULT_SHARED_TILES == "medium" and all(len(r.axes) == 1 for r in reductions(t)):
+        factor, wg, kc, cols_contiguous, width, prefetch = SHARED_MEDIUM
+        from kiln.te.tiles import threads
+
+        tx, ty = threads(wg)
+        blocks = {axes[0]: ty * factor, axes[1]: tx * factor}
+        groups = _prod(-(-d // blocks[a]) if a in blocks else d for a, d in enumerate(shape))
+        if groups < MEDIUM_GROUPS or any(shape[a] < b for a, b in blocks.items()):
+            return None
+    else:
+        return None
+    last = len(shape) - 1
+    splits = tuple(Split(a, factor, contiguous=a != last or cols_contiguous) for a in axes)
+    s = Schedule(workgroup_size=wg, splits=splits, unroll=kc, shared_k=kc, vector_width=width, prefetch=prefetch)
+    from kiln.te.tiles import analyse
+
+    return s if not isinstance(analyse(t, s, shared_bytes), str) else None
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n

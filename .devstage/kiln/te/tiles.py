@@ -1,0 +1,391 @@
+"""Workgroup-shared operand tiles for contractions (the schedule knob ``shared_k``).
+
+A *contraction* is a kernel whose one reduction is ``sum_k P * Q``, where factor ``P`` varies
+along one register-tiled output axis (rows, ``a``) but not the other (columns, ``b``) and ``Q``
+the other way round: MatMul and Gemm (``P = A[i, k]``, ``Q = B[k, j]``), a 1x1 convolution, and a
+k x k convolution as an implicit GEMM (``P`` the padded input window, ``Q`` the weights, the
+reduction axes ``(ci, kh, kw)`` flattened into one ``k``). The factors are arbitrary expressions
+(a fused transpose, a padding select), evaluated where they are loaded.
+
+Under ``Schedule(shared_k=KC)`` each workgroup computes a block of ``TY * fa`` rows by ``TX * fb``
+columns (``TX * TY = workgroup_size`` invocations, each a register tile of ``fa x fb``) at fixed
+values of the other output axes. For each chunk of ``KC`` reduction iterations the workgroup
+stores ``P`` over its rows and ``Q`` over its columns into workgroup arrays (zero outside the
+extents, so any M, N, K works, run-time dims included), ``workgroupBarrier()``, every invocation
+accumulates its tile from workgroup memory, barrier, next chunk. As in the classic blocked
+SGEMM (Volkov and Demmel, "Benchmarking GPUs to tune dense linear algebra", SC 2008), each
+operand element read from the storage buffer then feeds ``TX * fb`` (or ``TY * fa``) products.
+With ``vector_width`` 4 the tiles are read from workgroup memory as ``vec4`` where a thread's
+rows (columns) are contiguous, loaded from storage as ``vec4`` where the operand is contiguous
+along the direction the cooperative load walks (:func:`_storage_vector`), and the outputs stored as
+``vec4`` where a thread's columns are consecutive outputs.
+Barriers sit at the top level of the chunk loop, whose bound is a constant or a dims uniform
+(uniform control flow, WGSL §14.2); invocations out of range compute clamped values and do not store.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from kiln.te.compute import Tensor
+from kiln.te.expr import (
+    FLOATS,
+    Bin,
+    Const,
+    Expr,
+    Load,
+    Reduce,
+    Var,
+    binop,
+    call,
+    const,
+    free_vars,
+    linear,
+    select,
+    substitute,
+    transform,
+)
+from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Lane, Let, Store, Vec, VecLoad, _unravel
+from kiln.te.schedule import Schedule, Split
+from kiln.te.symbolic import ceil_div, is_symbolic, simplify
+
+#: bytes per element of a workgroup array
+_ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
+
+#: extra words per row of a workgroup array written reduction-fastest (fewer bank conflicts on the stores)
+PAD = 4
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """How a kernel is a contraction under a schedule (see the module docstring).
+
+    Attributes:
+        reduce: the kernel's one reduction (``sum`` of ``P * Q``).
+        rows, cols: the :class:`Split` of output axis ``a`` (varies ``P``) and of ``b`` (varies ``Q``).
+        p, q: the factors over ``rows`` and over ``cols``; ``p_first``: ``P`` is the left operand.
+        tx, ty: invocations of a workgroup along columns and along rows.
+    """
+
+    reduce: Reduce
+    rows: Split
+    cols: Split
+    p: Expr
+    q: Expr
+    p_first: bool
+    tx: int
+    ty: int
+    row_axis: Var
+    col_axis: Var
+
+    def block(self) -> tuple[int, int]:
+        """Output rows and columns one workgroup computes."""
+        return self.ty * self.rows.factor, self.tx * self.cols.factor
+
+
+def threads(workgroup_size: int) -> tuple[int, int]:
+    """``(tx, ty)``: a power-of-two workgroup as columns x rows, columns the larger (16 x 16 for 256,
+    16 x 8 for 128, 8 x 8 for 64, 8 x 4 for 32)."""
+    tx = 1 << ((workgroup_size.bit_length()) // 2)
+    return tx, workgroup_size // tx
+
+
+def analyse(out: Tensor, schedule: Schedule, shared_bytes: int = 16384) -> Contraction | str:
+    """The :class:`Contraction` of ``out`` (canonical, producers inlined) under ``schedule``, or why it is none.
+
+    Needs: one distinct reduction, a ``sum`` of a product; exactly two splits (factor > 1), one
+    per factor's axis; a power-of-two workgroup of at least 4; float operands; and the two
+    workgroup arrays within ``shared_bytes`` (WebGPU's ``maxComputeWorkgroupStorageSize``).
+    """
+    found: dict = {}
+
+    def visit(x):
+        if isinstance(x, Reduce):
+            found.setdefault(x, None)
+            return x
+        return None
+
+    transform(out.body, visit)
+    if len(found) != 1:
+        return f"{len(found)} reductions (a contraction has one)"
+    (r,) = found
+    if r.op != "sum" or not isinstance(r.body, Bin) or r.body.op != "*":
+        return "the reduction is not a sum of products"
+    if r.dtype not in FLOATS:
+        return f"{r.dtype} accumulation"
+    nested: list = []
+    transform(r.body, lambda x: nested.append(x) if isinstance(x, Reduce) else None)
+    if nested:
+        return "a nested reduction"
+    wg = schedule.workgroup_size
+    if wg < 4 or wg & (wg - 1):
+        return f"workgroup size {wg} is not a power of two of at least 4"
+    splits = [s for s in schedule.splits if s.factor > 1]
+    if len(splits) != 2 or splits[0].axis == splits[1].axis:
+        return "shared tiles need a register tile over two output axes"
+    first, second = sorted(splits, key=lambda s: s.axis)
+    ax1, ax2 = out.axes[first.axis], out.axes[second.axis]
+    left, right = r.body.a, r.body.b
+    dl, dr = free_vars(left), free_vars(right)
+    if ax1 in dl and ax2 not in dl and ax2 in dr and ax1 not in dr:
+        p, q, p_first = left, right, True
+    elif ax1 in dr and ax2 not in dr and ax2 in dl and ax1 not in dl:
+        p, q, p_first = right, left, False
+    else:
+        return "each factor of the product must vary along exactly one of the two split axes"
+    tx, ty = threads(wg)
+    c = Contraction(r, first, second, p, q, p_first, tx, ty, ax1, ax2)
+    need = shared_size(c, schedule.shared_k)
+    if need > shared_bytes:
+        return f"{need} bytes of workgroup memory; the limit is {shared_bytes}"
+    return c
+
+
+def _k_fastest(f: Expr, axis: Var) -> bool:
+    """Whether a cooperative load of factor ``f`` should walk the reduction fastest: its first
+    load's innermost index does not vary along the output ``axis`` (``A[i, k]``, weights ``W[co, ci]``)."""
+    loads: list[Load] = []
+    transform(f, lambda x: loads.append(x) if isinstance(x, Load) else None)
+    return bool(loads) and axis not in free_vars(loads[0].indices[-1])
+
+
+def _row_strides(c: Contraction) -> tuple[int, int]:
+    """Words per reduction step of the ``P`` and ``Q`` workgroup arrays (block width plus padding)."""
+    ba, bb = c.block()
+    return (ba + (PAD if _k_fastest(c.p, c.row_axis) else 0), bb + (PAD if _k_fastest(c.q, c.col_axis) else 0))
+
+
+def shared_size(c: Contraction, kc: int) -> int:
+    """Bytes of workgroup memory the two operand tiles of a chunk of ``kc`` iterations take."""
+    sp, sq = _row_strides(c)
+    return kc * (sp * _ITEMSIZE.get(c.p.dtype, 4) + sq * _ITEMSIZE.get(c.q.dtype, 4))
+
+
+def _storage_vector(f: Expr, axis: Var, r_axes, kfast: bool, extent, width: int, kc: int, w: int) -> int:
+    """``w`` if factor ``f``'s tile can be loaded from storage as ``w``-vectors, else 1.
+
+    ``f`` must be a plain float32 placeholder load whose innermost index is exactly the direction
+    the cooperative load walks fastest (the reduction axis, or the tile's output ``axis``), not
+    used by its other indices; that innermost dim, and the walked extent, static multiples of
+    ``w`` (so a vector lies wholly inside or outside the extents, and starts 16-byte aligned).
+    """
+    if w == 1 or not isinstance(f, Load) or f.dtype != "float32" or not f.tensor.is_placeholder:
+        return 1
+    last, dim = f.indices[-1], f.tensor.shape[-1]
+    if is_symbolic(dim) or dim % w or not isinstance(last, Var):
+        return 1
+    if any(last in free_vars(i) for i in f.indices[:-1]):
+        return 1
+    if kfast:
+        k = r_axes[0] if len(r_axes) == 1 else None
+        ok = last == k and kc % w == 0 and not is_symbolic(k.extent) and k.extent % w == 0
+    else:
+        ok = last == axis and width % w == 0 and not is_symbolic(extent) and extent % w == 0
+    return w if ok else 1
+
+
+def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, counter):
+    """Statements, total invocations and workgroup arrays of ``out`` under contraction ``c``.
+
+    ``flatten(e, guarded)`` and ``cse(values, block)`` are :mod:`kiln.te.lower`'s load flattening
+    and load common-subexpression elimination. Returns ``(body, total, shared, vectors)``: ``body`` binds
+    everything from the builtins ``lid`` (local invocation index) and ``wid`` (flat workgroup
+    index); ``total`` is the invocations of the dispatch (workgroups times ``workgroup_size``);
+    ``vectors`` names the workgroup arrays read as vectors (``schedule.vector_width``).
+    """
+    wg, kc = schedule.workgroup_size, schedule.shared_k
+    r = c.reduce
+    a, b = c.rows.axis, c.cols.axis
+    fa, fb = c.rows.factor, c.cols.factor
+    ba, bb = c.block()
+    A, B = out.shape[a], out.shape[b]
+    K = simplify(_prod(ax.extent for ax in r.axes))
+    grid = [ceil_div(A, ba) if q == a else ceil_div(B, bb) if q == b else d for q, d in enumerate(out.shape)]
+    n_groups = simplify(_prod(grid))
+    lid, wid = Var("lid"), Var("wid")
+    blk, ta, tb, kv0 = Var("blk"), Var("ta"), Var("tb"), Var("kc")
+    grid_vars = [Var("ba") if q == a else Var("bb") if q == b else ax for q, ax in enumerate(out.axes)]
+    body: list = [Let(blk, call("min", wid, n_groups - 1)), Let(tb, lid % c.tx), Let(ta, lid // c.tx)]
+    body += _unravel(blk, grid_vars, grid, n_groups)
+    row0, col0 = grid_vars[a] * ba, grid_vars[b] * bb
+
+    def local(s: Split, t: Var, n_threads: int, j: int) -> Expr:
+        return t * s.factor + j if s.contiguous else t + j * n_threads
+
+    rows = [local(c.rows, ta, c.ty, i) for i in range(fa)]
+    cols = [local(c.cols, tb, c.tx, j) for j in range(fb)]
+    acc_dtype = r.dtype
+    accs = {}
+    for i, j in itertools.product(range(fa), range(fb)):
+        v = Var(f"acc{next(counter)}", 0, acc_dtype)
+        body.append(Decl(v, const(0.0, acc_dtype)))
+        accs[i, j] = v
+    loop = For(kv0, ceil_div(K, kc))
+    body.append(loop)
+    arrays = {}
+    w = schedule.vector_width
+    # workgroup arrays read as vectors: those whose invocations' rows (columns) are contiguous
+    vectors: dict[str, int] = {name: w for name, split in (("sh_p", c.rows), ("sh_q", c.cols))
+                               if w > 1 and split.contiguous and split.factor % w == 0}
+    strides = _row_strides(c)
+    operands = (("sh_p", c.p, out.axes[a], A, ba, row0, strides[0]), ("sh_q", c.q, out.axes[b], B, bb, col0, strides[1]))
+    for name, f, _, _, width, _, stride in operands:
+        arrays[name] = (f.dtype, kc * stride, stride)
+    decls: list = []
+
+    def chunk_loads(kbase: Expr, registers: bool) -> tuple[list, list]:
+        """Statements loading the operand tiles of the chunk starting at reduction iteration ``kbase``:
+        ``(fetch, store)``; with ``registers`` the fetch assigns registers (declared in ``decls``) and the
+        store moves them to workgroup memory, otherwise the fetch stores directly and ``store`` is empty."""
+        fetch_all, store_all = [], []
+        for name, f, axis, extent, width, origin, stride in operands:
+            kfast = stride != width
+            dtype = f.dtype
+            vl = _storage_vector(f, axis, r.axes, kfast, extent, width, kc, schedule.vector_width)
+            fast_n = (kc if kfast else width) // vl  # loads along the contiguous direction of one line
+            n = kc * width // vl
+            for step in range(-(-n // wg)):
+                e = lid + step * wg
+                if wg % fast_n == 0:  # the same position along the line for every step of the workgroup
+                    fast, slow = lid % fast_n * vl, lid // fast_n + step * (wg // fast_n)
+                else:
+                    fast, slow = e % fast_n * vl, e // fast_n
+                kk, row = (fast, slow) if kfast else (slow, fast)
+                xv, kv = origin + row, kbase + kk
+                cond = const(True, "bool")
+                xc, kcl = xv, kv
+                if is_symbolic(extent) or _prod([ceil_div(extent, width), width]) != extent:
+                    cond, xc = cond & binop("<", xv, extent), call("min", xv, extent - (1 if kfast else vl))
+                if is_symbolic(K) or K % kc:
+                    cond, kcl = cond & binop("<", kv, K), call("min", kv, K - (vl if kfast else 1))
+                mapping = {axis: xc}
+                rem: Expr = kcl
+                for m, ax in reversed(list(enumerate(r.axes))):
+                    inner = simplify(_prod(x.extent for x in r.axes[m + 1:]))
+                    v = rem if m == len(r.axes) - 1 else rem // inner
+                    if m:
+                        v = v % ax.extent
+                    mapping[ax] = v
+                value = flatten(substitute(f, mapping), False)
+                fetch: list = []
+                if vl == 1:
+                    values, targets = [value], [kk * stride + row]
+                else:  # one vector load of storage, stored element by element
+                    vec = Var(f"ld{next(counter)}", 0, dtype)
+                    fetch.append(Let(vec, VecLoad(value.buf, linear(value.index) // vl, vl, dtype)))
+                    vectors[value.buf] = vl
+                    values = [Lane(vec, q, dtype) for q in range(vl)]
+                    targets = [(kk + q) * stride + row if kfast else kk * stride + row + q for q in range(vl)]
+                if registers:  # the raw loads (masking them here would wait for them before the products)
+                    regs = [Var(f"pf{next(counter)}", 0, dtype) for _ in values]
+                    decls.extend(Decl(x, const(0.0, dtype)) for x in regs)
+                    fetch += [Assign(x, v) for x, v in zip(regs, values)]
+                    values = regs
+                if not (isinstance(cond, Const) and cond.value is True):
+                    values = [select(cond, x, const(0.0, dtype)) for x in values]
+                store: list = []
+                if vl > 1 and not kfast and vectors.get(name) == vl:  # consecutive and aligned: one vector store
+                    store.append(Store(name, linear(kk * (stride // vl) + row // vl), Vec(tuple(values), dtype)))
+                else:
+                    store += [Store(name, linear(target), x) for x, target in zip(values, targets)]
+                if not registers:
+                    fetch, store = fetch + store, []
+                partial = (step + 1) * wg > n  # the last step of a tile that does not divide the workgroup
+                fetch_all += [If(binop("<", e, n), fetch)] if partial else fetch
+                store_all += [If(binop("<", e, n), store)] if partial and store else store
+        return fetch_all, store_all
+
+    chunks = ceil_div(K, kc)
+    if schedule.prefetch:
+        # chunk 0 before the loop; in the loop, the next chunk's loads are issued before this chunk's
+        # products (their latency overlaps the arithmetic) and stored once every invocation has read it
+        prologue, _ = chunk_loads(const(0, "int32"), False)
+        fetch, store = chunk_loads((kv0 + 1) * kc, True)
+        body.insert(body.index(loop), If(binop("<", const(0, "int32"), chunks), prologue))
+        body[body.index(loop):body.index(loop)] = decls
+        more = binop("<", kv0 + 1, chunks)  # uniform: no barrier inside
+        loop.body += [Barrier(), If(more, fetch)]
+    else:
+        fetch, _ = chunk_loads(kv0 * kc, False)
+        loop.body += fetch + [Barrier()]
+    unroll = max(d for d in range(1, max(1, schedule.unroll) + 1) if kc % d == 0)
+    inner = loop.body
+    ko = None
+    if kc // unroll > 1:
+        ko = Var("kk", kc // unroll)
+        sub = For(ko, kc // unroll)
+        inner.append(sub)
+        inner = sub.body
+    w = schedule.vector_width
+
+    def reads(name: str, split: Split, t: Var, locals_: list[Expr], kk: Expr, block: list) -> list[Expr]:
+        """The tile's values of reduction step ``kk`` from array ``name``: scalars, or whole vectors."""
+        dtype, size, stride = arrays[name]
+        if name not in vectors:
+            return [BufLoad(name, linear(kk * stride + x), size, False, dtype) for x in locals_]
+        out = []
+        for q in range(split.factor // w):
+            v = Var(f"{name}{next(counter)}", 0, dtype)
+            block.append(Let(v, VecLoad(name, linear(kk * (stride // w) + t * (split.factor // w) + q), w, dtype)))
+            out += [Lane(v, lane, dtype) for lane in range(w)]
+        return out
+
+    for u in range(unroll):
+        kk = ko * unroll + u if ko is not None else const(u, "int32")
+        ps = reads("sh_p", c.rows, ta, rows, kk, inner)
+        qs = reads("sh_q", c.cols, tb, cols, kk, inner)
+        updates = []
+        for (i, j), acc in accs.items():
+            prod = binop("*", ps[i], qs[j]) if c.p_first else binop("*", qs[j], ps[i])
+            updates.append(acc + prod)
+        values = cse(updates, inner)
+        inner.extend(Assign(acc, v) for acc, v in zip(accs.values(), values))
+    loop.body.append(Barrier())
+    if schedule.prefetch:
+        loop.body.append(If(more, store))
+    # epilogue: the fused elementwise tail of every tile element, stored where in range
+    ok = binop("<", wid, n_groups)
+    results, conds, indices = [], [], []
+    for (i, j), acc in accs.items():
+        rv, cv = row0 + rows[i], col0 + cols[j]
+        vals, clamped, cond = {out.axes[a]: rv, out.axes[b]: cv}, {}, ok
+        for ax, v, extent, width in ((out.axes[a], rv, A, ba), (out.axes[b], cv, B, bb)):
+            clamped[ax] = v
+            if is_symbolic(extent) or _prod([ceil_div(extent, width), width]) != extent:
+                cond = cond & binop("<", v, extent)
+                clamped[ax] = call("min", v, extent - 1)
+        e = substitute(transform(out.body, lambda x, acc=acc: acc if isinstance(x, Reduce) else None), clamped)
+        results.append(flatten(e, False))
+        conds.append(cond)
+        indices.append(linear(_ravel([vals.get(ax, ax) for ax in out.axes], out.shape)))
+    results = cse(results, body)
+    w = schedule.vector_width
+    if (w > 1 and c.cols.contiguous and fb % w == 0 and b == len(out.shape) - 1 and out.dtype == "float32"
+            and not is_symbolic(B) and B % w == 0):
+        # the tile's columns are consecutive outputs, whole vectors in or out of range together: vec4 stores
+        vectors["out"] = w
+        for i in range(fa):
+            for q in range(0, fb, w):
+                first = i * fb + q
+                items = Vec(tuple(results[first:first + w]), out.dtype)
+                body.append(If(conds[first], [Store("out", linear(indices[first]) // w, items)]))
+    else:
+        for cond, index, value in zip(conds, indices, results):
+            body.append(If(cond, [Store("out", index, value)]))
+    shared = {name: (dtype, size) for name, (dtype, size, _) in arrays.items()}
+    return body, simplify(n_groups * wg), shared, vectors
+
+
+def _ravel(indices, shape) -> Expr:
+    flat: Expr = const(0, "int32")
+    for i, d in zip(indices, shape):
+        flat = flat * d + i
+    return flat
+
+
+def _prod(xs):
+    n = 1
+    for x in xs:
+        n = n * x
+    return n

@@ -1,0 +1,129 @@
+"""The WebGL2 target's build: fragment-shader kernels and a texture plan for a compiled graph.
+
+The graph, its fused groups and the memory plan are shared with the other targets (the
+package's ``buffers``); this module lowers every group under a one-element-per-fragment
+schedule, renders it with :mod:`kiln.codegen.glsl` and maps the memory plan onto textures:
+one texture per buffer and storage type (a shared activation buffer whose values are float32
+at one time and int32 at another gets an ``R32F`` and an ``R32I`` texture). Its
+:meth:`WebGL2Code.manifest` is the package's ``targets.webgl2`` (docs/package-format.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.codegen import glsl
+from kiln.errors import KilnError
+from kiln.te.compute import Tensor
+from kiln.te.schedule import Schedule, default_schedule
+
+#: target name in the manifest and on the command line
+NAME = "webgl2"
+
+
+def webgl2_schedule(t: Tensor) -> Schedule:
+    """One output element per fragment, with the default schedule's unrolling of small reduction windows."""
+    return dataclasses.replace(default_schedule(t, device_class="cpu"), splits=(), reduce_lanes=1)
+
+
+@dataclass
+class WebGL2Code:
+    """The WebGL2 target of a package: kernel sources, textures and the draw plan.
+
+    Attributes:
+        kernels: ``{name, source (path), text, inputs: [{name, format}], output: {format}, ops, node}``.
+        textures: ``{buffer, format, width, height}`` per texture (index = texture id).
+        steps: ``{kernel, inputs: [texture ids], output: texture id, viewport: [w, h], node}`` in order.
+        width: texture row width in texels.
+    """
+
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    textures: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    width: int = glsl.TEXTURE_WIDTH
+
+    def files(self) -> dict[str, str]:
+        """Package path -> text of every shader file."""
+        return {k["source"]: k["text"] for k in self.kernels}
+
+    def manifest(self) -> dict[str, Any]:
+        """The manifest's ``targets.webgl2`` entry."""
+        side = max((max(t["width"], t["height"]) for t in self.textures), default=1)
+        units = max((len(k["inputs"]) for k in self.kernels), default=0)
+        return {
+            "extensions": ["EXT_color_buffer_float"],
+            "limits": {"MAX_TEXTURE_SIZE": side, "MAX_TEXTURE_IMAGE_UNITS": units},
+            "texture_width": self.width,
+            "textures": self.textures,
+            "kernels": [{k: v for k, v in kern.items() if k != "text"} for kern in self.kernels],
+            "plan": self.steps,
+        }
+
+
+def build(graph, groups, plan, progress: bool = False, width: int = glsl.TEXTURE_WIDTH) -> WebGL2Code:
+    """Generate the WebGL2 kernels and texture plan of ``groups`` over memory plan ``plan``.
+
+    Raises:
+        KilnError: a kernel that cannot be a fragment shader (too many inputs, ...), naming its node.
+    """
+    from kiln.compiler import build_group  # the target-neutral lowering of a fused group
+
+    code = WebGL2Code(width=width)
+    by_key: dict[tuple[int, str], int] = {}
+    nbytes = {b.id: b.nbytes for b in plan.buffers}
+
+    def texture(value, fmt_dtype: str) -> int:
+        bid = plan.of[id(value)]
+        key = (bid, fmt_dtype)
+        if key not in by_key:
+            w, h = glsl.layout(nbytes[bid] // 4, width)
+            by_key[key] = len(code.textures)
+            code.textures.append({"buffer": bid, "format": glsl.TEXTURES[fmt_dtype][1], "width": w, "height": h})
+        return by_key[key]
+
+    from kiln.kernels.storage import buffer_dtype
+
+    for v in (*graph.inputs, *graph.outputs):  # inputs and outputs have textures even where no kernel touches them
+        if id(v) in plan.of:
+            texture(v, buffer_dtype(v.dtype))
+    by_source: dict[str, int] = {}
+    work = [g for g in groups if not g.alias and g.output.size]
+    it = work
+    if progress:
+        from rich.progress import track
+
+        it = track(work, description="generating webgl2 kernels", transient=True)
+    for g in it:
+        node = g.nodes[0].name
+        k, ins = build_group(g, webgl2_schedule)
+        desc = " -> ".join(n.op for n in g.nodes) + f" {list(g.output.shape)}"
+        try:
+            src = glsl.render(k, desc, width, node=node)
+        except KilnError as e:
+            raise KilnError(f"{e} ({desc})") from None
+        digest = hashlib.sha256(src.encode()).hexdigest()
+        if digest not in by_source:
+            name = f"k{len(code.kernels):03d}_{g.name}"[:64]
+            by_source[digest] = len(code.kernels)
+            code.kernels.append({
+                "name": name, "source": f"kernels/{name}.glsl", "text": src,
+                "inputs": [{"name": p.name, "format": glsl.TEXTURES[p.dtype][1]} for p in k.params[:-1]],
+                "output": {"format": glsl.TEXTURES[k.params[-1].dtype][1]},
+                "ops": [n.op for n in g.nodes],
+            })
+        out = k.params[-1]
+        code.steps.append({
+            "kernel": by_source[digest],
+            "inputs": [texture(v, p.dtype) for v, p in zip(ins, k.params[:-1])],
+            "output": texture(g.output, out.dtype),
+            "viewport": list(glsl.layout(out.size, width)),
+            "node": node,
+        })
+    for step in code.steps:
+        if step["output"] in step["inputs"]:
+            raise KilnError(f"node {step['node']!r}: the memory plan reads and writes one buffer in one kernel, "
+                            "which WebGL2 cannot (a texture feedback loop)")
+    return code
