@@ -48,19 +48,7 @@ def cached_package(model: str | Path, cache: str | Path, shapes: dict[str, tuple
                 raise kiln.ShapeError(f"{model.name}: dim {key!r} given two sizes, {dims[key]} and {n}")
     tag = "_".join(dict.fromkeys("x".join(map(str, shapes[name])) for name in sorted(shapes)))
     out = cache / f"{model.stem}-{tag}-{device_class}"
-    manifest = out / "manifest.json"
-    if manifest.exists():
-        m = json.loads(manifest.read_text())
-        if (m.get("generator") == f"kiln {kiln.__version__}" and m.get("dims") == dims
-                and m.get("source") == model.name
-                and m.get("targets", {}).get("webgpu", {}).get("device_class") == device_class):
-            return out
-    t0 = time.perf_counter()
-    cache.mkdir(parents=True, exist_ok=True)
-    kiln.compile(model, out, dims=dims, device_class=device_class, force=True)
-    if log:
-        log(f"compiled {model.name} for {dims} in {time.perf_counter() - t0:.1f} s -> {out}")
-    return out
+    return _reuse_or_compile(model, out, dims, device_class, lambda m: m.get("dims") == dims, f"for {dims}", log)
 
 
 def cached_dynamic_package(model: str | Path, cache: str | Path, dims: dict[str, int | tuple[int, ...]],
@@ -75,23 +63,34 @@ def cached_dynamic_package(model: str | Path, cache: str | Path, dims: dict[str,
     Raises:
         what :func:`kiln.compile` raises (a dim naming no input dim, bad bounds).
     """
-    import kiln
 
     model, cache = Path(model), Path(cache)
     ranges = {k: tuple(v) for k, v in dims.items() if not isinstance(v, int)}
     want = [[k, v[0], v[1], v[2] if len(v) > 2 else v[1], v[3] if len(v) > 3 else 1] for k, v in ranges.items()]
     tag = "_".join(f"{v[0]}..{v[1]}" for v in ranges.values())
     out = cache / f"{model.stem}-dynamic-{tag}-{device_class}"
+
+    def same_dims(m: dict) -> bool:
+        return [[d["name"], d["min"], d["max"], d["opt"], d.get("multiple", 1)] for d in m.get("dynamic_dims", [])] == want
+
+    return _reuse_or_compile(model, out, dims, device_class, same_dims, f"once for {tag}", log)
+
+
+def _reuse_or_compile(model: Path, out: Path, dims: dict, device_class: str, same_dims: Callable[[dict], bool],
+                      what: str, log: Callable[[str], None] | None) -> Path:
+    """``out`` if it holds a package this Kiln version made from a file named like ``model`` for ``device_class``
+    whose manifest passes ``same_dims``; otherwise ``model`` compiled into ``out`` now (``force=True``)."""
+    import kiln
+
     manifest = out / "manifest.json"
     if manifest.exists():
         m = json.loads(manifest.read_text())
-        have = [[d["name"], d["min"], d["max"], d["opt"], d.get("multiple", 1)] for d in m.get("dynamic_dims", [])]
-        if (m.get("generator") == f"kiln {kiln.__version__}" and have == want and m.get("source") == model.name
+        if (m.get("generator") == f"kiln {kiln.__version__}" and same_dims(m) and m.get("source") == model.name
                 and m.get("targets", {}).get("webgpu", {}).get("device_class") == device_class):
             return out
     t0 = time.perf_counter()
-    cache.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     kiln.compile(model, out, dims=dims, device_class=device_class, force=True)
     if log:
-        log(f"compiled {model.name} once for {tag} in {time.perf_counter() - t0:.1f} s -> {out}")
+        log(f"compiled {model.name} {what} in {time.perf_counter() - t0:.1f} s -> {out}")
     return out

@@ -1,1 +1,0 @@
-"""Kiln benchmarks: each script prints a table and writes JSON under bench/results/."""

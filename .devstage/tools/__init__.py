@@ -1,1 +1,0 @@
-"""Developer tools run with ``python -m tools.NAME`` from the repository root."""
