@@ -252,3 +252,24 @@ def test_local_tuning_run_and_tuned_package(tmp_path, rng):
     out = runner.invoke(main, ["compile", str(model), "-o", str(pkg), "--force", "--tuning-db", str(db),
                                "--adapter", "nvidia"])
     assert out.exit_code == 0 and "no records" in out.output and "0 tuned" in out.output, out.output
+
+
+def test_row_kernels_are_not_searched(tmp_path):
+    """A row kernel (LayerNormalization then Softmax fused into one kernel a row on ``gpu``) is left at its default:
+    the search space's schedules would lower it element by element, recomputing the row's reductions per output."""
+    from kiln.tune.tuner import model_tasks
+
+    g = helper.make_graph([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1),
+                           helper.make_node("Softmax", ["y"], ["z"], axis=-1)], "ln_softmax",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 96])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [8, 96])],
+                          [numpy_helper.from_array(np.ones(96, np.float32), "g"),
+                           numpy_helper.from_array(np.zeros(96, np.float32), "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "ln.onnx")
+    tasks, _, _ = model_tasks(tmp_path / "ln.onnx", {}, "gpu")
+    assert len(tasks) == 1 and tasks[0].default.rows
+    assert tasks[0].tunable and "row kernel" in tasks[0].tunable
+    tasks, _, _ = model_tasks(tmp_path / "ln.onnx", {}, "cpu")  # no row kernels for cpu: three kernels, searched
+    assert len(tasks) > 1 and not any(t.default.rows for t in tasks)

@@ -48,7 +48,7 @@ class Task:
         shape: output shape.
         default: the default schedule for the device class.
         profile_ms: GPU milliseconds of all its dispatches under the default schedule (0 until profiled).
-        tunable: ``None`` or why it is not tuned (non-float32 buffers, a one-point space).
+        tunable: ``None`` or why it is not tuned (non-float32 buffers, a row kernel, a one-point space).
     """
 
     signature: str
@@ -94,6 +94,10 @@ def model_tasks(model: str | os.PathLike, dims: dict[str, int] | None = None, de
             dtypes = {p.dtype for p in placeholders(expr)} | {expr.dtype}
             if dtypes != {"float32"}:
                 task.tunable = f"buffers of {sorted(dtypes - {'float32'})} (only float32 kernels are tuned)"
+            elif expr.attrs.get("rows"):
+                # a row kernel (kiln.te.rows): the search space's schedules would lower it element by element,
+                # recomputing the row's reductions for every output (and nested ones for every term)
+                task.tunable = "row kernel (one workgroup a row; its schedule is not searched yet)"
             tasks.append(task)
         tasks[by_sig[sig]].uses += 1
         steps_task.append(by_sig[sig])
