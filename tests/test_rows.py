@@ -47,3 +47,43 @@ def test_row_fusion_makes_one_kernel_per_op(rng):
         assert len(_kernels(model, target="webgpu,wasm")) == 3
     # a reduction whose result is also a graph output is not fused away
     assert len(_kernels(make_model("ReduceMax", {"x": x}, {"axes": [1], "keepdims": 1}, opset=13))) == 1
+
+
+def test_row_kernel_in_the_browser(browser, tmp_path, rng):
+    """LayerNormalization then Softmax, one row kernel (workgroup barriers inside its row loops), through Chromium's
+    shader compiler (stricter uniformity analysis than naga) and kiln.js, against onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+    from browser import ConsoleLog, serving
+    from onnx import TensorProto, helper, numpy_helper
+
+    import kiln
+
+    g = helper.make_graph([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5),
+                           helper.make_node("Softmax", ["y"], ["z"], axis=-1)], "ln_softmax",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 200])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [6, 200])],
+                          [numpy_helper.from_array(rng.standard_normal(200).astype(np.float32), "g"),
+                           numpy_helper.from_array(rng.standard_normal(200).astype(np.float32), "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "ln.onnx")
+    pkg = kiln.compile(tmp_path / "ln.onnx", tmp_path / "pkg")  # device class gpu: one row kernel
+    assert len(list((pkg / "kernels").glob("*.wgsl"))) == 1
+    x = (rng.standard_normal((6, 200)) * 3).astype(np.float32)
+    page = browser.new_page()
+    log = ConsoleLog(page)
+    try:
+        with serving(pkg) as url:
+            page.goto(url + "manifest.json")
+            got = log.evaluate("""async (x) => {
+              const kiln = await import('./kiln.js');
+              const session = await kiln.load('./', {target: 'webgpu'});
+              const out = await session.run({x: new kiln.Tensor('float32', Float32Array.from(x), [6, 200])});
+              session.destroy();
+              return Array.from(out.z.data);
+            }""", x.ravel().tolist())
+    finally:
+        page.close()
+    want = ort.InferenceSession(str(tmp_path / "ln.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.array(got, np.float32).reshape(6, 200), want, rtol=1e-4, atol=1e-6)
