@@ -442,22 +442,14 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         accs = {}
         for r in group:
             acc = Var(f"acc{next(counter)}", 0, r.dtype)
-            init = {"sum": 0.0 if r.dtype in FLOATS else 0, "max": lowest(r.dtype), "min": highest(r.dtype),
-                    "prod": 1}[r.op]
-            block.append(Decl(acc, const(init, r.dtype)))
+            block.append(Decl(acc, accumulator_init(r)))
             accs[r] = acc
         axes = group[0].axes
         inner = block
         if split:
-            ax0, steps = axes[0], ceil_div(axes[0].extent, lanes)
-            loop = For(Var(f"{ax0.name}s", steps), steps)
+            loop, body = lane_loop(axes[0], lanes, lane, f"{axes[0].name}s")
             inner.append(loop)
-            loop.body.append(Let(ax0, loop.var * lanes + lane))
-            inner = loop.body
-            if is_symbolic(steps) or steps * lanes != ax0.extent:
-                guard = If(binop("<", ax0, ax0.extent))
-                inner.append(guard)
-                inner = guard.body
+            inner = body
             axes = axes[1:]
             split_accs.extend((accs[r], r.op) for r in group)
         n_unrolled, product = 0, 1
@@ -518,6 +510,26 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         store = Store("out", index, value)
         body.append(If(cond, [store]) if not (isinstance(cond, Const) and cond.value) else store)
     return LoweredKernel(name or out.name, params, ins, total, gid, body, schedule, shared)
+
+
+def accumulator_init(r: Reduce) -> Expr:
+    """The identity of reduction ``r``'s combiner: its accumulator's initial value."""
+    return const({"sum": 0.0 if r.dtype in FLOATS else 0, "max": lowest(r.dtype), "min": highest(r.dtype),
+                  "prod": 1}[r.op], r.dtype)
+
+
+def lane_loop(ax0: Var, lanes: int, lane: Expr, name: str) -> tuple[For, list]:
+    """A loop over every ``lanes``-th value of reduction axis ``ax0`` from ``lane`` on (binding ``ax0``), the last,
+    partial round guarded; returns the loop and the block its body statements go into."""
+    steps = ceil_div(ax0.extent, lanes)
+    loop = For(Var(name, steps), steps)
+    loop.body.append(Let(ax0, loop.var * lanes + lane))
+    inner = loop.body
+    if is_symbolic(steps) or steps * lanes != ax0.extent:
+        guard = If(binop("<", ax0, ax0.extent))
+        inner.append(guard)
+        inner = guard.body
+    return loop, inner
 
 
 def _combine(op: str, acc: Expr, v: Expr) -> Expr:

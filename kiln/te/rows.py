@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.te.compute import Tensor
-from kiln.te.expr import FLOATS, Expr, Reduce, Var, binop, call, const, free_vars, highest, linear, lowest, transform
+from kiln.te.expr import Expr, Reduce, Var, binop, call, free_vars, linear, transform
 from kiln.te.symbolic import ceil_div, is_symbolic, simplify, upper
 
 #: most elements a row (reduction or output columns) may have for a row kernel (longer rows keep separate kernels)
@@ -118,7 +118,21 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
     ``flat(e, guarded)`` flattens an expression over buffer loads and ``cse(values, block)`` binds
     shared loads (both from :func:`kiln.te.lower.lower`). Returns ``(body, total rows, shared arrays)``.
     """
-    from kiln.te.lower import Assign, Barrier, Decl, For, If, Let, Store, _combine, _combine_lanes, _ravel, _unravel
+    from kiln.te.lower import (
+        Assign,
+        Barrier,
+        Decl,
+        For,
+        If,
+        Let,
+        Store,
+        _combine,
+        _combine_lanes,
+        _ravel,
+        _unravel,
+        accumulator_init,
+        lane_loop,
+    )
 
     lid, wid, lane, tile, gid = Var("lid"), Var("wid"), Var("lane"), Var("tile"), Var("gid")
     row_shape = [out.shape[a] for a in plan.rows]
@@ -139,19 +153,9 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
         made = []
         for r in level:
             acc = Var(f"acc{next(counter)}", 0, r.dtype)
-            init = {"sum": 0.0 if r.dtype in FLOATS else 0, "max": lowest(r.dtype), "min": highest(r.dtype),
-                    "prod": 1}[r.op]
-            body.append(Decl(acc, const(init, r.dtype)))
-            ax0 = r.axes[0]
-            steps = ceil_div(ax0.extent, lanes)
-            loop = For(Var(f"{ax0.name}s{next(counter)}", steps), steps)
+            body.append(Decl(acc, accumulator_init(r)))
+            loop, inner = lane_loop(r.axes[0], lanes, lane, f"{r.axes[0].name}s{next(counter)}")
             body.append(loop)
-            loop.body.append(Let(ax0, loop.var * lanes + lane))
-            inner = loop.body
-            if is_symbolic(steps) or steps * lanes != ax0.extent:
-                guard = If(binop("<", ax0, ax0.extent))
-                inner.append(guard)
-                inner = guard.body
             for ax in r.axes[1:]:
                 nest = For(ax, ax.extent)
                 inner.append(nest)
