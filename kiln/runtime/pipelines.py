@@ -34,8 +34,8 @@ class KernelSpec:
 
     Attributes:
         source: WGSL text.
-        entry_point: the ``@compute`` function's name.
-        access: per binding of ``@group(0)`` (binding order), ``"read"`` (read-only storage),
+        entry_point: the name of the shader's compute entry point.
+        access: per binding of bind group 0 (binding order), ``"read"`` (read-only storage),
             ``"read_write"`` (storage) or ``"uniform"`` (a uniform buffer: the run-time dims of
             docs/dynamic-shapes.md); ``None`` for wgpu's automatic layout.
         label: a name for errors and debuggers.
@@ -53,7 +53,7 @@ class KernelSpec:
 
 @dataclass
 class CachedPipeline:
-    """A compiled pipeline and the bind group layout of its ``@group(0)``."""
+    """A compiled pipeline and the layout of its bind group 0."""
 
     pipeline: Any
     layout: Any
