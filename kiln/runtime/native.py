@@ -364,18 +364,20 @@ class Session(TrainingMixin):
         cpass.end()
 
     def _bind_dims(self, feeds: dict[str, Any]) -> tuple[list[tuple[int, int, int]], dict[str, list[int]]]:
-        """Run-time dims of a package that has them: binds them from the fed shapes, writes the dims uniform
-        when they changed, and returns ``(each step's workgroup counts, each output's shape)``.
+        """Run-time dims of a package that has them: binds them from the fed shapes and, when they changed,
+        writes the dims uniform and evaluates the dispatches and output shapes again; returns ``(each step's
+        workgroup counts, each output's shape)``.
 
         Raises:
             ShapeError: as :func:`kiln.runtime.dynamic.bind_dims`.
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
+            plan = self.manifest["targets"]["webgpu"]["plan"]
+            evaluated = dynamic.dispatches(plan, env), dynamic.output_shapes(self.manifest, env)
             self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))
-            self._dims_env = env
-        plan = self.manifest["targets"]["webgpu"]["plan"]
-        return dynamic.dispatches(plan, env), dynamic.output_shapes(self.manifest, env)
+            self._dims_env, self._dims_eval = env, evaluated
+        return self._dims_eval
 
     def _split_feeds(self, feeds: dict[str, Any]) -> tuple[list[tuple[dict, np.ndarray]], list[tuple[dict, GPUTensor]]]:
         """Host feeds checked and in storage form (:meth:`_check_feeds`), and GPUTensor feeds checked.
