@@ -49,12 +49,13 @@ def test_row_fusion_makes_one_kernel_per_op(rng):
     assert len(_kernels(make_model("ReduceMax", {"x": x}, {"axes": [1], "keepdims": 1}, opset=13))) == 1
 
 
-def test_row_kernel_in_the_browser(browser, tmp_path, rng):
+def test_row_kernel_in_the_browser(tmp_path, rng):
     """LayerNormalization then Softmax, one row kernel (workgroup barriers inside its row loops), through Chromium's
-    shader compiler (stricter uniformity analysis than naga) and kiln.js, against onnxruntime."""
+    shader compiler (stricter uniformity analysis than naga) and kiln.js (tests/browser.py's shared page, poisoned
+    buffers), against onnxruntime."""
     import onnx
     import onnxruntime as ort
-    from browser import ConsoleLog, serving
+    from browser import close_shared_runner, shared_runner
     from onnx import TensorProto, helper, numpy_helper
 
     import kiln
@@ -68,22 +69,13 @@ def test_row_kernel_in_the_browser(browser, tmp_path, rng):
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "ln.onnx")
-    pkg = kiln.compile(tmp_path / "ln.onnx", tmp_path / "pkg")  # device class gpu: one row kernel
-    assert len(list((pkg / "kernels").glob("*.wgsl"))) == 1
     x = (rng.standard_normal((6, 200)) * 3).astype(np.float32)
-    page = browser.new_page()
-    log = ConsoleLog(page)
+    runner = shared_runner()
     try:
-        with serving(pkg) as url:
-            page.goto(url + "manifest.json")
-            got = log.evaluate("""async (x) => {
-              const kiln = await import('./kiln.js');
-              const session = await kiln.load('./', {target: 'webgpu'});
-              const out = await session.run({x: new kiln.Tensor('float32', Float32Array.from(x), [6, 200])});
-              session.destroy();
-              return Array.from(out.z.data);
-            }""", x.ravel().tolist())
+        pkg = kiln.compile(tmp_path / "ln.onnx", runner.package_dir("ln_softmax"))  # device class gpu: a row kernel
+        assert len(list((pkg / "kernels").glob("*.wgsl"))) == 1
+        got = runner.run(pkg, {"x": x}, "webgpu")["z"]
     finally:
-        page.close()
+        close_shared_runner()  # its Playwright must not overlap the browser fixture's in later modules
     want = ort.InferenceSession(str(tmp_path / "ln.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(np.array(got, np.float32).reshape(6, 200), want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)

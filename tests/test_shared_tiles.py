@@ -215,9 +215,10 @@ def test_every_tuner_pick_is_correct(rng):
 MODEL_SHAPES = {"awkward": ((19, 10), (17, 19), (1, 3, 9, 11)), "aligned": ((20, 12), (16, 20), (1, 4, 8, 12))}
 
 
-def _gemm_conv_package(tmp_path, rng, shapes):
-    """Gemm(transA, transB, bias) and a padded Conv + Relu in one model, compiled with shared tiles
-    (vec4, prefetch) wherever a kernel has two tile axes; returns (package, model, feeds)."""
+def _gemm_conv_package(tmp_path, rng, shapes, out=None):
+    """Gemm(transA, transB, bias) and a padded Conv + Relu in one model, compiled (into ``out``, default
+    ``tmp_path / "pkg"``) with shared tiles (vec4, prefetch) wherever a kernel has two tile axes; returns
+    (package, model, feeds)."""
     f = np.float32
     (sa, sb, sx) = shapes
     cout = 6
@@ -245,7 +246,7 @@ def _gemm_conv_package(tmp_path, rng, shapes):
         return Schedule(workgroup_size=64, splits=(Split(axes[0], 4, True), Split(axes[1], 4, True)), unroll=4,
                         shared_k=8, vector_width=4, prefetch=True)
 
-    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", schedule=choose)
+    pkg = kiln.compile(tmp_path / "m.onnx", out or tmp_path / "pkg", schedule=choose)
     kernels = json.loads((pkg / "manifest.json").read_text())["targets"]["webgpu"]["kernels"]
     assert sum(1 for k in kernels if k["schedule"].get("shared_k") == 8) == 2
     feeds = {"a": rng.standard_normal(sa).astype(f), "b": rng.standard_normal(sb).astype(f),
@@ -268,29 +269,19 @@ def test_model_against_onnxruntime(tmp_path, rng, shapes):
         np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
-def test_model_in_the_browser(browser, tmp_path, rng):
+def test_model_in_the_browser(tmp_path, rng):
     """The aligned model's shared-tile kernels (vec4 storage and workgroup arrays, prefetch) through
-    Chromium's shader compiler and kiln.js."""
-    from browser import ConsoleLog, serving
+    Chromium's shader compiler and kiln.js (tests/browser.py's shared page, poisoned buffers)."""
+    from browser import close_shared_runner, shared_runner
 
-    pkg, model, feeds = _gemm_conv_package(tmp_path, rng, MODEL_SHAPES["aligned"])
-    page = browser.new_page()
-    log = ConsoleLog(page)
+    runner = shared_runner()
     try:
-        with serving(pkg) as url:
-            page.goto(url + "manifest.json")
-            got = log.evaluate("""async (feeds) => {
-              const kiln = await import('./kiln.js');
-              const session = await kiln.load('./');
-              const t = (k) => new kiln.Tensor('float32', Float32Array.from(feeds[k].data), feeds[k].shape);
-              const out = await session.run({a: t('a'), b: t('b'), x: t('x')});
-              session.destroy();
-              return {g: Array.from(out.g.data), c: Array.from(out.c.data)};
-            }""", {k: {"data": v.ravel().tolist(), "shape": list(v.shape)} for k, v in feeds.items()})
+        pkg, model, feeds = _gemm_conv_package(tmp_path, rng, MODEL_SHAPES["aligned"], runner.package_dir("shared"))
+        got = runner.run(pkg, feeds, "webgpu")
     finally:
-        page.close()
+        close_shared_runner()  # its Playwright must not overlap the browser fixture's in later modules
     for name, want in _reference(model, feeds).items():
-        np.testing.assert_allclose(got[name], want.ravel(), rtol=1e-4, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 def test_default_shared_tiles_with_run_time_dims(tmp_path, rng, monkeypatch):
