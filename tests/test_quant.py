@@ -102,10 +102,19 @@ def test_dynamic_quantize_linear_spec():
 
 
 # ----------------------------------------------------------------------------- integer matmul and conv
+#: onnxruntime's x86 kernels for uint8 activations with int8 weights (u8s8) on CPUs without AVX-VNNI sum pairs
+#: of products in saturating int16 (pmaddubsw), so their results differ from exact integer arithmetic once
+#: a pair passes 32767 (onnxruntime 1.32 on AVX2: MatMulInteger off by up to 22294). Those cases are checked
+#: against onnx's reference evaluator, which computes exactly (the operator specs define exact products).
+def u8s8_oracle(a_dt, b_dt) -> str:
+    return "onnx" if (np.dtype(a_dt), np.dtype(b_dt)) == (np.dtype(np.uint8), np.dtype(np.int8)) else "onnxruntime"
+
+
 @pytest.mark.parametrize("a_dt,b_dt", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
 def test_matmul_integer(rng, a_dt, b_dt):
     a, b = q(rng, a_dt, 2, 5, 37), q(rng, b_dt, 37, 6)
-    check_op("MatMulInteger", {"a": a, "b": b}, None, {"az": q(rng, a_dt), "bz": q(rng, b_dt)}, **EXACT)
+    check_op("MatMulInteger", {"a": a, "b": b}, None, {"az": q(rng, a_dt), "bz": q(rng, b_dt)},
+             oracle=u8s8_oracle(a_dt, b_dt), **EXACT)
 
 
 def test_matmul_integer_per_row_and_column(rng):
@@ -148,4 +157,5 @@ def test_qlinear_conv(rng, dt, per_channel):
               "wz": np.zeros(w_scale.shape, np.int8), "ys": np.array(0.04, np.float32), "yz": q(rng, dt) // 4,
               "bias": rng.integers(-500, 500, size=6).astype(np.int32)}
     check_op("QLinearConv", {"x": x}, {"pads": [1, 0, 1, 2], "strides": [1, 2], "group": 2}, consts,
-             input_order=["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "bias"], **EXACT)
+             input_order=["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "bias"], oracle=u8s8_oracle(dt, np.int8),
+             **EXACT)
