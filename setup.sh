@@ -25,5 +25,5 @@ fi
 # the browser embeddings example's tokenizer library (exact version and integrity from its package-lock.json)
 (cd examples/web/embeddings && npm ci --no-audit --no-fund --loglevel=error)
 # the wasm target's C compiler (zig) builds its compiler-rt once per machine: do it now, not in the first test
-.venv/bin/python -c "from kiln.codegen.wasm import warm_up; warm_up()"
+.venv/bin/python -c "from kiln.codegen.wasm.toolchain import warm_up; warm_up()"
 echo "setup: done ($(.venv/bin/kiln --version))"

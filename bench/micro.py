@@ -33,7 +33,7 @@ from rich.progress import track
 from rich.table import Table
 
 from bench.common import ROOT, write_record
-from kiln.codegen import wgsl
+from kiln.codegen.webgpu import wgsl
 from kiln.kernels import library
 from kiln.runtime.kernel import KernelRunner
 from kiln.te.compute import compute, inline, placeholder

@@ -13,9 +13,8 @@ Public API::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from kiln.errors import DeviceError, KilnError, ModelFormatError, PackageError, ShapeError, UnsupportedOpError
+from kiln.version import __version__
 
 #: eager-mode names re-exported from kiln.eager on first use (importing kiln stays light)
 _EAGER = ("Tensor", "tensor", "zeros", "ones", "full", "randn", "rand", "arange", "zeros_like", "ones_like",

@@ -99,7 +99,7 @@ def check_fp16(model: onnx.ModelProto, inputs: dict[str, np.ndarray], op_type: s
 #: wasm target computes the same f32 expressions; its exp/log/sin/cos are compiler-rt's (musl's, <1 ulp)
 #: and tanh/atan/pow/sinh/... are computed in f64 and rounded once, so it needs no more. WebGL2 computes in
 #: GLSL ES highp f32; GLSL ES 3.00 leaves the built-ins' precision to the implementation (SwiftShader's
-#: sin/cos are off by 2e-4), so the GLSL renderer computes sin and cos itself (kiln.codegen.glsl.SINCOS)
+#: sin/cos are off by 2e-4), so the GLSL renderer computes sin and cos itself (kiln.codegen.webgl2.glsl.SINCOS)
 #: and every per-op test passes on WebGL2 at a factor of 1 (KILN_OP_TARGETS=webgl2); a GPU's WebGL driver
 #: may still approximate exp, tanh or pow more loosely than SwiftShader
 TOLERANCE: dict[str, float] = {"webgpu": 1.0, "wasm": 1.0, "webgl2": 1.0, "browser:webgpu": 1.0, "browser:wasm": 1.0}

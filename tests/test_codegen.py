@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.codegen import wgsl
-from kiln.codegen.validate import validate_wgsl
+from kiln.arith.expr import Const, Var, binop, call, const
+from kiln.codegen.webgpu import wgsl
+from kiln.codegen.webgpu.validate import validate_wgsl
 from kiln.kernels import elementwise, nn
 from kiln.te.compute import compute, inline, placeholder
-from kiln.te.expr import Const, Var, binop, call, const
 from kiln.te.lower import lower
 
 

@@ -17,10 +17,10 @@ from conftest import SHARED_MODELS
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from kiln.arith import symbolic
 from kiln.errors import KilnError, ShapeError
 from kiln.package.format import VERSION
 from kiln.runtime.dynamic import eval_json
-from kiln.te import symbolic
 
 DIMS = {"batch": (1, 4), "seq": (1, 16, 8)}  # opt 8: schedules for seq=8 must also be right for 1, 7, 16
 SHAPES = [(1, 1), (2, 7), (3, 16), (4, 9)]

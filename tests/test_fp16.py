@@ -17,11 +17,11 @@ from onnx import TensorProto, helper, numpy_helper
 from opcheck import FP16, check_op, fp16_model, make_model
 
 import kiln
+from kiln.arith.expr import Bin, Reduce, binop, call, cast, reduce, reduce_axis, select
 from kiln.cli import main as cli
-from kiln.codegen import wgsl
+from kiln.codegen.webgpu import wgsl
 from kiln.errors import KilnError
 from kiln.te.compute import compute, inline, placeholder
-from kiln.te.expr import Bin, Reduce, binop, call, cast, reduce, reduce_axis, select
 from kiln.te.half import demote
 from kiln.te.lower import lower
 
@@ -109,7 +109,7 @@ def test_statistics_accumulate_in_f32_even_with_f16_accumulation():
         if isinstance(x, Reduce):
             sums.append(x)
 
-    from kiln.te.expr import transform
+    from kiln.arith.expr import transform
 
     transform(t.body, visit)
     assert sums and all(r.dtype == "float32" for r in sums)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln.codegen import wgsl
-from kiln.codegen.validate import validate_wgsl
+from kiln.codegen.webgpu import wgsl
+from kiln.codegen.webgpu.validate import validate_wgsl
 from kiln.ir import ops
 from kiln.kernels import elementwise, library
 from kiln.runtime.kernel import KernelRunner

@@ -19,12 +19,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
-from kiln.codegen import wgsl
-from kiln.codegen.validate import validate_wgsl
+from kiln.arith import symbolic
+from kiln.codegen.webgpu import wgsl
+from kiln.codegen.webgpu.validate import validate_wgsl
 from kiln.ir import ops
 from kiln.kernels import elementwise, layout, library
 from kiln.runtime.kernel import KernelRunner
-from kiln.te import symbolic
 from kiln.te.compute import inline, placeholder
 from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, Split, default_schedule, tile_axes

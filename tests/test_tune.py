@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from kiln.cli import main
-from kiln.codegen import wgsl
+from kiln.codegen.webgpu import wgsl
 from kiln.errors import KilnError
 from kiln.kernels import elementwise, library
 from kiln.runtime.kernel import KernelRunner

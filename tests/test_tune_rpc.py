@@ -18,7 +18,7 @@ from test_tune import small_model
 
 import kiln.rpc
 from kiln.cli import main
-from kiln.codegen import wgsl
+from kiln.codegen.webgpu import wgsl
 from kiln.errors import RpcError
 from kiln.te.lower import lower
 from kiln.tune.measure import Candidate, sample_indices

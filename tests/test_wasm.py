@@ -25,7 +25,8 @@ import test_ops_breadth
 from conftest import CHELSEA, MOBILENET, SHARED_MODELS
 
 import kiln
-from kiln.codegen import c, wasm
+from kiln.codegen.wasm import simd as c  # the C renderer with the SIMD128 vectoriser
+from kiln.codegen.wasm import toolchain as wasm
 from kiln.errors import KilnError, PackageError
 from kiln.package.format import VERSION
 

@@ -16,7 +16,7 @@ import test_ops
 import test_ops_breadth
 from browser import CHROMIUM, close_shared_runner
 
-from kiln.codegen import glsl
+from kiln.codegen.webgl2 import glsl
 from kiln.errors import KilnError
 from kiln.package.format import VERSION
 from kiln.te.compute import compute, inline, placeholder

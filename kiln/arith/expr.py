@@ -91,7 +91,7 @@ class Var(Expr):
 class SizeVar(Expr):
     """A run-time size symbol (a dynamic dim such as ``seq``), bound per run by the runtime.
 
-    Kernels read it from the dims uniform (word ``index``, see :mod:`kiln.codegen.wgsl`); the
+    Kernels read it from the dims uniform (word ``index``, see :mod:`kiln.codegen.webgpu.wgsl`); the
     compiler knows only its bounds ``lo <= value <= hi``, ``opt``, the value schedules are chosen
     for, and ``multiple``, a number the value is a multiple of (docs/dynamic-shapes.md). Python
     comparisons (``<``, ``>``) and ``int()`` of a size expression raise TypeError: code must never

@@ -1,7 +1,7 @@
 """Shape arithmetic over run-time size symbols (dynamic dims).
 
 A dim of a :class:`~kiln.ir.graph.Value` is an ``int`` or an integer expression over
-:class:`~kiln.te.expr.SizeVar` symbols (``seq``, ``batch * seq``, ``seq - 1``): the same expression
+:class:`~kiln.arith.expr.SizeVar` symbols (``seq``, ``batch * seq``, ``seq - 1``): the same expression
 language kernels are written in, so a shape flows unchanged into loop bounds and index arithmetic.
 
 This module keeps dims canonical (:func:`simplify`: a sum of monomials in a fixed order, so equal
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from kiln.arith.expr import Bin, Call, Const, Expr, SizeVar, binop, call, const
 from kiln.errors import KilnError, ShapeError
-from kiln.te.expr import Bin, Call, Const, Expr, SizeVar, binop, call, const
 
 Dim = int | Expr
 

@@ -1,36 +1,225 @@
-"""Targets: the limits and features generated code may assume.
+"""The Target interface: what every code generation target provides, and the one kernel build loop.
 
-Limits are WebGPU's defaults (WebGPU spec §3.6.2 "Limits"), which every
-conformant adapter supports, so a package compiled against them loads anywhere.
+A target turns the target-neutral result of the middle end (a :class:`Program`: the optimised graph, its
+fused groups and the memory plan, shared by every target of a package) into its part of a package: a
+manifest section (``manifest["targets"][name]``, docs/package-format.md) and files (kernel sources,
+binaries). Every target builds its kernels with :class:`KernelTable`: render each group, deduplicate by
+SHA-256 of the source, name new kernels ``k%03d_<group>`` and record one plan step per group.
+
+Targets register themselves in :data:`REGISTRY` (``kiln.codegen.webgpu``, ``kiln.codegen.webgl2``,
+``kiln.codegen.wasm``); no target imports another. How to add one:
+docs/architecture.md.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from kiln.package.format import DEFAULT_LIMITS
+from kiln.errors import KilnError
+from kiln.ir.graph import Graph
+from kiln.passes.fusion import Group
+from kiln.passes.memory_plan import MemoryPlan
+from kiln.te.compute import Tensor
+from kiln.te.schedule import Schedule
 
 
-@dataclass(frozen=True)
-class WebGPUTarget:
-    """The WebGPU target: WGSL compute shaders.
+@dataclass
+class Program:
+    """The target-neutral program every target of a package builds from.
 
     Attributes:
-        limits: WebGPU limit name -> the ceiling generated code keeps within (the package records what it uses).
-        features: WebGPU features the package requires (``shader-f16`` for fp16 compute).
+        graph: the optimised graph (inputs, outputs, dims).
+        groups: fused groups in execution order (:func:`kiln.passes.fusion.fuse`).
+        plan: the memory plan: buffer ids and bytes shared by every target.
+        device_class: ``gpu`` or ``cpu``: the device the default schedules are made for.
+        precision: a key of ``kiln.compiler.PRECISIONS``; ``accumulate`` the fp16 dot-product accumulator
+            (None for fp32 compute).
+        schedule: chooses a WebGPU kernel's schedule (a tuning database), None for the defaults.
+        training: the :class:`kiln.train.TrainGraph` of a train-step package, else None.
+        infer_steps: a train-step package's inference steps (indices into the plan), else None.
+        control: the graph has run-time If/Loop: ``groups`` and ``plan`` are empty until the webgpu target,
+            which plans every graph level (docs/control-flow.md), fills them in.
     """
 
-    name: str = "webgpu"
-    limits: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
-    features: tuple[str, ...] = ()
+    graph: Graph
+    groups: list[Group]
+    plan: MemoryPlan
+    device_class: str = "gpu"
+    precision: str = "fp32"
+    accumulate: str | None = None
+    schedule: Callable[[Tensor], Schedule] | None = None
+    training: Any = None
+    infer_steps: list[int] | None = None
+    control: bool = False
+
+    def work(self) -> list[Group]:
+        """The groups that become kernels: not aliases (views of another buffer), not empty tensors."""
+        return [g for g in self.groups if not g.alias and g.output.size]
 
 
-TARGETS = {"webgpu": WebGPUTarget}
+@dataclass
+class TargetBuild:
+    """What a target adds to a package.
+
+    Attributes:
+        name: the target's name (the key under ``manifest["targets"]``).
+        section: its manifest section (JSON-ready).
+        files: package path -> contents (text or bytes) of the files the section names.
+        kernels, steps: the target's kernels and plan steps as objects, for tools (``kiln info``, the tuner,
+            tests); the section holds their JSON form.
+    """
+
+    name: str
+    section: dict[str, Any]
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    kernels: list[Any] = field(default_factory=list)
+    steps: list[Any] = field(default_factory=list)
 
 
-def get_target(name: str) -> WebGPUTarget:
-    """The target called ``name`` (ValueError listing the known ones otherwise)."""
+class KernelTable:
+    """Kernels deduplicated by source: the bookkeeping of every target's build loop.
+
+    ``add(source, group_name, make)`` returns the index of the kernel with that source, calling
+    ``make(name)`` for a new one (``name`` = ``k%03d_<group>``, at most 64 characters; with ``identifier``
+    every character that is not alphanumeric becomes ``_``, for C and wasm exports) to build its record.
+    """
+
+    def __init__(self, identifier: bool = False):
+        self.kernels: list[Any] = []
+        self._by_digest: dict[str, int] = {}
+        self._identifier = identifier
+
+    def add(self, source: str, group_name: str, make: Callable[[str], Any]) -> int:
+        """Index of the kernel whose source is ``source``, made by ``make(name)`` if new."""
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        if digest not in self._by_digest:
+            name = f"k{len(self.kernels):03d}_{group_name}"[:64]
+            if self._identifier:
+                name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+            self.kernels.append(make(name))
+            self._by_digest[digest] = len(self.kernels) - 1
+        return self._by_digest[digest]
+
+
+def describe(group: Group, shape_text: str | None = None) -> str:
+    """``Op -> Op [shape]``: the comment a kernel's source carries."""
+    return " -> ".join(n.op for n in group.nodes) + f" {shape_text if shape_text is not None else list(group.output.shape)}"
+
+
+def progress_over(groups: Iterable[Group], show: bool, description: str) -> Iterator[Group]:
+    """``groups``, with a transient progress bar on stderr when ``show`` (kernel generation can take a while)."""
+    if not show:
+        return iter(groups)
+    from rich.progress import track
+
+    return iter(track(list(groups), description=description, transient=True))
+
+
+class Target:
+    """A code generation target.
+
+    Subclasses set :attr:`name`, :attr:`limits` and :attr:`features`, and implement :meth:`build`; they may
+    refuse what they cannot build in :meth:`check` (run-time dims, control flow, fp16, train steps).
+
+    Attributes:
+        name: the target's name on the command line and in the manifest.
+        limits: the device limits generated code keeps within (WebGPU limit names for webgpu).
+        features: device features the generated code needs (``shader-f16``).
+    """
+
+    name: ClassVar[str] = ""
+    limits: dict[str, int]
+    features: tuple[str, ...]
+
+    def __init__(self, limits: dict[str, int] | None = None, features: tuple[str, ...] = ()):
+        self.limits = dict(limits or {})
+        self.features = tuple(features)
+
+    def default_schedule(self, t: Tensor, device_class: str = "gpu") -> Schedule:
+        """The schedule a kernel of expression ``t`` gets without tuning, for ``device_class``."""
+        raise NotImplementedError
+
+    def check(self, graph: Graph, *, precision: str = "fp32", training: Any = None, control: bool = False) -> None:
+        """Refuse, with a :class:`KilnError` naming the reason, a program this target cannot build: by default
+        run-time dims, run-time control flow, fp16 compute and train steps (webgpu overrides)."""
+        if graph.size_vars:
+            dims = ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in graph.size_vars.values())
+            raise KilnError(f"run-time dims ({dims}) are supported by the webgpu target only (asked for {self.name}); "
+                            "bind them statically with --dim NAME=SIZE for other targets")
+        if control:
+            raise KilnError(f"this model has control flow decided at run time (If/Loop on computed values), which only "
+                            f"the webgpu target runs for now; compile it with --target webgpu (asked: {self.name})")
+        if precision != "fp32":
+            raise KilnError(f"--precision {precision} is for the webgpu target only (WGSL f16, WebGPU feature "
+                            f"shader-f16); compile the {self.name} target in a separate fp32 package")
+        if training is not None:
+            raise KilnError(f"train-step packages (--train) have the webgpu target only for now; the {self.name} "
+                            "runtime does not run train steps yet")
+
+    def row_kernels(self, device_class: str, precision: str, training: Any) -> Callable[[Group], bool] | None:
+        """The predicate fusion uses to fuse row reductions into row kernels (:func:`kiln.passes.fusion.fuse`),
+        None when this target's lowering has no row kernels (the default)."""
+        return None
+
+    def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
+        """This target's manifest section and files for ``program``.
+
+        Raises:
+            KilnError: a kernel the target cannot express, naming its node; a toolchain failure.
+        """
+        raise NotImplementedError
+
+
+#: target name -> Target class, in the order ``kiln.load(..., target="auto")`` prefers them
+REGISTRY: dict[str, type[Target]] = {}
+
+
+def register(cls: type[Target]) -> type[Target]:
+    """Class decorator: make ``cls`` known as target ``cls.name``."""
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_target(name: str, **options: Any) -> Target:
+    """A new target called ``name`` (options as its constructor takes them).
+
+    Raises:
+        KilnError: an unknown name, listing the known ones.
+    """
+    _load_targets()
     try:
-        return TARGETS[name]()
+        cls = REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}") from None
+        raise KilnError(f"unknown target {name!r}; known: {', '.join(REGISTRY)}") from None
+    return cls(**options)
+
+
+def target_names() -> tuple[str, ...]:
+    """Every registered target's name."""
+    _load_targets()
+    return tuple(REGISTRY)
+
+
+#: the modules defining the targets, in preference order, imported on first use of the registry
+TARGET_MODULES = ("kiln.codegen.webgpu", "kiln.codegen.webgl2", "kiln.codegen.wasm")
+
+_loaded = False
+
+
+def _load_targets() -> None:
+    """Import the target packages so they register (once), and order the registry as :data:`TARGET_MODULES`."""
+    global _loaded
+    if _loaded:
+        return
+    import importlib
+
+    for module in TARGET_MODULES:
+        importlib.import_module(module)
+    order = {m.rsplit(".", 1)[1]: i for i, m in enumerate(TARGET_MODULES)}
+    items = sorted(REGISTRY.items(), key=lambda kv: order.get(kv[0], len(order)))
+    REGISTRY.clear()
+    REGISTRY.update(items)
+    _loaded = True

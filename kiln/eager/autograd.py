@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import numpy as np
+
 from kiln.errors import KilnError
 
 _enabled = True
@@ -124,17 +126,16 @@ def backward(root, grad=None, create_graph: bool = False) -> None:
     Raises:
         ValueError: ``root`` does not require gradients, or is not a scalar and no ``grad`` is given.
     """
-    from kiln.eager.tensors import Tensor, ones
-
+    tensor_type = type(root)  # kiln.eager.tensors.Tensor (not imported: tensors record their ops here)
     if not root.requires_grad:
         raise ValueError("backward(): the tensor does not require gradients (no input had requires_grad=True, "
                          "or it was computed under kiln.no_grad())")
     if grad is None:
         if root.size != 1:
             raise ValueError(f"backward(): grad can be implied only for a scalar, not shape {root.shape}")
-        grad = ones(root.shape)
-    elif not isinstance(grad, Tensor):
-        grad = Tensor.from_numpy(grad)
+        grad = tensor_type.from_numpy(np.ones(root.shape, np.float32))
+    elif not isinstance(grad, tensor_type):
+        grad = tensor_type.from_numpy(grad)
     if tuple(grad.shape) != tuple(root.shape):
         raise ValueError(f"backward(): grad shape {grad.shape} differs from the tensor's {root.shape}")
     old = set_grad_enabled(create_graph)

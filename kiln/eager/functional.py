@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.arith.expr import Expr, binop, const, reduce, reduce_axis, select
 from kiln.eager import autograd, ops
 from kiln.eager import tensors as tensor
 from kiln.eager.ops import _op
@@ -21,7 +22,6 @@ from kiln.errors import ShapeError
 from kiln.kernels import nn as nn_k
 from kiln.kernels import resample
 from kiln.te.compute import compute
-from kiln.te.expr import Expr, binop, const, reduce, reduce_axis, select
 
 
 def _pair(v) -> tuple[int, int]:

@@ -3,7 +3,7 @@
 Every eager op runs a kernel generated from the same tensor expressions as the compiler's
 (:mod:`kiln.kernels`: ``unary_expr``/``binary_expr``, ``matmul``, ``conv``, ``pool``,
 ``reduction``, ``transpose``, ``concat``, ...), lowered by :func:`kiln.te.lower.lower` under a
-:func:`~kiln.te.schedule.default_schedule` and rendered by :mod:`kiln.codegen.wgsl`.
+:func:`~kiln.te.schedule.default_schedule` and rendered by :mod:`kiln.codegen.webgpu.wgsl`.
 
 Two kinds of kernel (TensorJS's trick, :func:`elementwise`):
 
@@ -27,12 +27,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kiln.codegen import wgsl
+from kiln.arith.expr import Expr, Var, binop, call, cast
+from kiln.codegen.webgpu import wgsl
 from kiln.eager.device import Pipeline, runtime
+from kiln.errors import ShapeError
 from kiln.kernels.elementwise import bcast_load
 from kiln.te.compute import Tensor, compute, inline, placeholder
-from kiln.te.expr import Expr, Var, binop, call, cast
-from kiln.te.lower import If, lower
+from kiln.te.loops import If
+from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, default_schedule
 
 #: an elementwise signature runs generic kernels this many times before it gets a specialised one
@@ -95,8 +97,6 @@ def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     Raises:
         ShapeError: shapes that do not broadcast.
     """
-    from kiln.errors import ShapeError
-
     rank = max((len(s) for s in shapes), default=0)
     out = []
     for k in range(rank):

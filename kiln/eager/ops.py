@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import builtins
 
+from kiln.arith.expr import Expr, binop, const, reduce, reduce_axis, select
 from kiln.eager import autograd, kernels
-from kiln.eager.tensors import Tensor, as_tensor, unbroadcast
+from kiln.eager.tensors import Tensor, as_tensor, unbroadcast, zeros
 from kiln.errors import ShapeError
 from kiln.kernels import index as index_k
 from kiln.kernels import layout as layout_k
 from kiln.kernels import nn as nn_k
 from kiln.te.compute import compute
-from kiln.te.expr import Expr, binop, const, reduce, reduce_axis, select
 
 
 def _op(name: str, key, build, inputs: list[Tensor], out_dtype: str | None = None) -> Tensor:
@@ -316,8 +316,6 @@ def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
     out = _op("GatherElements", axis, lambda p, i: index_k.gather_elements(p, i, axis, shape, "gather"), [x, index])
 
     def grad(g):
-        from kiln.eager.tensors import zeros
-
         base = zeros(x.shape)
         gx = _op("ScatterAdd", axis, lambda b, i, u: index_k.scatter_elements(b, i, u, axis, "add", "scatter_add"),
                  [base, index, g])

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 
+from kiln.arith.expr import call
 from kiln.eager import autograd
 from kiln.eager import tensors as _tensor
 from kiln.eager.tensors import Tensor
-from kiln.te.expr import call
 
 
 def _run(name: str, fn, operands: list) -> Tensor:

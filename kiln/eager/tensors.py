@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.arith.expr import binop, cast, const, select
 from kiln.eager import autograd, kernels
 from kiln.eager.device import runtime
 from kiln.errors import ShapeError
 from kiln.kernels.elementwise import binary_expr, unary_expr
-from kiln.te.expr import binop, cast, select
 
 DTYPES = ("float32", "int32", "bool")
 _RANK = {"bool": 0, "int32": 1, "float32": 2}
@@ -188,9 +188,7 @@ class Tensor:
         if src.dtype != self.dtype:
             src = src.to(self.dtype)
         if src.shape != self.shape:
-            from kiln.eager.ops import expand
-
-            src = expand(src, self.shape)
+            src = src.expand(self.shape)  # (shape methods are bound by kiln.eager.ops)
         self.buf = src.buf
         self._version += 1
         return self
@@ -267,8 +265,6 @@ class Tensor:
 
 
 def _zero(dtype: str):
-    from kiln.te.expr import const
-
     return const(0, dtype)
 
 
@@ -379,14 +375,11 @@ def unbroadcast(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     """``g`` summed over the dims along which an operand of ``shape`` was broadcast (the gradient rule of broadcasting)."""
     if tuple(g.shape) == tuple(shape):
         return g
-    from kiln.eager.ops import reshape
-    from kiln.eager.ops import sum as sum_
-
     lead = len(g.shape) - len(shape)
     axes = tuple(range(lead)) + tuple(lead + k for k, d in enumerate(shape) if d == 1 and g.shape[lead + k] != 1)
     if axes:
-        g = sum_(g, axes, keepdims=True)
-    return reshape(g, shape)
+        g = g.sum(axes, keepdims=True)  # (reduction and shape methods are bound by kiln.eager.ops)
+    return g.reshape(shape)
 
 
 def _binary(op: str, a, b, backward=None, at_least: str = "bool") -> Tensor:

@@ -116,10 +116,3 @@ def expr_dtype(dtype: str) -> str:
     if dtype in ("int32", "int64", "int16", "uint16", "int8", "uint8", "uint32", "uint64") or dtype in NARROW_INTS:
         return "int32"
     raise KilnError(f"{dtype} tensors are not supported by the webgpu target")
-
-
-def storage_itemsize(dtype: str) -> int:
-    """Bytes per element of ``dtype`` in a WebGPU buffer (4 for every dtype kernels compute in)."""
-    from kiln.package.format import STORAGE
-
-    return NUMPY[STORAGE[dtype]].itemsize if dtype in STORAGE else itemsize(dtype)

@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir import dtypes
+from kiln.arith import symbolic
+from kiln.ir import dtypes, ops
+from kiln.ir.shape_fold import fold, materialize_inputs
 
 Shape = tuple[int, ...]
 
@@ -46,8 +48,6 @@ class Value:
     def size(self) -> Any:
         """Number of elements (a size expression when the shape has run-time dims)."""
         if any(not isinstance(d, (int, np.integer)) for d in self.shape):
-            from kiln.te import symbolic
-
             return symbolic.prod(self.shape)
         return int(np.prod(self.shape, dtype=np.int64))
 
@@ -165,13 +165,11 @@ class Builder:
     def const(self, array: np.ndarray | float, name: str = "const", dtype: str | None = None) -> Value:
         """A constant value holding ``array`` (copied; ``dtype`` overrides the array's).
 
-        An object array of size expressions (a shape with run-time dims, :mod:`kiln.te.symbolic`) stays one,
+        An object array of size expressions (a shape with run-time dims, :mod:`kiln.arith.symbolic`) stays one,
         of dtype ``dtype`` (default int64), unless every element simplifies to an int.
         """
         arr = np.asarray(array)
         if arr.dtype == object:
-            from kiln.te import symbolic
-
             flat = [symbolic.simplify(x) if not isinstance(x, (bool, np.bool_)) else x for x in arr.reshape(-1)]
             dtype = dtype or "int64"
             if any(symbolic.is_symbolic(x) for x in flat):
@@ -190,8 +188,6 @@ class Builder:
         Raises:
             ShapeError: when the inputs do not fit the op (from the op's shape rule).
         """
-        from kiln.ir import ops
-
         spec = ops.get(op)
         out_types = spec.infer([(v.dtype, v.shape) for v in inputs], attrs)
         node_name = name or self.scope or op
@@ -199,8 +195,6 @@ class Builder:
         if self.fold and inputs and all(v.is_const for v in inputs) and static_out:
             results = None
             if any(v.is_shape_const for v in inputs):
-                from kiln.ir.shape_fold import fold
-
                 results = fold(op, [v.const for v in inputs], dict(attrs), out_types)
             else:
                 results = spec.evaluate([v.const for v in inputs], dict(attrs))
@@ -208,8 +202,6 @@ class Builder:
                 outs = [self.const(r, name=node_name, dtype=dt) for r, (dt, _) in zip(results, out_types)]
                 return outs if nout > 1 or len(outs) > 1 else outs[0]
         if any(v.is_shape_const for v in inputs):
-            from kiln.ir.shape_fold import materialize_inputs
-
             inputs = materialize_inputs(self, op, inputs)
         outs = [Value(self.fresh(f"{node_name}:{i}" if len(out_types) > 1 else node_name), dt, tuple(sh))
                 for i, (dt, sh) in enumerate(out_types)]

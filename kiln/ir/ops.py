@@ -15,44 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kiln.arith import symbolic
 from kiln.errors import ShapeError
 from kiln.ir import dtypes
-
-Type = tuple[str, tuple[int, ...]]
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """Shape rule and reference semantics of one primitive op."""
-
-    name: str
-    kind: str
-    infer: Callable[[list[Type], dict[str, Any]], list[Type]]
-    evaluate: Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]
-
-
-_SPECS: dict[str, OpSpec] = {}
-
-
-def get(name: str) -> OpSpec:
-    """The spec of primitive ``name`` (KeyError if there is none)."""
-    return _SPECS[name]
-
-
-def kind(name: str) -> str:
-    """The kind of primitive ``name`` (``elementwise``, ``binary``, ``reduce``, ...)."""
-    return _SPECS[name].kind
-
-
-def register(name: str, kind: str, infer, evaluate) -> None:
-    """Add primitive ``name`` of ``kind`` with its shape rule ``infer`` and numpy semantics ``evaluate``."""
-    _SPECS[name] = OpSpec(name, kind, infer, evaluate)
-
+from kiln.ir.registry import OpSpec, Type, broadcast_shapes, get, is_symbolic, kind, register  # noqa: F401  (re-exported)
 
 # ----------------------------------------------------------------------------- elementwise
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -185,23 +155,6 @@ def _unary_eval(name):
     return evaluate
 
 
-def _symbolic(*shapes) -> bool:
-    return any(not isinstance(d, (int, np.integer)) for s in shapes for d in s)
-
-
-def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    """Numpy/ONNX multidirectional broadcast of ``shapes`` (raises ShapeError if they do not fit); run-time
-    dims broadcast only against 1 or an equal dim (:func:`kiln.te.symbolic.broadcast_shapes`)."""
-    if _symbolic(*shapes):
-        from kiln.te import symbolic
-
-        return symbolic.broadcast_shapes(*shapes)
-    try:
-        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
-    except ValueError:
-        raise ShapeError(f"shapes {' and '.join(str(list(s)) for s in shapes)} do not broadcast") from None
-
-
 def _binary_infer(name):
     def infer(ts, a):
         (da, sa), (db, sb) = ts
@@ -257,9 +210,7 @@ def _conv_infer(ts, a):
     pads = a["pads"]
     out = [conv_out_dim(sx[2 + i], sw[2 + i], a["strides"][i], a["dilations"][i], pads[i], pads[nsp + i])
            for i in range(nsp)]
-    if _symbolic(out):  # a run-time spatial size: every value in bounds must give a non-empty output
-        from kiln.te import symbolic
-
+    if is_symbolic(out):  # a run-time spatial size: every value in bounds must give a non-empty output
         out = list(symbolic.shape(out))
         if min(symbolic.bounds(d)[0] for d in out) < 1:
             raise ShapeError(f"Conv: output spatial shape {symbolic.format_shape(out)} is empty for some run-time "
@@ -334,9 +285,7 @@ for _n in REDUCE:
 def _reshape_infer(ts, a):
     (dt, sh), = ts
     new = tuple(a["shape"])
-    if _symbolic(new, sh):
-        from kiln.te import symbolic
-
+    if is_symbolic(new, sh):
         new = symbolic.shape(new)
         if symbolic.prod(new) != symbolic.prod(sh):
             raise ShapeError(f"Reshape: cannot reshape {symbolic.format_shape(sh)} to {symbolic.format_shape(new)}")
@@ -364,9 +313,7 @@ def _concat_infer(ts, a):
         if d != dt or len(s) != len(sh0) or any(x != y for i, (x, y) in enumerate(zip(s, sh0)) if i != ax):
             raise ShapeError(f"Concat: inputs {[list(t[1]) for t in ts]} do not fit along axis {ax}")
     out = tuple(sum(t[1][ax] for t in ts) if i == ax else d for i, d in enumerate(sh0))
-    if _symbolic(out):
-        from kiln.te import symbolic
-
+    if is_symbolic(out):
         out = symbolic.shape(out)
     return [(dt, out)]
 
@@ -387,9 +334,6 @@ def pool_out_dim(size: int, k: int, stride: int, dilation: int, pad_begin: int, 
     """
     span = size + pad_begin + pad_end - ((k - 1) * dilation + 1)
     if not isinstance(size, (int, np.integer)):
-        from kiln.te import symbolic
-        from kiln.te.expr import call, const
-
         if not ceil_mode:
             return symbolic.simplify(span // stride + 1)
         if pad_end >= (k - 1) * dilation + 1:
@@ -409,9 +353,7 @@ def _pool_infer(ts, a):
     nsp = len(sh) - 2
     k, s, d, p = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     out = [pool_out_dim(sh[2 + i], k[i], s[i], d[i], p[i], p[nsp + i], a["ceil_mode"]) for i in range(nsp)]
-    if _symbolic(out):
-        from kiln.te import symbolic
-
+    if is_symbolic(out):
         if nsp < 1 or min(symbolic.bounds(d)[0] for d in out) < 1:
             raise ShapeError(f"pooling window {list(k)} does not fit input {symbolic.format_shape(sh)} for every "
                              "run-time dim in bounds")
@@ -461,6 +403,7 @@ register("MaxPool", "pool", _pool_infer, _maxpool_eval)
 register("AveragePool", "pool", _pool_infer, _avgpool_eval)
 
 
+from kiln.arith.expr import call, const
 from kiln.ir import (
     ops_control,  # noqa: F401  (registers If and Loop with run-time conditions)
     ops_data,  # noqa: F401  (registers the indexing and data-movement primitives)

@@ -1,6 +1,6 @@
 """Control-flow primitives of the graph IR: ``If`` and ``Loop`` with conditions known only at run time.
 
-Registered into :mod:`kiln.ir.ops` (importing that module imports this one); their kind is ``control``.
+Registered into :mod:`kiln.ir.registry` (importing that module imports this one); their kind is ``control``.
 Each holds its branches or body as closed sub-graphs (:class:`~kiln.ir.graph.Graph`): a sub-graph reads
 nothing from the enclosing graph except constants and its own inputs, and the node lists the outer values
 it captures as its own inputs, so every pass sees the data flow (ONNX semantics: onnx.ai Operators, If
@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.errors import KilnError, ShapeError
-from kiln.ir import dtypes
-from kiln.ir.ops import register
+from kiln.ir import dtypes, interp
+from kiln.ir.registry import register
 
 
 def _types(graph) -> list[tuple[str, tuple[int, ...]]]:
@@ -33,8 +33,6 @@ def _types(graph) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def _run(graph, args: list[np.ndarray]) -> list[np.ndarray]:
-    from kiln.ir import interp
-
     feeds = {v.name: a for v, a in zip(graph.inputs, args)}
     out = interp.run(graph, feeds)
     return [np.asarray(out[v.name]) for v in graph.outputs]

@@ -1,6 +1,6 @@
 """Primitive ops of indexing and data movement: their shape rules and numpy semantics.
 
-Registered into :mod:`kiln.ir.ops` (importing that module imports this one). Attributes are
+Registered into :mod:`kiln.ir.registry` (importing that module imports this one). Attributes are
 normalised by the frontend: axes are non-negative, one entry per input dim where a list
 is per-dim (``Slice``'s ``starts``/``ends``/``steps``, ``Pad``'s ``pads``).
 
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.arith import symbolic
+from kiln.arith.expr import call, const
 from kiln.errors import ShapeError
-from kiln.ir.ops import broadcast_shapes, register
+from kiln.ir.registry import broadcast_shapes, register
 
 
 # ----------------------------------------------------------------------------- Gather, GatherElements
@@ -53,9 +55,6 @@ register("GatherElements", "gather", _gather_elements_infer, _gather_elements_ev
 def slice_len(start: int, end: int, step: int) -> int:
     """Elements of ``range(start, end, step)`` (``start``/``end`` already clamped; size expressions allowed)."""
     if not isinstance(start, (int, np.integer)) or not isinstance(end, (int, np.integer)):
-        from kiln.te import symbolic
-        from kiln.te.expr import call, const
-
         span = (end - start) if step > 0 else (start - end)
         n = symbolic.ceil_div(symbolic.simplify(call("max", span + const(0, "int32"), const(0, "int32"))), abs(step))
         return symbolic.simplify(n)
@@ -104,8 +103,6 @@ def _pad_infer(ts, a):
     p = a["pads"]
     out = tuple(d + p[i] + p[n + i] for i, d in enumerate(sh))
     if not all(isinstance(d, (int, np.integer)) for d in out):  # run-time dims: the smallest value decides
-        from kiln.te import symbolic
-
         out = symbolic.shape(out)
         if a["mode"] not in _PAD_MODES or min(symbolic.bounds(d)[0] for d in out) < 0:
             raise ShapeError(f"Pad: mode {a['mode']!r} and pads {list(p)} do not fit input {symbolic.format_shape(sh)} "

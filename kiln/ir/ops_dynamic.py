@@ -9,7 +9,7 @@ semantics need the run-time dims, so the interpreter refuses them (KilnError).
 from __future__ import annotations
 
 from kiln.errors import KilnError
-from kiln.ir.ops import register
+from kiln.ir.registry import register
 
 
 def _needs_dims(name):

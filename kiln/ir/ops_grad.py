@@ -1,6 +1,6 @@
 """Gradient primitives: ops that only reverse-mode autodiff (:mod:`kiln.passes.autodiff`) emits.
 
-Registered into :mod:`kiln.ir.ops` (importing that module imports this one), with shape rules and
+Registered into :mod:`kiln.ir.registry` (importing that module imports this one), with shape rules and
 numpy semantics like every primitive; their tensor expressions are in :mod:`kiln.kernels.grad`.
 
 - ``ConvWeightGrad(x, g)``: the gradient of ``Conv(x, w)`` with respect to ``w`` for an upstream
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.errors import ShapeError
-from kiln.ir.ops import register
+from kiln.ir.registry import register
 
 
 def _windows(x: np.ndarray, kernel, strides, dilations, pads, out_sp, fill: float = 0.0) -> np.ndarray:

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from kiln.arith import symbolic
 from kiln.errors import ShapeError
-from kiln.ir.ops import register
+from kiln.ir.registry import register
 
 #: ONNX Resize-19 coordinate_transformation_mode values Kiln implements
 COORD_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric")
@@ -161,8 +162,6 @@ def _resize_infer(ts, a):
 
 def resized_axes(shape, a) -> list[int]:
     """The axes Resize actually resamples (the others are copied); a scale of None is computed at run time."""
-    from kiln.te import symbolic
-
     return [d for d in range(len(shape)) if symbolic.simplify(a["sizes"][d]) != symbolic.simplify(shape[d])
             or a["scales"][d] != 1.0]
 
@@ -204,8 +203,6 @@ def _convt_infer(ts, a):
     p, s, d, op = a["pads"], a["strides"], a["dilations"], a["output_padding"]
     out = [conv_transpose_out_dim(sx[2 + i], sw[2 + i], s[i], d[i], p[i], p[nsp + i], op[i]) for i in range(nsp)]
     if any(not _is_number(v) for v in out):  # run-time dims
-        from kiln.te import symbolic
-
         out = [symbolic.simplify(v) for v in out]
         if min(symbolic.bounds(v)[0] for v in out) < 1:
             raise ShapeError(f"ConvTranspose: output spatial shape {symbolic.format_shape(out)} is empty for some "

@@ -10,8 +10,8 @@ Example::
 
 from __future__ import annotations
 
+from kiln.arith.symbolic import format_shape
 from kiln.ir.graph import Graph, Value
-from kiln.te.symbolic import format_shape
 
 
 def _ref(v: Value) -> str:

@@ -1,7 +1,7 @@
 """Constant folding of shape computations over run-time dims.
 
 ``Shape`` of a tensor with a run-time dim is a constant *object array* whose elements are ints and
-size expressions (:mod:`kiln.te.symbolic`). The ops a model applies to shapes (``Gather``,
+size expressions (:mod:`kiln.arith.symbolic`). The ops a model applies to shapes (``Gather``,
 ``Unsqueeze``, ``Concat``, ``Slice``, ``Cast`` to an integer type, integer ``Add``/``Sub``/``Mul``/``Div``,
 comparisons decided by the dims' bounds, ``Where``) fold here into new object arrays, so a
 ``Reshape`` or ``Expand`` later receives a symbolic target shape. What cannot fold (a comparison only
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from kiln.arith import symbolic
+from kiln.arith.expr import Expr, call, const
 from kiln.errors import KilnError
 from kiln.ir import ops
-from kiln.te import symbolic
-from kiln.te.expr import Expr, call
 
 _ARITH = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
           "Max": lambda a, b: call("max", _e(a), _e(b)), "Min": lambda a, b: call("min", _e(a), _e(b))}
@@ -27,8 +27,6 @@ _INT = {"int64", "int32", "int16", "int8", "uint8", "uint16"}
 
 
 def _e(x) -> Expr:
-    from kiln.te.expr import const
-
     return x if isinstance(x, Expr) else const(int(x), "int32")
 
 

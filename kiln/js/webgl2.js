@@ -248,7 +248,7 @@ export class WebGL2Backend {
     const {gl} = this;
     const t = this.spec.textures[index];
     const {format, type} = FORMATS[t.format];
-    const width = Math.min(data.length, t.width);  // the tensor's own row width (see kiln/codegen/glsl.py)
+    const width = Math.min(data.length, t.width);  // the tensor's own row width (see kiln/codegen/webgl2/glsl.py)
     if (!width) return;
     const rows = Math.floor(data.length / width);
     const rest = data.length - rows * width;

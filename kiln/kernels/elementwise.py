@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kiln.arith.expr import Const, Expr, binop, call, cast, const, select
 from kiln.ir import dtypes
+from kiln.kernels.narrow import isnan, round_narrow
+from kiln.kernels.storage import wrap
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Const, Expr, binop, call, cast, const, select
 
 #: an operand: a tensor read with broadcasting, or a scalar literal baked into the kernel
 Operand = Tensor | float | int
@@ -89,12 +91,8 @@ def unary_expr(op: str, x: Expr, attrs: dict[str, Any]) -> Expr:
     if op == "Cast":
         to = attrs["to"]
         if to in dtypes.NARROW_FLOATS:
-            from kiln.kernels.narrow import round_narrow
-
             return round_narrow(cast(x, "float32"), to, bool(attrs.get("saturate", 0)), attrs.get("round_mode", "up"))
         if to in dtypes.NARROW_INTS:
-            from kiln.kernels.storage import wrap
-
             return wrap(cast(x, "int32"), to)
         return cast(x, dtypes.expr_dtype(to))
     if op in _SPECIAL:
@@ -113,11 +111,6 @@ def softplus(x: Expr) -> Expr:
     u = call("exp", -call("abs", x))
     log1p = select(binop("<", u, 0.01), u * (1.0 - u * (0.5 - u * (1 / 3))), call("log", 1.0 + u))
     return call("max", x, 0.0) + log1p
-
-
-def isnan(x: Expr) -> Expr:
-    """True for NaN, from the bits (``x != x`` may be folded away by shader compilers that assume no NaNs)."""
-    return binop(">", binop("&", call("bitcast_i32", x), 0x7FFFFFFF), 0x7F800000)
 
 
 def expm1_neg(x: Expr, alpha) -> Expr:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kiln.arith.expr import Expr, binop, const, reduce, reduce_axis, select
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, const, reduce, reduce_axis, select
 
 
 def conv_weight_grad(x: Tensor, g: Tensor, attrs: dict[str, Any], name: str = "conv_weight_grad") -> Tensor:

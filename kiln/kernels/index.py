@@ -4,9 +4,10 @@ Pad, Trilu, ArgMax/ArgMin, CumSum, CumProd, OneHot, ScatterElements, ScatterND, 
 
 from __future__ import annotations
 
+from kiln.arith.expr import Expr, binop, call, cast, const, highest, lowest, reduce, reduce_axis, select
 from kiln.kernels.elementwise import bcast_load
+from kiln.kernels.layout import ravel
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, call, cast, const, highest, lowest, reduce, reduce_axis, select
 
 
 def _wrap_index(i: Expr, dim: int) -> Expr:
@@ -257,8 +258,6 @@ def topk_indices(x: Tensor, axis: int, k: int, largest: int, out_shape, name: st
 def sym_const(values, shape, dtype: str, name: str = "sym_const") -> Tensor:
     """A small tensor of size expressions (``SymConst``): element ``k`` (row-major) is ``values[k]``, read from
     the dims uniform at run time."""
-    from kiln.kernels.layout import ravel
-
     def body(*o):
         flat = ravel(o, shape)
         val = cast(values[-1] if isinstance(values[-1], Expr) else const(values[-1], "int32"), dtype)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kiln.arith.expr import Expr, binop, select
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, select
 
 
 def ravel(idx, shape) -> Expr:

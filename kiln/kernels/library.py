@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.ir import ops
+from kiln.ir import dtypes, ops
 from kiln.kernels import elementwise, grad, index, layout, nn, resample
 from kiln.kernels.elementwise import Operand
 from kiln.te.compute import Tensor
@@ -65,8 +65,6 @@ def build(op: str, inputs: list[Operand], attrs: dict[str, Any], out_shape: tupl
 
 
 def _expr_dtype(dtype: str) -> str:
-    from kiln.ir import dtypes
-
     return dtypes.expr_dtype(dtype)
 
 

@@ -21,8 +21,13 @@ upper 16 (ties to even), overflowing to infinity, NaN kept.
 
 from __future__ import annotations
 
-from kiln.kernels.elementwise import isnan
-from kiln.te.expr import Expr, binop, call, const, select
+from kiln.arith.expr import Expr, binop, call, const, select
+
+
+def isnan(x: Expr) -> Expr:
+    """True for NaN, from the bits (``x != x`` may be folded away by shader compilers that assume no NaNs)."""
+    return binop(">", binop("&", call("bitcast_i32", x), 0x7FFFFFFF), 0x7F800000)
+
 
 #: dtype -> (mantissa bits, exponent of the smallest normal, largest finite value, what overflow gives)
 FORMATS: dict[str, tuple[int, int, float, str]] = {

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kiln.arith.expr import Expr, binop, call, cast, const, highest, lowest, reduce, reduce_axis, select
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, call, cast, const, highest, lowest, reduce, reduce_axis, select
 
 
 def conv(x: Tensor, w: Tensor, strides, dilations, pads, group: int, out_shape: tuple[int, ...],

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.arith.expr import Expr, binop, call, cast, const, reduce, reduce_axis, select
 from kiln.ir.ops_resample import MathOps, grid_coord, grid_taps, resize_taps, resized_axes
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, call, cast, const, reduce, reduce_axis, select
 
 #: the sampling math of :func:`kiln.ir.ops_resample.resize_taps` over expressions
 EXPR_OPS = MathOps(

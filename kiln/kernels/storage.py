@@ -16,12 +16,12 @@ written through a cast to f16; :func:`kiln.te.half.demote` then moves arithmetic
 
 from __future__ import annotations
 
+from kiln.arith.expr import Expr, binop, call, cast
 from kiln.errors import KilnError
 from kiln.ir import dtypes
 from kiln.kernels.narrow import is_narrow_float, round_narrow
 from kiln.package.format import STORAGE
 from kiln.te.compute import Tensor, compute
-from kiln.te.expr import Expr, binop, call, cast
 
 _INT32 = (-(2**31), 2**31 - 1)
 

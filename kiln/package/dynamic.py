@@ -1,6 +1,6 @@
 """Manifest fields of packages with run-time dims (format 1.4, docs/package-format.md, docs/dynamic-shapes.md).
 
-Size expressions are written in :func:`kiln.te.symbolic.to_json`'s form (an int, a dim name, or
+Size expressions are written in :func:`kiln.arith.symbolic.to_json`'s form (an int, a dim name, or
 ``[op, a, b]`` with ``op`` in ``+ - * // % max min``), which the runtimes evaluate with a small
 interpreter (no ``eval`` of source text).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.te import symbolic
+from kiln.arith import symbolic
 
 
 def dims_section(graph) -> list[dict[str, Any]]:

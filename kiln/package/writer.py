@@ -18,9 +18,13 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from kiln import __version__
 from kiln.errors import KilnError, PackageError
+from kiln.ir.printer import format_graph
+from kiln.package import dynamic
+from kiln.package.dynamic import io_fields
 from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, sha256_file, to_storage
+from kiln.package.training import io_lists, param_weights, training_manifest
+from kiln.version import __version__
 
 #: weights are split into files of at most this many bytes (browsers and WebGPU limit single buffers)
 SHARD_BYTES = 256 * 1024 * 1024
@@ -55,24 +59,8 @@ def check_destination(out: str | os.PathLike, force: bool) -> None:
 
 
 def _io(v, buffer: int) -> dict[str, Any]:
-    from kiln.package.dynamic import io_fields
-
     return {"name": v.name, "dtype": v.dtype, "storage": STORAGE.get(v.dtype, v.dtype), "shape": list(v.shape),
             "symbolic_shape": list(v.sym_shape) if v.sym_shape else list(v.shape), "buffer": buffer, **io_fields(v)}
-
-
-def needed_limits(compiled) -> dict[str, int]:
-    """The WebGPU limits (spec names) the package's plan actually uses: a runtime asks the device for these."""
-    kernels, steps = compiled.kernels, compiled.steps
-    biggest = max((b.nbytes for b in compiled.plan.buffers), default=4)
-    return {
-        "maxStorageBuffersPerShaderStage": max((len(k.access) for k in kernels), default=1),
-        "maxStorageBufferBindingSize": biggest,
-        "maxBufferSize": biggest,
-        "maxComputeWorkgroupsPerDimension": max((max(s.dispatch) for s in steps), default=1),
-        "maxComputeInvocationsPerWorkgroup": max((k.workgroup_size for k in kernels), default=1),
-        "maxComputeWorkgroupSizeX": max((k.workgroup_size for k in kernels), default=1),
-    }
 
 
 def detect_preset(inputs, outputs) -> str:
@@ -86,7 +74,16 @@ def detect_preset(inputs, outputs) -> str:
 
 def write_package(compiled, out: str | os.PathLike, *, force: bool = False, preset: str = "auto",
                   labels: str | os.PathLike | None = None, source: str = "") -> Path:
-    """Write ``compiled`` (a :class:`kiln.compiler.Compiled`) to directory ``out``; returns its path."""
+    """Write ``compiled`` (a :class:`kiln.compiler.Compiled`: the program and each target's build) to directory
+    ``out``; returns its path.
+
+    The writer knows no target: each build brings its manifest section and files (:class:`kiln.codegen.target.
+    TargetBuild`); the writer adds the weights, buffers, inputs/outputs, presets and the browser runtime.
+
+    Raises:
+        PackageError: ``out`` exists and is not replaceable (see :func:`check_destination`).
+        KilnError: a constant that does not fit its storage type.
+    """
     out = Path(out)
     check_destination(out, force)
     graph, plan = compiled.graph, compiled.plan
@@ -105,8 +102,6 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                         if id(v) in plan.half:
                             half.add(plan.of[id(v)])
         if compiled.training is not None:
-            from kiln.package.training import param_weights
-
             values.update(param_weights(compiled))
         files: list[dict[str, Any]] = []
         shard: dict[str, np.ndarray] = {}
@@ -146,37 +141,15 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             buffers.append(entry)
         training = None
         if compiled.training is not None:
-            from kiln.package.training import training_manifest
-
             training = training_manifest(compiled, buffers)
-        from kiln.package.training import io_lists
-
         model_inputs, model_outputs = io_lists(compiled)
-        kernels = []
-        for k in compiled.kernels:
-            path = f"kernels/{k.name}.wgsl"
-            (tmp / path).write_text(k.source)
-            kernels.append({"name": k.name, "source": path, "entry_point": "main",
-                            "workgroup_size": [k.workgroup_size, 1, 1],
-                            "bindings": [{"binding": i, "access": a} for i, a in enumerate(k.access)],
-                            "ops": k.ops, "schedule": k.schedule, **({"dims_binding": len(k.access)} if k.dims else {}),
-                            **({"tuned": True, "tuning": k.tuning} if k.tuning else {})})
-        from kiln.package import dynamic
-
-        plan_steps = [{"kernel": s.kernel, "dispatch": list(s.dispatch), "buffers": s.buffers, "node": s.name,
-                       **dynamic.step_fields(s)} for s in compiled.steps]
-        if getattr(compiled, "control_plan", None) is not None:  # run-time If/Loop: nested steps (format 1.4)
-            plan_steps = compiled.control_plan
-        train_steps = None
-        if compiled.infer_steps is not None:
-            train_steps, plan_steps = plan_steps, [plan_steps[i] for i in compiled.infer_steps]
         manifest: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
             "generator": f"kiln {__version__}",
             "name": graph.name,
             "source": source,
-            "precision": getattr(compiled, "precision", "fp32"),
+            "precision": compiled.program.precision,
             "dims": graph.dims,
             **({"dynamic_dims": dynamic.dims_section(graph)} if graph.size_vars else {}),
             "inputs": [_io(v, plan.of[id(v)]) for v in model_inputs],
@@ -194,24 +167,15 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "weights": {"files": files},
             "targets": {},
         }
-        if "webgpu" in compiled.targets:
-            manifest["targets"]["webgpu"] = {
-                "features": list(compiled.target.features),
-                "device_class": compiled.device_class,
-                "limits": needed_limits(compiled),
-                "kernels": kernels,
-                "plan": plan_steps,
-                **({"dims_uniform": dynamic.uniform_section(graph)} if graph.size_vars else {}),
-                **({"train_plan": train_steps} if train_steps is not None else {}),
-            }
-        if compiled.webgl2 is not None:
-            for path, text in compiled.webgl2.files().items():
-                (tmp / path).write_text(text)
-            manifest["targets"]["webgl2"] = compiled.webgl2.manifest()
-        if compiled.wasm is not None:
-            from kiln.package.wasm import write_wasm_target
-
-            manifest["targets"]["wasm"] = write_wasm_target(compiled.wasm, tmp)
+        for name, build in compiled.builds.items():  # each target's section and files (kernels, modules)
+            for path, data in build.files.items():
+                dest = tmp / path
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(data, bytes):
+                    dest.write_bytes(data)
+                else:
+                    dest.write_text(data)
+            manifest["targets"][name] = build.section
         chosen = detect_preset(model_inputs, model_outputs) if preset == "auto" else preset
         if chosen == "imagenet":
             pre = json.loads(json.dumps(IMAGENET))
@@ -225,8 +189,6 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             manifest["postprocess"] = {"type": "classification", "output": model_outputs[0].name,
                                        "softmax": True, "labels": "labels.txt"}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        from kiln.ir.printer import format_graph
-
         (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
         js = resources.files("kiln") / "js"
         for name in RUNTIME_FILES + (TRAINING_FILES if training is not None else ()):

@@ -89,7 +89,7 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
         if id(node) in assigned:
             continue
         assigned.add(id(node))
-        if ops.kind(node.op) == "control":  # If/Loop: a step of its own, never fused (kiln.compile_control)
+        if ops.kind(node.op) == "control":  # If/Loop: a step of its own, never fused (kiln.codegen.webgpu.control)
             groups.append((position[id(node)], Group([node], list(dict.fromkeys(node.inputs)))))
             continue
         if ops.kind(node.op) == "view":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kiln.ir import ops
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
 from kiln.passes.simplify import const_fold, dead_code, fold_scale, remove_identities
@@ -35,4 +36,22 @@ def optimize(graph: Graph, passes: list[tuple[str, Pass]] | None = None, max_rou
                 changed = True
         if not changed:
             break
+    return fired
+
+
+def has_control(graph: Graph) -> bool:
+    """Whether ``graph`` holds an If or Loop node whose condition is known only at run time
+    (docs/control-flow.md)."""
+    return any(ops.kind(n.op) == "control" for n in graph.nodes)
+
+
+def optimize_nested(graph: Graph) -> list[str]:
+    """Verify and :func:`optimize` ``graph`` and every sub-graph of its If/Loop nodes (each level on its own);
+    returns the names of the passes that fired."""
+    verify(graph)
+    fired = optimize(graph)
+    for n in graph.nodes:
+        for v in n.attrs.values():
+            if isinstance(v, Graph):
+                fired += optimize_nested(v)
     return fired

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln.arith import symbolic
 from kiln.ir import dtypes, ops
 from kiln.ir.graph import Graph, Node, Value
+from kiln.package.format import STORAGE
 from kiln.passes.fusion import Group
 
 
@@ -25,11 +27,9 @@ def needs_buffer(node: Node, v: Value) -> bool:
 
 def max_size(v: Value) -> int:
     """Elements of ``v``; for a shape with run-time dims, the most for any dims in bounds
-    (:func:`kiln.te.symbolic.upper`)."""
+    (:func:`kiln.arith.symbolic.upper`)."""
     size = v.size
     if not isinstance(size, int):
-        from kiln.te import symbolic
-
         size = symbolic.upper(size)
     return size
 
@@ -37,7 +37,7 @@ def max_size(v: Value) -> int:
 def storage_bytes(v: Value) -> int:
     """Bytes ``v`` takes in a WebGPU buffer (its dtype's storage element type, see ``package.format.STORAGE``);
     for a shape with run-time dims, the most it takes for any dims in bounds (:func:`max_size`)."""
-    return max_size(v) * dtypes.storage_itemsize(v.dtype)
+    return max_size(v) * dtypes.itemsize(STORAGE.get(v.dtype, v.dtype))
 
 
 def fits_half(a) -> bool:
@@ -91,8 +91,6 @@ class MemoryPlan:
     def storage(self, v: Value) -> str:
         """The element type ``v``'s buffer holds: ``float16`` for an f16-stored value, else its
         dtype's (``package.format.STORAGE``)."""
-        from kiln.package.format import STORAGE
-
         return "float16" if id(v) in self.half else STORAGE.get(v.dtype, v.dtype)
 
     def bytes(self, kind: str) -> int:

@@ -4,7 +4,7 @@
 value must lie within the dim's bounds); :func:`dims_words` packs the values into the dims uniform;
 :func:`dispatches` evaluates every step's workgroup count (the manifest's size expressions) and
 :func:`output_shapes` the outputs' shapes. The runtime never imports the compiler: expressions are
-evaluated by :func:`kiln.te.symbolic.eval_json`'s small interpreter, which depends on nothing else.
+evaluated by :func:`kiln.arith.symbolic.eval_json`'s small interpreter, which depends on nothing else.
 """
 
 from __future__ import annotations

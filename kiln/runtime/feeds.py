@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import ShapeError
+from kiln.package.format import numpy_dtype, to_storage
 
 
 def check_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tuple[dict[str, Any], np.ndarray]]:
@@ -32,8 +33,6 @@ def check_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tupl
         if spec["name"] not in feeds:
             raise ShapeError(f"missing input {spec['name']!r} ({spec['dtype']}{spec['shape']})")
         a = np.asarray(feeds[spec["name"]])
-        from kiln.package.format import numpy_dtype
-
         if a.dtype != numpy_dtype(spec["dtype"]):
             raise ShapeError(f"input {spec['name']!r}: expected dtype {spec['dtype']}, got {a.dtype}")
         if "dynamic_shape" in spec:  # run-time dims: the runtime binds and checks them (kiln.runtime.dynamic)
@@ -54,7 +53,5 @@ def storage_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tu
     Raises:
         ShapeError: as :func:`check_feeds`, or an int64 value outside int32's range.
     """
-    from kiln.package.format import to_storage
-
     return [(spec, np.ascontiguousarray(to_storage(a, spec["dtype"], f"input {spec['name']!r}")))
             for spec, a in check_feeds(specs, feeds)]

@@ -24,6 +24,7 @@ import numpy as np
 from kiln.errors import DeviceError, KilnError, PackageError, ShapeError
 from kiln.package.format import DEFAULT_LIMITS, STORAGE, from_storage, read_manifest, read_weights, verify_weights
 from kiln.runtime import dynamic, gpu
+from kiln.runtime.control import ControlPlan, is_control_plan
 from kiln.runtime.feeds import storage_feeds
 from kiln.runtime.gpu import GPUTensor, shared_device, synchronize, to_gpu
 from kiln.runtime.pipelines import KernelSpec, pipeline_cache
@@ -172,8 +173,6 @@ class Session(TrainingMixin):
         self.dims_buffer = dev.create_buffer(size=tgt["dims_uniform"]["bytes"], label="kiln_dims",
                                              usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST) \
             if self._dyn else None
-        from kiln.runtime.control import ControlPlan, is_control_plan
-
         #: runs plans with run-time If/Loop (format 1.4); None for a flat plan
         self.control = ControlPlan(self, tgt["plan"]) if is_control_plan(tgt["plan"]) else None
         plan = self.control.kernel_steps if self.control is not None else tgt["plan"]

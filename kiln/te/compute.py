@@ -13,7 +13,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kiln.te.expr import Expr, Load, Var, as_expr, transform
+from kiln.arith.expr import Expr, Load, Var, as_expr, transform
+from kiln.arith.symbolic import simplify
 
 _ids = itertools.count()
 
@@ -50,8 +51,6 @@ class Tensor:
         for d in self.shape:
             n *= d
         if isinstance(n, Expr):
-            from kiln.te.symbolic import simplify
-
             return simplify(n)
         return n
 
@@ -67,7 +66,7 @@ class Tensor:
 
 
 def _dims(shape) -> tuple:
-    """Dims as ints, or size expressions of run-time dims (:mod:`kiln.te.symbolic`)."""
+    """Dims as ints, or size expressions of run-time dims (:mod:`kiln.arith.symbolic`)."""
     return tuple(d if isinstance(d, Expr) else int(d) for d in shape)
 
 

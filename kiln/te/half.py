@@ -35,8 +35,8 @@ import math
 
 import numpy as np
 
+from kiln.arith.expr import Bin, Call, Cast, Const, Expr, Load, Reduce, Select, binop, call, cast, const, select
 from kiln.te.compute import Tensor
-from kiln.te.expr import Bin, Call, Cast, Const, Expr, Load, Reduce, Select, binop, call, cast, const, select
 
 #: binary ops computed in f16 when their operands are f16 ("/" stays f32: range)
 HALF_BINOPS = {"+", "-", "*", "<", "<=", ">", ">=", "==", "!="}

@@ -2,13 +2,13 @@
 
 The kernel IR is target-neutral: a list of statements run by each invocation,
 over flat buffer parameters. Each target's codegen renders it (WGSL in
-:mod:`kiln.codegen.wgsl`). Lowering
+:mod:`kiln.codegen.webgpu.wgsl`). Lowering
 
 1. gives each invocation one flat output index ``gid`` and unravels it into the output axes,
-2. hoists every :class:`~kiln.te.expr.Reduce` into an accumulator and nested loops (equal
+2. hoists every :class:`~kiln.arith.expr.Reduce` into an accumulator and nested loops (equal
    reductions are computed once),
 3. turns multi-dimensional loads into flat buffer loads, guarding the loads inside the
-   taken branch of a :class:`~kiln.te.expr.Select` (for example a padded convolution's
+   taken branch of a :class:`~kiln.arith.expr.Select` (for example a padded convolution's
    border) so they never read out of bounds.
 """
 
@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass, field
 
-from kiln.te.compute import Tensor, placeholders
-from kiln.te.expr import (
-    FLOATS,
+from kiln.arith.expr import (
     Bin,
     Call,
     Cast,
@@ -29,210 +26,39 @@ from kiln.te.expr import (
     Load,
     Reduce,
     Select,
-    SizeVar,
     Var,
     binop,
     call,
     cast,
     const,
-    highest,
     linear,
-    lowest,
     select,
     substitute,
     transform,
 )
+from kiln.arith.symbolic import ceil_div, is_symbolic, simplify
+from kiln.te.compute import Tensor, placeholders
+from kiln.te.loops import (
+    Assign,
+    BufLoad,
+    Decl,
+    For,
+    If,
+    Let,
+    LoweredKernel,
+    Param,
+    Store,
+    accumulator_init,
+    combine,
+    combine_lanes,
+    lane_loop,
+    prod,
+    ravel,
+    unravel,
+)
+from kiln.te.rows import analyse_rows, lower_rows
 from kiln.te.schedule import Schedule
-from kiln.te.symbolic import ceil_div, is_symbolic, simplify
-
-
-@dataclass(frozen=True, eq=True)
-class BufLoad(Expr):
-    """Element ``index`` of flat buffer parameter ``buf``; ``guard`` clamps the index into ``[0, size)``."""
-
-    buf: str
-    index: Expr
-    size: int
-    guard: bool
-    dtype: str
-
-
-@dataclass(frozen=True, eq=True)
-class VecLoad(Expr):
-    """Vector ``index`` (``width`` consecutive elements from ``index * width``) of workgroup array
-    ``buf``, declared as an array of ``width``-vectors (see ``LoweredKernel.vectors``); ``dtype`` is the element type."""
-
-    buf: str
-    index: Expr
-    width: int
-    dtype: str
-
-
-@dataclass(frozen=True, eq=True)
-class Lane(Expr):
-    """Component ``lane`` of vector expression ``x`` (a :class:`VecLoad` or a variable bound to one)."""
-
-    x: Expr
-    lane: int
-    dtype: str
-
-
-@dataclass(frozen=True, eq=True)
-class Vec(Expr):
-    """A vector of ``items`` (each of element type ``dtype``), stored whole by a :class:`Store` to an
-    array of vectors (``LoweredKernel.vectors``), whose index then counts vectors."""
-
-    items: tuple
-    dtype: str
-
-
-@dataclass
-class Let:
-    """An immutable local: ``let name = value``."""
-
-    var: Var
-    value: Expr
-
-
-@dataclass
-class Decl:
-    """A mutable local with an initial value."""
-
-    var: Var
-    value: Expr
-
-
-@dataclass
-class Assign:
-    """``var = value``."""
-
-    var: Var
-    value: Expr
-
-
-@dataclass
-class For:
-    """``for var in [0, extent)``."""
-
-    var: Var
-    extent: int
-    body: list = field(default_factory=list)
-
-
-@dataclass
-class Barrier:
-    """``workgroupBarrier()``: every invocation of the workgroup reaches it before any passes
-    (WGSL §17.11); only emitted at the top level of a kernel body (uniform control flow)."""
-
-
-@dataclass
-class If:
-    """``if (cond) { body }``."""
-
-    cond: Expr
-    body: list = field(default_factory=list)
-
-
-@dataclass
-class Store:
-    """``buf[index] = value``."""
-
-    buf: str
-    index: Expr
-    value: Expr
-
-
-@dataclass(frozen=True)
-class Param:
-    """A buffer parameter of a kernel: binding position is its index in ``LoweredKernel.params``."""
-
-    name: str
-    dtype: str
-    size: int
-    access: str  # "read" or "read_write"
-
-
-@dataclass
-class LoweredKernel:
-    """A kernel ready for codegen.
-
-    Attributes:
-        name: entry-point-friendly name.
-        params: buffers in binding order (inputs first, then the output).
-        inputs: the placeholder each input param was made from (same order as ``params[:-1]``).
-        total: register tiles of the output (each one invocation, or ``reduce_lanes`` of them); under
-            shared operand tiles (``schedule.shared_k``), the invocations of the dispatch.
-        gid: the variable holding the invocation's flat tile index.
-        body: statements run when ``gid < total`` (every invocation when :attr:`cooperative`: then
-            the body binds ``gid`` itself from the builtins ``lid``, the local invocation index,
-            and ``wid``, the flat workgroup index, and guards its stores).
-        schedule: the schedule it was lowered with.
-        shared: workgroup-memory arrays, name -> (dtype, elements).
-        vectors: workgroup arrays declared as arrays of vectors, name -> width (``vector_width``):
-            read whole with :class:`VecLoad`, stored element by element (``buf[i / w][i % w]``) or
-            whole (a :class:`Vec` value); a storage buffer among them is bound as an array of vectors.
-    """
-
-    name: str
-    params: list[Param]
-    inputs: list[Tensor]
-    total: int
-    gid: Var
-    body: list
-    schedule: Schedule
-    shared: dict[str, tuple[str, int]] = field(default_factory=dict)
-    vectors: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def lanes(self) -> int:
-        """Invocations cooperating on one tile's reductions."""
-        return self.schedule.reduce_lanes
-
-    @property
-    def cooperative(self) -> bool:
-        """Whether the invocations of a workgroup cooperate through workgroup memory and barriers
-        (reduce lanes or shared operand tiles): none may return early."""
-        return self.lanes > 1 or bool(self.shared)
-
-    @property
-    def dispatch(self) -> tuple[int, int, int]:
-        """Workgroup counts of the dispatch (for run-time dims: see :attr:`groups`)."""
-        return self.schedule.dispatch(self.total * self.lanes)
-
-    @property
-    def groups(self) -> int | Expr:
-        """Workgroups of the dispatch before wrapping into y: an int, or a size expression of run-time dims."""
-        return ceil_div(simplify(self.total * self.lanes), self.schedule.workgroup_size)
-
-    @property
-    def size_vars(self) -> list:
-        """The run-time dims (:class:`~kiln.te.expr.SizeVar`) the kernel reads, by uniform index."""
-        found: dict = {}
-        seen: set[int] = set()
-
-        def walk(x):
-            if isinstance(x, (list, tuple)):
-                for a in x:
-                    walk(a)
-            elif isinstance(x, SizeVar):
-                found[x.name] = x
-            elif hasattr(x, "__dataclass_fields__") and not isinstance(x, (Var, Const, Tensor)):
-                if id(x) in seen:
-                    return
-                seen.add(id(x))
-                for f in x.__dataclass_fields__:
-                    walk(getattr(x, f))
-
-        walk(self.body)
-        walk(self.total)
-        return sorted(found.values(), key=lambda s: s.index)
-
-
-def _ravel(indices, shape) -> Expr:
-    flat: Expr = const(0, "int32")
-    for i, d in zip(indices, shape):
-        flat = flat * d + i
-    return flat
+from kiln.te.tiles import analyse, lower_shared
 
 
 def canonical(out: Tensor) -> Tensor:
@@ -254,29 +80,6 @@ def canonical(out: Tensor) -> Tensor:
 
     body = transform(out.body, rename)
     return Tensor(out.name, out.shape, out.dtype, tuple(names[a] for a in out.axes), body, out.attrs)
-
-
-def _unravel(flat_index: Expr, axes, shape, total: int) -> list:
-    """``Let`` statements binding each of ``axes`` to its coordinate in flat ``flat_index`` over ``shape``
-    (dims may be size expressions of run-time dims)."""
-    out = []
-    for k, (ax, d) in enumerate(zip(axes, shape)):
-        stride = simplify(_prod(shape[k + 1:]))
-        if not is_symbolic(d) and d == 1:
-            out.append(Let(ax, const(0, "int32")))
-            continue
-        v = flat_index // stride if not (not is_symbolic(stride) and stride == 1) else flat_index
-        if simplify(stride * d) != simplify(total):
-            v = v % d
-        out.append(Let(ax, v))
-    return out
-
-
-def _prod(dims):
-    n = 1
-    for d in dims:
-        n = n * d
-    return n
 
 
 def _reduces(e: Expr, found: dict) -> None:
@@ -315,7 +118,7 @@ def flatten(e: Expr, guarded: bool, pname: dict[int, str]) -> Expr:
     :class:`BufLoad` of parameter ``pname[id(tensor)]``; loads inside the taken branch of a
     :class:`Select` (and all loads when ``guarded``) clamp their index into the buffer."""
     if isinstance(e, Load):
-        idx = linear(_ravel([flatten(i, guarded, pname) for i in e.indices], e.tensor.shape))
+        idx = linear(ravel([flatten(i, guarded, pname) for i in e.indices], e.tensor.shape))
         size = e.tensor.size
         return BufLoad(pname[id(e.tensor)], idx, size, guarded and (is_symbolic(size) or size > 0), e.dtype)
     if isinstance(e, Bin):
@@ -350,8 +153,6 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     params.append(Param("out", out.dtype, out.size, "read_write"))
     counter = itertools.count()
     if schedule.shared_k:
-        from kiln.te.tiles import analyse, lower_shared
-
         found = analyse(out, schedule)
         if isinstance(found, str):  # not a contraction (or too large): lowered without shared tiles
             schedule = dataclasses.replace(schedule, shared_k=0, prefetch=False)
@@ -362,8 +163,6 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
                 schedule = dataclasses.replace(schedule, vector_width=1)
             return LoweredKernel(name or out.name, params, ins, total, Var("gid"), body, schedule, shared, vectors)
     if schedule.rows:
-        from kiln.te.rows import analyse_rows, lower_rows
-
         plan = analyse_rows(out)
         if isinstance(plan, str):  # not a row kernel: lowered element by element
             schedule = dataclasses.replace(schedule, rows=False, reduce_lanes=1)
@@ -378,7 +177,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
               if s.factor > 1 and (is_symbolic(out.shape[s.axis]) or out.shape[s.axis] > 1)}
     outer_shape = [ceil_div(d, splits[a].factor) if a in splits else d for a, d in enumerate(out.shape)]
     outer = [Var(f"{ax.name}o") if a in splits else ax for a, ax in enumerate(out.axes)]
-    total = simplify(_prod(outer_shape))
+    total = simplify(prod(outer_shape))
     gid = Var("gid")
     lanes = schedule.reduce_lanes
     body: list = []
@@ -388,7 +187,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         lid, wid, lane, tile = Var("lid"), Var("wid"), Var("lane"), Var("tile")
         body += [Let(lane, lid % lanes), Let(tile, wid * (schedule.workgroup_size // lanes) + lid // lanes),
                  Let(gid, call("min", tile, total - 1))]
-    body += _unravel(gid, outer, outer_shape, total)
+    body += unravel(gid, outer, outer_shape, total)
     split_accs: list[tuple[Var, str]] = []
 
     # the elements of the register tile: axis values, clamped values for loads, in-range condition
@@ -413,7 +212,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         return flatten(e, guarded, pname)
 
     def accumulate(r: Reduce, acc: Var, v: Expr) -> Expr:
-        return flat(_combine(r.op, acc, v), False)
+        return flat(combine(r.op, acc, v), False)
 
     def hoist(e: Expr, block: list, memo: dict) -> Expr:
         """Emit statements computing every Reduce in ``e`` into ``block``; return ``e`` over accumulators."""
@@ -500,80 +299,16 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         accs.update(reduction_nest(group, body, split=lanes > 1))
     shared: dict[str, tuple[str, int]] = {}
     if split_accs:
-        shared = _combine_lanes(split_accs, lanes, schedule.workgroup_size, body)
+        shared = combine_lanes(split_accs, lanes, schedule.workgroup_size, body)
         tile_ok = binop("==", lane, 0) & binop("<", tile, total)
         elements = [(vals, clamped, tile_ok & cond) for vals, clamped, cond in elements]
     results = [flat(transform(b, lambda x: accs.get(x) if isinstance(x, Reduce) else None), False) for b in bodies]
     results = _cse_loads(results, body, counter)
     for (vals, _, cond), value in zip(elements, results):
-        index = linear(_ravel([vals.get(ax, ax) for ax in out.axes], out.shape))
+        index = linear(ravel([vals.get(ax, ax) for ax in out.axes], out.shape))
         store = Store("out", index, value)
         body.append(If(cond, [store]) if not (isinstance(cond, Const) and cond.value) else store)
     return LoweredKernel(name or out.name, params, ins, total, gid, body, schedule, shared)
 
 
-def accumulator_init(r: Reduce) -> Expr:
-    """The identity of reduction ``r``'s combiner: its accumulator's initial value."""
-    return const({"sum": 0.0 if r.dtype in FLOATS else 0, "max": lowest(r.dtype), "min": highest(r.dtype),
-                  "prod": 1}[r.op], r.dtype)
-
-
-def lane_loop(ax0: Var, lanes: int, lane: Expr, name: str) -> tuple[For, list]:
-    """A loop over every ``lanes``-th value of reduction axis ``ax0`` from ``lane`` on (binding ``ax0``), the last,
-    partial round guarded; returns the loop and the block its body statements go into."""
-    steps = ceil_div(ax0.extent, lanes)
-    loop = For(Var(name, steps), steps)
-    loop.body.append(Let(ax0, loop.var * lanes + lane))
-    inner = loop.body
-    if is_symbolic(steps) or steps * lanes != ax0.extent:
-        guard = If(binop("<", ax0, ax0.extent))
-        inner.append(guard)
-        inner = guard.body
-    return loop, inner
-
-
-def _combine(op: str, acc: Expr, v: Expr) -> Expr:
-    """One step of reduction ``op`` (``sum``, ``prod``, ``max``, ``min``)."""
-    if op == "sum":
-        return acc + v
-    if op == "prod":
-        return acc * v
-    return call(op, acc, v)
-
-
-def _combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: list) -> dict[str, tuple[str, int]]:
-    """Tree-combine each lane's partial accumulators through workgroup memory (log2(lanes) steps).
-
-    Accumulator ``a`` of invocation ``lid`` lives at ``red[a * width + lid]``, so the lanes of
-    a step touch consecutive words. Afterwards every lane holds the tile's full value.
-    Returns the workgroup arrays used.
-    """
-    lid, lane = Var("lid"), Var("lane")
-    dtypes = {acc.dtype for acc, _ in accs}
-    # one workgroup array: f16 and f32 accumulators (fp16 compute) meet in f32
-    dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
-    size = len(accs) * width
-
-    def slot(a: int, offset: int = 0) -> Expr:
-        return linear(lid + (a * width + offset))
-
-    for a, (acc, _) in enumerate(accs):
-        body.append(Store("red", slot(a), cast(acc, dtype)))
-    stride = lanes // 2
-    while stride >= 1:
-        body.append(Barrier())
-        step = If(binop("<", lane, stride))
-        for a, (_, op) in enumerate(accs):
-            x = BufLoad("red", slot(a), size, False, dtype)
-            y = BufLoad("red", slot(a, stride), size, False, dtype)
-            step.body.append(Store("red", slot(a), _combine(op, x, y)))
-        body.append(step)
-        stride //= 2
-    body.append(Barrier())
-    for a, (acc, _) in enumerate(accs):
-        body.append(Assign(acc, cast(BufLoad("red", linear(lid - lane + a * width), size, False, dtype), acc.dtype)))
-    return {"red": (dtype, size)}
-
-
-__all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Lane", "Let", "LoweredKernel", "Param", "Store", "Vec", "VecLoad",
-           "canonical", "flatten", "lower"]
+__all__ = ["canonical", "flatten", "lower"]

@@ -11,7 +11,7 @@ one workgroup (schedule ``rows``, ``reduce_lanes == workgroup_size``):
 
 1. reductions are computed level by level (a reduction after those nested in its body): each
    lane accumulates a strided share of the outermost reduction axis, the partial results are
-   tree-combined through workgroup memory (:func:`kiln.te.lower._combine_lanes`) and every lane
+   tree-combined through workgroup memory (:func:`kiln.te.loops.combine_lanes`) and every lane
    then holds the row's value;
 2. each lane computes and stores a strided share of the row's outputs (coalesced stores),
    reading the reductions from registers.
@@ -23,9 +23,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiln.arith.expr import Expr, Reduce, Var, binop, call, free_vars, linear, transform
+from kiln.arith.symbolic import ceil_div, is_symbolic, simplify, upper
 from kiln.te.compute import Tensor
-from kiln.te.expr import Expr, Reduce, Var, binop, call, free_vars, linear, transform
-from kiln.te.symbolic import ceil_div, is_symbolic, simplify, upper
+from kiln.te.loops import (
+    Assign,
+    Barrier,
+    Decl,
+    For,
+    If,
+    Let,
+    Store,
+    accumulator_init,
+    combine,
+    combine_lanes,
+    lane_loop,
+    ravel,
+    unravel,
+)
 
 #: most elements a row (reduction or output columns) may have for a row kernel (longer rows keep separate kernels)
 MAX_ROW = 8192
@@ -118,21 +133,6 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
     ``flat(e, guarded)`` flattens an expression over buffer loads and ``cse(values, block)`` binds
     shared loads (both from :func:`kiln.te.lower.lower`). Returns ``(body, total rows, shared arrays)``.
     """
-    from kiln.te.lower import (
-        Assign,
-        Barrier,
-        Decl,
-        For,
-        If,
-        Let,
-        Store,
-        _combine,
-        _combine_lanes,
-        _ravel,
-        _unravel,
-        accumulator_init,
-        lane_loop,
-    )
 
     lid, wid, lane, tile, gid = Var("lid"), Var("wid"), Var("lane"), Var("tile"), Var("gid")
     row_shape = [out.shape[a] for a in plan.rows]
@@ -140,7 +140,7 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
     total = simplify(_prod(row_shape))
     # out-of-range workgroups (a dispatch wrapped into y) compute a clamped row and store nothing
     body: list = [Let(lane, lid), Let(tile, wid), Let(gid, call("min", tile, total - 1))]
-    body += _unravel(gid, [out.axes[a] for a in plan.rows], row_shape, total)
+    body += unravel(gid, [out.axes[a] for a in plan.rows], row_shape, total)
     accs: dict[Reduce, Var] = {}
     shared: dict[str, tuple[str, int]] = {}
 
@@ -160,10 +160,10 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
                 nest = For(ax, ax.extent)
                 inner.append(nest)
                 inner = nest.body
-            value = flat(_combine(r.op, acc, known(r.body)), False)
+            value = flat(combine(r.op, acc, known(r.body)), False)
             inner.append(Assign(acc, cse([value], inner)[0]))
             made.append((r, acc))
-        got = _combine_lanes([(acc, r.op) for r, acc in made], lanes, lanes, body)
+        got = combine_lanes([(acc, r.op) for r, acc in made], lanes, lanes, body)
         for name, (dtype, size) in got.items():
             if name in shared and shared[name][0] != dtype:
                 raise ValueError("row kernel: reductions of different dtypes meet in workgroup memory")
@@ -180,9 +180,9 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
         cond = cond & binop("<", c, ncols)
     store_block = If(cond)
     loop.body.append(store_block)
-    store_block.body += _unravel(c, [out.axes[a] for a in plan.cols], col_shape, ncols)
+    store_block.body += unravel(c, [out.axes[a] for a in plan.cols], col_shape, ncols)
     value = cse([flat(known(out.body), False)], store_block.body)[0]
-    store_block.body.append(Store("out", linear(_ravel(list(out.axes), out.shape)), value))
+    store_block.body.append(Store("out", linear(ravel(list(out.axes), out.shape)), value))
     return body, total, shared
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from kiln.arith.expr import Load, Reduce, free_vars, transform
+from kiln.arith.symbolic import at_opt
 from kiln.te.compute import Tensor
-from kiln.te.expr import Load, Reduce, free_vars, transform
-from kiln.te.symbolic import at_opt
+from kiln.te.rows import analyse_rows
+from kiln.te.tiles import analyse, threads
 
 
 @dataclass(frozen=True)
@@ -282,8 +284,6 @@ def row_schedule(t: Tensor) -> Schedule:
     """The schedule of a row kernel (:mod:`kiln.te.rows`, a group the fusion pass marked ``attrs["rows"]``):
     one workgroup a row, of the power of two from 32 to 256 that leaves each lane about 4 of the row's
     elements (run-time dims at their ``opt`` value)."""
-    from kiln.te.rows import analyse_rows
-
     plan = analyse_rows(t)
     if isinstance(plan, str):
         return Schedule()
@@ -302,8 +302,6 @@ def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, sha
         factor, wg, kc, cols_contiguous, width, prefetch = SHARED_LARGE
     elif DEFAULT_SHARED_TILES == "medium" and all(len(r.axes) == 1 for r in reductions(t)):
         factor, wg, kc, cols_contiguous, width, prefetch = SHARED_MEDIUM
-        from kiln.te.tiles import threads
-
         tx, ty = threads(wg)
         blocks = {axes[0]: ty * factor, axes[1]: tx * factor}
         groups = _prod(-(-d // blocks[a]) if a in blocks else d for a, d in enumerate(shape))
@@ -314,8 +312,6 @@ def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, sha
     last = len(shape) - 1
     splits = tuple(Split(a, factor, contiguous=a != last or cols_contiguous) for a in axes)
     s = Schedule(workgroup_size=wg, splits=splits, unroll=kc, shared_k=kc, vector_width=width, prefetch=prefetch)
-    from kiln.te.tiles import analyse
-
     return s if not isinstance(analyse(t, s, shared_bytes), str) else None
 
 

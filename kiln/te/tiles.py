@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kiln.te.compute import Tensor
-from kiln.te.expr import (
+from kiln.arith.expr import (
     FLOATS,
     Bin,
     Const,
@@ -46,9 +46,12 @@ from kiln.te.expr import (
     substitute,
     transform,
 )
-from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Lane, Let, Store, Vec, VecLoad, _unravel
-from kiln.te.schedule import Schedule, Split
-from kiln.te.symbolic import ceil_div, is_symbolic, simplify
+from kiln.arith.symbolic import ceil_div, is_symbolic, simplify
+from kiln.te.compute import Tensor
+from kiln.te.loops import Assign, Barrier, BufLoad, Decl, For, If, Lane, Let, Store, Vec, VecLoad, unravel
+
+if TYPE_CHECKING:
+    from kiln.te.schedule import Schedule, Split
 
 #: bytes per element of a workgroup array
 _ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
@@ -207,7 +210,7 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
     blk, ta, tb, kv0 = Var("blk"), Var("ta"), Var("tb"), Var("kc")
     grid_vars = [Var("ba") if q == a else Var("bb") if q == b else ax for q, ax in enumerate(out.axes)]
     body: list = [Let(blk, call("min", wid, n_groups - 1)), Let(tb, lid % c.tx), Let(ta, lid // c.tx)]
-    body += _unravel(blk, grid_vars, grid, n_groups)
+    body += unravel(blk, grid_vars, grid, n_groups)
     row0, col0 = grid_vars[a] * ba, grid_vars[b] * bb
 
     def local(s: Split, t: Var, n_threads: int, j: int) -> Expr:

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import KilnError
+from kiln.arith.expr import Bin, Call, Cast, Const, Expr, Load, Reduce, Select, Var
+from kiln.errors import DeviceError, KilnError
 from kiln.te.compute import Tensor
-from kiln.te.expr import Bin, Call, Cast, Const, Expr, Load, Reduce, Select, Var
 from kiln.te.lower import canonical
 from kiln.te.schedule import Schedule
+from kiln.tune.space import SearchSpace
 
 FORMAT = "kiln-tuning"
 VERSION = 1
@@ -117,7 +118,6 @@ def local_adapter() -> dict[str, str]:
     Raises:
         KilnError: no adapter (pass ``--adapter`` to ``kiln compile`` instead).
     """
-    from kiln.errors import DeviceError
     from kiln.runtime import gpu
 
     try:
@@ -250,8 +250,6 @@ class TuningDB:
         The chosen schedules are :class:`TunedSchedule` objects, which the package writer records
         as ``tuned: true`` with the record's speedup.
         """
-        from kiln.tune.space import SearchSpace
-
         def choose(t: Tensor) -> Schedule:
             record = self.get(kernel_signature(t), adapter) if adapter is not None else None
             if record is not None:

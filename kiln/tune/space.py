@@ -25,6 +25,7 @@ import numpy as np
 
 from kiln.te.compute import Tensor, placeholders
 from kiln.te.schedule import Schedule, Split, reductions, reuse_axes
+from kiln.te.tiles import analyse
 
 #: register tiles per axis
 FACTORS = (1, 2, 4, 8)
@@ -185,8 +186,6 @@ class SearchSpace:
         """Why ``s``'s shared tiles do not apply to this kernel (:func:`kiln.te.tiles.analyse`), or ``None``; cached."""
         key = (s.splits, s.workgroup_size, s.shared_k)
         if key not in self._analysed:
-            from kiln.te.tiles import analyse
-
             why = analyse(self.t, s, self.limits.workgroup_storage_bytes)
             self._analysed[key] = why if isinstance(why, str) else None
         return self._analysed[key]

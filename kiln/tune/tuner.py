@@ -24,9 +24,13 @@ from typing import Any, Self
 
 import numpy as np
 
-from kiln.codegen import wgsl
+from kiln.arith.expr import Load, transform
+from kiln.codegen.webgpu import wgsl
+from kiln.compiler import compile_graph, group_expr
+from kiln.errors import UnsupportedOpError
+from kiln.frontend.onnx.importer import import_model, load_model, unsupported_ops
+from kiln.package.writer import write_package
 from kiln.te.compute import Tensor, placeholder, placeholders
-from kiln.te.expr import Load, transform
 from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, default_schedule
 from kiln.tune.db import TuningDB, kernel_signature
@@ -70,9 +74,6 @@ def model_tasks(model: str | os.PathLike, dims: dict[str, int] | None = None, de
     Raises:
         ModelFormatError, UnsupportedOpError, ShapeError, KilnError: as :func:`kiln.compiler.compile_model`.
     """
-    from kiln.compiler import compile_graph, group_expr
-    from kiln.errors import UnsupportedOpError
-    from kiln.frontend.onnx.importer import import_model, load_model, unsupported_ops
     onnx_model = load_model(model)
     missing = unsupported_ops(onnx_model)
     if missing:
@@ -106,7 +107,6 @@ def model_tasks(model: str | os.PathLike, dims: dict[str, int] | None = None, de
 
 def profile_local(compiled, steps_task: list[int], tasks: list[Task], repeat: int = 5) -> None:
     """Set each task's ``profile_ms`` from :meth:`Session.profile` of the default-scheduled package."""
-    from kiln.package.writer import write_package
     from kiln.runtime.native import Session
 
     with tempfile.TemporaryDirectory(prefix="kiln-tune-") as tmp:

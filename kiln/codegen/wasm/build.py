@@ -1,19 +1,26 @@
-"""The compiler driver's WebAssembly half: fused groups -> C kernels -> one ``.wasm`` module and its plan.
+"""The WebAssembly target's build: fused groups -> C kernels -> one ``.wasm`` module and its plan
+(``targets.wasm``, package format 1.2, docs/package-format.md).
 
-The groups, the memory plan and the buffers are the ones the WebGPU target uses (a package's
-weights and buffers serve every target); only the schedules (:func:`kiln.codegen.wasm.wasm_schedule`)
-and the code differ.
+The groups, the memory plan and the buffers are the ones every target shares (a package's weights and
+buffers serve every target); only the schedules (:func:`kiln.codegen.wasm.toolchain.wasm_schedule`) and the
+code differ.
 """
 
 from __future__ import annotations
 
-import hashlib
+from typing import Any
 
-from kiln.codegen import c, wasm
+from kiln.codegen.lowering import group_expr
+from kiln.codegen.target import KernelTable, describe, progress_over
+from kiln.codegen.wasm import simd
+from kiln.codegen.wasm import toolchain as wasm
 from kiln.errors import KilnError
 from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
 from kiln.te.lower import lower
+
+#: module, threaded module and C source paths inside a package
+MODULE, THREADS_MODULE, SOURCE = "kernels/kiln.wasm", "kernels/kiln-threads.wasm", "kernels/kiln.c"
 
 
 def build_wasm(groups: list[Group], plan: MemoryPlan, progress: bool = False, threads: bool = True) -> wasm.WasmProgram:
@@ -28,39 +35,52 @@ def build_wasm(groups: list[Group], plan: MemoryPlan, progress: bool = False, th
     Raises:
         KilnError: a group the kernels do not support, or the C compiler failed.
     """
-    from kiln.compiler import group_expr
-
-    kernels: list[wasm.WasmKernel] = []
+    table = KernelTable(identifier=True)
     sources: list[str] = []
-    by_source: dict[str, int] = {}
     steps: list[wasm.WasmStep] = []
     work = [g for g in groups if not g.alias and g.output.size]
-    it = work
-    if progress:
-        from rich.progress import track
-
-        it = track(work, description="generating wasm kernels", transient=True)
-    for g in it:
+    for g in progress_over(work, progress, "generating wasm kernels"):
         final = group_expr(g)
         sched = wasm.wasm_schedule(final)
         k = lower(final, sched, name=g.name)
-        desc = " -> ".join(n.op for n in g.nodes) + f" {list(g.output.shape)}"
-        src, vectorized = c.render(k, "KILN_NAME", wasm.grid_shape(final.shape, sched), desc)
-        digest = hashlib.sha256(src.encode()).hexdigest()
-        if digest not in by_source:
-            export = f"k{len(kernels):03d}_{g.name}"[:64]
-            export = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in export)
-            by_source[digest] = len(kernels)
+        src, vectorized = simd.render(k, "KILN_NAME", wasm.grid_shape(final.shape, sched), describe(g))
+
+        def make(export: str) -> wasm.WasmKernel:
             sources.append(src.replace("KILN_NAME", export))
-            kernels.append(wasm.WasmKernel(export, export, len(k.params), [n.op for n in g.nodes],
-                                           sched.to_json(), vectorized))
+            return wasm.WasmKernel(export, export, len(k.params), [n.op for n in g.nodes], sched.to_json(), vectorized)
+
+        index = table.add(src, g.name, make)
         bufs = [plan.of[id(t.attrs["value"])] for t in k.inputs] + [plan.of[id(g.output)]]
-        steps.append(wasm.WasmStep(by_source[digest], bufs, k.total, g.nodes[0].name))
+        steps.append(wasm.WasmStep(index, bufs, k.total, g.nodes[0].name))
     layout = wasm.plan_layout([b.nbytes for b in plan.buffers])
-    source = c.PRELUDE + "\n" + "\n".join(sources)
+    source = simd.PRELUDE + "\n" + "\n".join(sources)
     module, *rest = wasm.compile_modules(source, layout.pages, (False, True) if threads else (False,))
     top = wasm.heap_base(module)
     if top > wasm.ARENA:
         raise KilnError(f"the wasm module's stack and data end at {top}, past the buffer arena at {wasm.ARENA}")
     threaded = rest[0] if rest else None
-    return wasm.WasmProgram(source, module, layout, kernels, steps, threaded)
+    return wasm.WasmProgram(source, module, layout, table.kernels, steps, threaded)
+
+
+def section(program: wasm.WasmProgram) -> tuple[dict[str, Any], dict[str, str | bytes]]:
+    """``program``'s manifest entry (``targets.wasm``) and its files (module(s) and C source)."""
+    files: dict[str, str | bytes] = {MODULE: program.module, SOURCE: program.source}
+    threads = None
+    if program.threads_module is not None:
+        files[THREADS_MODULE] = program.threads_module
+        threads = {"module": THREADS_MODULE, "sha256": wasm.sha256(program.threads_module),
+                   "bytes": len(program.threads_module)}
+    entry = {
+        "module": MODULE,
+        "sha256": wasm.sha256(program.module),
+        "bytes": len(program.module),
+        "source": SOURCE,
+        "simd": True,
+        "threads": threads,
+        "memory": {"bytes": program.layout.bytes, "pages": program.layout.pages, "page_bytes": wasm.PAGE,
+                   "arena": wasm.ARENA, "offsets": program.layout.offsets},
+        "kernels": [{"name": k.name, "export": k.export, "params": k.params, "ops": k.ops,
+                     "schedule": k.schedule, "vectorized": k.vectorized} for k in program.kernels],
+        "plan": [{"kernel": s.kernel, "buffers": s.buffers, "total": s.total, "node": s.name} for s in program.steps],
+    }
+    return entry, files

@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiln.codegen.wasm.simd import PRELUDE
 from kiln.errors import KilnError
 from kiln.te.compute import Tensor
 from kiln.te.schedule import Schedule, Split, reduction_size, tile_axes
@@ -64,7 +65,7 @@ def wasm_schedule(t: Tensor) -> Schedule:
     complementary load reuse (output channels of a convolution, rows of a matrix product) by 4,
     or by 8 when the innermost is not tiled: 8 vector accumulators a tile, each input vector used
     4 or 8 times. When the innermost extent is no multiple of 4, vectors run across its rows
-    (:func:`kiln.codegen.c.render`), so the axis outside it is not tiled. Windows up to 9 iterations unroll fully; longer reductions unroll by their
+    (:func:`kiln.codegen.wasm.simd.vector_body`), so the axis outside it is not tiled. Windows up to 9 iterations unroll fully; longer reductions unroll by their
     largest divisor up to 8.
     """
     if reduction_size(t) < 9:
@@ -169,8 +170,6 @@ def warm_up() -> None:
     Raises:
         KilnError: the toolchain does not work.
     """
-    from kiln.codegen.c import PRELUDE
-
     src = PRELUDE + ('KILN_EXPORT("f") void f(float* x, int n) {\n'
                      '    for (int i = 0; i < n; i++) x[i] = expf(x[i]) + logf(x[i]) + sinf(x[i]) + cosf(x[i])\n'
                      '        + tanf(x[i]) + kiln_tanhf(x[i]) + kiln_powf(x[i], 0.5f);\n}\n')

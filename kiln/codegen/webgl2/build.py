@@ -2,7 +2,7 @@
 
 The graph, its fused groups and the memory plan are shared with the other targets (the
 package's ``buffers``); this module lowers every group under a one-element-per-fragment
-schedule, renders it with :mod:`kiln.codegen.glsl` and maps the memory plan onto textures:
+schedule, renders it with :mod:`kiln.codegen.webgl2.glsl` and maps the memory plan onto textures:
 one texture per buffer and storage type (a shared activation buffer whose values are float32
 at one time and int32 at another gets an ``R32F`` and an ``R32I`` texture). Its
 :meth:`WebGL2Code.manifest` is the package's ``targets.webgl2`` (docs/package-format.md).
@@ -11,12 +11,14 @@ at one time and int32 at another gets an ``R32F`` and an ``R32I`` texture). Its
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.codegen import glsl
+from kiln.codegen.lowering import build_group
+from kiln.codegen.target import KernelTable, describe, progress_over
+from kiln.codegen.webgl2 import glsl
 from kiln.errors import KilnError
+from kiln.kernels.storage import buffer_dtype
 from kiln.te.compute import Tensor
 from kiln.te.schedule import Schedule, default_schedule
 
@@ -69,8 +71,6 @@ def build(graph, groups, plan, progress: bool = False, width: int = glsl.TEXTURE
     Raises:
         KilnError: a kernel that cannot be a fragment shader (too many inputs, ...), naming its node.
     """
-    from kiln.compiler import build_group  # the target-neutral lowering of a fused group
-
     code = WebGL2Code(width=width)
     by_key: dict[tuple[int, str], int] = {}
     nbytes = {b.id: b.nbytes for b in plan.buffers}
@@ -84,44 +84,34 @@ def build(graph, groups, plan, progress: bool = False, width: int = glsl.TEXTURE
             code.textures.append({"buffer": bid, "format": glsl.TEXTURES[fmt_dtype][1], "width": w, "height": h})
         return by_key[key]
 
-    from kiln.kernels.storage import buffer_dtype
-
     for v in (*graph.inputs, *graph.outputs):  # inputs and outputs have textures even where no kernel touches them
         if id(v) in plan.of:
             texture(v, buffer_dtype(v.dtype))
-    by_source: dict[str, int] = {}
+    table = KernelTable()
     work = [g for g in groups if not g.alias and g.output.size]
-    it = work
-    if progress:
-        from rich.progress import track
-
-        it = track(work, description="generating webgl2 kernels", transient=True)
-    for g in it:
+    for g in progress_over(work, progress, "generating webgl2 kernels"):
         node = g.nodes[0].name
         k, ins = build_group(g, webgl2_schedule)
-        desc = " -> ".join(n.op for n in g.nodes) + f" {list(g.output.shape)}"
+        desc = describe(g)
         try:
             src = glsl.render(k, desc, width, node=node)
         except KilnError as e:
             raise KilnError(f"{e} ({desc})") from None
-        digest = hashlib.sha256(src.encode()).hexdigest()
-        if digest not in by_source:
-            name = f"k{len(code.kernels):03d}_{g.name}"[:64]
-            by_source[digest] = len(code.kernels)
-            code.kernels.append({
-                "name": name, "source": f"kernels/{name}.glsl", "text": src,
-                "inputs": [{"name": p.name, "format": glsl.TEXTURES[p.dtype][1]} for p in k.params[:-1]],
-                "output": {"format": glsl.TEXTURES[k.params[-1].dtype][1]},
-                "ops": [n.op for n in g.nodes],
-            })
+        index = table.add(src, g.name, lambda name: {
+            "name": name, "source": f"kernels/{name}.glsl", "text": src,
+            "inputs": [{"name": p.name, "format": glsl.TEXTURES[p.dtype][1]} for p in k.params[:-1]],
+            "output": {"format": glsl.TEXTURES[k.params[-1].dtype][1]},
+            "ops": [n.op for n in g.nodes],
+        })
         out = k.params[-1]
         code.steps.append({
-            "kernel": by_source[digest],
+            "kernel": index,
             "inputs": [texture(v, p.dtype) for v, p in zip(ins, k.params[:-1])],
             "output": texture(g.output, out.dtype),
             "viewport": list(glsl.layout(out.size, width)),
             "node": node,
         })
+    code.kernels = table.kernels
     for step in code.steps:
         if step["output"] in step["inputs"]:
             raise KilnError(f"node {step['node']!r}: the memory plan reads and writes one buffer in one kernel, "

@@ -24,13 +24,10 @@ workgroup barriers do not (:func:`check`). This module shares only the target-ne
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
+from kiln.arith.expr import Bin, Call, Expr
+from kiln.codegen.cstyle import CStyle
 from kiln.errors import KilnError
-from kiln.te.expr import Bin, Call, Cast, Const, Expr, Select, Var
-from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Let, LoweredKernel, Store
+from kiln.te.loops import Barrier, BufLoad, Let, LoweredKernel, Store
 
 #: Kiln dtype -> GLSL ES 3.00 scalar type
 TYPES = {"float32": "float", "int32": "int", "bool": "bool"}
@@ -99,94 +96,58 @@ def layout(elements: int, width: int = TEXTURE_WIDTH) -> tuple[int, int]:
     return w, max(1, -(-elements // w))
 
 
+class GLSL(CStyle):
+    """The GLSL ES 3.00 spelling of the C-style renderer; the kernel's one store writes ``out_name``."""
+
+    lang = "GLSL"
+    types = TYPES
+    builtins = BUILTINS
+    binops = {op: op for op in _ARITH} | {"//": "/", "&&": "&&", "||": "||"}
+
+    def __init__(self, out_name: str = "kiln_out"):
+        self.out_name = out_name
+
+    def x_BufLoad(self, e: BufLoad) -> str:
+        idx = self.expr(e.index)
+        if e.guard:
+            idx = f"clamp({idx}, 0, {e.size - 1})"
+        return f"load_{e.buf}({idx})"
+
+    def bin(self, op: str, a: str, b: str, e: Bin) -> str:
+        if e.a.dtype == "bool" and op in _LOGICAL:
+            return f"({a} {_LOGICAL[op]} {b})"
+        if op == "%":  # truncated remainder, as WGSL; GLSL leaves % on negative operands undefined
+            return f"kiln_rem({a}, {b})" if e.dtype == "int32" else f"({a} - {b} * trunc({a} / {b}))"
+        if op in ("<<", ">>"):  # WGSL takes the shift amount modulo 32; GLSL leaves >= 32 undefined
+            return f"({a} {op} ({b} & 31))"
+        return super().bin(op, a, b, e)
+
+    def x_Call(self, e: Call) -> str:
+        if e.fn in ("sin", "cos"):  # see SINCOS
+            return f"kiln_sincos({self.expr(e.args[0])}, {0 if e.fn == 'sin' else 1})"
+        if e.fn == "round_f16":  # f32 rounded to half precision: see ROUND_F16
+            return f"kiln_round_f16({self.expr(e.args[0])})"
+        return super().x_Call(e)
+
+    def s_Let(self, s: Let, pad: str, depth: int) -> list[str]:
+        return [f"{pad}{TYPES[s.value.dtype]} {s.var.name} = {self.expr(s.value)};"]
+
+    def s_Store(self, s: Store, pad: str, depth: int) -> list[str]:
+        # one output element per fragment: the store's index is the fragment's own (checked in render)
+        return [f"{pad}{self.out_name} = {self.expr(s.value)};"]
+
+    def s_Barrier(self, s: Barrier, pad: str, depth: int) -> list[str]:
+        raise KilnError("GLSL: fragment shaders have no workgroup barriers")
+
+
 def literal(value, dtype: str) -> str:
     """A GLSL ES 3.00 literal of ``dtype`` (infinities and NaN as the names in :data:`SPECIAL_FLOATS`)."""
-    if dtype == "bool":
-        return "true" if value else "false"
-    if dtype == "int32":
-        v = int(value)
-        if v == -(2**31):
-            return "(-2147483647 - 1)"
-        return f"({v})" if v < 0 else str(v)
-    f = float(np.float32(value))
-    if math.isnan(f):
-        return "kiln_nan"
-    if math.isinf(f):
-        return "kiln_pos_inf" if f > 0 else "kiln_neg_inf"
-    r = repr(f)
-    if "e" not in r and "." not in r:
-        r += ".0"
-    return f"({r})" if f < 0 else r
+    return GLSL().literal(value, dtype)
 
 
 def expr(e: Expr) -> str:
     """Render one expression (fully parenthesised)."""
-    if isinstance(e, Const):
-        return literal(e.value, e.dtype)
-    if isinstance(e, Var):
-        return e.name
-    if isinstance(e, BufLoad):
-        idx = expr(e.index)
-        if e.guard:
-            idx = f"clamp({idx}, 0, {e.size - 1})"
-        return f"load_{e.buf}({idx})"
-    if isinstance(e, Bin):
-        a, b = expr(e.a), expr(e.b)
-        if e.a.dtype == "bool" and e.op in _LOGICAL:
-            return f"({a} {_LOGICAL[e.op]} {b})"
-        if e.op in ("&&", "||"):
-            return f"({a} {e.op} {b})"
-        if e.op == "//":
-            return f"({a} / {b})"
-        if e.op == "%":  # truncated remainder, as WGSL; GLSL leaves % on negative operands undefined
-            if e.dtype == "int32":
-                return f"kiln_rem({a}, {b})"
-            return f"({a} - {b} * trunc({a} / {b}))"
-        if e.op in ("<<", ">>"):  # WGSL takes the shift amount modulo 32; GLSL leaves >= 32 undefined
-            return f"({a} {e.op} ({b} & 31))"
-        if e.op in _ARITH:
-            return f"({a} {e.op} {b})"
-        raise ValueError(f"GLSL: unknown binary op {e.op!r}")
-    if isinstance(e, Call):
-        if e.fn in ("sin", "cos"):  # see SINCOS
-            return f"kiln_sincos({expr(e.args[0])}, {0 if e.fn == 'sin' else 1})"
-        if e.fn == "round_f16":  # f32 rounded to half precision: see ROUND_F16
-            return f"kiln_round_f16({expr(e.args[0])})"
-        return f"{BUILTINS[e.fn]}({', '.join(expr(a) for a in e.args)})"
-    if isinstance(e, Select):
-        return f"({expr(e.cond)} ? {expr(e.t)} : {expr(e.f)})"
-    if isinstance(e, Cast):
-        return f"{TYPES[e.dtype]}({expr(e.x)})"
-    raise TypeError(f"GLSL: cannot render {type(e).__name__}")
-
-
-def _stmts(stmts, indent: int, out_name: str) -> list[str]:
-    pad = "    " * indent
-    out = []
-    for s in stmts:
-        if isinstance(s, Let):
-            out.append(f"{pad}{TYPES[s.value.dtype]} {s.var.name} = {expr(s.value)};")
-        elif isinstance(s, Decl):
-            out.append(f"{pad}{TYPES[s.var.dtype]} {s.var.name} = {expr(s.value)};")
-        elif isinstance(s, Assign):
-            out.append(f"{pad}{s.var.name} = {expr(s.value)};")
-        elif isinstance(s, For):
-            v = s.var.name
-            out.append(f"{pad}for (int {v} = 0; {v} < {s.extent}; {v}++) {{")
-            out.extend(_stmts(s.body, indent + 1, out_name))
-            out.append(f"{pad}}}")
-        elif isinstance(s, If):
-            out.append(f"{pad}if ({expr(s.cond)}) {{")
-            out.extend(_stmts(s.body, indent + 1, out_name))
-            out.append(f"{pad}}}")
-        elif isinstance(s, Store):
-            # one output element per fragment: the store's index is the fragment's own (checked in render)
-            out.append(f"{pad}{out_name} = {expr(s.value)};")
-        elif isinstance(s, Barrier):
-            raise KilnError("GLSL: fragment shaders have no workgroup barriers")
-        else:
-            raise TypeError(f"GLSL: cannot render statement {type(s).__name__}")
-    return out
+    return GLSL().expr(e)
 
 
 def check(k: LoweredKernel, node: str = "") -> None:
@@ -245,7 +206,7 @@ def render(k: LoweredKernel, comment: str = "", width: int = TEXTURE_WIDTH, node
         else:
             coord = f"ivec2(i % {w}, i / {w})"
         lines.append(f"{TYPES[p.dtype]} load_{p.name}(int i) {{ return texelFetch({p.name}, {coord}, 0).x; }}")
-    body = _stmts(k.body, 1, "kiln_out")
+    body = GLSL("kiln_out").stmts(k.body, 1)
     text = "\n".join(body)
     if "kiln_rem(" in text:
         lines.append("int kiln_rem(int a, int b) { return a - (a / b) * b; }")

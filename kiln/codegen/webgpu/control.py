@@ -17,35 +17,13 @@ Semantics and costs (a GPU-to-host readback per condition) are in docs/control-f
 
 from __future__ import annotations
 
-import functools
-import hashlib
 from collections.abc import Callable
-from typing import Any
 
-from kiln.codegen import wgsl
-from kiln.codegen.target import get_target
-from kiln.errors import KilnError
-from kiln.ir import ops
+from kiln.codegen.target import Program
+from kiln.codegen.webgpu.build import Kernel, Step, WebGPUKernels
 from kiln.ir.graph import Graph, Value
-from kiln.ir.verify import verify
 from kiln.passes.fusion import Group, fuse
-from kiln.passes.manager import optimize
 from kiln.passes.memory_plan import Buffer, MemoryPlan, aligned, plan_memory, storage_bytes
-from kiln.te.schedule import default_schedule
-
-
-def has_control(graph: Graph) -> bool:
-    """Whether ``graph`` holds an If or Loop node whose condition is known only at run time."""
-    return any(ops.kind(n.op) == "control" for n in graph.nodes)
-
-
-def subgraphs(graph: Graph):
-    """Every sub-graph (If branch, Loop body) of ``graph``'s control-flow nodes, nested ones included."""
-    for n in graph.nodes:
-        for v in n.attrs.values():
-            if isinstance(v, Graph):
-                yield v
-                yield from subgraphs(v)
 
 
 def _nbytes(v: Value) -> int:
@@ -56,13 +34,12 @@ class _PlanBuilder:
     """Builds every graph level into one buffer list, one kernel list and a nested plan."""
 
     def __init__(self, validate: bool, schedule: Callable, max_inputs: int):
-        self.validate, self.schedule, self.max_inputs = validate, schedule, max_inputs
+        self.schedule, self.max_inputs = schedule, max_inputs
         self.buffers: list[Buffer] = []
         self.of: dict[int, int] = {}
         self.unshared = 0
-        self.kernels: list[Any] = []
-        self.by_source: dict[str, int] = {}
-        self.steps: list[Any] = []  # every kernel Step, all levels, in plan order (limits, kiln info)
+        self.kernels = WebGPUKernels(validate)
+        self.steps: list[Step] = []  # every kernel Step, all levels, in plan order (limits, kiln info)
         self.groups: list[Group] = []
 
     def buffer(self, kind: str, nbytes: int, names: list[str]) -> int:
@@ -111,22 +88,7 @@ class _PlanBuilder:
         return steps
 
     def _kernel_step(self, g: Group) -> dict:
-        from kiln.codegen.validate import validate_wgsl
-        from kiln.compiler import Kernel, Step, build_group
-
-        k, ins = build_group(g, self.schedule)
-        desc = " -> ".join(f"{n.op}" for n in g.nodes) + f" {list(g.output.shape)}"
-        src = wgsl.render(k, desc)
-        digest = hashlib.sha256(src.encode()).hexdigest()
-        if digest not in self.by_source:
-            name = f"k{len(self.kernels):03d}_{g.name}"[:64]
-            if self.validate:
-                validate_wgsl(src, name)
-            self.by_source[digest] = len(self.kernels)
-            self.kernels.append(Kernel(name, src, [p.access for p in k.params], [n.op for n in g.nodes],
-                                       k.schedule.to_json(), dict(getattr(k.schedule, "tuning", None) or {})))
-        step = Step(self.by_source[digest], k.dispatch, [self.of[id(v)] for v in ins] + [self.of[id(g.output)]],
-                    g.nodes[0].name)
+        step = self.kernels.step(g, self.schedule, MemoryPlan([], self.of, 0))
         self.steps.append(step)
         return {"kernel": step.kernel, "dispatch": list(step.dispatch), "buffers": step.buffers, "node": step.name}
 
@@ -186,36 +148,16 @@ class _PlanBuilder:
                          "scan": scan, "rows": a.get("scan_rows"), "body": steps}, "node": node.name}
 
 
-def _optimize_all(graph: Graph) -> list[str]:
-    verify(graph)
-    fired = optimize(graph)
-    for n in graph.nodes:
-        for v in n.attrs.values():
-            if isinstance(v, Graph):
-                fired += _optimize_all(v)
-    return fired
+def compile_control(program: Program, validate: bool, schedule: Callable, max_inputs: int
+                    ) -> tuple[list[Kernel], list[Step], list[dict]]:
+    """Plan every level of ``program.graph`` (which holds run-time If/Loop nodes, already optimised) and build its
+    kernels; fills in ``program.groups`` and ``program.plan`` (every level's, sharing one buffer list).
 
-
-def compile_control(graph: Graph, targets: tuple[str, ...], validate: bool = True, device_class: str = "gpu",
-                    schedule: Callable | None = None):
-    """Compile ``graph``, which holds run-time If/Loop nodes, for the webgpu target into a
-    :class:`kiln.compiler.Compiled` whose ``control_plan`` is the nested plan (JSON-ready).
-
-    Raises:
-        KilnError: a target other than webgpu (the webgl2 and wasm runtimes have no run-time control flow).
+    Returns:
+        ``(kernels, every kernel step of every level, the nested plan)`` (JSON-ready, package format 1.4).
     """
-    from kiln.compiler import Compiled
-
-    if targets != ("webgpu",):
-        raise KilnError(f"this model has control flow decided at run time (If/Loop on computed values), which only "
-                        f"the webgpu target runs for now; compile it with --target webgpu (asked: {','.join(targets)})")
-    tgt = get_target("webgpu")
-    fired = _optimize_all(graph)
-    pb = _PlanBuilder(validate, schedule or functools.partial(default_schedule, device_class=device_class),
-                      tgt.limits["maxStorageBuffersPerShaderStage"] - 1)
-    plan_steps = pb.build(graph)
-    plan = MemoryPlan(pb.buffers, pb.of, pb.unshared)
-    compiled = Compiled(graph, pb.groups, plan, pb.kernels, pb.steps, tgt, fired, device_class=device_class,
-                        targets=targets)
-    compiled.control_plan = plan_steps
-    return compiled
+    pb = _PlanBuilder(validate, schedule, max_inputs)
+    nested = pb.build(program.graph)
+    program.groups = pb.groups
+    program.plan = MemoryPlan(pb.buffers, pb.of, pb.unshared)
+    return pb.kernels.kernels, pb.steps, nested

@@ -15,8 +15,9 @@ import re
 
 import numpy as np
 
-from kiln.te.expr import Bin, Call, Cast, Const, Expr, Select, SizeVar, Var
-from kiln.te.lower import Assign, Barrier, BufLoad, Decl, For, If, Lane, Let, LoweredKernel, Store, Vec, VecLoad
+from kiln.arith.expr import Bin, Call, Expr, Select, SizeVar
+from kiln.codegen.cstyle import CStyle
+from kiln.te.loops import Barrier, BufLoad, Decl, Lane, Let, LoweredKernel, Store, Vec, VecLoad
 
 #: Kiln dtype -> WGSL scalar type (WGSL §6.2.1); int64 is narrowed to i32 before codegen
 TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "bool": "bool"}
@@ -44,127 +45,105 @@ ROUND_F16 = """fn kiln_round_f16(x: f32) -> f32 {
 #: a use of the f16 type: WGSL's ``enable f16;`` (WebGPU feature ``shader-f16``) must come first
 _F16 = re.compile(r"\bf16\b")
 
-_BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "&", "|", "^"}
+class WGSL(CStyle):
+    """The WGSL spelling of the C-style renderer; ``vectors``: the buffers of the kernel that are arrays of
+    vectors (name -> width)."""
 
-#: logical and/or render as WGSL's non-short-circuiting ``&``/``|`` on bool (WGSL §8.6): expressions
-#: have no side effects, and short-circuit forms become branches, which SwiftShader's compiler
-#: handles in time superlinear in their number (a 4x4-tiled, 3x3-unrolled convolution hung it)
-_LOGICAL = {"&&": "&", "||": "|"}
+    lang = "WGSL"
+    types = TYPES
+    builtins = BUILTINS
+    #: logical and/or render as WGSL's non-short-circuiting ``&``/``|`` on bool (WGSL §8.6): expressions
+    #: have no side effects, and short-circuit forms become branches, which SwiftShader's compiler
+    #: handles in time superlinear in their number (a 4x4-tiled, 3x3-unrolled convolution hung it)
+    binops = {op: op for op in ("+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "!=", "&", "|", "^")} | {
+        "//": "/", "&&": "&", "||": "|"}
+    float_suffix = "f"
+    int_suffix = "i"
+    loop_type = "var"
 
+    def __init__(self, vectors: dict[str, int] | None = None):
+        self.vectors = vectors or {}
 
-def literal(value, dtype: str) -> str:
-    """A WGSL literal of ``dtype``.
+    def literal(self, value, dtype: str) -> str:
+        """A WGSL literal of ``dtype``.
 
-    Infinities and NaN have no literal form, and a const-expression that evaluates to one is a
-    shader-creation error (WGSL §8.1.2; Chromium's Tint enforces it even for ``bitcast``), so
-    they render as the names in :data:`SPECIAL_FLOATS`, which :func:`render` binds with ``let``
-    to a bitcast of a ``let`` (a runtime value, never const-evaluated).
-    """
-    if dtype == "bool":
-        return "true" if value else "false"
-    if dtype == "int32":
-        v = int(value)
+        Infinities and NaN have no literal form, and a const-expression that evaluates to one is a
+        shader-creation error (WGSL §8.1.2; Chromium's Tint enforces it even for ``bitcast``), so
+        they render as the names in :data:`SPECIAL_FLOATS`, which :func:`render` binds with ``let``
+        to a bitcast of a ``let`` (a runtime value, never const-evaluated).
+        """
+        if dtype == "float16":  # only finite values: kiln.te.half keeps other constants in f32
+            with np.errstate(over="ignore"):
+                h = float(np.float16(value))
+            if not math.isfinite(h):
+                raise ValueError(f"WGSL: f16 literal {value!r} is not finite")
+            return f"({h!r}h)" if h < 0 else f"{h!r}h"
+        return super().literal(value, dtype)
+
+    def int_literal(self, v: int) -> str:
         return f"{v}i" if v != -(2**31) else "i32(-2147483647 - 1)"
-    if dtype == "float16":  # only finite values: kiln.te.half keeps other constants in f32
-        with np.errstate(over="ignore"):
-            h = float(np.float16(value))
-        if not math.isfinite(h):
-            raise ValueError(f"WGSL: f16 literal {value!r} is not finite")
-        return f"({h!r}h)" if h < 0 else f"{h!r}h"
-    f = float(np.float32(value))
-    if math.isnan(f):
-        return "kiln_nan"
-    if math.isinf(f):
-        return "kiln_pos_inf" if f > 0 else "kiln_neg_inf"
-    r = repr(f)
-    if "e" not in r and "." not in r:
-        r += ".0"
-    return f"({r}f)" if f < 0 else f"{r}f"
 
-
-#: the buffers of the kernel being rendered that are arrays of vectors (name -> width), set by :func:`render`
-_VECTORS: dict[str, int] = {}
-
-
-def expr(e: Expr) -> str:
-    """Render one expression (fully parenthesised)."""
-    if isinstance(e, Const):
-        return literal(e.value, e.dtype)
-    if isinstance(e, Var):
-        return e.name
-    if isinstance(e, SizeVar):
+    def x_SizeVar(self, e: SizeVar) -> str:
         return f"{DIMS}[{e.index // 4}][{e.index % 4}]"
-    if isinstance(e, BufLoad):
-        idx = expr(e.index)
+
+    def x_BufLoad(self, e: BufLoad) -> str:
+        idx = self.expr(e.index)
         if e.guard and isinstance(e.size, Expr):
-            idx = f"min(u32({idx}), u32(max({expr(e.size)} - 1i, 0i)))"
+            idx = f"min(u32({idx}), u32(max({self.expr(e.size)} - 1i, 0i)))"
         elif e.guard:
             idx = f"min(u32({idx}), {e.size - 1}u)"
-        w = _VECTORS.get(e.buf, 1)
+        w = self.vectors.get(e.buf, 1)
         if w > 1:  # one element of an array of vectors
             unit = "u" if e.guard else "i"
             return f"{e.buf}[{idx} / {w}{unit}][{idx} % {w}{unit}]"
         return f"{e.buf}[{idx}]"
-    if isinstance(e, VecLoad):
-        return f"{e.buf}[{expr(e.index)}]"
-    if isinstance(e, Lane):
-        return f"{expr(e.x)}[{e.lane}]"
-    if isinstance(e, Vec):
-        return f"vec{len(e.items)}<{TYPES[e.dtype]}>({', '.join(expr(x) for x in e.items)})"
-    if isinstance(e, Bin):
-        if e.op == "//":
-            return f"({expr(e.a)} / {expr(e.b)})"
-        if e.op == "%":
-            return f"({expr(e.a)} % {expr(e.b)})"
-        if e.op in ("<<", ">>"):  # WGSL shifts take a u32 amount
-            return f"({expr(e.a)} {e.op} u32({expr(e.b)}))"
-        if e.op in _BINOPS:
-            return f"({expr(e.a)} {_LOGICAL.get(e.op, e.op)} {expr(e.b)})"
-        raise ValueError(f"WGSL: unknown binary op {e.op!r}")
-    if isinstance(e, Call):
+
+    def x_VecLoad(self, e: VecLoad) -> str:
+        return f"{e.buf}[{self.expr(e.index)}]"
+
+    def x_Lane(self, e: Lane) -> str:
+        return f"{self.expr(e.x)}[{e.lane}]"
+
+    def x_Vec(self, e: Vec) -> str:
+        return f"vec{len(e.items)}<{TYPES[e.dtype]}>({', '.join(self.expr(x) for x in e.items)})"
+
+    def bin(self, op: str, a: str, b: str, e: Bin) -> str:
+        if op in ("<<", ">>"):  # WGSL shifts take a u32 amount
+            return f"({a} {op} u32({b}))"
+        return super().bin(op, a, b, e)
+
+    def x_Call(self, e: Call) -> str:
         if e.fn == "round_f16":  # f32 rounded to half precision, without the optional shader-f16 feature
-            return f"kiln_round_f16({expr(e.args[0])})"
-        return f"{BUILTINS[e.fn]}({', '.join(expr(a) for a in e.args)})"
-    if isinstance(e, Select):
-        return f"select({expr(e.f)}, {expr(e.t)}, {expr(e.cond)})"
-    if isinstance(e, Cast):
-        return f"{TYPES[e.dtype]}({expr(e.x)})"
-    raise TypeError(f"WGSL: cannot render {type(e).__name__}")
+            return f"kiln_round_f16({self.expr(e.args[0])})"
+        return super().x_Call(e)
+
+    def x_Select(self, e: Select) -> str:
+        return f"select({self.expr(e.f)}, {self.expr(e.t)}, {self.expr(e.cond)})"
+
+    def s_Let(self, s: Let, pad: str, depth: int) -> list[str]:
+        return [f"{pad}let {s.var.name} = {self.expr(s.value)};"]
+
+    def s_Decl(self, s: Decl, pad: str, depth: int) -> list[str]:
+        return [f"{pad}var {s.var.name}: {TYPES[s.var.dtype]} = {self.expr(s.value)};"]
+
+    def s_Barrier(self, s: Barrier, pad: str, depth: int) -> list[str]:
+        return [f"{pad}workgroupBarrier();"]
+
+    def s_Store(self, s: Store, pad: str, depth: int) -> list[str]:
+        if s.buf in self.vectors and not isinstance(s.value, Vec):  # one element of an array of vectors
+            i, w = self.expr(s.index), self.vectors[s.buf]
+            return [f"{pad}{s.buf}[{i} / {w}i][{i} % {w}i] = {self.expr(s.value)};"]
+        return super().s_Store(s, pad, depth)
 
 
-def _stmts(stmts, indent: int, vectors: dict[str, int] | None = None) -> list[str]:
-    pad = "    " * indent
-    vectors = vectors or {}
-    out = []
-    for s in stmts:
-        if isinstance(s, Let):
-            out.append(f"{pad}let {s.var.name} = {expr(s.value)};")
-        elif isinstance(s, Decl):
-            out.append(f"{pad}var {s.var.name}: {TYPES[s.var.dtype]} = {expr(s.value)};")
-        elif isinstance(s, Assign):
-            out.append(f"{pad}{s.var.name} = {expr(s.value)};")
-        elif isinstance(s, For):
-            v = s.var.name
-            extent = expr(s.extent) if isinstance(s.extent, Expr) else f"{s.extent}i"
-            out.append(f"{pad}for (var {v} = 0i; {v} < {extent}; {v}++) {{")
-            out.extend(_stmts(s.body, indent + 1, vectors))
-            out.append(f"{pad}}}")
-        elif isinstance(s, Barrier):
-            out.append(f"{pad}workgroupBarrier();")
-        elif isinstance(s, If):
-            out.append(f"{pad}if ({expr(s.cond)}) {{")
-            out.extend(_stmts(s.body, indent + 1, vectors))
-            out.append(f"{pad}}}")
-        elif isinstance(s, Store) and isinstance(s.value, Vec):  # a whole vector
-            out.append(f"{pad}{s.buf}[{expr(s.index)}] = {expr(s.value)};")
-        elif isinstance(s, Store) and s.buf in vectors:  # one element of an array of vectors
-            i, w = expr(s.index), vectors[s.buf]
-            out.append(f"{pad}{s.buf}[{i} / {w}i][{i} % {w}i] = {expr(s.value)};")
-        elif isinstance(s, Store):
-            out.append(f"{pad}{s.buf}[{expr(s.index)}] = {expr(s.value)};")
-        else:
-            raise TypeError(f"WGSL: cannot render statement {type(s).__name__}")
-    return out
+def literal(value, dtype: str) -> str:
+    """A WGSL literal of ``dtype`` (:meth:`WGSL.literal`)."""
+    return WGSL().literal(value, dtype)
+
+
+def expr(e: Expr) -> str:
+    """Render one expression (fully parenthesised) of a kernel without vector buffers."""
+    return WGSL().expr(e)
 
 
 #: name of the uniform buffer of run-time parameters (shapes, scalars) a kernel may read, see :func:`uniform`
@@ -175,7 +154,7 @@ def uniform(i: int) -> str:
     """The WGSL reference to 32-bit word ``i`` of a kernel's uniform buffer, as an ``i32``.
 
     Uniform arrays need 16-byte element strides (WGSL §14.4.4), so the words are packed four to
-    a ``vec4<i32>``. Use it as the name of a :class:`~kiln.te.expr.Var` in an expression (a float
+    a ``vec4<i32>``. Use it as the name of a :class:`~kiln.arith.expr.Var` in an expression (a float
     is ``call("bitcast_f32", ...)`` of it) and pass ``uniform_words`` to :func:`render`.
     """
     return f"{UNIFORM}[{i // 4}][{i % 4}]"
@@ -190,10 +169,11 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
 
     ``uniform_words`` > 0 declares a uniform buffer of that many ``i32`` words (see :func:`uniform`)
     at the binding after the storage buffers: shape-generic kernels read their shapes from it.
-    A kernel over run-time dims (:class:`~kiln.te.expr.SizeVar`) declares the dims uniform
+    A kernel over run-time dims (:class:`~kiln.arith.expr.SizeVar`) declares the dims uniform
     :data:`DIMS` (``array<vec4<i32>, K>``, dim ``i`` in word ``i``) at that binding instead.
     """
     wg = k.schedule.workgroup_size
+    r = WGSL(k.vectors)
     lines = [f"// Kiln kernel {k.name}" + (f": {comment}" if comment else ""), "// generated from a tensor expression; do not edit", ""]
     for i, p in enumerate(k.params):
         access = "read" if p.access == "read" else "read_write"
@@ -225,16 +205,11 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
         lines += [
             "fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {",
             f"    let {k.gid.name} = i32(id.x + id.y * groups.x * {wg}u);",
-            f"    if ({k.gid.name} >= {expr(k.total) if isinstance(k.total, Expr) else f'{k.total}i'}) {{",
+            f"    if ({k.gid.name} >= {r.extent(k.total)}) {{",
             "        return;",
             "    }",
         ]
-    _VECTORS.clear()
-    _VECTORS.update(k.vectors)
-    try:
-        body = _stmts(k.body, 1, k.vectors)
-    finally:
-        _VECTORS.clear()
+    body = r.stmts(k.body, 1)
     text = "\n".join(body)
     if any(_F16.search(line) for line in lines[3:] + body):  # f16 types need the extension (WGSL §4.1.2)
         lines.insert(3, "enable f16;")

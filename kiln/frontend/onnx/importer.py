@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from kiln.arith import symbolic
 from kiln.errors import KilnError, ModelFormatError, ShapeError, UnsupportedOpError
 from kiln.frontend.onnx import ops as _ops  # noqa: F401  (registers the converters)
 from kiln.frontend.onnx.registry import lookup
@@ -195,8 +196,6 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
     for key, value in list(dims.items()):
         spec = parse_dim_spec(key, value)
         if isinstance(spec, tuple):
-            from kiln.te import symbolic
-
             size_vars[key] = symbolic.size_var(key, len(size_vars), *spec)
             dims[key] = size_vars[key]
         else:
@@ -365,8 +364,6 @@ def _convert_nodes(model: onnx.ModelProto, b: Builder, nodes, env: dict[str, Val
 def _symbolic_error(node: onnx.NodeProto, opset: int, ins: list[Value | None], e: TypeError) -> None:
     """Raise the KilnError of a converter that met a run-time dim it cannot handle (a Python ``int()`` or
     comparison of a size expression raised TypeError): names the node, the op and the dims."""
-    from kiln.te import symbolic
-
     names = sorted({s.name for v in ins if v is not None for s in symbolic.symbols(
         (v.shape, v.const) if v.is_shape_const else v.shape)})
     shapes = ", ".join(f"%{v.name} {symbolic.format_shape(v.shape)}" for v in ins if v is not None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.arith import symbolic
 from kiln.errors import ConstantInputError, KilnError
 from kiln.ir.graph import Value
 
@@ -32,16 +33,12 @@ def norm_axis(axis: int, rank: int) -> int:
 
 def dims_of(values) -> tuple:
     """Shape entries from a constant's ``tolist()``: ints, or size expressions of run-time dims
-    (:mod:`kiln.te.symbolic`), simplified."""
-    from kiln.te import symbolic
-
+    (:mod:`kiln.arith.symbolic`), simplified."""
     return tuple(symbolic.simplify(d) for d in values)
 
 
 def shape_array(dims) -> np.ndarray:
     """A shape as an int64 array, or an object array when a dim is a size expression."""
-    from kiln.te import symbolic
-
     if symbolic.is_static(dims):
         return np.array([int(d) for d in dims], np.int64)
     out = np.empty(len(dims), object)

@@ -12,6 +12,7 @@ import numpy as np
 from kiln.errors import ShapeError
 from kiln.frontend.onnx.ops.nn import transpose
 from kiln.frontend.onnx.ops.qlinear import _centred, _col_param, _f32, _i32, _requantize, _row_param
+from kiln.frontend.onnx.ops.quant import _saturate_cast
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
 
@@ -36,8 +37,6 @@ def qlinear_add(b: Builder, a: Value, a_scale: Value, a_zero_point: Value | None
     y = b.op("Round", [b.op("Add", [va, vb])])
     if y_zero_point is not None:
         y = b.op("Add", [y, _f32(b, _scalar(b, y_zero_point))])
-    from kiln.frontend.onnx.ops.quant import _saturate_cast
-
     return _saturate_cast(b, y, y_zero_point.dtype if y_zero_point is not None else a.dtype)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.arith import symbolic
 from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.ops.common import const_value, dims_of, norm_axis, shape_array
 from kiln.frontend.onnx.ops.nn import _reshape, transpose
@@ -43,8 +44,6 @@ def slice_attrs(shape, starts, ends, axes, steps) -> dict[str, tuple[int, ...]]:
         if step == 0:
             raise KilnError("Slice: steps must not be 0")
         d = shape[a]
-        from kiln.te import symbolic
-
         if symbolic.is_symbolic(s) or symbolic.is_symbolic(e) or symbolic.is_symbolic(d):
             s, e = symbolic.clamp_slice(s, e, d, step)
             st[a], en[a], sp[a] = s, e, step
@@ -177,8 +176,6 @@ def range_(b: Builder, start: Value, limit: Value, delta: Value) -> Value:
 
 
 def _range_runtime(b: Builder, s, limit, d: np.ndarray, dtype: str) -> Value:
-    from kiln.te import symbolic
-
     if d.dtype == object or dtype not in ("int32", "int64") or int(d) == 0:
         raise KilnError(f"Range with run-time dims needs integer start/limit and a constant non-zero delta, got "
                         f"{dtype} delta {d}")
@@ -192,8 +189,6 @@ def constant_of_shape(b: Builder, shape: Value, *, value=None) -> Value:
     """ONNX ConstantOfShape-9/20/21: a constant tensor of the (constant) ``shape`` filled with ``value``."""
     fill = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
     dims = dims_of(const_value(shape, "input").tolist())
-    from kiln.te import symbolic
-
     if not symbolic.is_static(dims):  # a run-time shape: the fill value broadcast by an Expand kernel
         return b.op("Expand", [b.const(fill[:1].reshape(()), name=b.scope)], shape=dims)
     return b.const(np.full(dims, fill[0], dtype=fill.dtype), name=b.scope)

@@ -8,7 +8,7 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.frontend.onnx.ops.common import const_value, norm_axis
 from kiln.frontend.onnx.ops.indexing import _pad, _slice, slice_attrs
-from kiln.frontend.onnx.ops.nn import _reshape
+from kiln.frontend.onnx.ops.nn import _reshape, window_attrs
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir import dtypes
 from kiln.ir.graph import Builder, Value
@@ -130,8 +130,6 @@ def lp_pool(b: Builder, x: Value, *, kernel_shape, p: int = 2, auto_pad: str = "
             dilations=None, pads=None, strides=None) -> Value:
     """ONNX LpPool-2/11/18: ``(sum over the window of |x|^p)^(1/p)``, as an AveragePool of ``|x|^p`` (padding counts
     as zeros) times the window size."""
-    from kiln.frontend.onnx.ops.nn import window_attrs
-
     if p <= 0:
         raise KilnError(f"LpPool: p must be positive, got {p}")
     a = b.op("Abs", [x])

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from kiln.arith import symbolic
 from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.ops.common import norm_axis
 from kiln.frontend.onnx.registry import onnx_op
@@ -17,8 +18,6 @@ def _reshape(b: Builder, v: Value, shape: tuple[int, ...]) -> Value:
         return v
     if v.is_const:
         return b.const(v.const.reshape(shape), name=v.name)
-    from kiln.te import symbolic
-
     return b.op("Reshape", [v], shape=symbolic.shape(shape))
 
 
@@ -208,8 +207,6 @@ def _softmax_axis(b: Builder, x: Value, axis: int, log: bool) -> Value:
 @onnx_op("Softmax", since=1)
 def softmax_1(b: Builder, x: Value, *, axis: int = 1) -> Value:
     """ONNX Softmax-1/11: softmax over the input flattened to 2-D at ``axis``."""
-    from kiln.te import symbolic
-
     ax = norm_axis(axis, len(x.shape))
     flat = _reshape(b, x, (symbolic.prod(x.shape[:ax]), symbolic.prod(x.shape[ax:])))
     return _reshape(b, _softmax_axis(b, flat, 1, False), x.shape)

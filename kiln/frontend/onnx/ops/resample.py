@@ -7,13 +7,13 @@ from fractions import Fraction
 
 import numpy as np
 
+from kiln.arith import symbolic
 from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.ops.common import const_value, dims_of, norm_axis
 from kiln.frontend.onnx.ops.nn import _reshape, transpose
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
 from kiln.ir.ops_resample import COORD_MODES, NEAREST_MODES
-from kiln.te import symbolic
 
 
 def _resize(b: Builder, x: Value, scales, sizes, *, mode: str, coord: str, nearest_mode: str,

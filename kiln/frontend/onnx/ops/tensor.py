@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.arith import symbolic
 from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.ops.common import const_value, norm_axis, shape_array
+from kiln.frontend.onnx.ops.control import runtime_if
 from kiln.frontend.onnx.ops.nn import _reshape, transpose
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
@@ -14,8 +16,6 @@ from kiln.ir.graph import Builder, Value
 
 def resolve_reshape(src: tuple[int, ...], shape: list[int], allowzero: int = 0) -> tuple[int, ...]:
     """ONNX Reshape's target shape: 0 copies the input dim (unless ``allowzero``), one -1 is inferred."""
-    from kiln.te import symbolic
-
     if not symbolic.is_static(src) or not symbolic.is_static(shape):
         return symbolic.resolve_reshape(src, shape, allowzero)
     out = [src[i] if (d == 0 and not allowzero) else int(d) for i, d in enumerate(shape)]
@@ -45,8 +45,6 @@ def flatten(b: Builder, x: Value, *, axis: int = 1) -> Value:
     if not -rank <= axis <= rank:
         raise ShapeError(f"Flatten: axis {axis} is out of range for rank {rank}")
     ax = axis + rank if axis < 0 else axis
-    from kiln.te import symbolic
-
     return _reshape(b, x, (symbolic.prod(x.shape[:ax]), symbolic.prod(x.shape[ax:])))
 
 
@@ -124,8 +122,6 @@ def if_(b: Builder, cond: Value, *, then_branch, else_branch) -> list[Value]:
     (:func:`kiln.frontend.onnx.ops.control.runtime_if`).
     """
     if cond is not None and not cond.is_const:
-        from kiln.frontend.onnx.ops.control import runtime_if
-
         return runtime_if(b, cond, then_branch, else_branch)
     taken = then_branch if bool(const_value(cond, "cond").reshape(-1)[0]) else else_branch
     return b.subgraph(taken)

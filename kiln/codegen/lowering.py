@@ -1,0 +1,105 @@
+"""The target-neutral half of code generation: a fused group as one tensor expression, lowered.
+
+Every target builds its kernels from :func:`group_expr` (producers inlined into the group's output,
+storage conversions and fp16 rules applied) under its own schedules (:func:`build_group`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kiln.errors import KilnError
+from kiln.ir import dtypes
+from kiln.kernels import library, storage
+from kiln.passes.fusion import Group
+from kiln.passes.memory_plan import MemoryPlan, needs_buffer
+from kiln.te.compute import Tensor, inline, placeholder
+from kiln.te.half import demote
+from kiln.te.lower import lower
+from kiln.te.schedule import Schedule, default_schedule
+
+#: dtypes the WebGPU target's kernels read and write (stored as in kiln.kernels.storage)
+KERNEL_DTYPES = {"float32", "float16", "int32", "int64", "bool", "uint8", "int8", "uint16", "int16", "uint32", "uint64",
+                 *dtypes.NARROW_FLOATS, *dtypes.NARROW_INTS}
+
+
+def steps_for(groups: list[Group], outputs: list[Any]) -> list[int]:
+    """Indices of the plan steps (the non-alias, non-empty groups in order, as :func:`build_kernels` makes
+    them) that ``outputs`` (IR values) depend on: running just those, in order, computes ``outputs``.
+
+    Running a subset of the steps in order is safe with the shared activation buffers: every value is
+    still written before it is read and not overwritten in between (dropping steps drops only writes).
+    """
+    producer: dict[int, Group] = {}
+    for g in groups:
+        for n in g.nodes:
+            for o in n.outputs:
+                producer[id(o)] = g
+    needed: set[int] = set()
+    todo = [producer[id(v)] for v in outputs if id(v) in producer]
+    while todo:
+        g = todo.pop()
+        if id(g) in needed:
+            continue
+        needed.add(id(g))
+        todo += [producer[id(v)] for n in g.nodes for v in n.inputs if id(v) in producer]
+    work = [g for g in groups if not g.alias and g.output.size]
+    return [i for i, g in enumerate(work) if id(g) in needed]
+
+
+def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "float32") -> Tensor:
+    """The tensor expression of a fused group, producers inlined into the group's output.
+
+    Each placeholder's ``attrs["value"]`` is the IR value it binds to. A float16 value computed inside
+    the group is rounded to float16 where it is produced (:func:`kiln.kernels.storage.round_view`), so
+    results do not depend on fusion. With a ``plan`` that stores
+    values as f16 (fp16 compute) the expression reads and writes them as f16 and computes by the
+    mixed-precision rules of :mod:`kiln.te.half` (dot products accumulated in ``accumulate``).
+
+    Raises:
+        KilnError: if the group touches a dtype the WebGPU kernels do not support yet.
+    """
+    env: dict[int, Any] = {}
+    for node in group.nodes:
+        operands = []
+        for v in node.inputs:
+            if id(v) in env:
+                operands.append(env[id(v)])
+            elif v.is_const and not needs_buffer(node, v):
+                operands.append(storage.scalar(v.const.reshape(()).item(), v.dtype,
+                                               f"node {node.name!r} ({node.op}) constant %{v.name}"))
+            else:
+                if v.dtype not in KERNEL_DTYPES:
+                    raise KilnError(f"node {node.name!r} ({node.op}): {v.dtype} tensors are not supported by the "
+                                    f"webgpu target yet (input %{v.name})")
+                t = placeholder(v.shape, storage.placeholder_dtype(v.dtype, plan and plan.storage(v)), name=v.name)
+                t.attrs["value"] = v
+                env[id(v)] = storage.load_view(t, v.dtype)
+                operands.append(env[id(v)])
+        out = node.outputs[0]
+        if out.dtype not in KERNEL_DTYPES:
+            raise KilnError(f"node {node.name!r} ({node.op}): {out.dtype} results are not supported by the webgpu "
+                            "target yet")
+        env[id(out)] = library.build(node.op, operands, node.attrs, out.shape, group.name)
+        if out is not group.output and not (plan is not None and plan.half):
+            env[id(out)] = storage.round_view(env[id(out)], out.dtype)  # float16 intermediates, as if stored
+    final = inline(storage.store_view(env[id(group.output)], group.output.dtype, plan and plan.storage(group.output)))
+    if plan is not None and plan.half:
+        final = demote(final, accumulate)
+    if group.rows:  # a row kernel (kiln.te.rows): default_schedule gives it a workgroup per row
+        final.attrs = {**final.attrs, "rows": True}
+    return final
+
+
+def build_group(group: Group, schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule,
+                plan: MemoryPlan | None = None, accumulate: str = "float32"):
+    """A fused group lowered under ``schedule`` (or the one ``schedule(expr)`` picks); ``plan`` and
+    ``accumulate`` as for :func:`group_expr` (fp16 compute).
+
+    Returns:
+        ``(LoweredKernel, input values in binding order)``.
+    """
+    final = group_expr(group, plan, accumulate)
+    k = lower(final, schedule if isinstance(schedule, Schedule) else schedule(final), name=group.name)
+    return k, [t.attrs["value"] for t in k.inputs]

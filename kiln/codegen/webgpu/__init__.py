@@ -1,0 +1,112 @@
+"""The WebGPU target: WGSL compute shaders (:mod:`.wgsl`), validated by naga (:mod:`.validate`), built into a
+dispatch plan (:mod:`.build`), with run-time If/Loop as a nested plan (:mod:`.control`).
+
+Limits are WebGPU's defaults (WebGPU spec §3.6.2 "Limits"), which every conformant adapter supports, so a
+package compiled against them loads anywhere; the package records the limits it actually uses.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from kiln.arith import symbolic
+from kiln.codegen.lowering import group_expr
+from kiln.codegen.target import Program, Target, TargetBuild, register
+from kiln.codegen.webgpu import build as _build
+from kiln.codegen.webgpu.control import compile_control
+from kiln.errors import KilnError
+from kiln.ir.graph import Graph
+from kiln.package.format import DEFAULT_LIMITS
+from kiln.passes.fusion import Group
+from kiln.te.compute import Tensor, placeholders
+from kiln.te.rows import analyse_rows
+from kiln.te.schedule import Schedule, default_schedule
+
+
+@register
+class WebGPUTarget(Target):
+    """The WebGPU target: WGSL compute shaders and a dispatch plan (``targets.webgpu``).
+
+    Attributes:
+        limits: WebGPU limit name -> the ceiling generated code keeps within (WebGPU's defaults).
+        features: WebGPU features the package requires (``shader-f16`` for fp16 compute).
+    """
+
+    name = "webgpu"
+
+    def __init__(self, limits: dict[str, int] | None = None, features: tuple[str, ...] = ()):
+        super().__init__(limits or DEFAULT_LIMITS, features)
+
+    def default_schedule(self, t: Tensor, device_class: str = "gpu") -> Schedule:
+        """:func:`kiln.te.schedule.default_schedule` for ``device_class``."""
+        return default_schedule(t, device_class=device_class)
+
+    def check(self, graph: Graph, *, precision: str = "fp32", training: Any = None, control: bool = False) -> None:
+        """Refuse the combinations the webgpu runtimes do not run: run-time If/Loop with fp16, run-time dims or a
+        train step, and run-time dims with a train step."""
+        if graph.size_vars and training is not None:
+            dims = ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in graph.size_vars.values())
+            raise KilnError(f"run-time dims ({dims}) are supported by the webgpu target only (asked for webgpu, a "
+                            "train step); bind them statically with --dim NAME=SIZE for other targets")
+        if not control:
+            return
+        if training is not None:
+            raise KilnError("train-step packages of models with run-time control flow (If/Loop) are not supported")
+        if precision != "fp32":
+            raise KilnError(f"--precision {precision} is not supported yet for models with run-time control flow "
+                            "(If/Loop); compile them in fp32")
+        if graph.size_vars:
+            dims = ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in graph.size_vars.values())
+            raise KilnError(f"run-time dims ({dims}) are not supported yet for models with run-time control flow "
+                            "(If/Loop); bind them statically with --dim NAME=SIZE")
+
+    def row_kernels(self, device_class: str, precision: str, training: Any) -> Callable[[Group], bool] | None:
+        """The predicate :func:`kiln.passes.fusion.fuse` fuses row reductions with: gpu schedules, fp32 inference
+        only (cpu schedules would compute the fused reductions once per element)."""
+        if device_class == "gpu" and precision == "fp32" and training is None:
+            return _row_kernel
+        return None
+
+    def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
+        """WGSL kernels and the dispatch plan of ``program`` (a nested plan when it has run-time If/Loop)."""
+        fallback = functools.partial(default_schedule, device_class=program.device_class)
+        features = (*self.features, *(("shader-f16",) if program.accumulate is not None else ()))
+        if program.control:
+            kernels, steps, nested = compile_control(program, validate=validate,
+                                                     schedule=program.schedule or fallback,
+                                                     max_inputs=self.limits["maxStorageBuffersPerShaderStage"] - 1)
+        else:
+            schedule = program.schedule
+            if schedule is not None and program.graph.size_vars:
+                schedule = _static_only(schedule, fallback)
+            kernels, steps = _build.build_kernels(program.groups, program.plan, validate=validate, progress=progress,
+                                                  schedule=schedule or fallback,
+                                                  accumulate=program.accumulate or "float32")
+            nested = None
+        section = _build.section(program, kernels, steps, features, nested)
+        return TargetBuild(self.name, section, {k.path: k.source for k in kernels}, kernels, steps)
+
+
+def _row_kernel(group: Group) -> bool:
+    """Whether fused ``group`` lowers as a row kernel (:func:`kiln.te.rows.analyse_rows`)."""
+    try:
+        return not isinstance(analyse_rows(group_expr(group)), str)
+    except KilnError:
+        return False
+
+
+def _static_only(schedule: Callable[[Tensor], Schedule], fallback: Callable[[Tensor], Schedule]):
+    """``schedule`` (a tuning database's chooser, keyed by static shapes) for kernels of static shape; ``fallback``
+    (the default schedules) for kernels over run-time dims (docs/dynamic-shapes.md)."""
+    def choose(t: Tensor) -> Schedule:
+        if symbolic.symbols([t.shape, *(p.shape for p in placeholders(t))]):
+            return fallback(t)
+        return schedule(t)
+
+    return choose
+
+
+#: the WebGPU target's public names (``WebGPUTarget`` also through :func:`kiln.codegen.target.get_target`)
+__all__ = ["WebGPUTarget"]

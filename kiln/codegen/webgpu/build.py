@@ -1,0 +1,150 @@
+"""The WebGPU target's build: one WGSL compute shader per fused group and the dispatch plan.
+
+Each group is lowered under its schedule (the defaults for the device class, or a tuning database's),
+rendered by :mod:`kiln.codegen.webgpu.wgsl`, validated by naga and deduplicated by source
+(:class:`~kiln.codegen.target.KernelTable`). :func:`section` writes the manifest's ``targets.webgpu``
+(docs/package-format.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.arith import symbolic
+from kiln.codegen.lowering import build_group
+from kiln.codegen.target import KernelTable, Program, describe, progress_over
+from kiln.codegen.webgpu import wgsl
+from kiln.codegen.webgpu.validate import validate_wgsl
+from kiln.package import dynamic
+from kiln.passes.fusion import Group
+from kiln.passes.memory_plan import MemoryPlan
+from kiln.te.compute import Tensor
+from kiln.te.schedule import Schedule, default_schedule
+
+
+@dataclass
+class Kernel:
+    """One generated shader (shared by every step with identical source)."""
+
+    name: str
+    source: str
+    access: list[str]
+    ops: list[str]
+    schedule: dict = field(default_factory=dict)
+    #: what the manifest records about a tuned schedule (``speedup``, ``trials``, ``adapter``); empty if untuned
+    tuning: dict = field(default_factory=dict)
+    #: True when the kernel reads the run-time dims uniform (binding after its storage buffers)
+    dims: bool = False
+
+    @property
+    def workgroup_size(self) -> int:
+        """Invocations per workgroup (from the schedule)."""
+        return self.schedule.get("workgroup_size", 64)
+
+    @property
+    def path(self) -> str:
+        """The kernel's file in a package."""
+        return f"kernels/{self.name}.wgsl"
+
+    def to_json(self) -> dict[str, Any]:
+        """The kernel's entry in ``targets.webgpu.kernels``."""
+        return {"name": self.name, "source": self.path, "entry_point": "main",
+                "workgroup_size": [self.workgroup_size, 1, 1],
+                "bindings": [{"binding": i, "access": a} for i, a in enumerate(self.access)],
+                "ops": self.ops, "schedule": self.schedule, **({"dims_binding": len(self.access)} if self.dims else {}),
+                **({"tuned": True, "tuning": self.tuning} if self.tuning else {})}
+
+
+@dataclass
+class Step:
+    """One dispatch of the execution plan."""
+
+    kernel: int
+    dispatch: tuple[int, int, int]
+    buffers: list[int]
+    name: str
+    #: workgroups as a size expression of run-time dims (None when static; ``dispatch`` then holds the upper bound)
+    groups: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The step's entry in ``targets.webgpu.plan``."""
+        return {"kernel": self.kernel, "dispatch": list(self.dispatch), "buffers": self.buffers, "node": self.name,
+                **dynamic.step_fields(self)}
+
+
+class WebGPUKernels(KernelTable):
+    """The WGSL kernels of a plan: rendered, validated and deduplicated (also used by the control-flow plan)."""
+
+    def __init__(self, validate: bool = True, features: tuple[str, ...] = ()):
+        super().__init__()
+        self.validate, self.features = validate, features
+
+    def step(self, g: Group, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
+             accumulate: str = "float32", shape_text: str | None = None) -> Step:
+        """Lower, render and add group ``g``; returns its plan step (buffers from ``plan.of``)."""
+        k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
+        src = wgsl.render(k, describe(g, shape_text))
+
+        def make(name: str) -> Kernel:
+            if self.validate:
+                validate_wgsl(src, name, features=self.features)
+            return Kernel(name, src, [p.access for p in k.params], [n.op for n in g.nodes], k.schedule.to_json(),
+                          dict(getattr(k.schedule, "tuning", None) or {}), dims=bool(k.size_vars))
+
+        index = self.add(src, g.name, make)
+        bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
+        groups = k.groups
+        if symbolic.is_symbolic(groups):
+            dispatch = k.schedule.dispatch(symbolic.upper(groups) * k.schedule.workgroup_size)
+            return Step(index, dispatch, bufs, g.nodes[0].name, groups=groups)
+        return Step(index, k.dispatch, bufs, g.nodes[0].name)
+
+
+def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, progress: bool = False,
+                  schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule, accumulate: str = "float32"):
+    """Generate, deduplicate and validate the WGSL of every non-alias group; returns ``(kernels, steps)``.
+
+    ``schedule`` is one schedule for every kernel or a function choosing one per kernel
+    expression (default :func:`~kiln.te.schedule.default_schedule`). Values ``plan`` stores as f16
+    are computed with fp16 compute (dot products accumulated in ``accumulate``, see :mod:`kiln.te.half`).
+    """
+    table = WebGPUKernels(validate, ("shader-f16",) if plan.half else ())
+    work = [g for g in groups if not g.alias and g.output.size]  # an empty tensor needs no kernel
+    steps = [table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape))
+             for g in progress_over(work, progress, "generating kernels")]
+    return table.kernels, steps
+
+
+def needed_limits(kernels: list[Kernel], steps: list[Step], plan: MemoryPlan) -> dict[str, int]:
+    """The WebGPU limits (spec names) the package's plan actually uses: a runtime asks the device for these."""
+    biggest = max((b.nbytes for b in plan.buffers), default=4)
+    return {
+        "maxStorageBuffersPerShaderStage": max((len(k.access) for k in kernels), default=1),
+        "maxStorageBufferBindingSize": biggest,
+        "maxBufferSize": biggest,
+        "maxComputeWorkgroupsPerDimension": max((max(s.dispatch) for s in steps), default=1),
+        "maxComputeInvocationsPerWorkgroup": max((k.workgroup_size for k in kernels), default=1),
+        "maxComputeWorkgroupSizeX": max((k.workgroup_size for k in kernels), default=1),
+    }
+
+
+def section(program: Program, kernels: list[Kernel], steps: list[Step], features: tuple[str, ...],
+            control_plan: list[dict] | None = None) -> dict[str, Any]:
+    """The manifest's ``targets.webgpu``: features, limits, kernels and the plan (nested for run-time
+    control flow; a train-step package's inference plan, with the whole ``train_plan`` beside it)."""
+    graph = program.graph
+    plan_steps = control_plan if control_plan is not None else [s.to_json() for s in steps]
+    train_steps = None
+    if program.infer_steps is not None:
+        train_steps, plan_steps = plan_steps, [plan_steps[i] for i in program.infer_steps]
+    return {
+        "features": list(features),
+        "device_class": program.device_class,
+        "limits": needed_limits(kernels, steps, program.plan),
+        "kernels": [k.to_json() for k in kernels],
+        "plan": plan_steps,
+        **({"dims_uniform": dynamic.uniform_section(graph)} if graph.size_vars else {}),
+        **({"train_plan": train_steps} if train_steps is not None else {}),
+    }

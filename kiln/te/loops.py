@@ -1,0 +1,300 @@
+"""The loop IR: the small imperative kernel IR that lowering produces and every target renders.
+
+A :class:`LoweredKernel` is a list of statements run by each invocation over flat buffer parameters
+(:class:`Param`): ``let``/mutable locals, counted loops, guarded blocks, workgroup barriers and stores,
+with expressions of :mod:`kiln.arith.expr` plus the flat loads of this module (:class:`BufLoad`,
+:class:`VecLoad`). :mod:`kiln.te.lower` builds it; the renderers in ``kiln.codegen`` (WGSL, GLSL, C)
+read it. The helpers at the end build statement patterns shared by the lowerings (:mod:`kiln.te.lower`,
+row kernels :mod:`kiln.te.rows`, shared tiles :mod:`kiln.te.tiles`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kiln.arith.expr import FLOATS, Const, Expr, Reduce, SizeVar, Var, binop, call, cast, const, highest, linear, lowest
+from kiln.arith.symbolic import ceil_div, is_symbolic, simplify
+from kiln.te.compute import Tensor
+
+if TYPE_CHECKING:
+    from kiln.te.schedule import Schedule
+
+
+@dataclass(frozen=True, eq=True)
+class BufLoad(Expr):
+    """Element ``index`` of flat buffer parameter ``buf``; ``guard`` clamps the index into ``[0, size)``."""
+
+    buf: str
+    index: Expr
+    size: int
+    guard: bool
+    dtype: str
+
+
+@dataclass(frozen=True, eq=True)
+class VecLoad(Expr):
+    """Vector ``index`` (``width`` consecutive elements from ``index * width``) of workgroup array
+    ``buf``, declared as an array of ``width``-vectors (see ``LoweredKernel.vectors``); ``dtype`` is the element type."""
+
+    buf: str
+    index: Expr
+    width: int
+    dtype: str
+
+
+@dataclass(frozen=True, eq=True)
+class Lane(Expr):
+    """Component ``lane`` of vector expression ``x`` (a :class:`VecLoad` or a variable bound to one)."""
+
+    x: Expr
+    lane: int
+    dtype: str
+
+
+@dataclass(frozen=True, eq=True)
+class Vec(Expr):
+    """A vector of ``items`` (each of element type ``dtype``), stored whole by a :class:`Store` to an
+    array of vectors (``LoweredKernel.vectors``), whose index then counts vectors."""
+
+    items: tuple
+    dtype: str
+
+
+@dataclass
+class Let:
+    """An immutable local: ``let name = value``."""
+
+    var: Var
+    value: Expr
+
+
+@dataclass
+class Decl:
+    """A mutable local with an initial value."""
+
+    var: Var
+    value: Expr
+
+
+@dataclass
+class Assign:
+    """``var = value``."""
+
+    var: Var
+    value: Expr
+
+
+@dataclass
+class For:
+    """``for var in [0, extent)``."""
+
+    var: Var
+    extent: int
+    body: list = field(default_factory=list)
+
+
+@dataclass
+class Barrier:
+    """``workgroupBarrier()``: every invocation of the workgroup reaches it before any passes
+    (WGSL §17.11); only emitted at the top level of a kernel body (uniform control flow)."""
+
+
+@dataclass
+class If:
+    """``if (cond) { body }``."""
+
+    cond: Expr
+    body: list = field(default_factory=list)
+
+
+@dataclass
+class Store:
+    """``buf[index] = value``."""
+
+    buf: str
+    index: Expr
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Param:
+    """A buffer parameter of a kernel: binding position is its index in ``LoweredKernel.params``."""
+
+    name: str
+    dtype: str
+    size: int
+    access: str  # "read" or "read_write"
+
+
+@dataclass
+class LoweredKernel:
+    """A kernel ready for codegen.
+
+    Attributes:
+        name: entry-point-friendly name.
+        params: buffers in binding order (inputs first, then the output).
+        inputs: the placeholder each input param was made from (same order as ``params[:-1]``).
+        total: register tiles of the output (each one invocation, or ``reduce_lanes`` of them); under
+            shared operand tiles (``schedule.shared_k``), the invocations of the dispatch.
+        gid: the variable holding the invocation's flat tile index.
+        body: statements run when ``gid < total`` (every invocation when :attr:`cooperative`: then
+            the body binds ``gid`` itself from the builtins ``lid``, the local invocation index,
+            and ``wid``, the flat workgroup index, and guards its stores).
+        schedule: the schedule it was lowered with.
+        shared: workgroup-memory arrays, name -> (dtype, elements).
+        vectors: workgroup arrays declared as arrays of vectors, name -> width (``vector_width``):
+            read whole with :class:`VecLoad`, stored element by element (``buf[i / w][i % w]``) or
+            whole (a :class:`Vec` value); a storage buffer among them is bound as an array of vectors.
+    """
+
+    name: str
+    params: list[Param]
+    inputs: list[Tensor]
+    total: int
+    gid: Var
+    body: list
+    schedule: Schedule
+    shared: dict[str, tuple[str, int]] = field(default_factory=dict)
+    vectors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def lanes(self) -> int:
+        """Invocations cooperating on one tile's reductions."""
+        return self.schedule.reduce_lanes
+
+    @property
+    def cooperative(self) -> bool:
+        """Whether the invocations of a workgroup cooperate through workgroup memory and barriers
+        (reduce lanes or shared operand tiles): none may return early."""
+        return self.lanes > 1 or bool(self.shared)
+
+    @property
+    def dispatch(self) -> tuple[int, int, int]:
+        """Workgroup counts of the dispatch (for run-time dims: see :attr:`groups`)."""
+        return self.schedule.dispatch(self.total * self.lanes)
+
+    @property
+    def groups(self) -> int | Expr:
+        """Workgroups of the dispatch before wrapping into y: an int, or a size expression of run-time dims."""
+        return ceil_div(simplify(self.total * self.lanes), self.schedule.workgroup_size)
+
+    @property
+    def size_vars(self) -> list:
+        """The run-time dims (:class:`~kiln.arith.expr.SizeVar`) the kernel reads, by uniform index."""
+        found: dict = {}
+        seen: set[int] = set()
+
+        def walk(x):
+            if isinstance(x, (list, tuple)):
+                for a in x:
+                    walk(a)
+            elif isinstance(x, SizeVar):
+                found[x.name] = x
+            elif hasattr(x, "__dataclass_fields__") and not isinstance(x, (Var, Const, Tensor)):
+                if id(x) in seen:
+                    return
+                seen.add(id(x))
+                for f in x.__dataclass_fields__:
+                    walk(getattr(x, f))
+
+        walk(self.body)
+        walk(self.total)
+        return sorted(found.values(), key=lambda s: s.index)
+
+
+def ravel(indices, shape) -> Expr:
+    flat: Expr = const(0, "int32")
+    for i, d in zip(indices, shape):
+        flat = flat * d + i
+    return flat
+
+
+def unravel(flat_index: Expr, axes, shape, total: int) -> list:
+    """``Let`` statements binding each of ``axes`` to its coordinate in flat ``flat_index`` over ``shape``
+    (dims may be size expressions of run-time dims)."""
+    out = []
+    for k, (ax, d) in enumerate(zip(axes, shape)):
+        stride = simplify(prod(shape[k + 1:]))
+        if not is_symbolic(d) and d == 1:
+            out.append(Let(ax, const(0, "int32")))
+            continue
+        v = flat_index // stride if not (not is_symbolic(stride) and stride == 1) else flat_index
+        if simplify(stride * d) != simplify(total):
+            v = v % d
+        out.append(Let(ax, v))
+    return out
+
+
+def prod(dims):
+    n = 1
+    for d in dims:
+        n = n * d
+    return n
+
+
+def accumulator_init(r: Reduce) -> Expr:
+    """The identity of reduction ``r``'s combiner: its accumulator's initial value."""
+    return const({"sum": 0.0 if r.dtype in FLOATS else 0, "max": lowest(r.dtype), "min": highest(r.dtype),
+                  "prod": 1}[r.op], r.dtype)
+
+
+def lane_loop(ax0: Var, lanes: int, lane: Expr, name: str) -> tuple[For, list]:
+    """A loop over every ``lanes``-th value of reduction axis ``ax0`` from ``lane`` on (binding ``ax0``), the last,
+    partial round guarded; returns the loop and the block its body statements go into."""
+    steps = ceil_div(ax0.extent, lanes)
+    loop = For(Var(name, steps), steps)
+    loop.body.append(Let(ax0, loop.var * lanes + lane))
+    inner = loop.body
+    if is_symbolic(steps) or steps * lanes != ax0.extent:
+        guard = If(binop("<", ax0, ax0.extent))
+        inner.append(guard)
+        inner = guard.body
+    return loop, inner
+
+
+def combine(op: str, acc: Expr, v: Expr) -> Expr:
+    """One step of reduction ``op`` (``sum``, ``prod``, ``max``, ``min``)."""
+    if op == "sum":
+        return acc + v
+    if op == "prod":
+        return acc * v
+    return call(op, acc, v)
+
+
+def combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: list) -> dict[str, tuple[str, int]]:
+    """Tree-combine each lane's partial accumulators through workgroup memory (log2(lanes) steps).
+
+    Accumulator ``a`` of invocation ``lid`` lives at ``red[a * width + lid]``, so the lanes of
+    a step touch consecutive words. Afterwards every lane holds the tile's full value.
+    Returns the workgroup arrays used.
+    """
+    lid, lane = Var("lid"), Var("lane")
+    dtypes = {acc.dtype for acc, _ in accs}
+    # one workgroup array: f16 and f32 accumulators (fp16 compute) meet in f32
+    dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
+    size = len(accs) * width
+
+    def slot(a: int, offset: int = 0) -> Expr:
+        return linear(lid + (a * width + offset))
+
+    for a, (acc, _) in enumerate(accs):
+        body.append(Store("red", slot(a), cast(acc, dtype)))
+    stride = lanes // 2
+    while stride >= 1:
+        body.append(Barrier())
+        step = If(binop("<", lane, stride))
+        for a, (_, op) in enumerate(accs):
+            x = BufLoad("red", slot(a), size, False, dtype)
+            y = BufLoad("red", slot(a, stride), size, False, dtype)
+            step.body.append(Store("red", slot(a), combine(op, x, y)))
+        body.append(step)
+        stride //= 2
+    body.append(Barrier())
+    for a, (acc, _) in enumerate(accs):
+        body.append(Assign(acc, cast(BufLoad("red", linear(lid - lane + a * width), size, False, dtype), acc.dtype)))
+    return {"red": (dtype, size)}
+
+
+__all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Lane", "Let", "LoweredKernel", "Param", "Store", "Vec",
+           "VecLoad", "accumulator_init", "combine", "combine_lanes", "lane_loop", "prod", "ravel", "unravel"]
