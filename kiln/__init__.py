@@ -85,15 +85,20 @@ def compile(model, *args, **options):
 
 def load(package, target: str = "webgpu", **options):
     """Load a package for native execution of its ``target``: ``webgpu`` (wgpu-py; see
-    :class:`kiln.runtime.native.Session`) or ``wasm`` (wasmtime; see :class:`kiln.runtime.wasm.WasmSession`).
-    Both sessions have the same API (``run``, ``inputs``, ``outputs``, ``benchmark``, ``profile``)."""
-    if target not in ("webgpu", "wasm"):
-        raise KilnError(f"the native runtime runs the webgpu and wasm targets, not {target!r}"
+    :class:`kiln.runtime.native.Session`), ``wasm`` (wasmtime; see :class:`kiln.runtime.wasm.WasmSession`) or
+    ``cpu`` (the C kernels built for this machine; see :class:`kiln.runtime.cpu.CpuSession`, option ``threads``).
+    The sessions have the same API (``run``, ``inputs``, ``outputs``, ``benchmark``, ``profile``)."""
+    if target not in ("webgpu", "wasm", "cpu"):
+        raise KilnError(f"the native runtime runs the webgpu, wasm and cpu targets, not {target!r}"
                         + (" (WebGL2 runs in browsers: kiln serve PACKAGE, or kiln.js)" if target == "webgl2" else ""))
     if target == "wasm":
         from kiln.runtime.wasm import WasmSession
 
         return WasmSession(package, **options)
+    if target == "cpu":
+        from kiln.runtime.cpu import CpuSession
+
+        return CpuSession(package, **options)
     from kiln.runtime.native import Session
 
     return Session(package, target=target, **options)

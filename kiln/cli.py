@@ -54,7 +54,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Package directory to write.")
 @click.option("--target", default="webgpu", show_default=True, metavar="TARGETS",
-              help="Code generation targets, a comma list of webgpu, webgl2 and wasm (e.g. webgpu,webgl2,wasm).")
+              help="Code generation targets, a comma list of webgpu, webgl2, wasm and cpu (e.g. webgpu,webgl2,wasm).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4; a range makes it a run-time dim: "
               "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128; --dim H=32..960%32: multiples of 32 only).")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
@@ -174,11 +174,14 @@ def _load_npz(path: Path) -> dict:
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
 @click.option("--top", type=click.IntRange(1), default=5, show_default=True, help="Classes to show with --image.")
 @click.option("--profile", is_flag=True, help="Also print time per kernel (WebGPU timestamp queries; wasm: wall clock).")
-@click.option("--target", type=click.Choice(["webgpu", "wasm"]), default="webgpu", show_default=True,
-              help="The package's target to run: webgpu (wgpu-py) or wasm (wasmtime, one thread).")
+@click.option("--target", type=click.Choice(["webgpu", "wasm", "cpu"]), default="webgpu", show_default=True,
+              help="The package's target to run: webgpu (wgpu-py), wasm (wasmtime) or cpu (native C for this machine).")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="Threads of the wasm and cpu targets (default: wasm 1, cpu every core).")
 def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, warmup: int, top: int,
-            profile: bool, target: str) -> None:
-    """Run PACKAGE natively (wgpu-py, or wasmtime for --target wasm) on an image or on named inputs, and time it."""
+            profile: bool, target: str, threads: int | None) -> None:
+    """Run PACKAGE natively (wgpu-py; wasmtime for --target wasm; native C for --target cpu) on an image or on
+    named inputs, and time it."""
     import numpy as np
 
     import kiln
@@ -187,7 +190,9 @@ def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, war
         raise click.UsageError("give either --image or --inputs, not both")
     if outputs and outputs.exists() and not force:
         raise KilnError(f"{outputs} already exists; pass --force to overwrite it")
-    session = kiln.load(package, target=target)
+    if threads is not None and target == "webgpu":
+        raise click.UsageError("--threads is for the wasm and cpu targets")
+    session = kiln.load(package, target=target, **({"threads": threads} if threads is not None else {}))
     m = session.manifest
     if image:
         pre = m.get("preprocess")
@@ -368,6 +373,8 @@ def info_cmd(package: Path, as_json: bool) -> None:
         if name == "wasm":
             extra += (f", {_fmt_bytes(tgt['bytes'])} module, {_fmt_bytes(tgt['memory']['bytes'])} memory"
                       + (", threads" if tgt.get("threads") else ""))
+        if name == "cpu":
+            extra += f", {_fmt_bytes(tgt['bytes'])} of C, {_fmt_bytes(tgt['memory']['bytes'])} memory"
         click.echo(f"target {name}: {len(tgt['kernels'])} kernels, {len(kernel_steps(tgt['plan']))} "
                    f"{ {'webgpu': 'dispatches', 'webgl2': 'draws'}.get(name, 'calls')}{extra}")
         for i, k in enumerate(tgt["kernels"]):

@@ -16,14 +16,16 @@ from kiln.frontend.onnx.importer import import_model
 from kiln.ir import interp
 
 #: the targets :func:`check_op` runs on unless a test says otherwise: ``KILN_OP_TARGETS`` (a comma list)
-#: or webgpu; tests/test_wasm.py runs its per-op tests with ("wasm",), tests/test_webgl2.py with ("webgl2",).
-#: ``webgpu`` and ``wasm`` run natively (wgpu-py, wasmtime); ``webgl2`` and ``browser:NAME`` (``browser:webgpu``,
+#: or webgpu; tests/test_wasm.py runs its per-op tests with ("wasm",), tests/test_cpu.py with ("cpu",),
+#: tests/test_webgl2.py with ("webgl2",).
+#: ``webgpu``, ``wasm`` and ``cpu`` run natively (wgpu-py, wasmtime, a shared library); ``webgl2`` and
+#: ``browser:NAME`` (``browser:webgpu``,
 #: ``browser:wasm``) run kiln.js in headless Chromium: ``KILN_OP_TARGETS=webgl2 pytest tests/test_ops.py`` runs
 #: every per-op test on WebGL2
 TARGETS: tuple[str, ...] = tuple(os.environ.get("KILN_OP_TARGETS", "webgpu").split(","))
 
 #: targets with a native runtime (the others run in the browser)
-NATIVE_TARGETS = ("webgpu", "wasm")
+NATIVE_TARGETS = ("webgpu", "wasm", "cpu")
 
 #: fp16 compute (``kiln compile --precision fp16``) natively on WebGPU: the one-node model is wrapped by
 #: :func:`fp16_model` so that the node reads and writes f16 activations, and compared with onnxruntime's
@@ -102,7 +104,8 @@ def check_fp16(model: onnx.ModelProto, inputs: dict[str, np.ndarray], op_type: s
 #: sin/cos are off by 2e-4), so the GLSL renderer computes sin and cos itself (kiln.codegen.webgl2.glsl.SINCOS)
 #: and every per-op test passes on WebGL2 at a factor of 1 (KILN_OP_TARGETS=webgl2); a GPU's WebGL driver
 #: may still approximate exp, tanh or pow more loosely than SwiftShader
-TOLERANCE: dict[str, float] = {"webgpu": 1.0, "wasm": 1.0, "webgl2": 1.0, "browser:webgpu": 1.0, "browser:wasm": 1.0}
+TOLERANCE: dict[str, float] = {"webgpu": 1.0, "wasm": 1.0, "cpu": 1.0, "webgl2": 1.0, "browser:webgpu": 1.0,
+                               "browser:wasm": 1.0}
 
 
 def _onnx_type(dtype: np.dtype) -> int:

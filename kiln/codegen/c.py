@@ -28,8 +28,8 @@ TYPES = {"float32": "float", "int32": "int", "bool": "int"}
 #: expression function -> scalar C (float operands); ``{i}`` variants for int operands
 FLOAT_FN = {"exp": "expf", "log": "logf", "sin": "sinf", "cos": "cosf", "tan": "tanf", "sqrt": "__builtin_sqrtf",
              "abs": "__builtin_fabsf", "floor": "__builtin_floorf", "ceil": "__builtin_ceilf",
-             "trunc": "__builtin_truncf", "round": "__builtin_rintf", "max": "__builtin_wasm_max_f32",
-             "min": "__builtin_wasm_min_f32", "tanh": "kiln_tanhf", "atan": "kiln_atanf", "pow": "kiln_powf",
+             "trunc": "__builtin_truncf", "round": "__builtin_rintf", "max": "kiln_fmaxf",
+             "min": "kiln_fminf", "tanh": "kiln_tanhf", "atan": "kiln_atanf", "pow": "kiln_powf",
              "asin": "kiln_asinf", "acos": "kiln_acosf", "sinh": "kiln_sinhf", "cosh": "kiln_coshf",
              "asinh": "kiln_asinhf", "acosh": "kiln_acoshf", "atanh": "kiln_atanhf", "sign": "kiln_signf",
              "round_f16": "kiln_round_f16", "bitcast_i32": "kiln_bits_i32", "clamp": "kiln_clampf"}
@@ -37,7 +37,24 @@ INT_FN = {"abs": "kiln_iabs", "max": "kiln_imax", "min": "kiln_imin", "sign": "k
            "bitcast_f32": "kiln_bits_f32", "clamp": "kiln_iclamp"}
 
 #: the scalar helpers every kernel source starts with (after a target's own header)
-PRELUDE = r"""#define KILN_EXPORT(name) __attribute__((export_name(name), used))
+PRELUDE = r"""#ifdef __wasm__
+#define KILN_EXPORT(name) __attribute__((export_name(name), used))
+#define kiln_fmaxf __builtin_wasm_max_f32
+#define kiln_fminf __builtin_wasm_min_f32
+#define kiln_f2i __builtin_wasm_trunc_saturate_s_i32_f32
+#else
+// the same semantics as WebAssembly's f32.max/f32.min (NaN propagates, -0 < +0) and i32.trunc_sat_f32_s
+#define KILN_EXPORT(name) __attribute__((visibility("default"), used))
+static inline float kiln_fmaxf(float a, float b) {
+    return a != a || b != b ? a + b : (a > b ? a : (b > a ? b : (__builtin_signbit(a) ? b : a)));
+}
+static inline float kiln_fminf(float a, float b) {
+    return a != a || b != b ? a + b : (a < b ? a : (b < a ? b : (__builtin_signbit(a) ? a : b)));
+}
+static inline int kiln_f2i(float x) {
+    return x != x ? 0 : (x >= 2147483648.0f ? 2147483647 : (x < -2147483648.0f ? (-2147483647 - 1) : (int)x));
+}
+#endif
 #define KILN_INF __builtin_inff()
 #define KILN_NAN __builtin_nanf("")
 
@@ -56,10 +73,9 @@ static inline int kiln_iclamp(int x, int lo, int hi) { return kiln_imin(kiln_ima
 static inline int kiln_iabs(int a) { return a < 0 ? -a : a; }
 static inline int kiln_isign(int a) { return (a > 0) - (a < 0); }
 static inline float kiln_clampf(float x, float lo, float hi) {
-    return __builtin_wasm_min_f32(__builtin_wasm_max_f32(x, lo), hi);
+    return kiln_fminf(kiln_fmaxf(x, lo), hi);
 }
 static inline float kiln_signf(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); }
-static inline int kiln_f2i(float x) { return __builtin_wasm_trunc_saturate_s_i32_f32(x); }
 static inline int kiln_bits_i32(float x) { return __builtin_bit_cast(int, x); }
 static inline float kiln_bits_f32(int x) { return __builtin_bit_cast(float, x); }
 static inline int kiln_shl(int a, int b) { return (int)((unsigned)a << (b & 31)); }

@@ -204,7 +204,7 @@ def target_names() -> tuple[str, ...]:
 
 
 #: the modules defining the targets, in preference order, imported on first use of the registry
-TARGET_MODULES = ("kiln.codegen.webgpu", "kiln.codegen.webgl2", "kiln.codegen.wasm")
+TARGET_MODULES = ("kiln.codegen.webgpu", "kiln.codegen.webgl2", "kiln.codegen.wasm", "kiln.codegen.cpu")
 
 _loaded = False
 

@@ -15,7 +15,6 @@ browser runtime does with Web Workers (wasmtime releases the GIL while wasm runs
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import PackageError
-from kiln.package.format import from_storage, read_manifest, read_weights, sha256_file, verify_weights
-from kiln.runtime.feeds import storage_feeds
-from kiln.runtime.timing import wall_clock_ms
+from kiln.package.format import read_manifest, sha256_file, verify_weights
+from kiln.runtime.arena import ArenaSession
 
 
 def _shared_memory_class():
@@ -41,7 +39,7 @@ def _shared_memory_class():
     return SharedMemory
 
 
-class WasmSession:
+class WasmSession(ArenaSession):
     """A loaded package running its ``wasm`` target natively (the same API as :class:`kiln.runtime.native.Session`).
 
     Args:
@@ -63,6 +61,7 @@ class WasmSession:
         import wasmtime
 
         self.path = Path(package)
+        self.target = "wasm"
         self.manifest: dict[str, Any] = read_manifest(self.path)
         if target != "wasm" or "wasm" not in self.manifest["targets"]:
             raise PackageError(f"{self.path}: package has no 'wasm' target (has: {', '.join(self.manifest['targets'])}); "
@@ -123,32 +122,7 @@ class WasmSession:
             self._worker_steps = [[(fns[s["kernel"]], st) for st, fns in zip((w[0] for w in self.workers), per_worker)]
                                   for s in tgt["plan"]]
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiln-wasm")
-        for b, data in read_weights(self.path, self.manifest):
-            self._view(b["id"], data.nbytes)[:] = data.reshape(-1).view(np.uint8)
-        self.poison = poison
-        if poison:
-            for b in self.manifest["buffers"]:
-                if b["kind"] in ("activation", "output"):
-                    self._fill_nan(b["id"])
-
-    def _view(self, buffer_id: int, nbytes: int | None = None) -> np.ndarray:
-        """The bytes of buffer ``buffer_id`` in linear memory (a writable view)."""
-        start = self.offsets[buffer_id]
-        n = self.manifest["buffers"][buffer_id]["bytes"] if nbytes is None else nbytes
-        return self.mem[start:start + n]
-
-    def _fill_nan(self, buffer_id: int) -> None:
-        self._view(buffer_id).view(np.float32)[:] = np.nan
-
-    @property
-    def inputs(self) -> list[dict[str, Any]]:
-        """Input descriptions from the manifest: name, dtype, shape, symbolic_shape."""
-        return self.manifest["inputs"]
-
-    @property
-    def outputs(self) -> list[dict[str, Any]]:
-        """Output descriptions from the manifest."""
-        return self.manifest["outputs"]
+        self._load(poison)
 
     def adapter_info(self) -> dict[str, Any]:
         """What runs the kernels, in the keys :meth:`kiln.runtime.native.Session.adapter_info` uses."""
@@ -177,40 +151,6 @@ class WasmSession:
             self._pool.shutdown()
             self._pool = None
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape).
-
-        Returns:
-            Output name -> a new numpy array.
-
-        Raises:
-            ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
-                input value that does not fit in int32.
-            wasmtime.Trap: a kernel trapped (a bug: kernels never index out of memory).
-        """
-        for spec, a in storage_feeds(self.inputs, feeds):
-            if a.size:
-                self._view(spec["buffer"], a.nbytes)[:] = a.reshape(-1).view(np.uint8)
-        if self.poison:
-            for o in self.outputs:
-                self._fill_nan(o["buffer"])
-        self._compute()
-        return {o["name"]: from_storage(self._view(o["buffer"]).tobytes(), o["dtype"], o["shape"]) for o in self.outputs}
-
-    def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:
-        """Wall-clock milliseconds of ``repeat`` full runs (inputs written, kernels, outputs read) after ``warmup``."""
-        return wall_clock_ms(lambda: self.run(feeds), repeat, warmup)
-
-    def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
-        """Milliseconds of every plan step (wall clock around each call), median over ``repeat`` runs
-        after one warm-up run; rows as :meth:`kiln.runtime.native.Session.profile` returns them."""
-        self.run(feeds)
-        samples: list[list[float]] = [[] for _ in self.steps]
-        for _ in range(repeat):
-            for i, (fn, ptrs, total) in enumerate(self.steps):
-                t0 = time.perf_counter()
-                fn(self.store, *ptrs, 0, total)
-                samples[i].append((time.perf_counter() - t0) * 1e3)
-        plan = self.manifest["targets"]["wasm"]["plan"]
-        return [{"step": s.get("node", str(i)), "kernel": self.kernel_names[s["kernel"]], "dispatch": [s["total"], 1, 1],
-                 "ms": float(np.median(samples[i])), "clock": "wall"} for i, s in enumerate(plan)]
+    def _run_step(self, i: int) -> None:
+        fn, ptrs, total = self.steps[i]
+        fn(self.store, *ptrs, 0, total)

@@ -1,0 +1,40 @@
+"""The cpu target: the C kernels of :mod:`kiln.codegen.c` and a plan runner in one C source (:mod:`.build`,
+``targets.cpu``), built into a shared library for the machine that runs it (:mod:`kiln.runtime.cpu`)."""
+
+from __future__ import annotations
+
+from kiln.codegen.cpu.build import build_cpu
+from kiln.codegen.cpu_schedule import cpu_schedule
+from kiln.codegen.target import Program, Target, TargetBuild, register
+from kiln.te.compute import Tensor
+from kiln.te.schedule import Schedule
+
+
+@register
+class CpuTarget(Target):
+    """The cpu target (``targets.cpu``): native code for the machine the package runs on, many threads.
+
+    Attributes:
+        limits: none (the arena is host memory).
+        features: none (the library is compiled for the host's vector units at load, ``-march=native``).
+    """
+
+    name = "cpu"
+
+    def default_schedule(self, t: Tensor, device_class: str = "cpu") -> Schedule:
+        """:func:`~kiln.codegen.cpu_schedule.cpu_schedule` (tiles for one core), any device class."""
+        return cpu_schedule(t)
+
+    def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
+        """The C source and plan of ``program``; with ``validate``, also compiles it for this machine (which
+        checks it and fills the runtime's library cache, :func:`kiln.runtime.cpu.build_library`)."""
+        code = build_cpu(program.groups, program.plan, progress=progress)
+        if validate:
+            from kiln.runtime.cpu import build_library  # (compiles C with zig: only when validating)
+
+            build_library(code.source, progress=progress)
+        entry, files = code.section()
+        return TargetBuild(self.name, entry, files, code.kernels, code.steps)
+
+
+__all__ = ["CpuTarget"]

@@ -1,0 +1,206 @@
+"""The cpu target's build: fused groups -> C kernels (:mod:`kiln.codegen.c`) -> one C source with its plan
+runner (``targets.cpu``, docs/package-format.md).
+
+The source holds every kernel (``<name>(pointers..., begin, end)`` over tiles ``[begin, end)``), then
+``kiln_step`` (plan step ``s`` over a tile range, its buffers at fixed offsets of the arena) and
+``kiln_run(arena, first, last, threads)`` (:data:`RUNNER`): steps ``[first, last)`` on ``threads`` POSIX
+threads, each step's tiles split into contiguous ranges, a barrier between steps. The groups, memory plan
+and buffers are the ones every target of the package shares; only the schedules
+(:func:`kiln.codegen.cpu_schedule.cpu_schedule`) and the code differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.codegen import c
+from kiln.codegen.cpu_schedule import cpu_schedule, grid_shape
+from kiln.codegen.lowering import group_expr
+from kiln.codegen.target import KernelTable, describe, progress_over
+from kiln.errors import KilnError
+from kiln.passes.fusion import Group
+from kiln.passes.memory_plan import MemoryPlan
+from kiln.te.lower import lower
+
+#: the C source's path inside a package
+SOURCE = "kernels/kiln-cpu.c"
+#: byte alignment of every buffer in the arena (a cache line; the widest vector loads stay aligned)
+ALIGN = 64
+#: free bytes before the first and after the last buffer (whole-vector loads may read past a buffer's end)
+SLACK = 64
+#: the most threads one run starts
+MAX_THREADS = 256
+
+#: the plan runner: a spinning barrier between steps, POSIX threads started per run (C11 atomics)
+RUNNER = r"""
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define KILN_PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define KILN_PAUSE() __asm__ volatile("yield")
+#else
+#define KILN_PAUSE()
+#endif
+#define KILN_MAX_THREADS %(max_threads)d
+
+typedef struct { atomic_int count, generation, go; int threads; } kiln_barrier_t;
+typedef struct { unsigned char* m; int first, last, id; kiln_barrier_t* bar; } kiln_job_t;
+
+static void kiln_barrier(kiln_barrier_t* bar) {
+    int gen = atomic_load_explicit(&bar->generation, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&bar->count, 1, memory_order_acq_rel) == bar->threads - 1) {
+        atomic_store_explicit(&bar->count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&bar->generation, 1, memory_order_release);
+        return;
+    }
+    for (int spins = 0; atomic_load_explicit(&bar->generation, memory_order_acquire) == gen; spins++) {
+        if (spins < 20000) KILN_PAUSE(); else sched_yield();
+    }
+}
+
+static void kiln_work(kiln_job_t* j) {
+    while (!atomic_load_explicit(&j->bar->go, memory_order_acquire)) KILN_PAUSE();
+    const int n = j->bar->threads;
+    if (j->id >= n) return;  // a thread that started after a later one failed to: not counted
+    for (int s = j->first; s < j->last; s++) {
+        const long long total = kiln_total[s];
+        const int b = (int)(total * j->id / n), e = (int)(total * (j->id + 1) / n);
+        if (b < e) kiln_step(j->m, s, b, e);
+        if (n > 1) kiln_barrier(j->bar);
+    }
+}
+
+static void* kiln_thread(void* job) {
+    kiln_work((kiln_job_t*)job);
+    return 0;
+}
+
+// plan steps [first, last) on `threads` threads; returns the threads used (fewer when some could not start)
+KILN_EXPORT("kiln_run") int kiln_run(unsigned char* m, int first, int last, int threads) {
+    if (threads < 1) threads = 1;
+    if (threads > KILN_MAX_THREADS) threads = KILN_MAX_THREADS;
+    kiln_barrier_t bar;
+    atomic_init(&bar.count, 0);
+    atomic_init(&bar.generation, 0);
+    atomic_init(&bar.go, 0);
+    bar.threads = threads;
+    kiln_job_t jobs[KILN_MAX_THREADS];
+    pthread_t tids[KILN_MAX_THREADS];
+    int started = 1;
+    for (int t = 0; t < threads; t++) jobs[t] = (kiln_job_t){m, first, last, t, &bar};
+    for (; started < threads; started++)
+        if (pthread_create(&tids[started], 0, kiln_thread, &jobs[started]) != 0) break;
+    bar.threads = started;
+    atomic_store_explicit(&bar.go, 1, memory_order_release);
+    kiln_work(&jobs[0]);
+    for (int t = 1; t < started; t++) pthread_join(tids[t], 0);
+    return started;
+}
+
+KILN_EXPORT("kiln_steps") int kiln_steps(void) { return (int)(sizeof(kiln_total) / sizeof(kiln_total[0])); }
+"""
+
+
+@dataclass
+class CpuKernel:
+    """One kernel function: its name, parameter types (``(C type, read-only)`` per pointer), ops, schedule."""
+
+    name: str
+    params: list[tuple[str, bool]]
+    ops: list[str]
+    schedule: dict
+    vectorized: bool
+
+
+@dataclass
+class CpuStep:
+    """One plan step: ``kernel`` over tiles ``[0, total)`` with ``buffers`` bound to its pointers."""
+
+    kernel: int
+    buffers: list[int]
+    total: int
+    name: str
+
+
+@dataclass
+class CpuProgram:
+    """Everything the package's ``targets.cpu`` is written from."""
+
+    source: str
+    offsets: list[int]
+    bytes: int
+    kernels: list[CpuKernel]
+    steps: list[CpuStep]
+
+    def section(self) -> tuple[dict[str, Any], dict[str, str | bytes]]:
+        """The manifest entry (``targets.cpu``) and files (the C source)."""
+        entry = {
+            "source": SOURCE,
+            "sha256": hashlib.sha256(self.source.encode()).hexdigest(),
+            "bytes": len(self.source.encode()),
+            "memory": {"bytes": self.bytes, "align": ALIGN, "offsets": self.offsets},
+            "kernels": [{"name": k.name, "ops": k.ops, "schedule": k.schedule, "vectorized": k.vectorized}
+                        for k in self.kernels],
+            "plan": [{"kernel": s.kernel, "buffers": s.buffers, "total": s.total, "node": s.name} for s in self.steps],
+        }
+        return entry, {SOURCE: self.source}
+
+
+def plan_layout(sizes: list[int]) -> tuple[list[int], int]:
+    """Byte offsets of buffers of ``sizes`` bytes (in buffer-id order), each :data:`ALIGN`-aligned after
+    :data:`SLACK` bytes, and the arena's total bytes (with slack after the last)."""
+    offsets, at = [], SLACK
+    for n in sizes:
+        offsets.append(at)
+        at += -(-max(n, 1) // ALIGN) * ALIGN
+    return offsets, at + SLACK
+
+
+def _plan_source(kernels: list[CpuKernel], steps: list[CpuStep], offsets: list[int]) -> str:
+    lines = ["", "// the plan: step s over tiles [b, e)",
+             "static void kiln_step(unsigned char* m, int s, int b, int e) {", "    switch (s) {"]
+    for i, s in enumerate(steps):
+        k = kernels[s.kernel]
+        args = [f"({'const ' if ro else ''}{ctype}*)(m + {offsets[b]})" for (ctype, ro), b in zip(k.params, s.buffers)]
+        lines.append(f"    case {i}: {k.name}({', '.join(args)}, b, e); return;")
+    lines += ["    }", "}", f"static const int kiln_total[{max(len(steps), 1)}] = {{"
+              + ", ".join(str(s.total) for s in steps) + "};"]
+    return "\n".join(lines) + "\n" + RUNNER % {"max_threads": MAX_THREADS}
+
+
+def build_cpu(groups: list[Group], plan: MemoryPlan, progress: bool = False) -> CpuProgram:
+    """Generate and deduplicate the C kernels of every non-alias group, and the plan runner.
+
+    Raises:
+        KilnError: a group the kernels do not support.
+    """
+    table = KernelTable(identifier=True)
+    sources: list[str] = []
+    steps: list[CpuStep] = []
+    work = [g for g in groups if not g.alias and g.output.size]
+    for g in progress_over(work, progress, "generating cpu kernels"):
+        final = group_expr(g)
+        sched = cpu_schedule(final)
+        k = lower(final, sched, name=g.name)
+        try:
+            src, vectorized = c.render(k, "KILN_NAME", grid_shape(final.shape, sched), describe(g))
+        except (TypeError, ValueError) as e:
+            raise KilnError(f"node {g.nodes[0].name!r}: the cpu target cannot express its kernel ({e})") from None
+
+        def make(name: str) -> CpuKernel:
+            sources.append(src.replace("KILN_NAME", name))
+            return CpuKernel(name, [(c.TYPES[p.dtype], p.access == "read") for p in k.params],
+                             [n.op for n in g.nodes], sched.to_json(), vectorized)
+
+        index = table.add(src, g.name, make)
+        bufs = [plan.of[id(t.attrs["value"])] for t in k.inputs] + [plan.of[id(g.output)]]
+        steps.append(CpuStep(index, bufs, k.total, g.nodes[0].name))
+    offsets, nbytes = plan_layout([b.nbytes for b in plan.buffers])
+    header = "// Kiln kernels for the CPU; generated from tensor expressions, do not edit.\n"
+    source = header + c.PRELUDE + "\n" + "\n".join(sources) + _plan_source(table.kernels, steps, offsets)
+    return CpuProgram(source, offsets, nbytes, table.kernels, steps)

@@ -1,0 +1,48 @@
+"""CPU schedules of the C targets (wasm, cpu): tiles for one core, with the grid's innermost axis whole for the
+lane vectorisers (:mod:`kiln.codegen.wasm.simd`, :mod:`kiln.codegen.cpu`)."""
+
+from __future__ import annotations
+
+from kiln.te.compute import Tensor
+from kiln.te.schedule import Schedule, Split, reduction_size, tile_axes
+
+
+def grid_shape(shape: tuple[int, ...], schedule: Schedule) -> tuple[int, ...]:
+    """The tile grid of an output of ``shape`` under ``schedule`` (split axes divided, rounded up),
+    as :func:`kiln.te.lower.lower` unravels the invocation index over it."""
+    splits = {s.axis: s.factor for s in schedule.splits if s.factor > 1 and shape[s.axis] > 1}
+    return tuple(-(-d // splits[a]) if a in splits else d for a, d in enumerate(shape))
+
+
+def cpu_schedule(t: Tensor) -> Schedule:
+    """The CPU schedule of ``t`` for the C targets (wasm, cpu): no reduce lanes, no workgroups.
+
+    Four neighbouring tiles along the grid's innermost axis run as the lanes of a SIMD128
+    vector, so that axis stays whole (a strided split of it keeps each element's columns
+    contiguous): reductions of 9 iterations and more (a 3x3 window and up) tile the innermost axis
+    by 2 when that leaves a multiple of 4 columns per element, and the other axis with
+    complementary load reuse (output channels of a convolution, rows of a matrix product) by 4,
+    or by 8 when the innermost is not tiled: 8 vector accumulators a tile, each input vector used
+    4 or 8 times. When the innermost extent is no multiple of 4, vectors run across its rows
+    (:func:`kiln.codegen.wasm.simd.vector_body`), so the axis outside it is not tiled. Windows up to 9 iterations unroll fully; longer reductions unroll by their
+    largest divisor up to 8.
+    """
+    if reduction_size(t) < 9:
+        return Schedule()
+    axes = tile_axes(t)
+    dims = [a for a, d in enumerate(t.shape) if d > 1]
+    inner = dims[-1] if dims else -1
+    second = dims[-2] if len(dims) > 1 else -1
+    split_inner = inner in axes and t.shape[inner] % 8 == 0  # two vectors a row, each a multiple of 4 wide
+    splits = []
+    for a in axes:
+        if a == inner:
+            if split_inner:
+                splits.append(Split(a, 2, contiguous=False))
+        elif a == second and t.shape[inner] % 4:
+            continue  # vectors cross rows of the innermost axis: tiling the row axis would break their contiguity
+        else:
+            f = min(4 if split_inner else 8, t.shape[a])
+            if f > 1:
+                splits.append(Split(a, f, contiguous=True))
+    return Schedule(splits=tuple(splits), unroll=9 if reduction_size(t) <= 9 else 8)

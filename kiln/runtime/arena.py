@@ -1,0 +1,114 @@
+"""Sessions over one byte arena: the CPU runtimes (wasm through wasmtime, cpu through a shared library).
+
+Every buffer of the package's memory plan lives at ``offsets[id]`` of one contiguous memory (a wasm linear
+memory, or a numpy array handed to native code); weights are written there once at load, inputs before each
+run, outputs read after it. Subclasses provide the memory and how plan step ``i`` runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.package.format import from_storage, read_weights
+from kiln.runtime.feeds import storage_feeds
+from kiln.runtime.timing import wall_clock_ms
+
+
+class ArenaSession:
+    """The shared part of the CPU sessions (the same API as :class:`kiln.runtime.native.Session`).
+
+    Subclasses set :attr:`path`, :attr:`manifest`, :attr:`target`, :attr:`mem` (a uint8 numpy view of the
+    arena), :attr:`offsets` (buffer id -> byte offset), :attr:`kernel_names`, then call :meth:`_load`; and
+    implement :meth:`_compute` (every step) and :meth:`_run_step` (step ``i`` alone).
+    """
+
+    path: Path
+    manifest: dict[str, Any]
+    target: str
+    mem: np.ndarray
+    offsets: list[int]
+    kernel_names: list[str]
+
+    def _load(self, poison: bool) -> None:
+        """Write every weight at its buffer's offset; with ``poison``, fill activations and outputs with NaN."""
+        for b, data in read_weights(self.path, self.manifest):
+            self._view(b["id"], data.nbytes)[:] = data.reshape(-1).view(np.uint8)
+        self.poison = poison
+        if poison:
+            for b in self.manifest["buffers"]:
+                if b["kind"] in ("activation", "output"):
+                    self._fill_nan(b["id"])
+
+    def _view(self, buffer_id: int, nbytes: int | None = None) -> np.ndarray:
+        """The bytes of buffer ``buffer_id`` in the arena (a writable view)."""
+        start = self.offsets[buffer_id]
+        n = self.manifest["buffers"][buffer_id]["bytes"] if nbytes is None else nbytes
+        return self.mem[start:start + n]
+
+    def _fill_nan(self, buffer_id: int) -> None:
+        self._view(buffer_id).view(np.float32)[:] = np.nan
+
+    @property
+    def inputs(self) -> list[dict[str, Any]]:
+        """Input descriptions from the manifest: name, dtype, shape, symbolic_shape."""
+        return self.manifest["inputs"]
+
+    @property
+    def outputs(self) -> list[dict[str, Any]]:
+        """Output descriptions from the manifest."""
+        return self.manifest["outputs"]
+
+    @property
+    def plan(self) -> list[dict[str, Any]]:
+        """The target's plan steps (kernel, buffers, total tiles, node)."""
+        return self.manifest["targets"][self.target]["plan"]
+
+    def _compute(self) -> None:
+        raise NotImplementedError
+
+    def _run_step(self, i: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release worker threads (a closed session still runs, on one thread)."""
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape).
+
+        Returns:
+            Output name -> a new numpy array.
+
+        Raises:
+            ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
+                input value that does not fit in int32.
+        """
+        for spec, a in storage_feeds(self.inputs, feeds):
+            if a.size:
+                self._view(spec["buffer"], a.nbytes)[:] = a.reshape(-1).view(np.uint8)
+        if self.poison:
+            for o in self.outputs:
+                self._fill_nan(o["buffer"])
+        self._compute()
+        return {o["name"]: from_storage(self._view(o["buffer"]).tobytes(), o["dtype"], o["shape"]) for o in self.outputs}
+
+    def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:
+        """Wall-clock milliseconds of ``repeat`` full runs (inputs written, kernels, outputs read) after ``warmup``."""
+        return wall_clock_ms(lambda: self.run(feeds), repeat, warmup)
+
+    def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
+        """Milliseconds of every plan step (wall clock around each), median over ``repeat`` runs after one
+        warm-up run; rows as :meth:`kiln.runtime.native.Session.profile` returns them."""
+        self.run(feeds)
+        plan = self.plan
+        samples: list[list[float]] = [[] for _ in plan]
+        for _ in range(repeat):
+            for i in range(len(plan)):
+                t0 = time.perf_counter()
+                self._run_step(i)
+                samples[i].append((time.perf_counter() - t0) * 1e3)
+        return [{"step": s.get("node", str(i)), "kernel": self.kernel_names[s["kernel"]], "dispatch": [s["total"], 1, 1],
+                 "ms": float(np.median(samples[i])), "clock": "wall"} for i, s in enumerate(plan)]

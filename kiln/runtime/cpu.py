@@ -1,0 +1,145 @@
+"""Native execution of a package's ``cpu`` target: its C kernels built into a shared library for this machine.
+
+The package holds C source (``targets.cpu.source``, SHA-256 checked), not a binary: at load it is compiled
+by clang through the ``ziglang`` wheel for the host CPU (``-O3 -march=native``) into a shared library,
+cached under ``$KILN_CACHE`` (default ``~/.cache/kiln``) by the SHA-256 of source, flags and compiler, so
+only the first load of a package on a machine compiles (``kiln compile --target cpu`` already fills the
+cache of the machine it runs on). The runtime reads packages only; it never imports the compiler.
+
+Every buffer of the memory plan lives at ``targets.cpu.memory.offsets[id]`` of one 64-byte-aligned numpy
+arena. One call of the library's ``kiln_run(arena, first, last, threads)`` runs plan steps
+``[first, last)``: with ``threads`` > 1 it starts that many POSIX threads, splits each step's tiles into
+contiguous ranges, one a thread, and meets them at a spinning barrier between steps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError, PackageError
+from kiln.package.format import read_manifest, sha256_file, verify_weights
+from kiln.runtime.arena import ArenaSession
+
+#: clang flags of the shared library: the host's vector units, no errno (math calls become instructions),
+#: wrap-around signed arithmetic (ONNX integer semantics), POSIX threads
+CFLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fwrapv", "-std=c11", "-g0"]
+
+#: bytes of alignment of the arena (and so of every buffer, whose offsets are multiples of 64)
+ALIGN = 64
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept: ``$KILN_CACHE/cpu`` (default ``~/.cache/kiln/cpu``)."""
+    root = os.environ.get("KILN_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
+                                                        "kiln")
+    return Path(root) / "cpu"
+
+
+def _zig() -> list[str]:
+    try:
+        import ziglang  # noqa: F401
+    except ImportError:
+        raise KilnError("the cpu target needs the ziglang package (pip install ziglang) to build its kernels") from None
+    return [sys.executable, "-m", "ziglang"]
+
+
+def build_library(source: str, progress: bool = False) -> Path:
+    """The shared library of C ``source`` for this machine, from the cache or compiled now (seconds to a
+    minute for a large model); writes are atomic, so concurrent builds of one source are safe.
+
+    Raises:
+        KilnError: the C compiler failed (its message attached) or ziglang is missing.
+    """
+    import ziglang
+
+    key = hashlib.sha256("\0".join([source, *CFLAGS, getattr(ziglang, "__version__", "")]).encode()).hexdigest()
+    out = cache_dir() / f"kiln-{key[:32]}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if progress:
+        print(f"kiln: building the cpu kernels for this machine ({len(source) // 1024} KiB of C)", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="kiln-cpu-", dir=out.parent) as tmp:
+        src, lib = Path(tmp) / "kernels.c", Path(tmp) / "kernels.so"
+        src.write_text(source)
+        proc = subprocess.run(_zig() + ["cc", *CFLAGS, "-o", str(lib), str(src), "-lm"], capture_output=True,
+                              text=True, check=False)
+        if proc.returncode != 0:
+            raise KilnError(f"the C compiler failed on the cpu kernels:\n{proc.stderr.strip()[-4000:]}")
+        os.replace(lib, out)
+    return out
+
+
+class CpuSession(ArenaSession):
+    """A loaded package running its ``cpu`` target natively (the same API as :class:`kiln.runtime.native.Session`).
+
+    Args:
+        package: package directory (made by ``kiln compile --target ...,cpu``).
+        target: must be ``cpu``.
+        verify: check the weights' and the C source's SHA-256 against the manifest.
+        poison: fill activation and output buffers with NaN at load and the outputs before every
+            run, so an element a kernel forgets to write shows up as NaN (for tests).
+        threads: threads a run uses (default: every core this process may run on).
+
+    Raises:
+        PackageError: missing, malformed, corrupted or newer-format package, or one without a ``cpu`` target.
+        KilnError: the kernels do not compile on this machine.
+    """
+
+    def __init__(self, package: str | os.PathLike, target: str = "cpu", verify: bool = True, poison: bool = False,
+                 threads: int | None = None):
+        self.path = Path(package)
+        self.target = "cpu"
+        self.manifest: dict[str, Any] = read_manifest(self.path)
+        if target != "cpu" or "cpu" not in self.manifest["targets"]:
+            raise PackageError(f"{self.path}: package has no 'cpu' target (has: {', '.join(self.manifest['targets'])}); "
+                               "compile it with --target cpu")
+        tgt = self.manifest["targets"]["cpu"]
+        source_path = self.path / tgt["source"]
+        if not source_path.exists():
+            raise PackageError(f"{self.path}: cpu kernel source {tgt['source']} is missing")
+        if verify:
+            verify_weights(self.path, self.manifest)
+            if sha256_file(source_path) != tgt["sha256"]:
+                raise PackageError(f"{source_path}: checksum mismatch (corrupted or edited source)")
+        self.threads = max(1, int(threads if threads is not None else len(os.sched_getaffinity(0))))
+        self.lib = ctypes.CDLL(str(build_library(source_path.read_text())))
+        self.lib.kiln_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        self.lib.kiln_run.restype = ctypes.c_int
+        layout = tgt["memory"]
+        raw = np.zeros(int(layout["bytes"]) + ALIGN, np.uint8)
+        start = -raw.ctypes.data % ALIGN
+        self._raw = raw
+        self.mem = raw[start:start + int(layout["bytes"])]
+        self._ptr = ctypes.c_void_p(self.mem.ctypes.data)
+        self.offsets: list[int] = layout["offsets"]
+        self.kernel_names = [k["name"] for k in tgt["kernels"]]
+        if self.lib.kiln_steps() != len(tgt["plan"]):
+            raise PackageError(f"{source_path}: the library has {self.lib.kiln_steps()} steps, the plan "
+                               f"{len(tgt['plan'])}")
+        self._load(poison)
+
+    def adapter_info(self) -> dict[str, Any]:
+        """What runs the kernels, in the keys :meth:`kiln.runtime.native.Session.adapter_info` uses."""
+        import platform
+
+        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        return {"device": f"{platform.processor() or platform.machine()}", "backend_type": f"cpu (C, {threads})"}
+
+    def _call(self, first: int, last: int) -> None:
+        self.lib.kiln_run(self._ptr, first, last, self.threads)  # (returns the threads it could start)
+
+    def _compute(self) -> None:
+        self._call(0, len(self.plan))
+
+    def _run_step(self, i: int) -> None:
+        self._call(i, i + 1)
