@@ -62,8 +62,6 @@ float expf(float); float logf(float); float sinf(float); float cosf(float); floa
 double exp(double); double log(double);
 
 static inline int kiln_guard(int i, int hi) { return (unsigned)i > (unsigned)hi ? hi : i; }
-static inline int kiln_vbase(int i, int size) { return i < -3 ? -3 : (i >= size ? size - 1 : i); }
-static inline int kiln_vbase2(int i, int size) { return i < -7 ? -7 : (i >= size ? size - 1 : i); }
 static inline int kiln_idiv(int a, int b) { return b == 0 || (b == -1 && a == (-2147483647 - 1)) ? a : a / b; }
 static inline int kiln_imod(int a, int b) { return b == 0 || b == -1 ? 0 : a % b; }
 static inline float kiln_fmod(float a, float b) { return a - b * __builtin_truncf(a / b); }

@@ -14,7 +14,7 @@ def grid_shape(shape: tuple[int, ...], schedule: Schedule) -> tuple[int, ...]:
     return tuple(-(-d // splits[a]) if a in splits else d for a, d in enumerate(shape))
 
 
-def cpu_schedule(t: Tensor) -> Schedule:
+def cpu_schedule(t: Tensor, lanes: int = 4) -> Schedule:
     """The CPU schedule of ``t`` for the C targets (wasm, cpu): no reduce lanes, no workgroups.
 
     Four neighbouring tiles along the grid's innermost axis run as the lanes of a SIMD128
@@ -33,13 +33,13 @@ def cpu_schedule(t: Tensor) -> Schedule:
     dims = [a for a, d in enumerate(t.shape) if d > 1]
     inner = dims[-1] if dims else -1
     second = dims[-2] if len(dims) > 1 else -1
-    split_inner = inner in axes and t.shape[inner] % 8 == 0  # two vectors a row, each a multiple of 4 wide
+    split_inner = inner in axes and t.shape[inner] % (2 * lanes) == 0  # two vectors a row, each a multiple of lanes
     splits = []
     for a in axes:
         if a == inner:
             if split_inner:
                 splits.append(Split(a, 2, contiguous=False))
-        elif a == second and t.shape[inner] % 4:
+        elif a == second and t.shape[inner] % lanes:
             continue  # vectors cross rows of the innermost axis: tiling the row axis would break their contiguity
         else:
             f = min(4 if split_inner else 8, t.shape[a])

@@ -6,7 +6,8 @@ The source holds every kernel (``<name>(pointers..., begin, end)`` over tiles ``
 ``kiln_run(arena, first, last, threads)`` (:data:`RUNNER`): steps ``[first, last)`` on ``threads`` POSIX
 threads, each step's tiles split into contiguous ranges, a barrier between steps. The groups, memory plan
 and buffers are the ones every target of the package shares; only the schedules
-(:func:`kiln.codegen.cpu_schedule.cpu_schedule`) and the code differ.
+(:func:`kiln.codegen.cpu_schedule.cpu_schedule` for :data:`~kiln.codegen.cpu.vector.LANES` lanes) and the code
+differ.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.codegen import c
+from kiln.codegen.cpu.vector import LANES, PRELUDE, vector_body_native
 from kiln.codegen.cpu_schedule import cpu_schedule, grid_shape
 from kiln.codegen.lowering import group_expr
 from kiln.codegen.target import KernelTable, describe, progress_over
@@ -185,10 +187,11 @@ def build_cpu(groups: list[Group], plan: MemoryPlan, progress: bool = False) -> 
     work = [g for g in groups if not g.alias and g.output.size]
     for g in progress_over(work, progress, "generating cpu kernels"):
         final = group_expr(g)
-        sched = cpu_schedule(final)
+        sched = cpu_schedule(final, LANES)
         k = lower(final, sched, name=g.name)
         try:
-            src, vectorized = c.render(k, "KILN_NAME", grid_shape(final.shape, sched), describe(g))
+            src, vectorized = c.render(k, "KILN_NAME", grid_shape(final.shape, sched), describe(g),
+                                       vectorize=vector_body_native)
         except (TypeError, ValueError) as e:
             raise KilnError(f"node {g.nodes[0].name!r}: the cpu target cannot express its kernel ({e})") from None
 
@@ -202,5 +205,5 @@ def build_cpu(groups: list[Group], plan: MemoryPlan, progress: bool = False) -> 
         steps.append(CpuStep(index, bufs, k.total, g.nodes[0].name))
     offsets, nbytes = plan_layout([b.nbytes for b in plan.buffers])
     header = "// Kiln kernels for the CPU; generated from tensor expressions, do not edit.\n"
-    source = header + c.PRELUDE + "\n" + "\n".join(sources) + _plan_source(table.kernels, steps, offsets)
+    source = header + c.PRELUDE + PRELUDE + "\n" + "\n".join(sources) + _plan_source(table.kernels, steps, offsets)
     return CpuProgram(source, offsets, nbytes, table.kernels, steps)
