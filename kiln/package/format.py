@@ -96,7 +96,7 @@ def from_storage(raw: bytes | memoryview | np.ndarray, dtype: str, shape) -> np.
     return stored.astype(numpy_dtype(dtype), copy=True)
 
 FORMAT = "kiln-package"
-VERSION = "1.4"
+VERSION = "1.5"
 MAJOR = 1
 MANIFEST = "manifest.json"
 
