@@ -280,6 +280,10 @@ class Vectoriser:
         vs = [self.vec(a) for a in args]
         if e.fn in ("bitcast_i32", "bitcast_f32"):
             return Val("v", vs[0], e.dtype)  # a v128 is untyped
+        if dt == "float32" and e.fn in ("max", "min", "clamp"):
+            bounds = self.pseudo_minmax(e, vs)
+            if bounds is not None:
+                return Val("v", bounds, e.dtype)
         vtable = _VEC_FLOAT_FN if dt == "float32" else _VEC_INT_FN
         if e.fn in vtable:
             return Val("v", f"{vtable[e.fn]}({', '.join(vs)})", e.dtype)
@@ -289,6 +293,19 @@ class Vectoriser:
         if len(vs) == 2:
             return Val("v", f"{m}2({fn}, {vs[0]}, {vs[1]})", e.dtype)
         raise VectorUnsupported(f"{e.fn} of {len(vs)} vector arguments")
+
+    @staticmethod
+    def pseudo_minmax(e: Call, vs: list[str]) -> str | None:
+        """Float max/min/clamp against constant bounds (ReLU, Clip) as SIMD128's pseudo-min/max
+        (``pmax(x, c) = x < c ? c : x``): one instruction instead of the NaN-propagating form, and still NaN for
+        a NaN ``x`` because the bound is no NaN (only the sign of a zero result may differ from f32.max)."""
+        const = [isinstance(a, Const) and a.value == a.value for a in e.args]
+        if e.fn == "clamp" and const[1] and const[2]:
+            return f"wasm_f32x4_pmin(wasm_f32x4_pmax({vs[0]}, {vs[1]}), {vs[2]})"
+        if e.fn in ("max", "min") and (const[0] or const[1]):
+            x, c = (vs[0], vs[1]) if const[1] else (vs[1], vs[0])
+            return f"wasm_f32x4_p{e.fn}({x}, {c})"
+        return None
 
     def cast(self, x: Val, src: str, dst: str) -> Val:
         if x.kind != "v":

@@ -25,7 +25,7 @@ typedef unsigned kv_u __attribute__((vector_size(4 * KILN_LANES)));
 #define KILN_IOTA ((kv_t){@IOTA@})
 
 #define kv_i32_splat(x) ((kv_t){} + (int)(x))
-#define kv_f32_splat(x) ((kv_t)((kv_f){} + (float)(x)))
+static inline kv_t kv_f32_splat(float x) { return (kv_t)(kv_f){@SPLAT@}; }  // (not 0 + x: that is no identity for -0)
 #define kv_i32_make(...) ((kv_t){__VA_ARGS__})
 #define kv_f32_make(...) ((kv_t)(kv_f){__VA_ARGS__})
 #define kv_i32_extract_lane(v, k) ((v)[k])
@@ -68,6 +68,9 @@ static inline void kv_v128_store(void* p, kv_t v) { __builtin_memcpy(p, &v, size
 #define kv_f32_abs(a) ((a) & 0x7fffffff)
 #define kv_f32_neg(a) ((a) ^ (int)0x80000000u)
 
+// f32x4.pmax / pmin (x86's maxps/minps with the operands swapped): b if a < b (b < a), else a
+#define kv_f32_pmax(a, b) kv_v128_bitselect((b), (a), kv_f32_lt((a), (b)))
+#define kv_f32_pmin(a, b) kv_v128_bitselect((b), (a), kv_f32_lt((b), (a)))
 // f32.max / f32.min: NaN propagates, -0 < +0
 static inline kv_t kv_f32_max(kv_t a, kv_t b) {
     kv_f x = (kv_f)a, y = (kv_f)b;
@@ -120,7 +123,7 @@ static inline kv_t kiln_load_s2(const void* p) {  // elements 0, 2, 4, ... of tw
     for (int k_ = 0; k_ < KILN_LANES; k_++) m_[k_] = fn(m_[k_], n_[k_]); m_; })
 #define KILN_GATHER(buf, idx) ({ kv_t i_ = (idx), g_; \
     for (int k_ = 0; k_ < KILN_LANES; k_++) __builtin_memcpy((int*)&g_ + k_, (const int*)(buf) + i_[k_], 4); g_; })
-""".replace("@LANES@", str(LANES)).replace("@IOTA@", ", ".join(map(str, range(LANES)))).replace(
+""".replace("@LANES@", str(LANES)).replace("@SPLAT@", ", ".join(["x"] * LANES)).replace("@IOTA@", ", ".join(map(str, range(LANES)))).replace(
     "@EVENS@", ", ".join(str(2 * k) for k in range(LANES)))
 
 
