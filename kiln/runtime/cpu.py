@@ -39,6 +39,14 @@ CFLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC", "-pt
 ALIGN = 64
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
 def cache_dir() -> Path:
     """Where built libraries are kept: ``$KILN_CACHE/cpu`` (default ``~/.cache/kiln/cpu``)."""
     root = os.environ.get("KILN_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
@@ -113,7 +121,7 @@ class CpuSession(ArenaSession):
             verify_weights(self.path, self.manifest)
             if sha256_file(source_path) != tgt["sha256"]:
                 raise PackageError(f"{source_path}: checksum mismatch (corrupted or edited source)")
-        self.threads = max(1, int(threads if threads is not None else len(os.sched_getaffinity(0))))
+        self.threads = max(1, int(threads if threads is not None else available_cores()))
         self.lib = ctypes.CDLL(str(build_library(source_path.read_text())))
         self.lib.kiln_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         self.lib.kiln_run.restype = ctypes.c_int
