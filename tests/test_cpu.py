@@ -146,3 +146,25 @@ def test_cli_runs_the_cpu_target(mobilenet_cpu):
     assert r.exit_code == 0 and "target cpu: 32 kernels, 54 calls" in r.output, r.output
     r = CliRunner().invoke(main, ["run", str(mobilenet_cpu), "--threads", "2", "--repeat", "1"])
     assert r.exit_code != 0 and "--threads is for the wasm and cpu targets" in r.output
+
+
+def test_thread_pool_survives_fork_and_serves_two_sessions_at_once(mobilenet_cpu, rng):
+    """The library's worker threads are kept between runs: a forked child starts its own, and two sessions of one
+    package (one library, one pool) run from two Python threads at once give their own, correct results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    xs = [rng.standard_normal((1, 3, 224, 224)).astype(np.float32) for _ in range(2)]
+    expected = [_ort(MOBILENET, {"input": x})[0] for x in xs]
+    sessions = [kiln.load(mobilenet_cpu, target="cpu", threads=2) for _ in xs]
+    first = sessions[0].run({"input": xs[0]})["logits"]
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's workers do not exist here
+        got = kiln.load(mobilenet_cpu, target="cpu", threads=2).run({"input": xs[0]})["logits"]
+        os._exit(0 if np.array_equal(got, first) else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(3):
+            outs = list(pool.map(lambda sx: sx[0].run({"input": sx[1]})["logits"], zip(sessions, xs)))
+            for got, e in zip(outs, expected):
+                np.testing.assert_allclose(got, e, atol=1e-4, rtol=0)

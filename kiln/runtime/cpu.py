@@ -8,8 +8,10 @@ cache of the machine it runs on). The runtime reads packages only; it never impo
 
 Every buffer of the memory plan lives at ``targets.cpu.memory.offsets[id]`` of one 64-byte-aligned numpy
 arena. One call of the library's ``kiln_run(arena, first, last, threads)`` runs plan steps
-``[first, last)``: with ``threads`` > 1 it starts that many POSIX threads, splits each step's tiles into
-contiguous ranges, one a thread, and meets them at a spinning barrier between steps.
+``[first, last)``: with ``threads`` > 1 it splits each step's tiles into contiguous ranges, one a thread, over a
+pool of POSIX threads that the library starts on the first run needing them and keeps (they spin briefly
+for the next run, then sleep; a forked child starts its own), with a barrier between steps. Runs of one
+library (all sessions of one package) are serialised.
 """
 
 from __future__ import annotations

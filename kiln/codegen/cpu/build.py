@@ -4,7 +4,7 @@ runner (``targets.cpu``, docs/package-format.md).
 The source holds every kernel (``<name>(pointers..., begin, end)`` over tiles ``[begin, end)``), then
 ``kiln_step`` (plan step ``s`` over a tile range, its buffers at fixed offsets of the arena) and
 ``kiln_run(arena, first, last, threads)`` (:data:`RUNNER`): steps ``[first, last)`` on ``threads`` POSIX
-threads, each step's tiles split into contiguous ranges, a barrier between steps. The groups, memory plan
+threads of a pool kept between runs, each step's tiles split into contiguous ranges, a barrier between steps. The groups, memory plan
 and buffers are the ones every target of the package shares; only the schedules
 (:func:`kiln.codegen.cpu_schedule.cpu_schedule` for :data:`~kiln.codegen.cpu.vector.LANES` lanes) and the code
 differ.
@@ -35,7 +35,8 @@ SLACK = 64
 #: the most threads one run starts
 MAX_THREADS = 256
 
-#: the plan runner: a spinning barrier between steps, POSIX threads started per run (C11 atomics)
+#: the plan runner: a pool of POSIX threads started on the first run that needs them and kept (they spin briefly
+#: for the next run, then sleep on a condition variable), a spinning barrier between steps, runs serialised
 RUNNER = r"""
 #include <pthread.h>
 #include <sched.h>
@@ -49,59 +50,103 @@ RUNNER = r"""
 #define KILN_PAUSE()
 #endif
 #define KILN_MAX_THREADS %(max_threads)d
+#define KILN_SPINS 1000
 
-typedef struct { atomic_int count, generation, go; int threads; } kiln_barrier_t;
-typedef struct { unsigned char* m; int first, last, id; kiln_barrier_t* bar; } kiln_job_t;
+typedef struct {
+    pthread_mutex_t run;           // one run at a time
+    pthread_mutex_t mu;            // guards sleeping and waking
+    pthread_cond_t wake;
+    pthread_t tids[KILN_MAX_THREADS];
+    int born[KILN_MAX_THREADS];    // the epoch before the run that started each worker
+    int started;                   // worker threads alive: ids 1 .. started
+    atomic_int epoch;              // incremented for every run
+    atomic_int count, generation;  // the barrier
+    int threads, first, last;      // the current run
+    unsigned char* m;
+} kiln_pool_t;
 
-static void kiln_barrier(kiln_barrier_t* bar) {
-    int gen = atomic_load_explicit(&bar->generation, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&bar->count, 1, memory_order_acq_rel) == bar->threads - 1) {
-        atomic_store_explicit(&bar->count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&bar->generation, 1, memory_order_release);
+static kiln_pool_t kiln_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static void kiln_barrier(kiln_pool_t* p) {
+    int gen = atomic_load_explicit(&p->generation, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&p->count, 1, memory_order_acq_rel) == p->threads - 1) {
+        atomic_store_explicit(&p->count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
         return;
     }
-    for (int spins = 0; atomic_load_explicit(&bar->generation, memory_order_acquire) == gen; spins++) {
-        if (spins < 20000) KILN_PAUSE(); else sched_yield();
+    for (int spins = 0; atomic_load_explicit(&p->generation, memory_order_acquire) == gen; spins++) {
+        if (spins < KILN_SPINS) KILN_PAUSE(); else sched_yield();
     }
 }
 
-static void kiln_work(kiln_job_t* j) {
-    while (!atomic_load_explicit(&j->bar->go, memory_order_acquire)) KILN_PAUSE();
-    const int n = j->bar->threads;
-    if (j->id >= n) return;  // a thread that started after a later one failed to: not counted
-    for (int s = j->first; s < j->last; s++) {
+// thread `id` of the run's `threads`: its range of every step's tiles, a barrier after each step
+static void kiln_work(kiln_pool_t* p, int id) {
+    const int n = p->threads;
+    for (int s = p->first; s < p->last; s++) {
         const long long total = kiln_total[s];
-        const int b = (int)(total * j->id / n), e = (int)(total * (j->id + 1) / n);
-        if (b < e) kiln_step(j->m, s, b, e);
-        if (n > 1) kiln_barrier(j->bar);
+        const int b = (int)(total * id / n), e = (int)(total * (id + 1) / n);
+        if (b < e) kiln_step(p->m, s, b, e);
+        if (n > 1) kiln_barrier(p);
     }
 }
 
-static void* kiln_thread(void* job) {
-    kiln_work((kiln_job_t*)job);
+static void* kiln_worker(void* arg) {
+    kiln_pool_t* p = &kiln_pool;
+    const int id = (int)(long)arg;
+    int seen = p->born[id];  // (not the epoch now: the run that started this thread may have begun already)
+    for (;;) {
+        int spins = 0, now;
+        while ((now = atomic_load_explicit(&p->epoch, memory_order_acquire)) == seen && spins < KILN_SPINS) {
+            KILN_PAUSE();
+            spins++;
+        }
+        if (now == seen) {  // idle: sleep until the next run
+            pthread_mutex_lock(&p->mu);
+            while ((now = atomic_load_explicit(&p->epoch, memory_order_acquire)) == seen)
+                pthread_cond_wait(&p->wake, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        seen = now;
+        if (id < p->threads) kiln_work(p, id);
+    }
     return 0;
 }
 
+// a forked child has none of the workers: start afresh
+static void kiln_after_fork(void) {
+    kiln_pool.started = 0;
+    pthread_mutex_init(&kiln_pool.run, 0);
+    pthread_mutex_init(&kiln_pool.mu, 0);
+    pthread_cond_init(&kiln_pool.wake, 0);
+}
+__attribute__((constructor)) static void kiln_init(void) { pthread_atfork(0, 0, kiln_after_fork); }
+
 // plan steps [first, last) on `threads` threads; returns the threads used (fewer when some could not start)
 KILN_EXPORT("kiln_run") int kiln_run(unsigned char* m, int first, int last, int threads) {
+    kiln_pool_t* p = &kiln_pool;
     if (threads < 1) threads = 1;
     if (threads > KILN_MAX_THREADS) threads = KILN_MAX_THREADS;
-    kiln_barrier_t bar;
-    atomic_init(&bar.count, 0);
-    atomic_init(&bar.generation, 0);
-    atomic_init(&bar.go, 0);
-    bar.threads = threads;
-    kiln_job_t jobs[KILN_MAX_THREADS];
-    pthread_t tids[KILN_MAX_THREADS];
-    int started = 1;
-    for (int t = 0; t < threads; t++) jobs[t] = (kiln_job_t){m, first, last, t, &bar};
-    for (; started < threads; started++)
-        if (pthread_create(&tids[started], 0, kiln_thread, &jobs[started]) != 0) break;
-    bar.threads = started;
-    atomic_store_explicit(&bar.go, 1, memory_order_release);
-    kiln_work(&jobs[0]);
-    for (int t = 1; t < started; t++) pthread_join(tids[t], 0);
-    return started;
+    pthread_mutex_lock(&p->run);
+    while (p->started < threads - 1) {  // start the workers this run needs (kept for later runs)
+        p->born[p->started + 1] = atomic_load_explicit(&p->epoch, memory_order_relaxed);
+        if (pthread_create(&p->tids[p->started + 1], 0, kiln_worker, (void*)(long)(p->started + 1)) != 0) break;
+        p->started++;
+    }
+    if (threads > p->started + 1) threads = p->started + 1;
+    p->m = m;
+    p->first = first;
+    p->last = last;
+    p->threads = threads;
+    atomic_store_explicit(&p->count, 0, memory_order_relaxed);
+    if (threads > 1) {
+        pthread_mutex_lock(&p->mu);
+        atomic_fetch_add_explicit(&p->epoch, 1, memory_order_release);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
+    kiln_work(p, 0);  // the last barrier: every thread has finished every step
+    pthread_mutex_unlock(&p->run);
+    return threads;
 }
 
 KILN_EXPORT("kiln_steps") int kiln_steps(void) { return (int)(sizeof(kiln_total) / sizeof(kiln_total[0])); }
