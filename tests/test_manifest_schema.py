@@ -1,5 +1,5 @@
 """The package contract: manifest.json against its JSON Schema (kiln/package/manifest.schema.json), the writer and
-the Python runtimes through it."""
+the Python runtimes through it, and its TypeScript form (kiln/js/manifest.d.ts) generated from it."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import kiln
 from kiln.errors import PackageError
 from kiln.package import manifest as contract
 from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, read_manifest
+from tools import manifest_types
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -368,3 +369,29 @@ def test_a_bad_manifest_fails_before_it_is_written(tmp_path):
     with pytest.raises(PackageError, match=r"^.*pkg/manifest\.json \(not written\): precision: 'fp64' is not one of"):
         write_package(compiled, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx"]
+
+
+# ----------------------------------------------------------------------------- (d) the .d.ts follows the schema
+def test_manifest_types_are_generated_from_the_schema():
+    text = manifest_types.render(contract.schema())
+    assert manifest_types.OUT.read_text() == text, "kiln/js/manifest.d.ts is stale: run python -m tools.manifest_types"
+    assert manifest_types.main(["--check"]) == 0
+    for name in contract.schema()["$defs"]:
+        assert f"export type {name} =" in text or f"export interface {name} {{" in text
+    assert "export interface Manifest {" in text and "export type WebGPUStep = KernelStep | CopyStep | IfStep | LoopStep | ErrorStep;" in text
+
+
+def test_manifest_types_mapping():
+    schema = {"title": "Root", "type": "object", "required": ["a"], "properties": {
+        "a": {"description": "an */ end", "type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+              "minItems": 2, "maxItems": 2},
+        "b": {"type": ["integer", "null"]}, "c": {"enum": ["x", "y"]},
+        "d": {"type": "array", "items": {"$ref": "#/$defs/E"}},
+        "m": {"type": "object", "additionalProperties": {"type": "number"}}},
+        "$defs": {"E": {"description": "E.", "anyOf": [{"const": 1}, {"type": "boolean"}]}}}
+    text = manifest_types.render(schema)
+    assert "  /** an *\\/ end */\n  a: [number, string];" in text
+    assert "  b?: number | null;" in text and '  c?: "x" | "y";' in text and "  d?: E[];" in text
+    assert "  m?: { [key: string]: number };" in text and "export type E = 1 | boolean;" in text
+    with pytest.raises(ValueError, match=r"Root\.n: an object with properties must be a \$defs entry"):
+        manifest_types.render({**schema, "properties": {"n": {"type": "object", "properties": {"z": {}}}}})
