@@ -1,5 +1,5 @@
 """The package contract: manifest.json against its JSON Schema (kiln/package/manifest.schema.json), the writer and
-the Python runtimes through it, and its TypeScript form (kiln/js/manifest.d.ts) generated from it."""
+the Python runtimes through it, and the JS runtime typed from it (kiln/js/manifest.d.ts, checked by tsc)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, read_manifes
 from tools import manifest_types
 
 ROOT = Path(__file__).resolve().parents[1]
+TYPECHECK = ROOT / "tools" / "typecheck"
+TSC = TYPECHECK / "node_modules" / "typescript" / "bin" / "tsc"
+#: the modules that read the manifest, typed against manifest.d.ts and checked by tsc
+ANNOTATED = ("package.js", "webgpu.js", "webgl2.js", "wasm.js", "dims.js", "control.js", "train.js", "kiln.js")
 
 
 def _vi(name, dtype, shape):
@@ -395,3 +399,22 @@ def test_manifest_types_mapping():
     assert "  m?: { [key: string]: number };" in text and "export type E = 1 | boolean;" in text
     with pytest.raises(ValueError, match=r"Root\.n: an object with properties must be a \$defs entry"):
         manifest_types.render({**schema, "properties": {"n": {"type": "object", "properties": {"z": {}}}}})
+
+
+# ----------------------------------------------------------------------------- (e) tsc checks the annotated JS
+def test_annotated_modules_use_the_manifest_types():
+    for name in ANNOTATED:
+        text = (ROOT / "kiln" / "js" / name).read_text()
+        assert text.startswith("// @ts-check\n"), name
+        assert "import('./manifest')." in text, name
+
+
+def test_tsc_type_checks_the_runtime():
+    if not TSC.exists() or shutil.which("node") is None:
+        pytest.skip(f"TypeScript is not installed: run `npm ci` in {TYPECHECK.relative_to(ROOT)} (setup.sh does)")
+    result = subprocess.run(["node", str(TSC), "-p", str(TYPECHECK / "tsconfig.json"), "--pretty", "false"],
+                            check=False, capture_output=True, text=True, timeout=300, cwd=TYPECHECK)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+    listed = subprocess.run(["node", str(TSC), "-p", str(TYPECHECK / "tsconfig.json"), "--listFilesOnly"],
+                            check=False, capture_output=True, text=True, timeout=300, cwd=TYPECHECK).stdout
+    assert "kiln/js/manifest.d.ts" in listed and "kiln/js/webgpu.js" in listed
