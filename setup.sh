@@ -3,7 +3,8 @@
 # with Kiln and its test and examples dependencies. Safe to run again.
 #   apt: chromium (browser tests and `kiln serve`), mesa-vulkan-drivers (lavapipe: WebGPU on the CPU
 #   through wgpu-py when there is no GPU), python3-venv, nodejs and npm (the browser embeddings example vendors
-#   its tokenizer library from npm: examples/web/embeddings/package-lock.json pins it).
+#   its tokenizer library from npm: examples/web/embeddings/package-lock.json pins it; tsc, which type-checks the
+#   browser runtime against the manifest's types, is pinned by tools/typecheck/package-lock.json).
 set -euo pipefail
 cd "$(dirname "$0")"
 SUDO=""
@@ -24,6 +25,8 @@ fi
 .venv/bin/python -m pip install -q -e ".[test,examples]"
 # the browser embeddings example's tokenizer library (exact version and integrity from its package-lock.json)
 (cd examples/web/embeddings && npm ci --no-audit --no-fund --loglevel=error)
+# TypeScript for tests/test_manifest_schema.py's type check of kiln/js (exact version from its package-lock.json)
+(cd tools/typecheck && npm ci --no-audit --no-fund --loglevel=error)
 # the wasm target's C compiler (zig) builds its compiler-rt once per machine: do it now, not in the first test
 .venv/bin/python -c "from kiln.codegen.wasm.toolchain import warm_up; warm_up()"
 echo "setup: done ($(.venv/bin/kiln --version))"

@@ -1,3 +1,4 @@
+// @ts-check
 // Kiln browser runtime: execution plans with control steps on WebGPU (package format 1.4: `if`, `loop`,
 // `copy`, `error` steps besides kernel steps; docs/package-format.md, docs/control-flow.md).
 //
@@ -9,12 +10,29 @@
 
 import {KilnError, ShapeError} from './errors.js';
 
+/** @typedef {import('./manifest').WebGPUStep} WebGPUStep */
+/** @typedef {import('./manifest').KernelStep} KernelStep */
+/** @typedef {import('./manifest').Loop} Loop */
+/** @typedef {import('./manifest').LoopOperand} LoopOperand */
+/** @typedef {import('./manifest').TensorSpec} TensorSpec */
+/**
+ * An input of a run: its data in storage form, or a GPUTensor (already copied into its buffer).
+ * @typedef {{spec: TensorSpec, data?: ArrayBufferView, gpu?: import('./gputensor.js').GPUTensor}} RunInput
+ */
+/**
+ * Where a run is: the encoder being recorded, its open compute pass, and the inputs' data by buffer id.
+ * @typedef {object} RunState
+ * @property {GPUCommandEncoder} encoder
+ * @property {GPUComputePassEncoder | null} pass
+ * @property {Map<number, ArrayBufferView>} host
+ */
+
 /** Most iterations a Loop without a trip count may run before the runtime gives up (a guard against hanging). */
 export const MAX_ITERATIONS = 1000000;
 
 /**
  * Whether a plan holds control steps (anything besides kernel steps).
- * @param {any[]} plan
+ * @param {WebGPUStep[]} plan
  * @returns {boolean}
  */
 export function isControlPlan(plan) {
@@ -23,10 +41,11 @@ export function isControlPlan(plan) {
 
 /**
  * Every kernel step of a plan in order, those of both branches of each `if` and of each `loop` body included.
- * @param {any[]} plan
- * @returns {any[]}
+ * @param {WebGPUStep[]} plan
+ * @returns {KernelStep[]}
  */
 export function kernelSteps(plan) {
+  /** @type {KernelStep[]} */
   const out = [];
   for (const step of plan) {
     if ('kernel' in step) out.push(step);
@@ -41,7 +60,7 @@ export class ControlRunner {
   /**
    * @param {GPUDevice} device
    * @param {GPUBuffer[]} buffers the package's buffers, by id
-   * @param {any[]} plan the target's plan
+   * @param {WebGPUStep[]} plan the target's plan
    * @param {{pipeline: GPUComputePipeline, bindGroup: GPUBindGroup, dispatch: number[]}[]} steps the bound
    *   kernel steps, in {@link kernelSteps} order
    */
@@ -61,13 +80,14 @@ export class ControlRunner {
    * Record and submit the plan, starting with `encoder`; returns the encoder the caller finishes (with its
    * output copies) and submits.
    * @param {GPUCommandEncoder} encoder
-   * @param {{spec: any, data: ArrayBufferView}[]} inputs every input in storage form, already written
+   * @param {RunInput[]} inputs every input in storage form (or a GPUTensor), already written
    * @returns {Promise<GPUCommandEncoder>}
    * @throws {KilnError} a branch that cannot run with the compiled shapes was taken, or a Loop without a
    *   trip count ran MAX_ITERATIONS iterations.
    * @throws {ShapeError} a Loop with scan outputs ran a different number of iterations than they were sized for.
    */
   async execute(encoder, inputs) {
+    /** @type {RunState} */
     const state = {encoder, pass: null, host: new Map(inputs.map(({spec, data}) => [spec.buffer, data]))};
     this.readbacks = 0;
     await this.run(state, this.plan);
@@ -77,7 +97,7 @@ export class ControlRunner {
 
   /**
    * Wall-clock milliseconds of whole runs (the plan, submitted and waited for), inputs written once.
-   * @param {{spec: any, data: ArrayBufferView}[]} inputs in storage form, already written
+   * @param {RunInput[]} inputs in storage form (or GPUTensors), already written
    * @param {{repeat: number, warmup: number}} options
    * @returns {Promise<{clock: 'wall', times: number[], wall: number[]}>}
    */
@@ -93,7 +113,7 @@ export class ControlRunner {
     return {clock: 'wall', times, wall: times.slice()};
   }
 
-  /** @private */
+  /** @param {RunState} state @private */
   endPass(state) {
     if (state.pass) {
       state.pass.end();
@@ -101,21 +121,27 @@ export class ControlRunner {
     }
   }
 
-  /** @private */
+  /** @param {RunState} state @private */
   submit(state) {
     this.endPass(state);
     this.device.queue.submit([state.encoder.finish()]);
     state.encoder = this.device.createCommandEncoder();
   }
 
-  /** @private */
+  /**
+   * @param {RunState} state @param {number} src @param {number} dst @param {number} bytes @param {number} [dstOffset]
+   * @private
+   */
   copy(state, src, dst, bytes, dstOffset = 0) {
     if (!bytes || src === dst) return;
     this.endPass(state);
     state.encoder.copyBufferToBuffer(this.buffers[src], 0, this.buffers[dst], dstOffset, bytes);
   }
 
-  /** Write one int32 after everything recorded so far (queue writes land before later submissions). @private */
+  /**
+   * Write one int32 after everything recorded so far (queue writes land before later submissions).
+   * @param {RunState} state @param {number} buffer @param {number} value @private
+   */
   write(state, buffer, value) {
     this.submit(state);
     this.device.queue.writeBuffer(this.buffers[buffer], 0, new Int32Array([value]));
@@ -123,6 +149,7 @@ export class ControlRunner {
 
   /**
    * The first element (int32 storage: bool, int32, int64) of a buffer once what is recorded has run.
+   * @param {RunState} state @param {number} buffer
    * @private @returns {Promise<number>}
    */
   async read(state, buffer) {
@@ -140,13 +167,17 @@ export class ControlRunner {
     }
   }
 
-  /** @private */
+  /**
+   * A Loop's trip count or condition: a constant, a buffer's first element, or `fallback` when absent.
+   * @param {RunState} state @param {LoopOperand | null | undefined} spec @param {number | null} fallback
+   * @private @returns {Promise<number | null>}
+   */
   async operand(state, spec, fallback) {
     if (spec === null || spec === undefined) return fallback;
     return 'value' in spec ? Number(spec.value) : this.read(state, spec.buffer);
   }
 
-  /** @private */
+  /** @param {RunState} state @param {WebGPUStep[]} steps @private */
   async run(state, steps) {
     for (const step of steps) {
       if ('kernel' in step) {
@@ -169,7 +200,7 @@ export class ControlRunner {
     }
   }
 
-  /** @private */
+  /** @param {RunState} state @param {Loop} spec @param {string} node @private */
   async loop(state, spec, node) {
     const trips = await this.operand(state, spec.trip_count, null);
     let go = Boolean(await this.operand(state, spec.cond, 1));

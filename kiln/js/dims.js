@@ -1,3 +1,4 @@
+// @ts-check
 // Kiln browser runtime: run-time dims of a package (format 1.4, `dynamic_dims`; docs/dynamic-shapes.md).
 //
 // Each dim's value comes from the fed input shapes (all inputs must agree, within the dim's bounds);
@@ -7,6 +8,11 @@
 
 import {PackageError, ShapeError} from './errors.js';
 
+/** @typedef {import('./manifest').Manifest} Manifest */
+/** @typedef {import('./manifest').SizeExpression} SizeExpression */
+/** @typedef {import('./manifest').KernelStep} KernelStep */
+/** @typedef {import('./manifest').TensorSpec} TensorSpec */
+
 const OPS = {
   '+': (a, b) => a + b, '-': (a, b) => a - b, '*': (a, b) => a * b,
   '//': (a, b) => Math.floor(a / b), '%': (a, b) => a - b * Math.floor(a / b),
@@ -15,13 +21,13 @@ const OPS = {
 
 /**
  * Evaluate a manifest size expression.
- * @param {any} e an int, a dim name or [op, a, b]
+ * @param {SizeExpression} e an int, a dim name or [op, a, b]
  * @param {Record<string, number>} env dim name -> value
  * @returns {number}
  * @throws {PackageError} a malformed expression, an unknown dim or a division by zero
  */
 export function evalDims(e, env) {
-  if (Number.isInteger(e)) return e;
+  if (typeof e === 'number' && Number.isInteger(e)) return e;
   if (typeof e === 'string') {
     if (!(e in env)) throw new PackageError(`size expression names unknown dim '${e}'`);
     return env[e];
@@ -36,7 +42,7 @@ export function evalDims(e, env) {
 
 /**
  * Each run-time dim's value from the fed tensors' shapes.
- * @param {any} manifest
+ * @param {Manifest} manifest
  * @param {Record<string, {dims: number[]}>} feeds input name -> tensor (names and dtypes already checked)
  * @returns {Record<string, number>} dim name -> value
  * @throws {ShapeError} a wrong rank or static dim, inputs that disagree on a dim, or a value out of bounds
@@ -45,7 +51,10 @@ export function evalDims(e, env) {
  */
 export function bindDims(manifest, feeds) {
   const dims = Object.fromEntries(manifest.dynamic_dims.map((d) => [d.name, d]));
-  const env = {}, from = {};
+  /** @type {Record<string, number>} */
+  const env = {};
+  /** @type {Record<string, string>} */
+  const from = {};
   for (const spec of manifest.inputs) {
     const want = spec.dynamic_shape ?? spec.shape;
     const got = feeds[spec.name].dims;
@@ -82,7 +91,7 @@ export function bindDims(manifest, feeds) {
 
 /**
  * The dims uniform's contents.
- * @param {any} manifest @param {Record<string, number>} env
+ * @param {Manifest} manifest @param {Record<string, number>} env
  * @returns {Int32Array}
  */
 export function dimsWords(manifest, env) {
@@ -94,7 +103,7 @@ export function dimsWords(manifest, env) {
 
 /**
  * Workgroup counts of a plan step for dims `env` ([0, 0, 0]: nothing to do, skip the dispatch).
- * @param {any} step @param {Record<string, number>} env @param {number} [maxX]
+ * @param {KernelStep} step @param {Record<string, number>} env @param {number} [maxX]
  * @returns {number[]}
  */
 export function stepDispatch(step, env, maxX = 65535) {
@@ -106,7 +115,7 @@ export function stepDispatch(step, env, maxX = 65535) {
 
 /**
  * An output's shape for dims `env`.
- * @param {any} spec the manifest's output entry @param {Record<string, number>} env
+ * @param {TensorSpec} spec the manifest's output entry @param {Record<string, number>} env
  * @returns {number[]}
  */
 export function outputShape(spec, env) {

@@ -1,3 +1,4 @@
+// @ts-check
 // Kiln browser runtime: runs a Kiln package (made by `kiln compile`) on WebGPU, WebGL2 or
 // WebAssembly, whichever the package holds and the browser can run.
 // Zero dependencies, no build step; ES modules typed with JSDoc.
@@ -64,8 +65,17 @@ const BACKENDS = {
 };
 
 /**
- * @typedef {import('./tensor.js').TensorSpec} TensorSpec
+ * @typedef {import('./manifest').Manifest} Manifest
+ * @typedef {import('./manifest').Training} Training
+ * @typedef {import('./manifest').TensorSpec} TensorSpec
  * @typedef {import('./package.js').PackageSource} PackageSource
+ * @typedef {import('./control.js').RunInput} RunInput
+ */
+
+/**
+ * Checked feeds: one per input in manifest order, in storage form (or a GPUTensor), with the run-time dims'
+ * values bound from their shapes (null for a static package).
+ * @typedef {RunInput[] & {dims?: Record<string, number> | null}} CheckedFeeds
  */
 
 /**
@@ -127,7 +137,7 @@ export async function loadFiles(files, options = {}) {
  * With a `manifest`, a target also needs what the package's entry for it asks for: WebGPU an adapter with
  * its `features` (an fp16 package's 'shader-f16').
  * @param {readonly string[]} [targets=TARGETS] the targets to probe.
- * @param {any} [manifest] a package's manifest.
+ * @param {Manifest} [manifest] a package's manifest.
  * @returns {Promise<{target: string, reason: string | null}[]>} `reason` null where the target can run.
  */
 export async function availableTargets(targets = TARGETS, manifest = undefined) {
@@ -202,10 +212,10 @@ async function loadFrom(source, options) {
  */
 export class Session {
   /**
+   * Use {@link load} or {@link loadFiles}.
    * @param {PackageSource} source
-   * @param {any} manifest
+   * @param {Manifest} manifest
    * @param {any} backend a target's backend (see the top of this file)
-   * @private
    */
   constructor(source, manifest, backend) {
     /** @type {string | null} URL of the package directory; null for a package loaded with {@link loadFiles}. */
@@ -316,7 +326,7 @@ export class Session {
     const result = this.queue.then(async () => {
       const raw = await this.backend.trainStep(checked);
       const outs = Object.fromEntries(training.outputs.map((spec) => [spec.name, fromStorage(spec, raw[spec.name])]));
-      return options.outputs ? outs : outs[training.loss.output].data[0];
+      return options.outputs ? outs : /** @type {number} */ (outs[training.loss.output].data[0]);  // float32
     });
     this.queue = result.catch(() => undefined);
     return result;
@@ -355,7 +365,7 @@ export class Session {
 
   /**
    * @param {string} what the method called
-   * @returns {any} the training section
+   * @returns {Training} the training section
    * @private
    */
   requireTraining(what) {
@@ -404,10 +414,10 @@ export class Session {
   }
 
   /**
-   * @param {Record<string, Tensor>} feeds
+   * @param {Record<string, Tensor | GPUTensor>} feeds
    * @param {TensorSpec[]} [specs] the inputs to check against (default: the model's)
-   * @returns {{spec: TensorSpec, data: ArrayBufferView}[]} one per manifest input, in manifest order, its data
-   *   converted to the buffer's storage type
+   * @returns {CheckedFeeds} one per manifest input, in manifest order, its data converted to the buffer's
+   *   storage type (or the GPUTensor fed)
    * @private
    */
   checkFeeds(feeds, specs = this.inputs) {
@@ -421,14 +431,15 @@ export class Session {
       throw new ShapeError(`unknown input${unknown.length > 1 ? 's' : ''} ${unknown.map((n) => `'${n}'`).join(', ')}; ` +
         `the model's inputs are ${quoted}`);
     }
-    const dynamic = specs === this.inputs && this.manifest?.dynamic_dims?.length;
-    const checked = specs.map((spec) => {
+    const dynamic = specs === this.inputs && Boolean(this.manifest?.dynamic_dims?.length);
+    const checked = /** @type {CheckedFeeds} */ (specs.map((spec) => {
       const expected = `${spec.dtype}${shapeText(spec.shape)}`;
       const tensor = feeds[spec.name];
       if (tensor === undefined) throw new ShapeError(`missing input '${spec.name}' (${expected})`);
       if (tensor instanceof GPUTensor) return this.checkGPUFeed(spec, tensor, dynamic);
       if (!(tensor instanceof Tensor)) {
-        throw new ShapeError(`input '${spec.name}': expected a kiln.Tensor (${expected}), got ${tensor?.constructor?.name ?? typeof tensor}`);
+        const got = /** @type {any} */ (tensor)?.constructor?.name ?? typeof tensor;
+        throw new ShapeError(`input '${spec.name}': expected a kiln.Tensor (${expected}), got ${got}`);
       }
       if (tensor.type !== spec.dtype) {
         throw new ShapeError(`input '${spec.name}': expected dtype ${spec.dtype}, got ${tensor.type}`);
@@ -438,7 +449,7 @@ export class Session {
           `(symbolic ${shapeText(spec.symbolic_shape ?? spec.shape)}), got ${shapeText(tensor.dims)}`);
       }
       return {spec, data: toStorage(spec, tensor.data)};
-    });
+    }));
     /** run-time dims bound from the feeds' shapes (null for a static package) */
     checked.dims = dynamic ? bindDims(this.manifest, feeds) : null;
     return checked;

@@ -1,3 +1,4 @@
+// @ts-check
 // Kiln browser runtime: reading a package (zero dependencies besides errors.js and tensor.js).
 //
 // A package's files come from a URL (fetched) or from memory; this module reads and checks
@@ -6,6 +7,11 @@
 
 import {PackageError} from './errors.js';
 import {DTYPES} from './tensor.js';
+
+// The manifest's types: kiln/js/manifest.d.ts, generated from the package contract's JSON Schema
+// (kiln/package/manifest.schema.json) by `python -m tools.manifest_types`.
+/** @typedef {import('./manifest').Manifest} Manifest */
+/** @typedef {import('./manifest').Buffer} ManifestBuffer */
 
 /** Package format name that `manifest.json` must declare. */
 export const FORMAT = 'kiln-package';
@@ -18,7 +24,7 @@ export const FORMAT_MAJOR = 1;
  * @property {string} name  the package in messages: its directory URL, or 'in-memory package'
  * @property {string | null} url  the package directory URL; null for in-memory packages
  * @property {(path: string, what: string) => Promise<ArrayBuffer>} bytes  a file's bytes
- * @property {(path: string, what: string) => string} where  a file's name in messages
+ * @property {(path: string) => string} where  a file's name in messages
  */
 
 /** @param {URL} root package directory URL @returns {PackageSource} */
@@ -46,10 +52,11 @@ export function memorySource(files) {
     if (data instanceof ArrayBuffer) {
       byPath.set(path, data);
     } else if (ArrayBuffer.isView(data)) {
-      byPath.set(path, data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength));
+      const copy = data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength);
+      byPath.set(path, /** @type {ArrayBuffer} */ (copy));
     } else {
       throw new PackageError(`in-memory package: file ${path} must be an ArrayBuffer or a typed array, ` +
-        `got ${data?.constructor?.name ?? typeof data}`);
+        `got ${/** @type {any} */ (data)?.constructor?.name ?? typeof data}`);
     }
   }
   return {
@@ -83,9 +90,10 @@ async function fetchOk(url, what) {
 }
 
 /**
- * Read `manifest.json` and check its format, version and required sections.
+ * Read `manifest.json` and check its format, version and required sections (the manifest's shape is
+ * kiln/package/manifest.schema.json; the native runtimes validate it whole, this runtime checks what it needs).
  * @param {PackageSource} source
- * @returns {Promise<any>} the manifest
+ * @returns {Promise<Manifest>} the manifest
  */
 export async function readManifest(source) {
   const root = source.name;
@@ -160,7 +168,7 @@ export function parseSafetensors(bytes, path) {
 /**
  * One weight tensor's bytes, ready to upload into its buffer.
  * @typedef {object} WeightData
- * @property {any} buffer  the manifest's buffer entry (`id`, `bytes`, `dtype` = storage type, `shape`, ...)
+ * @property {ManifestBuffer} buffer  the manifest's buffer entry (`id`, `bytes`, `dtype` = storage type, `shape`, ...)
  * @property {ArrayBuffer} bytes  the whole weights file
  * @property {number} offset  where the tensor's data starts in `bytes`
  * @property {number} length  the tensor's data in bytes (at most `buffer.bytes`)
@@ -170,7 +178,7 @@ export function parseSafetensors(bytes, path) {
  * Read each weights file, check its size and (with `verify`) SHA-256, and hand its tensors to
  * `upload`. Files are processed one at a time to bound memory use.
  * @param {PackageSource} source
- * @param {any} manifest
+ * @param {Manifest} manifest
  * @param {boolean} verify
  * @param {(file: string, weights: WeightData[]) => (void | Promise<void>)} upload  called once per file
  * @throws {PackageError} a missing, corrupted or malformed weights file, or a tensor that does not match the manifest

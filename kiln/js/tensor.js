@@ -112,7 +112,8 @@ export function toStorage(spec, data) {
 
 /**
  * A tensor of `spec.dtype` from the bytes of its buffer (storage element type `spec.storage`).
- * @param {TensorSpec} spec the manifest's output entry
+ * @param {{dtype: string, storage?: string, shape: number[]}} spec the manifest's output entry (or a training
+ *   state entry)
  * @param {ArrayBuffer} bytes the buffer's contents
  * @returns {Tensor}
  */
@@ -175,12 +176,8 @@ export class Tensor {
 }
 
 /**
- * @typedef {object} TensorSpec  an entry of the manifest's `inputs` or `outputs`
- * @property {string} name
- * @property {string} dtype
- * @property {string} [storage]  element type of its buffer (int32 for int64, bool, int8, uint8; format 1.1)
- * @property {number[]} shape  concrete dimensions
- * @property {(number|string)[]} symbolic_shape  dimensions with symbolic names (e.g. 'N')
- * @property {number} buffer  id of the manifest buffer holding the tensor
+ * An entry of the manifest's `inputs` or `outputs` (name, dtype, storage, shape, symbolic_shape, buffer, ...):
+ * kiln/js/manifest.d.ts, generated from the package contract's JSON Schema.
+ * @typedef {import('./manifest').TensorSpec} TensorSpec
  */
 

@@ -1,3 +1,4 @@
+// @ts-check
 // Kiln browser runtime: train steps of train-step packages on WebGPU (package format 1.3, `training`;
 // docs/training.md), and safetensors writing for exporting the trained weights.
 //
@@ -10,6 +11,10 @@
 import {DeviceError, PackageError} from './errors.js';
 import {DTYPES} from './tensor.js';
 
+/** @typedef {import('./manifest').Manifest} Manifest */
+/** @typedef {import('./manifest').KernelStep} KernelStep */
+/** @typedef {import('./manifest').TensorSpec} TensorSpec */
+
 /**
  * @typedef {object} Trainer
  * @property {{pipeline: GPUComputePipeline, bindGroup: GPUBindGroup, dispatch: number[]}[]} steps the train plan
@@ -19,14 +24,15 @@ import {DTYPES} from './tensor.js';
 /**
  * Bind groups of the train plan and staging buffers of its outputs.
  * @param {GPUDevice} device
- * @param {any} manifest the package manifest (with `training` and `targets.webgpu.train_plan`)
+ * @param {Manifest} manifest the package manifest (with `training` and `targets.webgpu.train_plan`)
  * @param {GPUBuffer[]} buffers one per manifest buffer
  * @param {{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}[]} pipelines one per kernel
  * @returns {Trainer}
  * @throws {PackageError} a training section without a train plan, or a step naming a missing kernel.
  */
 export function createTrainer(device, manifest, buffers, pipelines) {
-  const plan = manifest.targets.webgpu.train_plan;
+  // a train plan holds kernel steps only (train-step packages have no run-time control flow)
+  const plan = /** @type {KernelStep[]} */ (manifest.targets.webgpu.train_plan);
   if (!Array.isArray(plan)) throw new PackageError('the package has a training section but no targets.webgpu.train_plan');
   const steps = plan.map((step, index) => {
     const {pipeline, layout} = pipelines[step.kernel] ?? {};
@@ -49,8 +55,8 @@ export function createTrainer(device, manifest, buffers, pipelines) {
 /**
  * Run one train step on a WebGPU backend.
  * @param {any} backend the WebGPUBackend (device, buffers, trainer, manifest)
- * @param {{spec: any, data: ArrayBufferView}[]} inputs every training input, in storage form
- * @param {(queue: GPUQueue, buffer: GPUBuffer, source: ArrayBuffer, offset: number, length: number) => void} write
+ * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs every training input, in storage form
+ * @param {(queue: GPUQueue, buffer: GPUBuffer, source: ArrayBufferLike, offset: number, length: number) => void} write
  * @returns {Promise<Record<string, ArrayBuffer>>} each training output's bytes (storage form)
  * @throws {DeviceError} the device was lost or rejected the work.
  */
@@ -78,6 +84,7 @@ export async function runTrainStep(backend, inputs, write) {
   device.queue.submit([encoder.finish()]);
   const error = await device.popErrorScope();
   if (error) throw new DeviceError(`WebGPU rejected the train step: ${error.message}`);
+  /** @type {Record<string, ArrayBuffer>} */
   const results = {};
   await Promise.all(training.outputs.map(async (o) => {
     const staging = trainer.staging.get(o.name);
@@ -118,7 +125,7 @@ export async function readBuffers(device, sources) {
  * Serialise tensors as a safetensors file (https://huggingface.co/docs/safetensors): an 8-byte
  * little-endian header length, a JSON header `{name: {dtype, shape, data_offsets}}` padded with spaces
  * to a multiple of 8 bytes, then the data.
- * @param {{name: string, dtype: string, shape: number[], bytes: ArrayBuffer}[]} tensors Kiln dtypes
+ * @param {{name: string, dtype: string, shape: number[], bytes: ArrayBufferLike}[]} tensors Kiln dtypes
  *   (`float32`, `int32`, ...); `bytes` the little-endian data.
  * @param {Record<string, string>} [metadata] the header's `__metadata__` strings.
  * @returns {Uint8Array}

@@ -1,3 +1,4 @@
+// @ts-check
 // Kiln browser runtime: the WebAssembly backend (zero dependencies besides errors.js and package.js;
 // its Web Workers run wasm-worker.js).
 //
@@ -12,6 +13,10 @@
 
 import {DeviceError, KilnError, PackageError} from './errors.js';
 import {readWeights, sha256Hex} from './package.js';
+
+/** @typedef {import('./manifest').Manifest} Manifest */
+/** @typedef {import('./manifest').WasmTarget} WasmTarget */
+/** @typedef {import('./manifest').TensorSpec} TensorSpec */
 
 /** The manifest target this backend runs. */
 export const target = 'wasm';
@@ -50,7 +55,7 @@ function canShareMemory() {
 /**
  * Instantiate the package's module (threaded where it can and `threads` allows) and write the weights.
  * @param {import('./package.js').PackageSource} source
- * @param {any} manifest
+ * @param {Manifest} manifest
  * @param {{verify: boolean, poison?: boolean, threads?: number}} options  `threads`: worker threads (default:
  *   the hardware's, at most 8, when the page is cross-origin isolated and the package has a threaded module;
  *   otherwise 1, on the calling thread). `poison` fills activation and output buffers with NaN before each run.
@@ -110,7 +115,7 @@ export async function create(source, manifest, options) {
 export class WasmBackend {
   /**
    * @param {WebAssembly.Memory} memory
-   * @param {any} manifest
+   * @param {Manifest} manifest
    * @param {number} threads
    * @private
    */
@@ -126,12 +131,14 @@ export class WasmBackend {
     this.timestampQuery = false;
     /** Worker threads computing the kernels (1: the calling thread). */
     this.threads = threads;
-    /** @private */ this.memory = memory;
+    /** the linear memory (internal: create() writes the weights into it) */
+    this.memory = memory;
     /** @private */ this.manifest = manifest;
-    /** @private */ this.spec = manifest.targets.wasm;
-    /** @private @type {number[]} byte address of each buffer */
+    /** @private @type {WasmTarget} */ this.spec = manifest.targets.wasm;
+    /** @type {number[]} byte address of each buffer (internal, as memory) */
     this.offsets = this.spec.memory.offsets;
-    /** @private */ this.poison = false;
+    /** whether runs fill activation and output buffers with NaN first (internal: set by create()) */
+    this.poison = false;
     /** @private @type {Function[]} the single-threaded plan: one closure per step */
     this.calls = [];
     /** @private @type {Worker[]} */ this.workers = [];
@@ -139,11 +146,11 @@ export class WasmBackend {
 
   /**
    * The single-threaded backend: one instance on this thread.
-   * @param {WebAssembly.Module} module @param {any} manifest @returns {Promise<WasmBackend>} @private
+   * @param {WebAssembly.Module} module @param {Manifest} manifest @returns {Promise<WasmBackend>} (internal: create())
    */
   static async single(module, manifest) {
     const instance = await WebAssembly.instantiate(module, {});
-    const {memory} = instance.exports;
+    const memory = /** @type {WebAssembly.Memory} */ (instance.exports.memory);
     const layout = manifest.targets.wasm.memory;
     if (memory.buffer.byteLength < layout.bytes) {
       memory.grow(Math.ceil((layout.bytes - memory.buffer.byteLength) / 65536));
@@ -155,8 +162,8 @@ export class WasmBackend {
 
   /**
    * The threaded backend: `threads` workers, each with an instance over one shared memory.
-   * @param {WebAssembly.Module} module @param {any} manifest @param {number} threads
-   * @returns {Promise<WasmBackend>} @private
+   * @param {WebAssembly.Module} module @param {Manifest} manifest @param {number} threads
+   * @returns {Promise<WasmBackend>} (internal: create())
    */
   static async threaded(module, manifest, threads) {
     const {pages} = manifest.targets.wasm.memory;
@@ -213,7 +220,7 @@ export class WasmBackend {
     }
   }
 
-  /** @param {{spec: any, data: ArrayBufferView}[]} inputs in storage form @private */
+  /** @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs in storage form @private */
   writeInputs(inputs) {
     const memory = new Uint8Array(this.memory.buffer);
     for (const {spec, data} of inputs) {
@@ -232,7 +239,7 @@ export class WasmBackend {
 
   /**
    * Run the plan once.
-   * @param {{spec: any, data: ArrayBufferView}[]} inputs every manifest input, its data in storage form
+   * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs every manifest input, its data in storage form
    * @returns {Promise<Record<string, ArrayBuffer>>} each output's buffer contents (storage form)
    * @throws {DeviceError} a kernel trapped or a worker failed.
    */
@@ -244,6 +251,7 @@ export class WasmBackend {
     } catch (error) {
       throw error instanceof DeviceError ? error : new DeviceError(`a wasm kernel failed: ${error.message}`);
     }
+    /** @type {Record<string, ArrayBuffer>} */
     const results = {};
     for (const output of this.manifest.outputs) {
       const bytes = this.manifest.buffers[output.buffer].bytes;
@@ -256,7 +264,7 @@ export class WasmBackend {
 
   /**
    * Time the kernels: inputs written once, then `warmup + repeat` runs of every plan step.
-   * @param {{spec: any, data: ArrayBufferView}[]} inputs in storage form
+   * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs in storage form
    * @param {{repeat: number, warmup: number}} options
    * @returns {Promise<{clock: 'wall', times: number[], wall: number[]}>} milliseconds
    */

@@ -1,3 +1,4 @@
+// @ts-check
 // Kiln browser runtime: the WebGL2 backend (zero dependencies besides errors.js and package.js).
 //
 // Runs a package's `targets.webgl2` (docs/package-format.md): every texture of the target's
@@ -11,6 +12,10 @@
 import {DeviceError, PackageError} from './errors.js';
 import {kernelText, readWeights} from './package.js';
 
+/** @typedef {import('./manifest').Manifest} Manifest */
+/** @typedef {import('./manifest').WebGL2Target} WebGL2Target */
+/** @typedef {import('./manifest').TensorSpec} TensorSpec */
+
 /** The manifest target this backend runs. */
 export const target = 'webgl2';
 
@@ -22,7 +27,11 @@ void main() {
 }
 `;
 
-/** @type {Record<string, {array: Function, format: string, readFormat: string, type: string}>} texture formats */
+/**
+ * Texture formats: the typed array of their elements and the WebGL enums (names) to upload and read them.
+ * @type {Record<string, {array: Float32ArrayConstructor | Int32ArrayConstructor, format: string, readFormat: string,
+ *   type: string}>}
+ */
 const FORMATS = {
   R32F: {array: Float32Array, format: 'RED', readFormat: 'RGBA', type: 'FLOAT'},
   R32I: {array: Int32Array, format: 'RED_INTEGER', readFormat: 'RGBA_INTEGER', type: 'INT'},
@@ -64,7 +73,7 @@ export async function unavailable() {
 /**
  * Create a WebGL2 context and build the package's textures, programs and framebuffers.
  * @param {import('./package.js').PackageSource} source
- * @param {any} manifest
+ * @param {Manifest} manifest
  * @param {{verify: boolean, powerPreference?: WebGLPowerPreference, poison?: boolean}} options  `poison`
  *   fills every activation and output texture with NaN (int32: -1234567) before each run, so that an
  *   element no kernel writes shows up (for tests)
@@ -88,10 +97,10 @@ export async function create(source, manifest, options) {
 /** A package in a WebGL2 context. Create it with {@link create}. */
 export class WebGL2Backend {
   /**
+   * Use {@link create}, which also builds the GPU objects.
    * @param {WebGL2RenderingContext} gl
-   * @param {any} manifest
+   * @param {Manifest} manifest
    * @param {boolean} poison
-   * @private
    */
   constructor(gl, manifest, poison) {
     /** The manifest target this backend runs. */
@@ -108,7 +117,7 @@ export class WebGL2Backend {
     this.timestampQuery = false;
     /** @private */ this.gl = gl;
     /** @private */ this.manifest = manifest;
-    /** @private */ this.spec = manifest.targets.webgl2;
+    /** @private @type {WebGL2Target} */ this.spec = manifest.targets.webgl2;
     /** @private @type {WebGLTexture[]} */ this.textures = [];
     /** @private @type {WebGLProgram[]} */ this.programs = [];
     /** @private @type {Map<number, WebGLFramebuffer>} framebuffer of each output texture */
@@ -124,10 +133,10 @@ export class WebGL2Backend {
   }
 
   /**
-   * Check the limits, create the textures, compile the programs and upload the weights.
+   * Check the limits, create the textures, compile the programs and upload the weights (internal: {@link create}
+   * calls it).
    * @param {import('./package.js').PackageSource} source
    * @param {boolean} verify
-   * @private
    */
   async build(source, verify) {
     const {gl, spec, manifest} = this;
@@ -260,7 +269,7 @@ export class WebGL2Backend {
 
   /**
    * The texture holding a manifest input or output in its storage type.
-   * @param {any} spec the manifest's input or output entry @returns {number} @private
+   * @param {TensorSpec} spec the manifest's input or output entry @returns {number} @private
    */
   ioTexture(spec) {
     const format = (spec.storage ?? spec.dtype) === 'float32' ? 'R32F' : 'R32I';
@@ -274,12 +283,13 @@ export class WebGL2Backend {
     if (this.lost || this.gl.isContextLost()) throw new DeviceError('the WebGL2 context was lost');
   }
 
-  /** @param {{spec: any, data: ArrayBufferView}[]} inputs in storage form @private */
+  /** @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs in storage form @private */
   writeInputs(inputs) {
     for (const {spec, data} of inputs) {
       const index = this.ioTexture(spec);
       const Array = FORMATS[this.spec.textures[index].format].array;
-      const values = data instanceof Array ? data : new Array(data.buffer, data.byteOffset, data.byteLength / 4);
+      const values = data instanceof Array ? data
+        : new Array(/** @type {ArrayBuffer} */ (data.buffer), data.byteOffset, data.byteLength / 4);
       this.upload(index, values);
     }
   }
@@ -341,7 +351,7 @@ export class WebGL2Backend {
 
   /**
    * Run the plan once.
-   * @param {{spec: any, data: ArrayBufferView}[]} inputs every manifest input, its data in storage form
+   * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs every manifest input, its data in storage form
    * @returns {Promise<Record<string, ArrayBuffer>>} each output's elements in its storage type
    * @throws {DeviceError} the context was lost or WebGL reported an error.
    */
@@ -351,6 +361,7 @@ export class WebGL2Backend {
     if (this.poison) this.fillPoison();
     this.writeInputs(inputs);
     this.draw();
+    /** @type {Record<string, ArrayBuffer>} */
     const results = {};
     for (const output of this.manifest.outputs) {
       const count = output.shape.reduce((a, b) => a * b, 1);
@@ -364,7 +375,7 @@ export class WebGL2Backend {
   /**
    * Time the draws: inputs written once, then `warmup + repeat` runs of every plan step, each
    * waited for by reading one texel of the last step's output (readPixels waits for the GPU).
-   * @param {{spec: any, data: ArrayBufferView}[]} inputs in storage form
+   * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs in storage form
    * @param {{repeat: number, warmup: number}} options
    * @returns {Promise<{clock: 'wall', times: number[], wall: number[]}>} milliseconds
    * @throws {DeviceError} the context was lost or WebGL reported an error.

@@ -1,3 +1,4 @@
+// @ts-check
 // Kiln browser runtime: the WebGPU backend (zero dependencies besides errors.js and package.js).
 //
 // Execution matches the native runtime (kiln/runtime/native.py): one GPUBuffer per
@@ -19,6 +20,13 @@ import {GPUTensor, storageType} from './gputensor.js';
 import {kernelText, readWeights} from './package.js';
 import {DTYPES, product} from './tensor.js';
 
+/** @typedef {import('./manifest').Manifest} Manifest */
+/** @typedef {import('./manifest').WebGPUTarget} WebGPUTarget */
+/** @typedef {import('./manifest').WebGPUKernel} WebGPUKernel */
+/** @typedef {import('./manifest').KernelStep} KernelStep */
+/** @typedef {import('./manifest').TensorSpec} TensorSpec */
+/** @typedef {import('./package.js').PackageSource} PackageSource */
+
 /** The manifest target this backend runs. */
 export const target = 'webgpu';
 
@@ -26,7 +34,7 @@ export const target = 'webgpu';
  * Why this browser cannot run WebGPU packages, or null if it can (it has `navigator.gpu`
  * and an adapter, with the WebGPU features the package's target entry `spec` lists, such as
  * an fp16 package's 'shader-f16').
- * @param {any} [spec] the manifest's `targets.webgpu`
+ * @param {WebGPUTarget} [spec] the manifest's `targets.webgpu`
  * @returns {Promise<string | null>}
  */
 export async function unavailable(spec = undefined) {
@@ -44,9 +52,10 @@ export async function unavailable(spec = undefined) {
 
 /**
  * Get a WebGPU device and build the package's buffers, pipelines and bind groups.
- * @param {import('./package.js').PackageSource} source
- * @param {any} manifest
- * @param {{verify: boolean, powerPreference?: GPUPowerPreference, timing?: boolean}} options
+ * @param {PackageSource} source
+ * @param {Manifest} manifest
+ * @param {{verify: boolean, powerPreference?: GPUPowerPreference, timing?: boolean,
+ *   device?: 'shared' | 'own' | GPUDevice}} options
  * @returns {Promise<WebGPUBackend>}
  * @throws {DeviceError} no WebGPU, no adapter, or a missing limit or feature.
  * @throws {PackageError} a kernel that does not compile, bad weights, or an invalid plan.
@@ -59,7 +68,6 @@ export async function create(source, manifest, options) {
   const deviceMs = performance.now() - started;
   try {
     const backend = await WebGPUBackend.create(source, manifest, adapter, device, verify);
-    /** @private whether the device outlives this backend (shared, or the caller's) */
     backend.sharedDevice = shared;
     if (!timing) backend.timestampQuery = false;  // a shared device may have the feature; time() uses it when asked
     backend.loadMs = {...backend.loadMs, device: deviceMs, total: performance.now() - started};
@@ -77,7 +85,7 @@ const SHARED = [];
  * The device a backend runs on: `'own'` a new one, `'shared'` the page's shared device for this power
  * preference (made with the adapter's maxima for the limits packages name, so later packages fit), or a
  * GPUDevice the caller gives (another session's `device`), checked against the package's needs.
- * @param {any} spec @param {GPUPowerPreference} powerPreference @param {boolean} timing
+ * @param {WebGPUTarget} spec @param {GPUPowerPreference} powerPreference @param {boolean} timing
  * @param {'shared' | 'own' | GPUDevice} wanted
  * @returns {Promise<{adapter: any, device: GPUDevice, shared: boolean}>}
  * @throws {DeviceError} as {@link requestDevice}, or a given device that lacks a feature or limit.
@@ -95,7 +103,8 @@ async function chooseDevice(spec, powerPreference, timing, wanted) {
   }
   for (const entry of SHARED) {
     if (entry.key !== powerPreference) continue;
-    const {adapter, device} = await entry.promise.catch(() => ({}));
+    const {adapter, device} = /** @type {{adapter?: GPUAdapter, device?: GPUDevice}} */ (
+      await entry.promise.catch(() => ({})));
     if (device && !fitsDevice(device, spec, timing && adapter.features.has('timestamp-query'))) {
       return {adapter, device, shared: true};
     }
@@ -114,7 +123,7 @@ async function chooseDevice(spec, powerPreference, timing, wanted) {
 
 /**
  * What `device` lacks of the package's features and limits (and 'timestamp-query' if `timestamps`), or null.
- * @param {GPUDevice} device @param {any} spec @param {boolean} timestamps
+ * @param {GPUDevice} device @param {WebGPUTarget} spec @param {boolean} timestamps
  * @returns {string | null}
  */
 function fitsDevice(device, spec, timestamps) {
@@ -135,7 +144,7 @@ function fitsDevice(device, spec, timestamps) {
  * workgroup and dispatch sizes); each must be within the adapter's, or a DeviceError names
  * the limit. They are requested as they are, so the device offers exactly what the plan needs.
  *
- * @param {any} spec the manifest's target entry (features, limits, kernels, plan)
+ * @param {WebGPUTarget} spec the manifest's target entry (features, limits, kernels, plan)
  * @param {GPUPowerPreference} powerPreference
  * @param {boolean} timing also request 'timestamp-query' if the adapter has it
  * @param {boolean} [maximal=false] request the adapter's own value of every limit the package names, and
@@ -171,7 +180,7 @@ async function requestDevice(spec, powerPreference, timing, maximal = false) {
     }
     requiredLimits[limit] = maximal ? have : needed;
   }
-  const requiredFeatures = [...features];
+  const requiredFeatures = /** @type {GPUFeatureName[]} */ ([...features]);
   if ((timing || maximal) && adapter.features.has('timestamp-query') && !requiredFeatures.includes('timestamp-query')) {
     requiredFeatures.push('timestamp-query');
   }
@@ -196,7 +205,7 @@ function describeAdapter(info) {
  * padding to WebGPU's 4-byte write granularity.
  * @param {GPUQueue} queue
  * @param {GPUBuffer} buffer
- * @param {ArrayBuffer} source
+ * @param {ArrayBufferLike} source
  * @param {number} sourceOffset
  * @param {number} byteLength
  */
@@ -214,7 +223,7 @@ function writePadded(queue, buffer, source, sourceOffset, byteLength) {
 /**
  * Pop a WebGPU error scope and throw it as `ErrorType` with `context`, if there was an error.
  * @param {GPUDevice} device
- * @param {typeof KilnError} ErrorType
+ * @param {new (message: string) => Error} ErrorType
  * @param {string} context
  */
 async function throwScopeError(device, ErrorType, context) {
@@ -228,9 +237,9 @@ export class WebGPUBackend {
   /**
    * @param {GPUAdapter} adapter
    * @param {GPUDevice} device
-   * @param {any} manifest
+   * @param {Manifest} manifest
    * @param {GPUBuffer[]} buffers one per manifest buffer, indexed by buffer id
-   * @param {{pipeline: GPUComputePipeline, bindGroup: GPUBindGroup, dispatch: number[]}[]} steps
+   * @param {{pipeline: GPUComputePipeline, bindGroup: GPUBindGroup, dispatch: number[], step: KernelStep}[]} steps
    * @param {{buffer: GPUBuffer, offsets: number[], sizes: number[]}} staging one mappable buffer taking every
    *   output's copy, at `offsets[i]` for the i-th output
    * @private
@@ -238,7 +247,7 @@ export class WebGPUBackend {
   constructor(adapter, device, manifest, buffers, steps, staging) {
     /** The manifest target this backend runs. */
     this.target = target;
-    const info = adapter.info ?? {};
+    const info = /** @type {Partial<GPUAdapterInfo>} */ (adapter.info ?? {});
     /** The adapter's vendor, architecture, device and description as the browser reports them. */
     this.adapterInfo = {
       vendor: info.vendor ?? '', architecture: info.architecture ?? '',
@@ -251,14 +260,40 @@ export class WebGPUBackend {
     /** @private */ this.buffers = buffers;
     /** @private */ this.steps = steps;
     /** @private */ this.staging = staging;
-    /** @private @type {GPUDeviceLostInfo | null} */
+    /** @private @type {GPUDeviceLostInfo | {reason: string, message: string} | null} */
     this.lost = null;
     device.lost.then((lost) => { this.lost = lost; });
+    // set by create() right after construction:
+    /** whether the device outlives this backend (shared, or the caller's); internal */
+    this.sharedDevice = false;
+    /** @private the runner of a plan with control steps, or null @type {ControlRunner | null} */
+    this.control = null;
+    /** @private the dims uniform of a package with run-time dims, or null @type {GPUBuffer | null} */
+    this.dimsBuffer = null;
+    /** @private */ this.manifest = manifest;
+    /** @private the dims last written into the uniform (JSON), and the dispatches they give @type {string | null} */
+    this.dimsKey = null;
+    /** @private @type {number[][]} */
+    this.dispatches = steps.map((s) => s.dispatch);
+    /**
+     * @private the train plan of a train-step package (train.js), or null
+     * @type {import('./train.js').Trainer | null}
+     */
+    this.trainer = null;
+    /** @private the manifest's training section, or null */
+    this.training = manifest.training ?? null;
+    /** kernels whose pipeline the device's cache already held */
+    this.pipelineHits = 0;
+    /**
+     * milliseconds of the load's phases (the pipelines compile while the weights download)
+     * @type {Record<string, number>}
+     */
+    this.loadMs = {};
   }
 
   /**
    * Build the GPU objects; see {@link create}.
-   * @param {import('./package.js').PackageSource} source @param {any} manifest @param {GPUAdapter} adapter
+   * @param {PackageSource} source @param {Manifest} manifest @param {GPUAdapter} adapter
    * @param {GPUDevice} device @param {boolean} verify
    * @returns {Promise<WebGPUBackend>}
    */
@@ -301,7 +336,9 @@ export class WebGPUBackend {
 
     device.pushErrorScope('validation');
     const control = isControlPlan(spec.plan);  // run-time If/Loop (format 1.4): control.js runs the plan
-    const steps = (control ? kernelSteps(spec.plan) : spec.plan).map((step, index) => {
+    // a plan without control steps holds kernel steps only
+    const flat = control ? kernelSteps(spec.plan) : /** @type {KernelStep[]} */ (spec.plan);
+    const steps = flat.map((step, index) => {
       const {pipeline, layout} = pipelines[step.kernel] ?? {};
       if (!pipeline) throw new PackageError(`${root}: plan step ${index} names kernel ${step.kernel}, which does not exist`);
       const entries = step.buffers.map((id, binding) => ({binding, resource: {buffer: buffers[id]}}));
@@ -323,30 +360,20 @@ export class WebGPUBackend {
     const trainer = manifest.training ? createTrainer(device, manifest, buffers, pipelines) : null;
     await throwScopeError(device, PackageError, `${root}: invalid execution plan`);
     const backend = new WebGPUBackend(adapter, device, manifest, buffers, steps, staging);
-    /** @private the runner of a plan with control steps, or null */
     backend.control = control ? new ControlRunner(device, buffers, spec.plan, steps) : null;
-    /** @private the dims uniform of a package with run-time dims, or null */
     backend.dimsBuffer = dimsBuffer;
-    /** @private */ backend.manifest = manifest;
-    /** @private the dims last written into the uniform (JSON), and the dispatches they give */
-    backend.dimsKey = null;
-    backend.dispatches = steps.map((s) => s.dispatch);
-    /** @private the train plan of a train-step package (train.js), or null */
     backend.trainer = trainer;
-    /** @private the manifest's training section, or null */
-    backend.training = manifest.training ?? null;
-    /** kernels whose pipeline the device's cache already held */
     backend.pipelineHits = cache.hits - hitsBefore;
-    /** milliseconds of the load's phases (the pipelines compile while the weights download) */
     backend.loadMs = {pipelines: pipelinesMs};
     return backend;
   }
 
   /**
    * Run the plan once.
-   * @param {{spec: any, data?: ArrayBufferView, gpu?: GPUTensor}[]} inputs every manifest input: its data in
+   * @param {{spec: TensorSpec, data?: ArrayBufferView, gpu?: GPUTensor}[]} inputs every manifest input: its data in
    *   storage form, or a GPUTensor on this device (copied into the input's buffer on the GPU)
-   * @param {{output?: 'cpu' | 'gpu'}} [options] `'gpu'`: copy the outputs into new GPUTensors, read nothing back
+   * @param {{output?: 'cpu' | 'gpu', dims?: Record<string, number> | null}} [options] `'gpu'`: copy the outputs into
+   *   new GPUTensors, read nothing back; `dims`: the run-time dims' values (dims.js), null for a static package
    * @returns {Promise<Record<string, ArrayBuffer | GPUTensor>>} each output's buffer contents (storage form),
    *   or with `output: 'gpu'` each output's new GPUTensor
    * @throws {DeviceError} the device was lost or rejected the work.
@@ -376,6 +403,7 @@ export class WebGPUBackend {
     const sizes = dims ? this.outputs.map((spec, i) => copySize(spec, this.buffers[spec.buffer], shapes[i]))
       : staging.sizes;
     if (output === 'gpu') {
+      /** @type {Record<string, GPUTensor>} */
       const results = {};
       this.outputs.forEach((spec, i) => {
         const t = results[spec.name] = GPUTensor.empty(device, spec.dtype, shapes[i], spec.name);
@@ -426,7 +454,7 @@ export class WebGPUBackend {
     if (this.lost) throw new DeviceError(`the WebGPU device was lost (${this.lost.reason}): ${this.lost.message}`);
   }
 
-  /** @param {{spec: any, data?: ArrayBufferView}[]} inputs in storage form (GPUTensor feeds skipped) @private */
+  /** @param {{spec: TensorSpec, data?: ArrayBufferView}[]} inputs in storage form (GPUTensor feeds skipped) @private */
   writeInputs(inputs) {
     for (const {spec, data} of inputs) {
       if (data) writePadded(this.device.queue, this.buffers[spec.buffer], data.buffer, data.byteOffset, data.byteLength);
@@ -458,8 +486,8 @@ export class WebGPUBackend {
   /**
    * Time the compute: inputs written once, then `warmup + repeat` passes, each submitted alone
    * and waited for (see `Session.time` in kiln.js).
-   * @param {{spec: any, data: ArrayBufferView}[]} inputs in storage form
-   * @param {{repeat: number, warmup: number, useTimestamps: boolean}} options
+   * @param {{spec: TensorSpec, data?: ArrayBufferView, gpu?: GPUTensor}[]} inputs in storage form, or GPUTensors
+   * @param {{repeat: number, warmup: number, useTimestamps: boolean, dims?: Record<string, number> | null}} options
    * @returns {Promise<{clock: 'timestamp-query' | 'wall', times: number[], wall: number[]}>} milliseconds
    * @throws {DeviceError} the device was lost or rejected the work.
    */
@@ -535,7 +563,7 @@ export class WebGPUBackend {
 
   /**
    * Run one train step of a train-step package (train.js): the train plan, then every state update.
-   * @param {{spec: any, data: ArrayBufferView}[]} inputs every training input, in storage form
+   * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs every training input, in storage form
    * @returns {Promise<Record<string, ArrayBuffer>>} each training output's bytes (storage form)
    * @throws {DeviceError} the device was lost or rejected the work.
    */
@@ -603,7 +631,7 @@ async function sourceKey(text) {
  * with `createComputePipelineAsync`, all in parallel.
  * @param {PackageSource} source
  * @param {GPUDevice} device
- * @param {any[]} kernels the target's kernels
+ * @param {WebGPUKernel[]} kernels the target's kernels
  * @returns {Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}[]>}
  */
 function createPipelines(source, device, kernels) {
@@ -628,7 +656,7 @@ function createPipelines(source, device, kernels) {
 
 /**
  * Compile one kernel's pipeline.
- * @param {GPUDevice} device @param {any} kernel @param {string} code @param {string[]} access per binding
+ * @param {GPUDevice} device @param {WebGPUKernel} kernel @param {string} code @param {string[]} access per binding
  * @param {number} [dimsBinding] the binding of the run-time dims uniform (dims.js), if the kernel reads it
  * @returns {Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}>}
  * @throws {PackageError} the kernel does not compile on this device.
@@ -640,9 +668,9 @@ async function compilePipeline(device, kernel, code, access, dimsBinding) {
     entries: [...access.map((a, binding) => ({
       binding,
       visibility: GPUShaderStage.COMPUTE,
-      buffer: {type: a === 'read' ? 'read-only-storage' : 'storage'},
+      buffer: {type: /** @type {GPUBufferBindingType} */ (a === 'read' ? 'read-only-storage' : 'storage')},
     })), ...(dimsBinding === undefined ? [] : [
-      {binding: dimsBinding, visibility: GPUShaderStage.COMPUTE, buffer: {type: 'uniform'}}])],
+      {binding: dimsBinding, visibility: GPUShaderStage.COMPUTE, buffer: {type: /** @type {const} */ ('uniform')}}])],
   });
   try {
     const pipeline = await device.createComputePipelineAsync({
@@ -663,7 +691,7 @@ async function compilePipeline(device, kernel, code, access, dimsBinding) {
 /**
  * Bytes of the tensor `spec` (an input or output) of shape `shape` (default: the manifest's; run-time dims give
  * smaller ones) in its buffer `buffer`, rounded up to whole 4-byte words.
- * @param {any} spec @param {GPUBuffer} buffer @param {number[]} [shape]
+ * @param {TensorSpec} spec @param {GPUBuffer} buffer @param {number[]} [shape]
  * @returns {number}
  */
 function copySize(spec, buffer, shape = spec.shape) {

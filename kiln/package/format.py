@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import PackageError, ShapeError
+from kiln.package.manifest import validate_manifest
 
 #: tensor dtype -> the element type its WebGPU buffers hold (every element 4 bytes). WGSL storage
 #: buffers hold no bool, 8-, 16- or 64-bit integers: those are widened or narrowed to i32 on upload
@@ -126,7 +127,8 @@ def read_manifest(package: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         PackageError: no such directory, no manifest, malformed JSON, not a Kiln package,
-            or a newer major format version than this runtime reads.
+            a newer major format version than this runtime reads, or a manifest the package contract
+            refuses (see :func:`parse_manifest`).
     """
     root = Path(package)
     if not root.exists():
@@ -148,12 +150,14 @@ def parse_manifest(data: bytes | str, path: str | os.PathLike, root: str | os.Pa
         root: the package's name in error messages.
 
     Returns:
-        The manifest, a dict with at least ``format``, ``version``, ``inputs``, ``outputs``,
+        The manifest, valid against the package contract (``kiln/package/manifest.schema.json``, see
+        :mod:`kiln.package.manifest`): at least ``format``, ``version``, ``inputs``, ``outputs``,
         ``buffers``, ``targets`` and ``weights``.
 
     Raises:
         PackageError: malformed JSON, not a Kiln package manifest, a newer major format version
-            than this runtime reads, or a missing section.
+            than this runtime reads (checked first), or a manifest the schema refuses (one line naming the
+            JSON path and the problem).
     """
     try:
         manifest = json.loads(data)
@@ -168,9 +172,7 @@ def parse_manifest(data: bytes | str, path: str | os.PathLike, root: str | os.Pa
         raise PackageError(f"{path}: bad format version {version!r}") from None
     if major > MAJOR:
         raise PackageError(f"{root}: package format {version} is newer than this Kiln reads ({VERSION}); upgrade Kiln")
-    for key in ("inputs", "outputs", "buffers", "targets", "weights"):
-        if key not in manifest:
-            raise PackageError(f"{path}: manifest lacks {key!r}")
+    validate_manifest(manifest, str(path))
     return manifest
 
 

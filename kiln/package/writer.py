@@ -23,6 +23,7 @@ from kiln.ir.printer import format_graph
 from kiln.package import dynamic
 from kiln.package.dynamic import io_fields
 from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, sha256_file, to_storage
+from kiln.package.manifest import validate_manifest, validate_section
 from kiln.package.training import io_lists, param_weights, training_manifest
 from kiln.version import __version__
 
@@ -80,12 +81,19 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
     The writer knows no target: each build brings its manifest section and files (:class:`kiln.codegen.target.
     TargetBuild`); the writer adds the weights, buffers, inputs/outputs, presets and the browser runtime.
 
+    The manifest is checked against the package contract (``kiln/package/manifest.schema.json``): each target's
+    section before anything is written, the whole manifest before it is written; a failure leaves ``out`` as it was.
+
     Raises:
-        PackageError: ``out`` exists and is not replaceable (see :func:`check_destination`).
+        PackageError: ``out`` exists and is not replaceable (see :func:`check_destination`), or a manifest the
+            schema refuses (a compiler bug: one line naming the JSON path and the problem).
         KilnError: a constant that does not fit its storage type.
     """
     out = Path(out)
     check_destination(out, force)
+    unwritten = f"{out / MANIFEST} (not written)"  # what a manifest the schema refuses is named in the error
+    for name, build in compiled.builds.items():  # as JSON will hold them (tuples become arrays)
+        validate_section(name, json.loads(json.dumps(build.section)), unwritten)
     graph, plan = compiled.graph, compiled.plan
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -188,7 +196,9 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             shutil.copyfile(labels, tmp / "labels.txt")
             manifest["postprocess"] = {"type": "classification", "output": model_outputs[0].name,
                                        "softmax": True, "labels": "labels.txt"}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        text = json.dumps(manifest, indent=1)
+        validate_manifest(json.loads(text), unwritten)  # exactly what is written
+        (tmp / MANIFEST).write_text(text)
         (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
         js = resources.files("kiln") / "js"
         for name in RUNTIME_FILES + (TRAINING_FILES if training is not None else ()):
