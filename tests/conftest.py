@@ -14,6 +14,16 @@ SHARED_MODELS = (ROOT / ".." / "shared" / "models").resolve()
 MOBILENET = ROOT / "models" / "mobilenet_v2_imagenet.onnx"
 CHELSEA = ROOT / "models" / "chelsea.png"
 
+#: (model, input shape, dims to bind) of the PP-OCR models as the per-target model tests run them
+PPOCR_CASES = [
+    ("ch_ppocr_mobile_v2.0_cls_infer", (2, 3, 48, 192), {"x_dim0": 2, "x_dim2": 48, "x_dim3": 192}),
+    ("ch_PP-OCRv4_rec_infer", (1, 3, 48, 160), {"p2o.DynamicDimension.0": 1, "x_dim2": 48,
+                                                "p2o.DynamicDimension.1": 160}),
+    ("ch_PP-OCRv4_det_infer", (1, 3, 64, 96), {"p2o.DynamicDimension.0": 1, "p2o.DynamicDimension.1": 64,
+                                               "p2o.DynamicDimension.2": 96}),
+
+]
+
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 

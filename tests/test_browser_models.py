@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from browser import CHROMIUM, close_shared_runner
-from conftest import MOBILENET, SHARED_MODELS
+from conftest import MOBILENET, PPOCR_CASES, SHARED_MODELS
 from opcheck import TOLERANCE, run_in_browser
 
 pytestmark = [
@@ -56,13 +56,7 @@ def test_minilm():
         np.testing.assert_allclose(hidden, expected, atol=1e-4 * TOLERANCE[target], rtol=0, err_msg=target)
 
 
-@pytest.mark.parametrize("name,shape,dims", [
-    ("ch_ppocr_mobile_v2.0_cls_infer", (2, 3, 48, 192), {"x_dim0": 2, "x_dim2": 48, "x_dim3": 192}),
-    ("ch_PP-OCRv4_rec_infer", (1, 3, 48, 160), {"p2o.DynamicDimension.0": 1, "x_dim2": 48,
-                                                "p2o.DynamicDimension.1": 160}),
-    ("ch_PP-OCRv4_det_infer", (1, 3, 64, 96), {"p2o.DynamicDimension.0": 1, "p2o.DynamicDimension.1": 64,
-                                               "p2o.DynamicDimension.2": 96}),
-])
+@pytest.mark.parametrize("name,shape,dims", PPOCR_CASES)
 def test_ppocr(rng, name, shape, dims):
     x = rng.uniform(-1, 1, size=shape).astype(np.float32)
     got, expected = _run(SHARED_MODELS / f"{name}.onnx", {"x": x}, dims)

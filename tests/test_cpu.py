@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import opcheck
 import pytest
-from conftest import CHELSEA, MOBILENET, SHARED_MODELS
+from conftest import CHELSEA, MOBILENET, PPOCR_CASES, SHARED_MODELS
 from test_wasm import CASES, IMAGES, _case_id
 
 import kiln
@@ -81,13 +81,7 @@ def test_minilm_matches_onnxruntime(tmp_path):
     np.testing.assert_allclose(hidden, _ort(path, feeds)[0], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name,shape,dims", [
-    ("ch_ppocr_mobile_v2.0_cls_infer", (2, 3, 48, 192), {"x_dim0": 2, "x_dim2": 48, "x_dim3": 192}),
-    ("ch_PP-OCRv4_rec_infer", (1, 3, 48, 160), {"p2o.DynamicDimension.0": 1, "x_dim2": 48,
-                                                "p2o.DynamicDimension.1": 160}),
-    ("ch_PP-OCRv4_det_infer", (1, 3, 64, 96), {"p2o.DynamicDimension.0": 1, "p2o.DynamicDimension.1": 64,
-                                               "p2o.DynamicDimension.2": 96}),
-])
+@pytest.mark.parametrize("name,shape,dims", PPOCR_CASES)
 def test_ppocr_models_match_onnxruntime(tmp_path, rng, name, shape, dims):
     path = SHARED_MODELS / f"{name}.onnx"
     x = rng.uniform(-1, 1, size=shape).astype(np.float32)

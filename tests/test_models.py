@@ -7,7 +7,7 @@ import contextlib
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import MOBILENET, SHARED_MODELS
+from conftest import MOBILENET, PPOCR_CASES, SHARED_MODELS
 
 import kiln
 from kiln.frontend.onnx.importer import import_model
@@ -75,13 +75,7 @@ def test_minilm_sentence_embeddings_match_onnxruntime(tmp_path):
     assert cos.min() > 0.99999
 
 
-@pytest.mark.parametrize("name,shape,dims", [
-    ("ch_ppocr_mobile_v2.0_cls_infer", (2, 3, 48, 192), {"x_dim0": 2, "x_dim2": 48, "x_dim3": 192}),
-    ("ch_PP-OCRv4_rec_infer", (1, 3, 48, 160), {"p2o.DynamicDimension.0": 1, "x_dim2": 48,
-                                                "p2o.DynamicDimension.1": 160}),
-    ("ch_PP-OCRv4_det_infer", (1, 3, 64, 96), {"p2o.DynamicDimension.0": 1, "p2o.DynamicDimension.1": 64,
-                                               "p2o.DynamicDimension.2": 96}),
-])
+@pytest.mark.parametrize("name,shape,dims", PPOCR_CASES)
 def test_ppocr_models_match_onnxruntime(tmp_path, rng, name, shape, dims):
     path = SHARED_MODELS / f"{name}.onnx"
     x = rng.uniform(-1, 1, size=shape).astype(np.float32)

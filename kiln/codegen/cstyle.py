@@ -21,9 +21,6 @@ import numpy as np
 from kiln.arith.expr import Bin, Call, Cast, Const, Expr, Select, Var
 from kiln.te.loops import Assign, Decl, For, If, Let, Store
 
-#: the IEEE-754 bits of the special float values kernels may hold (they have no literal in these languages)
-SPECIAL_BITS = {"pos_inf": 0x7F800000, "neg_inf": 0xFF800000, "nan": 0x7FC00000}
-
 
 def float_text(f: float) -> str:
     """The shortest decimal text of finite float ``f`` that reads back as the same f32, with a ``.0`` where

@@ -24,9 +24,14 @@ KERNEL_DTYPES = {"float32", "float16", "int32", "int64", "bool", "uint8", "int8"
                  *dtypes.NARROW_FLOATS, *dtypes.NARROW_INTS}
 
 
+def kernel_groups(groups: list[Group]) -> list[Group]:
+    """The groups that become kernels, one plan step each, in order: not aliases (views of another buffer) and
+    not empty tensors."""
+    return [g for g in groups if not g.alias and g.output.size]
+
+
 def steps_for(groups: list[Group], outputs: list[Any]) -> list[int]:
-    """Indices of the plan steps (the non-alias, non-empty groups in order, as :func:`build_kernels` makes
-    them) that ``outputs`` (IR values) depend on: running just those, in order, computes ``outputs``.
+    """Indices of the plan steps (:func:`kernel_groups`) that ``outputs`` (IR values) depend on: running just those, in order, computes ``outputs``.
 
     Running a subset of the steps in order is safe with the shared activation buffers: every value is
     still written before it is read and not overwritten in between (dropping steps drops only writes).
@@ -44,8 +49,7 @@ def steps_for(groups: list[Group], outputs: list[Any]) -> list[int]:
             continue
         needed.add(id(g))
         todo += [producer[id(v)] for n in g.nodes for v in n.inputs if id(v) in producer]
-    work = [g for g in groups if not g.alias and g.output.size]
-    return [i for i, g in enumerate(work) if id(g) in needed]
+    return [i for i, g in enumerate(kernel_groups(groups)) if id(g) in needed]
 
 
 def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "float32") -> Tensor:

@@ -55,10 +55,6 @@ class Program:
     infer_steps: list[int] | None = None
     control: bool = False
 
-    def work(self) -> list[Group]:
-        """The groups that become kernels: not aliases (views of another buffer), not empty tensors."""
-        return [g for g in self.groups if not g.alias and g.output.size]
-
 
 @dataclass
 class TargetBuild:

@@ -2,8 +2,8 @@
 
 The schema (JSON Schema draft 2020-12, shipped beside this module) is the normative description of the manifest;
 docs/package-format.md is its prose and ``kiln/js/manifest.d.ts`` its TypeScript form (generated from it by
-``python -m tools.manifest_types``). The writer validates what it is about to write (:func:`validate_section` per
-target before anything is written, :func:`validate_manifest` before the manifest is), and
+``python -m tools.manifest_types``). The writer validates what it is about to write (:func:`validate_manifest`; :func:`validate_section` checks one
+target's section alone), and
 :func:`kiln.package.format.parse_manifest` validates what the Python runtimes read, so a malformed package fails
 with one line naming the JSON path and the problem instead of a ``KeyError`` deep inside a runtime.
 """

@@ -23,7 +23,7 @@ from kiln.ir.printer import format_graph
 from kiln.package import dynamic
 from kiln.package.dynamic import io_fields
 from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, sha256_file, to_storage
-from kiln.package.manifest import validate_manifest, validate_section
+from kiln.package.manifest import validate_manifest
 from kiln.package.training import io_lists, param_weights, training_manifest
 from kiln.version import __version__
 
@@ -81,8 +81,9 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
     The writer knows no target: each build brings its manifest section and files (:class:`kiln.codegen.target.
     TargetBuild`); the writer adds the weights, buffers, inputs/outputs, presets and the browser runtime.
 
-    The manifest is checked against the package contract (``kiln/package/manifest.schema.json``): each target's
-    section before anything is written, the whole manifest before it is written; a failure leaves ``out`` as it was.
+    The whole manifest, target sections included, is checked against the package contract
+    (``kiln/package/manifest.schema.json``) before it is written; everything is written in a temporary directory
+    first, so a failure leaves ``out`` as it was.
 
     Raises:
         PackageError: ``out`` exists and is not replaceable (see :func:`check_destination`), or a manifest the
@@ -92,8 +93,6 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
     out = Path(out)
     check_destination(out, force)
     unwritten = f"{out / MANIFEST} (not written)"  # what a manifest the schema refuses is named in the error
-    for name, build in compiled.builds.items():  # as JSON will hold them (tuples become arrays)
-        validate_section(name, json.loads(json.dumps(build.section)), unwritten)
     graph, plan = compiled.graph, compiled.plan
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

@@ -25,6 +25,7 @@ from typing import Any, Self
 import numpy as np
 
 from kiln.arith.expr import Load, transform
+from kiln.codegen.lowering import kernel_groups
 from kiln.codegen.webgpu import wgsl
 from kiln.compiler import compile_graph, group_expr
 from kiln.errors import UnsupportedOpError
@@ -80,7 +81,7 @@ def model_tasks(model: str | os.PathLike, dims: dict[str, int] | None = None, de
         raise UnsupportedOpError(missing)
     graph = import_model(onnx_model, dims)
     compiled = compile_graph(graph, "webgpu", validate=False, device_class=device_class)
-    work = [g for g in compiled.groups if not g.alias and g.output.size]
+    work = kernel_groups(compiled.groups)
     assert len(work) == len(compiled.steps), "plan steps and kernel groups differ"
     tasks: list[Task] = []
     by_sig: dict[str, int] = {}

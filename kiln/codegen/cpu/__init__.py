@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import functools
+
 from kiln.codegen.cpu.build import build_cpu
+from kiln.codegen.cpu.vector import LANES
 from kiln.codegen.cpu_schedule import cpu_schedule
 from kiln.codegen.target import Program, Target, TargetBuild, register
 from kiln.te.compute import Tensor
@@ -22,13 +25,15 @@ class CpuTarget(Target):
     name = "cpu"
 
     def default_schedule(self, t: Tensor, device_class: str = "cpu") -> Schedule:
-        """:func:`~kiln.codegen.cpu_schedule.cpu_schedule` (tiles for one core), any device class."""
-        return cpu_schedule(t)
+        """:func:`~kiln.codegen.cpu_schedule.cpu_schedule` for vectors of :data:`~kiln.codegen.cpu.vector.LANES`
+        lanes (tiles for one core), any device class."""
+        return cpu_schedule(t, LANES)
 
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """The C source and plan of ``program``; with ``validate``, also compiles it for this machine (which
         checks it and fills the runtime's library cache, :func:`kiln.runtime.cpu.build_library`)."""
-        code = build_cpu(program.groups, program.plan, progress=progress)
+        schedule = functools.partial(self.default_schedule, device_class=program.device_class)
+        code = build_cpu(program.groups, program.plan, schedule, progress=progress)
         if validate:
             from kiln.runtime.cpu import build_library  # (compiles C with zig: only when validating)
 

@@ -13,18 +13,17 @@ differ.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kiln.codegen import c
-from kiln.codegen.cpu.vector import LANES, PRELUDE, vector_body_native
-from kiln.codegen.cpu_schedule import cpu_schedule, grid_shape
-from kiln.codegen.lowering import group_expr
-from kiln.codegen.target import KernelTable, describe, progress_over
-from kiln.errors import KilnError
+from kiln.codegen.c_kernels import CKernel, CStep, build_c_kernels
+from kiln.codegen.cpu.vector import PRELUDE, vector_body_native
 from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
-from kiln.te.lower import lower
+from kiln.te.compute import Tensor
+from kiln.te.schedule import Schedule
 
 #: the C source's path inside a package
 SOURCE = "kernels/kiln-cpu.c"
@@ -154,35 +153,14 @@ KILN_EXPORT("kiln_steps") int kiln_steps(void) { return (int)(sizeof(kiln_total)
 
 
 @dataclass
-class CpuKernel:
-    """One kernel function: its name, parameter types (``(C type, read-only)`` per pointer), ops, schedule."""
-
-    name: str
-    params: list[tuple[str, bool]]
-    ops: list[str]
-    schedule: dict
-    vectorized: bool
-
-
-@dataclass
-class CpuStep:
-    """One plan step: ``kernel`` over tiles ``[0, total)`` with ``buffers`` bound to its pointers."""
-
-    kernel: int
-    buffers: list[int]
-    total: int
-    name: str
-
-
-@dataclass
 class CpuProgram:
     """Everything the package's ``targets.cpu`` is written from."""
 
     source: str
     offsets: list[int]
     bytes: int
-    kernels: list[CpuKernel]
-    steps: list[CpuStep]
+    kernels: list[CKernel]
+    steps: list[CStep]
 
     def section(self) -> tuple[dict[str, Any], dict[str, str | bytes]]:
         """The manifest entry (``targets.cpu``) and files (the C source)."""
@@ -208,7 +186,7 @@ def plan_layout(sizes: list[int]) -> tuple[list[int], int]:
     return offsets, at + SLACK
 
 
-def _plan_source(kernels: list[CpuKernel], steps: list[CpuStep], offsets: list[int]) -> str:
+def _plan_source(kernels: list[CKernel], steps: list[CStep], offsets: list[int]) -> str:
     lines = ["", "// the plan: step s over tiles [b, e)",
              "static void kiln_step(unsigned char* m, int s, int b, int e) {", "    switch (s) {"]
     for i, s in enumerate(steps):
@@ -220,35 +198,17 @@ def _plan_source(kernels: list[CpuKernel], steps: list[CpuStep], offsets: list[i
     return "\n".join(lines) + "\n" + RUNNER % {"max_threads": MAX_THREADS}
 
 
-def build_cpu(groups: list[Group], plan: MemoryPlan, progress: bool = False) -> CpuProgram:
-    """Generate and deduplicate the C kernels of every non-alias group, and the plan runner.
+def build_cpu(groups: list[Group], plan: MemoryPlan, schedule: Callable[[Tensor], Schedule],
+              progress: bool = False) -> CpuProgram:
+    """The C kernels of ``groups`` under ``schedule`` (:func:`kiln.codegen.c_kernels.build_c_kernels`, vectors of
+    :data:`~kiln.codegen.cpu.vector.LANES` lanes) and the plan runner, in one source.
 
     Raises:
         KilnError: a group the kernels do not support.
     """
-    table = KernelTable(identifier=True)
-    sources: list[str] = []
-    steps: list[CpuStep] = []
-    work = [g for g in groups if not g.alias and g.output.size]
-    for g in progress_over(work, progress, "generating cpu kernels"):
-        final = group_expr(g)
-        sched = cpu_schedule(final, LANES)
-        k = lower(final, sched, name=g.name)
-        try:
-            src, vectorized = c.render(k, "KILN_NAME", grid_shape(final.shape, sched), describe(g),
-                                       vectorize=vector_body_native)
-        except (TypeError, ValueError) as e:
-            raise KilnError(f"node {g.nodes[0].name!r}: the cpu target cannot express its kernel ({e})") from None
-
-        def make(name: str) -> CpuKernel:
-            sources.append(src.replace("KILN_NAME", name))
-            return CpuKernel(name, [(c.TYPES[p.dtype], p.access == "read") for p in k.params],
-                             [n.op for n in g.nodes], sched.to_json(), vectorized)
-
-        index = table.add(src, g.name, make)
-        bufs = [plan.of[id(t.attrs["value"])] for t in k.inputs] + [plan.of[id(g.output)]]
-        steps.append(CpuStep(index, bufs, k.total, g.nodes[0].name))
+    kernels, steps = build_c_kernels(groups, plan, schedule, vector_body_native, "cpu", progress)
     offsets, nbytes = plan_layout([b.nbytes for b in plan.buffers])
     header = "// Kiln kernels for the CPU; generated from tensor expressions, do not edit.\n"
-    source = header + c.PRELUDE + PRELUDE + "\n" + "\n".join(sources) + _plan_source(table.kernels, steps, offsets)
-    return CpuProgram(source, offsets, nbytes, table.kernels, steps)
+    source = (header + c.PRELUDE + PRELUDE + "\n" + "\n".join(k.source for k in kernels)
+              + _plan_source(kernels, steps, offsets))
+    return CpuProgram(source, offsets, nbytes, kernels, steps)

@@ -3,6 +3,8 @@ zig cc into one ``.wasm`` module (:mod:`.toolchain`), with its plan (:mod:`.buil
 
 from __future__ import annotations
 
+import functools
+
 from kiln.codegen.target import Program, Target, TargetBuild, register
 from kiln.codegen.wasm import toolchain
 from kiln.codegen.wasm.build import build_wasm, section
@@ -33,7 +35,8 @@ class WasmTarget(Target):
 
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """The module(s), C source and plan of ``program``."""
-        code = build_wasm(program.groups, program.plan, progress=progress, threads=self.threads)
+        schedule = functools.partial(self.default_schedule, device_class=program.device_class)
+        code = build_wasm(program.groups, program.plan, progress=progress, threads=self.threads, schedule=schedule)
         entry, files = section(code)
         return TargetBuild(self.name, entry, files, code.kernels, code.steps)
 

@@ -8,22 +8,25 @@ code differ.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from kiln.codegen.lowering import group_expr
-from kiln.codegen.target import KernelTable, describe, progress_over
+from kiln.codegen.c_kernels import build_c_kernels
+from kiln.codegen.cpu_schedule import cpu_schedule
 from kiln.codegen.wasm import simd
 from kiln.codegen.wasm import toolchain as wasm
 from kiln.errors import KilnError
 from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
-from kiln.te.lower import lower
+from kiln.te.compute import Tensor
+from kiln.te.schedule import Schedule
 
 #: module, threaded module and C source paths inside a package
 MODULE, THREADS_MODULE, SOURCE = "kernels/kiln.wasm", "kernels/kiln-threads.wasm", "kernels/kiln.c"
 
 
-def build_wasm(groups: list[Group], plan: MemoryPlan, progress: bool = False, threads: bool = True) -> wasm.WasmProgram:
+def build_wasm(groups: list[Group], plan: MemoryPlan, progress: bool = False, threads: bool = True,
+               schedule: Callable[[Tensor], Schedule] = cpu_schedule) -> wasm.WasmProgram:
     """Generate, deduplicate and compile the kernels of every non-alias group.
 
     Args:
@@ -31,35 +34,20 @@ def build_wasm(groups: list[Group], plan: MemoryPlan, progress: bool = False, th
         plan: the memory plan (buffer ids and sizes).
         progress: show a progress bar on stderr.
         threads: also build the shared-memory variant for workers.
+        schedule: each kernel's schedule (the target's default: :func:`~kiln.codegen.cpu_schedule.cpu_schedule`).
 
     Raises:
-        KilnError: a group the kernels do not support, or the C compiler failed.
+        KilnError: a group the kernels do not support (naming its node), or the C compiler failed.
     """
-    table = KernelTable(identifier=True)
-    sources: list[str] = []
-    steps: list[wasm.WasmStep] = []
-    work = [g for g in groups if not g.alias and g.output.size]
-    for g in progress_over(work, progress, "generating wasm kernels"):
-        final = group_expr(g)
-        sched = wasm.wasm_schedule(final)
-        k = lower(final, sched, name=g.name)
-        src, vectorized = simd.render(k, "KILN_NAME", wasm.grid_shape(final.shape, sched), describe(g))
-
-        def make(export: str) -> wasm.WasmKernel:
-            sources.append(src.replace("KILN_NAME", export))
-            return wasm.WasmKernel(export, export, len(k.params), [n.op for n in g.nodes], sched.to_json(), vectorized)
-
-        index = table.add(src, g.name, make)
-        bufs = [plan.of[id(t.attrs["value"])] for t in k.inputs] + [plan.of[id(g.output)]]
-        steps.append(wasm.WasmStep(index, bufs, k.total, g.nodes[0].name))
+    kernels, steps = build_c_kernels(groups, plan, schedule, simd.vectorize, "wasm", progress)
     layout = wasm.plan_layout([b.nbytes for b in plan.buffers])
-    source = simd.PRELUDE + "\n" + "\n".join(sources)
+    source = simd.PRELUDE + "\n" + "\n".join(k.source for k in kernels)
     module, *rest = wasm.compile_modules(source, layout.pages, (False, True) if threads else (False,))
     top = wasm.heap_base(module)
     if top > wasm.ARENA:
         raise KilnError(f"the wasm module's stack and data end at {top}, past the buffer arena at {wasm.ARENA}")
     threaded = rest[0] if rest else None
-    return wasm.WasmProgram(source, module, layout, table.kernels, steps, threaded)
+    return wasm.WasmProgram(source, module, layout, kernels, steps, threaded)
 
 
 def section(program: wasm.WasmProgram) -> tuple[dict[str, Any], dict[str, str | bytes]]:
@@ -79,7 +67,7 @@ def section(program: wasm.WasmProgram) -> tuple[dict[str, Any], dict[str, str | 
         "threads": threads,
         "memory": {"bytes": program.layout.bytes, "pages": program.layout.pages, "page_bytes": wasm.PAGE,
                    "arena": wasm.ARENA, "offsets": program.layout.offsets},
-        "kernels": [{"name": k.name, "export": k.export, "params": k.params, "ops": k.ops,
+        "kernels": [{"name": k.name, "export": k.name, "params": len(k.params), "ops": k.ops,
                      "schedule": k.schedule, "vectorized": k.vectorized} for k in program.kernels],
         "plan": [{"kernel": s.kernel, "buffers": s.buffers, "total": s.total, "node": s.name} for s in program.steps],
     }

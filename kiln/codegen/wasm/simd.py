@@ -5,6 +5,7 @@ prelude every WebAssembly kernel module starts with."""
 from __future__ import annotations
 
 from kiln.codegen.c import PRELUDE as C_PRELUDE
+from kiln.codegen.c import VectorBody
 from kiln.codegen.c import render as render_c
 from kiln.codegen.vectorize import LANES, vector_body
 from kiln.te.loops import LoweredKernel
@@ -55,8 +56,13 @@ static inline v128_t kiln_iota(int base, int stride) {
 """)
 
 
+def vectorize(k: LoweredKernel, grid: tuple[int, ...]) -> VectorBody | None:
+    """The wasm target's ``vectorize`` hook: :func:`kiln.codegen.vectorize.vector_body` with :data:`LANES` lanes."""
+    return vector_body(k, grid, LANES)
+
+
 def render(k: LoweredKernel, export: str, grid: tuple[int, ...], comment: str = "") -> tuple[str, bool]:
     """C source of kernel ``k`` as the exported function ``export``, vectorised for SIMD128 where it can be
     (:func:`kiln.codegen.c.render` with :func:`kiln.codegen.vectorize.vector_body`, :data:`LANES` lanes);
     returns ``(source, vectorised)``."""
-    return render_c(k, export, grid, comment, vectorize=lambda kernel, g: vector_body(kernel, g, LANES))
+    return render_c(k, export, grid, comment, vectorize=vectorize)

@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiln.codegen.c_kernels import CKernel, CStep
 from kiln.codegen.cpu_schedule import cpu_schedule, grid_shape  # noqa: F401  (grid_shape re-exported)
 from kiln.codegen.wasm.simd import PRELUDE
 from kiln.errors import KilnError
@@ -154,35 +155,13 @@ def sha256(data: bytes) -> str:
 
 
 @dataclass
-class WasmKernel:
-    """One exported kernel function."""
-
-    name: str
-    export: str
-    params: int
-    ops: list[str]
-    schedule: dict
-    vectorized: bool
-
-
-@dataclass
-class WasmStep:
-    """One call of the plan: ``kernel`` over tiles ``[0, total)`` with ``buffers`` bound to its pointers."""
-
-    kernel: int
-    buffers: list[int]
-    total: int
-    name: str
-
-
-@dataclass
 class WasmProgram:
     """Everything the package's ``targets.wasm`` is written from."""
 
     source: str
     module: bytes
     layout: Layout
-    kernels: list[WasmKernel]
-    steps: list[WasmStep]
+    kernels: list[CKernel]
+    steps: list[CStep]
     threads_module: bytes | None = None
     meta: dict = field(default_factory=dict)

@@ -3,6 +3,8 @@ R32F/R32I textures (:mod:`.build`: kernels and the texture plan, ``targets.webgl
 
 from __future__ import annotations
 
+import functools
+
 from kiln.codegen.target import Program, Target, TargetBuild, register
 from kiln.codegen.webgl2 import glsl
 from kiln.codegen.webgl2.build import build, webgl2_schedule
@@ -31,7 +33,8 @@ class WebGL2Target(Target):
 
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """Fragment-shader kernels and the texture plan of ``program``."""
-        code = build(program.graph, program.groups, program.plan, progress=progress)
+        schedule = functools.partial(self.default_schedule, device_class=program.device_class)
+        code = build(program.graph, program.groups, program.plan, progress=progress, schedule=schedule)
         return TargetBuild(self.name, code.manifest(), code.files(), code.kernels, code.steps)
 
 

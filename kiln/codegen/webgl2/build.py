@@ -11,10 +11,11 @@ at one time and int32 at another gets an ``R32F`` and an ``R32I`` texture). Its
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.codegen.lowering import build_group
+from kiln.codegen.lowering import build_group, kernel_groups
 from kiln.codegen.target import KernelTable, describe, progress_over
 from kiln.codegen.webgl2 import glsl
 from kiln.errors import KilnError
@@ -65,7 +66,8 @@ class WebGL2Code:
         }
 
 
-def build(graph, groups, plan, progress: bool = False, width: int = glsl.TEXTURE_WIDTH) -> WebGL2Code:
+def build(graph, groups, plan, progress: bool = False, width: int = glsl.TEXTURE_WIDTH,
+          schedule: Callable[[Tensor], Schedule] = webgl2_schedule) -> WebGL2Code:
     """Generate the WebGL2 kernels and texture plan of ``groups`` over memory plan ``plan``.
 
     Raises:
@@ -88,10 +90,10 @@ def build(graph, groups, plan, progress: bool = False, width: int = glsl.TEXTURE
         if id(v) in plan.of:
             texture(v, buffer_dtype(v.dtype))
     table = KernelTable()
-    work = [g for g in groups if not g.alias and g.output.size]
+    work = kernel_groups(groups)
     for g in progress_over(work, progress, "generating webgl2 kernels"):
         node = g.nodes[0].name
-        k, ins = build_group(g, webgl2_schedule)
+        k, ins = build_group(g, schedule)
         desc = describe(g)
         try:
             src = glsl.render(k, desc, width, node=node)

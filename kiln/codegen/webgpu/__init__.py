@@ -71,7 +71,7 @@ class WebGPUTarget(Target):
 
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """WGSL kernels and the dispatch plan of ``program`` (a nested plan when it has run-time If/Loop)."""
-        fallback = functools.partial(default_schedule, device_class=program.device_class)
+        fallback = functools.partial(self.default_schedule, device_class=program.device_class)
         features = (*self.features, *(("shader-f16",) if program.accumulate is not None else ()))
         if program.control:
             kernels, steps, nested = compile_control(program, validate=validate,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.arith import symbolic
-from kiln.codegen.lowering import build_group
+from kiln.codegen.lowering import build_group, kernel_groups
 from kiln.codegen.target import KernelTable, Program, describe, progress_over
 from kiln.codegen.webgpu import wgsl
 from kiln.codegen.webgpu.validate import validate_wgsl
@@ -111,7 +111,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     are computed with fp16 compute (dot products accumulated in ``accumulate``, see :mod:`kiln.te.half`).
     """
     table = WebGPUKernels(validate, ("shader-f16",) if plan.half else ())
-    work = [g for g in groups if not g.alias and g.output.size]  # an empty tensor needs no kernel
+    work = kernel_groups(groups)
     steps = [table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape))
              for g in progress_over(work, progress, "generating kernels")]
     return table.kernels, steps
