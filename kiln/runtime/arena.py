@@ -7,13 +7,15 @@ run, outputs read after it. Subclasses provide the memory and how plan step ``i`
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kiln.package.format import from_storage, read_weights
+from kiln.errors import PackageError
+from kiln.package.format import from_storage, read_manifest, read_weights, sha256_file, verify_weights
 from kiln.runtime.feeds import storage_feeds
 from kiln.runtime.timing import wall_clock_ms
 
@@ -32,6 +34,37 @@ class ArenaSession:
     mem: np.ndarray
     offsets: list[int]
     kernel_names: list[str]
+
+    def _open(self, package: str | os.PathLike, target: str, asked: str, hint: str) -> dict[str, Any]:
+        """Read the manifest of ``package`` (sets :attr:`path`, :attr:`target`, :attr:`manifest`) and return its
+        ``target`` section; ``asked`` is the target the caller asked for, ``hint`` how to compile one in.
+
+        Raises:
+            PackageError: a missing, malformed or newer-format package, or one without ``target``.
+        """
+        self.path = Path(package)
+        self.target = target
+        self.manifest = read_manifest(self.path)
+        if asked != target or target not in self.manifest["targets"]:
+            raise PackageError(f"{self.path}: package has no {target!r} target (has: "
+                               f"{', '.join(self.manifest['targets'])}); {hint}")
+        return self.manifest["targets"][target]
+
+    def _check_file(self, relative: str, sha256: str, what: str, verify: bool) -> Path:
+        """The package file ``relative`` (a module or source ``what``), and with ``verify`` the weights' and its
+        SHA-256 checked against the manifest.
+
+        Raises:
+            PackageError: the file is missing, or a checksum differs (a corrupted or edited package).
+        """
+        path = self.path / relative
+        if not path.exists():
+            raise PackageError(f"{self.path}: {what} {relative} is missing")
+        if verify:
+            verify_weights(self.path, self.manifest)
+            if sha256_file(path) != sha256:
+                raise PackageError(f"{path}: checksum mismatch (corrupted or edited {what.split()[-1]})")
+        return path
 
     def _load(self, poison: bool) -> None:
         """Write every weight at its buffer's offset; with ``poison``, fill activations and outputs with NaN."""

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError, PackageError
-from kiln.package.format import read_manifest, sha256_file, verify_weights
 from kiln.runtime.arena import ArenaSession
 
 #: clang flags of the shared library: the host's vector units, multiply-adds fused (FMA), no errno (math calls
@@ -109,20 +108,8 @@ class CpuSession(ArenaSession):
 
     def __init__(self, package: str | os.PathLike, target: str = "cpu", verify: bool = True, poison: bool = False,
                  threads: int | None = None):
-        self.path = Path(package)
-        self.target = "cpu"
-        self.manifest: dict[str, Any] = read_manifest(self.path)
-        if target != "cpu" or "cpu" not in self.manifest["targets"]:
-            raise PackageError(f"{self.path}: package has no 'cpu' target (has: {', '.join(self.manifest['targets'])}); "
-                               "compile it with --target cpu")
-        tgt = self.manifest["targets"]["cpu"]
-        source_path = self.path / tgt["source"]
-        if not source_path.exists():
-            raise PackageError(f"{self.path}: cpu kernel source {tgt['source']} is missing")
-        if verify:
-            verify_weights(self.path, self.manifest)
-            if sha256_file(source_path) != tgt["sha256"]:
-                raise PackageError(f"{source_path}: checksum mismatch (corrupted or edited source)")
+        tgt = self._open(package, "cpu", target, "compile it with --target cpu")
+        source_path = self._check_file(tgt["source"], tgt["sha256"], "cpu kernel source", verify)
         self.threads = max(1, int(threads if threads is not None else available_cores()))
         self.lib = ctypes.CDLL(str(build_library(source_path.read_text())))
         self.lib.kiln_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]

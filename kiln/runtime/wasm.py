@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kiln.errors import PackageError
-from kiln.package.format import read_manifest, sha256_file, verify_weights
 from kiln.runtime.arena import ArenaSession
 
 
@@ -60,24 +58,12 @@ class WasmSession(ArenaSession):
                  threads: int = 1):
         import wasmtime
 
-        self.path = Path(package)
-        self.target = "wasm"
-        self.manifest: dict[str, Any] = read_manifest(self.path)
-        if target != "wasm" or "wasm" not in self.manifest["targets"]:
-            raise PackageError(f"{self.path}: package has no 'wasm' target (has: {', '.join(self.manifest['targets'])}); "
-                               "compile it with --target webgpu,wasm")
-        tgt = self.manifest["targets"]["wasm"]
+        tgt = self._open(package, "wasm", target, "compile it with --target webgpu,wasm")
         self.threads = max(1, int(threads))
         if self.threads > 1 and not tgt.get("threads"):
             raise PackageError(f"{self.path}: the package's wasm target has no threaded module")
         entry = tgt["threads"] if self.threads > 1 else tgt
-        module_path = self.path / entry["module"]
-        if not module_path.exists():
-            raise PackageError(f"{self.path}: wasm module {entry['module']} is missing")
-        if verify:
-            verify_weights(self.path, self.manifest)
-            if sha256_file(module_path) != entry["sha256"]:
-                raise PackageError(f"{module_path}: checksum mismatch (corrupted or edited module)")
+        module_path = self._check_file(entry["module"], entry["sha256"], "wasm module", verify)
         config = wasmtime.Config()
         config.wasm_simd = True
         config.wasm_threads = self.threads > 1
