@@ -31,7 +31,8 @@ def kernel_groups(groups: list[Group]) -> list[Group]:
 
 
 def steps_for(groups: list[Group], outputs: list[Any]) -> list[int]:
-    """Indices of the plan steps (:func:`kernel_groups`) that ``outputs`` (IR values) depend on: running just those, in order, computes ``outputs``.
+    """Indices of the plan steps (:func:`kernel_groups`) that ``outputs`` (IR values) depend on: running just
+    those, in order, computes ``outputs``.
 
     Running a subset of the steps in order is safe with the shared activation buffers: every value is
     still written before it is read and not overwritten in between (dropping steps drops only writes).

@@ -7,7 +7,7 @@ binaries). Every target builds its kernels with :class:`KernelTable`: render eac
 SHA-256 of the source, name new kernels ``k%03d_<group>`` and record one plan step per group.
 
 Targets register themselves in :data:`REGISTRY` (``kiln.codegen.webgpu``, ``kiln.codegen.webgl2``,
-``kiln.codegen.wasm``); no target imports another. How to add one:
+``kiln.codegen.wasm``, ``kiln.codegen.cpu``); no target imports another. How to add one:
 docs/architecture.md.
 """
 
