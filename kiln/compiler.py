@@ -15,6 +15,7 @@ from typing import Any
 from kiln.codegen.lowering import group_expr, steps_for
 from kiln.codegen.target import Program, Target, TargetBuild, get_target, target_names
 from kiln.errors import KilnError, UnsupportedOpError
+from kiln.frontend.gguf import import_gguf
 from kiln.frontend.onnx.importer import import_model, load_model, unsupported_ops
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
@@ -164,11 +165,13 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
                   device_class: str = "gpu", wasm_threads: bool = True,
                   schedule: Callable[[Tensor], Schedule] | None = None, train: Any = None,
-                  precision: str = "fp32") -> Path:
-    """Compile an ONNX model into a package directory.
+                  precision: str = "fp32", max_context: int = 2048) -> Path:
+    """Compile an ONNX model, or a GGUF language model, into a package directory.
 
     Args:
-        model: path of an ``.onnx`` file.
+        model: path of an ``.onnx`` file, or of a ``.gguf`` language model (Llama family,
+            :mod:`kiln.frontend.gguf`): its decoder step with a KV cache, tokenizer and chat template
+            (the manifest's ``generation`` section).
         out: package directory to create.
         target: code generation target(s): ``webgpu``, ``webgl2``, ``wasm`` or a comma list (``webgpu,webgl2``).
         dims: values of symbolic dims (``{"N": 1}``; unbound named dims default to 1).
@@ -188,6 +191,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
             optimizer update; docs/training.md) into the package, whose trainable weights and optimizer
             state persist in device buffers (``Session.train_step``, ``session.trainStep`` in kiln.js).
             The package's dims (batch size) serve both training and inference.
+        max_context: GGUF models: the most tokens the KV cache holds (prompt and answer).
         precision: ``fp32`` (default), ``fp16`` (float weights and activations stored as f16, arithmetic
             in f16 with f32 accumulation and f32 for fragile ops, see :mod:`kiln.te.half`; the package
             needs WebGPU's ``shader-f16``; webgpu target only) or ``fp16-acc16`` (dot products also
@@ -203,6 +207,15 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     check_destination(out, force)
     check_precision(precision, train)
     parse_targets(target)
+    if Path(model).suffix.lower() == ".gguf":
+        if train is not None:
+            raise KilnError("--train takes ONNX models; a GGUF language model compiles for inference")
+        dg = import_gguf(model, max_context=max_context, max_tokens=min(512, max_context), logits="last")
+        tokenizer = dg.tokenizer_json()  # an unsupported tokenizer fails before the long compile
+        compiled = compile_graph(dg.graph, target, validate=validate, progress=progress, device_class=device_class,
+                                 wasm_threads=wasm_threads, schedule=schedule, precision=precision)
+        return write_package(compiled, out, force=force, preset="none", source=Path(model).name,
+                             generation=dg.generation(), extra_files={"tokenizer.json": tokenizer})
     onnx_model = load_model(model)
     missing = unsupported_ops(onnx_model)
     if missing:

@@ -24,7 +24,7 @@ _ids = itertools.count()
 #: math functions an expression may call; each target renders them (WGSL builtins, C, GLSL)
 CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "max", "min", "pow", "clamp",
          "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "round", "sign", "trunc",
-         "bitcast_i32", "bitcast_f32", "round_f16"}
+         "bitcast_i32", "bitcast_f32", "round_f16", "half_lo"}
 
 #: unary functions folded on constants (expression function -> numpy function)
 _FOLD = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil", "sin": "sin",
@@ -34,7 +34,8 @@ _FOLD = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "flo
 FLOATS = ("float32", "float16")
 
 #: functions whose result dtype is fixed (the others return their operands' dtype)
-CALL_DTYPES = {"bitcast_i32": "int32", "bitcast_f32": "float32"}
+CALL_DTYPES = {"bitcast_i32": "int32", "bitcast_f32": "float32", "half_lo": "float32"}
+#: ``half_lo(x)``: the float32 value of int32 ``x``'s low 16 bits read as an IEEE half float (packed weights' scales)
 
 
 class Expr:

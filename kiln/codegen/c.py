@@ -34,7 +34,7 @@ FLOAT_FN = {"exp": "expf", "log": "logf", "sin": "sinf", "cos": "cosf", "tan": "
              "asinh": "kiln_asinhf", "acosh": "kiln_acoshf", "atanh": "kiln_atanhf", "sign": "kiln_signf",
              "round_f16": "kiln_round_f16", "bitcast_i32": "kiln_bits_i32", "clamp": "kiln_clampf"}
 INT_FN = {"abs": "kiln_iabs", "max": "kiln_imax", "min": "kiln_imin", "sign": "kiln_isign",
-           "bitcast_f32": "kiln_bits_f32", "clamp": "kiln_iclamp"}
+           "bitcast_f32": "kiln_bits_f32", "clamp": "kiln_iclamp", "half_lo": "kiln_half_lo"}
 
 #: the scalar helpers every kernel source starts with (after a target's own header)
 PRELUDE = r"""#ifdef __wasm__
@@ -76,6 +76,12 @@ static inline float kiln_clampf(float x, float lo, float hi) {
 static inline float kiln_signf(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); }
 static inline int kiln_bits_i32(float x) { return __builtin_bit_cast(int, x); }
 static inline float kiln_bits_f32(int x) { return __builtin_bit_cast(float, x); }
+// the low 16 bits of x read as an IEEE half float, exactly (subnormals, infinities and NaN included)
+static inline float kiln_half_lo(int x) {
+    unsigned h = (unsigned)x & 0xffffu, s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) { float v = (float)m * 5.9604644775390625e-08f; return s ? -v : v; }
+    return __builtin_bit_cast(float, s | ((e == 31 ? 255u : e + 112u) << 23) | (m << 13));
+}
 static inline int kiln_shl(int a, int b) { return (int)((unsigned)a << (b & 31)); }
 static inline int kiln_shr(int a, int b) { return a >> (b & 31); }
 

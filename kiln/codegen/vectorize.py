@@ -278,6 +278,8 @@ class Vectoriser:
         if all(a.kind == "u" for a in args):
             return Val("u", f"{fn}({', '.join(a.code for a in args)})", e.dtype)
         vs = [self.vec(a) for a in args]
+        if e.fn == "half_lo":  # int lanes to float lanes: no vector form
+            raise VectorUnsupported("half_lo of a vector")
         if e.fn in ("bitcast_i32", "bitcast_f32"):
             return Val("v", vs[0], e.dtype)  # a v128 is untyped
         if dt == "float32" and e.fn in ("max", "min", "clamp"):

@@ -409,5 +409,6 @@ from kiln.ir import (
     ops_data,  # noqa: F401  (registers the indexing and data-movement primitives)
     ops_dynamic,  # noqa: F401  (registers SymConst and Iota, the kernels of run-time shape values)
     ops_grad,  # noqa: F401  (registers the gradient primitives of reverse-mode autodiff)
+    ops_quant,  # noqa: F401  (registers MatMulNBits and GatherBlockQuantized over packed weights)
     ops_resample,  # noqa: F401  (registers Resize and ConvTranspose)
 )

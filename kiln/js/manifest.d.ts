@@ -67,6 +67,12 @@ export interface Manifest {
    * entry copy bytes bytes from buffer update to buffer buffer, and read the outputs.
    */
   training?: Training;
+  /**
+   * (1.6) A language model's decoder step (kiln compile MODEL.gguf) and what a generation loop needs to drive it:
+   * feed input_ids [1, sequence] and every cache entry's past [1, KV, past_sequence, hd] (empty at first), read the
+   * logits and feed each present back as its past on the next step.
+   */
+  generation?: Generation;
 }
 
 /**
@@ -863,4 +869,46 @@ export interface TrainState {
   update: number;
   /** The bytes copied from update to buffer after each train step. */
   bytes: number;
+}
+
+/**
+ * (1.6) A language model's decoder step (kiln compile MODEL.gguf) and what a generation loop needs to drive it: feed
+ * input_ids [1, sequence] and every cache entry's past [1, KV, past_sequence, hd] (empty at first), read the logits
+ * and feed each present back as its past on the next step.
+ */
+export interface Generation {
+  /** The model family (GGUF general.architecture: llama, qwen2). */
+  architecture: string;
+  /** The most tokens the KV cache holds: past_sequence + sequence. */
+  max_context: number;
+  /** The most new tokens of one step (longer prompts are prefilled in chunks). */
+  max_tokens: number;
+  /** The int64 [1, sequence] input of new token ids. */
+  input_ids: string;
+  /** The float32 logits output. */
+  logits: string;
+  /** The int64 output of each logits row's arg max (greedy decoding reads back only this). */
+  next_token: string;
+  /** all: a row per new token; last: the last new token's only. */
+  logits_rows: "all" | "last";
+  /** The KV cache, in layer order. */
+  cache: CacheEntry[];
+  /** A HuggingFace tokenizer.json in the package. */
+  tokenizer: string;
+  /** The Jinja chat template (as HF apply_chat_template runs it). */
+  chat_template: string;
+  /** The beginning-of-sequence token, when prompts start with one. */
+  bos_token_id?: number | null;
+  /** Tokens that end an answer. */
+  eos_token_ids: number[];
+}
+
+/** One cache tensor: the present output fed back as the past input on the next step. */
+export interface CacheEntry {
+  /** The input holding the cache of the steps before. */
+  past: string;
+  /** The output holding past + this step's entries. */
+  present: string;
+  /** The sequence axis. */
+  axis: number;
 }

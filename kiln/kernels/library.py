@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.ir import dtypes, ops
-from kiln.kernels import elementwise, grad, index, layout, nn, resample
+from kiln.kernels import elementwise, grad, index, layout, nn, quant, resample
 from kiln.kernels.elementwise import Operand
 from kiln.te.compute import Tensor
 
@@ -55,6 +55,12 @@ def build(op: str, inputs: list[Operand], attrs: dict[str, Any], out_shape: tupl
         return grad.maxpool_arg_window(inputs[0], inputs[1], attrs, name)
     if op == "MaxPoolGrad":
         return grad.maxpool_grad(inputs[0], inputs[1], attrs, name)
+    if op == "MatMulNBits":
+        return quant.matmul_nbits(inputs[0], inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None, attrs,
+                                  out_shape, name)
+    if op == "GatherBlockQuantized":
+        return quant.gather_block_quantized(inputs[0], inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None,
+                                            attrs, out_shape, name)
     if op == "SymConst":
         return index.sym_const(attrs["values"], out_shape, _expr_dtype(attrs["dtype"]), name)
     if op == "Iota":

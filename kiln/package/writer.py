@@ -74,7 +74,8 @@ def detect_preset(inputs, outputs) -> str:
 
 
 def write_package(compiled, out: str | os.PathLike, *, force: bool = False, preset: str = "auto",
-                  labels: str | os.PathLike | None = None, source: str = "") -> Path:
+                  labels: str | os.PathLike | None = None, source: str = "",
+                  generation: dict[str, Any] | None = None, extra_files: dict[str, str] | None = None) -> Path:
     """Write ``compiled`` (a :class:`kiln.compiler.Compiled`: the program and each target's build) to directory
     ``out``; returns its path.
 
@@ -84,6 +85,9 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
     The whole manifest, target sections included, is checked against the package contract
     (``kiln/package/manifest.schema.json``) before it is written; everything is written in a temporary directory
     first, so a failure leaves ``out`` as it was.
+
+    ``generation`` is a language model's ``generation`` section (format 1.6) and ``extra_files`` the text files it
+    names (``tokenizer.json``), both from :mod:`kiln.frontend.gguf`.
 
     Raises:
         PackageError: ``out`` exists and is not replaceable (see :func:`check_destination`), or a manifest the
@@ -171,6 +175,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                    if training is not None else {}),
             },
             **({"training": training} if training is not None else {}),
+            **({"generation": generation} if generation is not None else {}),
             "weights": {"files": files},
             "targets": {},
         }
@@ -199,6 +204,8 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         validate_manifest(json.loads(text), unwritten)  # exactly what is written
         (tmp / MANIFEST).write_text(text)
         (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
+        for path, data in (extra_files or {}).items():
+            (tmp / path).write_text(data, encoding="utf-8")
         js = resources.files("kiln") / "js"
         for name in RUNTIME_FILES + (TRAINING_FILES if training is not None else ()):
             with resources.as_file(js / name) as f:

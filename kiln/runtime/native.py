@@ -423,6 +423,25 @@ class Session(TrainingMixin):
             return {k: to_gpu(v, device=self.device) for k, v in data.items()}
         return to_gpu(data, device=self.device)
 
+    def generate(self, prompt, max_new_tokens: int = 256, **sampling):
+        """Stream a language-model package's answer to ``prompt`` (text or chat messages), token by token:
+        :meth:`kiln.runtime.generate.Generator.generate` (sampling keywords: ``temperature``, ``top_k``,
+        ``top_p``, ``repetition_penalty``, ``seed``). ``session.generator.stats`` then holds the timings.
+
+        Raises:
+            KilnError: not a language-model package; what ``Generator.generate`` raises.
+        """
+        return self.generator.generate(prompt, max_new_tokens, **sampling)
+
+    @property
+    def generator(self):
+        """The :class:`kiln.runtime.generate.Generator` of :meth:`generate` (made on first use)."""
+        if getattr(self, "_generator", None) is None:
+            from kiln.runtime.generate import Generator
+
+            self._generator = Generator(self)
+        return self._generator
+
     def sync(self) -> None:
         """Block until the device has finished every submitted run (e.g. after ``run(..., output="gpu")``)."""
         synchronize(self.device)

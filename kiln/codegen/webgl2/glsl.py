@@ -127,6 +127,8 @@ class GLSL(CStyle):
             return f"kiln_sincos({self.expr(e.args[0])}, {0 if e.fn == 'sin' else 1})"
         if e.fn == "round_f16":  # f32 rounded to half precision: see ROUND_F16
             return f"kiln_round_f16({self.expr(e.args[0])})"
+        if e.fn == "half_lo":  # GLSL ES 3.00 §8.4: the low 16 bits as binary16
+            return f"unpackHalf2x16(uint({self.expr(e.args[0])})).x"
         return super().x_Call(e)
 
     def s_Let(self, s: Let, pad: str, depth: int) -> list[str]:

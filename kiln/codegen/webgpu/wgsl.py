@@ -115,6 +115,8 @@ class WGSL(CStyle):
     def x_Call(self, e: Call) -> str:
         if e.fn == "round_f16":  # f32 rounded to half precision, without the optional shader-f16 feature
             return f"kiln_round_f16({self.expr(e.args[0])})"
+        if e.fn == "half_lo":  # WGSL §17.9.7: component 0 is bits 0..15 as binary16
+            return f"unpack2x16float(bitcast<u32>({self.expr(e.args[0])})).x"
         return super().x_Call(e)
 
     def x_Select(self, e: Select) -> str:

@@ -1,0 +1,192 @@
+"""Language-model speed: prefill and decode tokens/s of a GGUF package, Kiln against PyTorch, in one run.
+
+Usage::
+
+    python -m bench.llm [--model models/zoo/SmolLM2-135M-Instruct.Q4_1.gguf] [--prompts 128,512]
+                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--device-class gpu] [--torch]
+                        [--out bench/results]
+
+Kiln: ``kiln compile MODEL.gguf`` (WebGPU, packed weights), natively through wgpu-py. Prefill: one step of
+``P`` prompt tokens with an empty cache, timed to the last row's arg max read back. Decode: one step of one
+token after a cache of ``C - 1`` tokens (random values: the work does not depend on them), the cache fed as GPU
+tensors and only ``next_token`` read back, as ``session.generate`` does; tokens/s is 1000 / median ms.
+PyTorch (``--torch``, needs CUDA): a plain fp32 Llama of the same weights (dequantized with
+``gguf.quants.dequantize``) with a static KV cache, eager. Also recorded: load time (package to first
+runnable session), the package's weight bytes and its device buffer bytes at these bounds.
+
+Prints a table and writes ``llm-<date>.json`` with the adapter, versions and the commit.
+Issue 15's goals (H100): decode >= 750 tokens/s at context 1024 and >= 2x onnxruntime's WebGPU EP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import ROOT, summary, time_runs, write_record
+
+MODEL = ROOT / "models" / "zoo" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
+                    device_class: str, console: Console) -> dict:
+    """Kiln's prefill and decode timings (ms) at each prompt length and context."""
+    import kiln
+    from kiln.compiler import compile_model
+
+    max_context = max(prompts + contexts) + 8
+    out = Path(tempfile.mkdtemp(prefix="kiln-llm-")) / "pkg"
+    t0 = time.perf_counter()
+    compile_model(model, out, max_context=max_context, device_class=device_class, validate=False)
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    session = kiln.load(out)
+    load_s = time.perf_counter() - t0
+    gen = session.manifest["generation"]
+    shape = [int(d) for d in {i["name"]: i for i in session.inputs}[gen["cache"][0]["past"]]["shape"]]
+    rng = np.random.default_rng(0)
+    rec = {"compile_s": compile_s, "load_s": load_s, "weight_bytes": session.manifest["memory"]["weight_bytes"],
+           "device_bytes": sum(b["bytes"] for b in session.manifest["buffers"]),
+           "adapter": session.adapter_info(), "prefill": {}, "decode": {}}
+
+    def feeds(tokens: int, past: int, on_gpu: bool) -> dict:
+        f = {gen["input_ids"]: rng.integers(100, 40000, (1, tokens)).astype(np.int64)}
+        for c in gen["cache"]:
+            s = list(shape)
+            s[c["axis"]] = past
+            a = rng.standard_normal(s).astype(np.float32)
+            f[c["past"]] = session.upload(a) if on_gpu else a
+        return f
+
+    def step(f: dict) -> None:
+        out = session.run(f, output="gpu")
+        out[gen["next_token"]].numpy()
+        for t in out.values():
+            t.release()
+
+    for p in prompts:
+        f = feeds(p, 0, False)
+        cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
+        rec["prefill"][p] = {**summary(times, cold), "tokens_per_s": p / (np.median(times) / 1e3)}
+        console.log(f"kiln prefill {p}: {np.median(times):.2f} ms")
+    for c in contexts:
+        f = feeds(1, c - 1, True)
+        cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
+        rec["decode"][c] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
+        console.log(f"kiln decode at {c}: {np.median(times):.2f} ms")
+    return rec
+
+
+def torch_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
+                     console: Console) -> dict:
+    """A plain fp32 PyTorch Llama (static KV cache, eager) of the GGUF's dequantized weights, on CUDA."""
+    import gguf
+    import torch
+
+    r = gguf.GGUFReader(str(model))
+    f = {k: r.fields[k].contents() for k in r.fields if k.startswith("llama.")}
+    dev = "cuda"
+    w = {t.name: torch.tensor(gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32), device=dev)
+         for t in r.tensors}
+    layers, heads, kv = f["llama.block_count"], f["llama.attention.head_count"], f["llama.attention.head_count_kv"]
+    d = f["llama.embedding_length"]
+    hd, eps, base = d // heads, f["llama.attention.layer_norm_rms_epsilon"], f["llama.rope.freq_base"]
+    ctx = max(prompts + contexts) + 8
+    inv = base ** (-torch.arange(0, hd, 2, dtype=torch.float64, device=dev) / hd)
+    ang = torch.arange(ctx, dtype=torch.float64, device=dev)[:, None] * inv[None]
+    cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
+    kc = torch.zeros(layers, kv, ctx, hd, device=dev)
+    vc = torch.zeros(layers, kv, ctx, hd, device=dev)
+    head = w.get("output.weight", w["token_embd.weight"])
+
+    def rms(x, g):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * g
+
+    def rope(x, pos):  # adjacent pairs (GGUF's layout)
+        c, s = cos[pos][:, None], sin[pos][:, None]
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2)
+
+    @torch.no_grad()
+    def forward(ids, start):
+        t = ids.shape[0]
+        pos = torch.arange(start, start + t, device=dev)
+        x = w["token_embd.weight"][ids]
+        for i in range(layers):
+            p = f"blk.{i}."
+            h = rms(x, w[p + "attn_norm.weight"])
+            q = rope((h @ w[p + "attn_q.weight"].T).view(t, heads, hd), pos).transpose(0, 1)
+            k = rope((h @ w[p + "attn_k.weight"].T).view(t, kv, hd), pos).transpose(0, 1)
+            v = (h @ w[p + "attn_v.weight"].T).view(t, kv, hd).transpose(0, 1)
+            kc[i, :, start:start + t] = k
+            vc[i, :, start:start + t] = v
+            kk = kc[i, :, :start + t].repeat_interleave(heads // kv, 0)
+            vv = vc[i, :, :start + t].repeat_interleave(heads // kv, 0)
+            a = torch.nn.functional.scaled_dot_product_attention(q[None], kk[None], vv[None], is_causal=start == 0)
+            x = x + a[0].transpose(0, 1).reshape(t, d) @ w[p + "attn_output.weight"].T
+            h = rms(x, w[p + "ffn_norm.weight"])
+            g = h @ w[p + "ffn_gate.weight"].T
+            x = x + (torch.nn.functional.silu(g) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        return (rms(x[-1:], w["output_norm.weight"]) @ head.T).argmax(-1).item()
+
+    rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "prefill": {}, "decode": {}}
+    sync = torch.cuda.synchronize
+    for p in prompts:
+        ids = torch.randint(100, 40000, (p,), device=dev)
+        cold, times = time_runs(lambda ids=ids: forward(ids, 0), repeat, warmup, sync=sync)
+        rec["prefill"][p] = {**summary(times, cold), "tokens_per_s": p / (np.median(times) / 1e3)}
+    for c in contexts:
+        ids = torch.randint(100, 40000, (1,), device=dev)
+        cold, times = time_runs(lambda ids=ids, c=c: forward(ids, c - 1), repeat, warmup, sync=sync)
+        rec["decode"][c] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
+        console.log(f"torch decode at {c}: {np.median(times):.2f} ms")
+    return rec
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; returns the JSON record."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=MODEL)
+    ap.add_argument("--prompts", default="128,512")
+    ap.add_argument("--contexts", default="128,1024")
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device-class", default="gpu", choices=["gpu", "cpu"])
+    ap.add_argument("--torch", action="store_true", help="also PyTorch fp32 eager on CUDA")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    a = ap.parse_args(argv)
+    console = Console(stderr=True)
+    prompts = [int(x) for x in a.prompts.split(",")]
+    contexts = [int(x) for x in a.contexts.split(",")]
+    record = {"model": a.model.name, "repeat": a.repeat, "warmup": a.warmup,
+              "kiln": kiln_contestant(a.model, prompts, contexts, a.repeat, a.warmup, a.device_class, console)}
+    if a.torch:
+        record["torch_eager_fp32"] = torch_contestant(a.model, prompts, contexts, a.repeat, a.warmup, console)
+    table = Table(title=f"{a.model.name}: tokens/s (median of {a.repeat})")
+    table.add_column("contestant")
+    for p in prompts:
+        table.add_column(f"prefill {p}", justify="right")
+    for c in contexts:
+        table.add_column(f"decode @{c}", justify="right")
+    for name in ("kiln", "torch_eager_fp32"):
+        if name in record:
+            r = record[name]
+            table.add_row(name, *[f"{r['prefill'][p]['tokens_per_s']:.0f}" for p in prompts],
+                          *[f"{r['decode'][c]['tokens_per_s']:.1f}" for c in contexts])
+    Console().print(table)
+    k = record["kiln"]
+    Console().print(f"kiln: compile {k['compile_s']:.1f} s, load {k['load_s']:.2f} s, weights "
+                    f"{k['weight_bytes'] / 1e6:.1f} MB, device buffers {k['device_bytes'] / 1e6:.1f} MB")
+    path = write_record(record, a.out, "llm")
+    Console().print(f"wrote {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()

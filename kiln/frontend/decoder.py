@@ -1,0 +1,169 @@
+"""Building blocks of transformer decoders with a KV cache, on the graph IR's primitives.
+
+Shared by the GGUF frontend (:mod:`kiln.frontend.gguf`) and by onnxruntime's decoder contrib operators
+(``SimplifiedLayerNormalization``, ``RotaryEmbedding``, ``GroupQueryAttention``, ``MatMulNBits``), so a Llama
+from either source becomes the same kernels. Every block decomposes into primitives that already have
+kernels on every target (reductions, elementwise chains, MatMul, Concat, Gather); ``MatMulNBits`` and
+``GatherBlockQuantized`` (:mod:`kiln.ir.ops_quant`) keep weights packed.
+
+Shapes follow the decoder's cache convention (optimum, transformers.js): activations ``[B, T, D]``, the
+cache of one layer ``[B, KV, P, hd]`` (``KV`` key/value heads, ``P`` past tokens), ``P`` and ``T`` run-time
+dims. Sources: RMSNorm (Zhang and Sennrich 2019), RoPE (Su et al. 2021; llama.cpp's adjacent-pair layout and
+HF's half-split layout), grouped-query attention (Ainslie et al. 2023), SwiGLU (Shazeer 2020).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.arith import symbolic
+from kiln.ir.graph import Builder, Value
+
+
+def reshape(b: Builder, v: Value, shape) -> Value:
+    """``v`` viewed as ``shape`` (ints or size expressions)."""
+    shape = symbolic.shape(shape)
+    return v if tuple(shape) == tuple(v.shape) else b.op("Reshape", [v], shape=shape)
+
+
+def transpose(b: Builder, v: Value, perm) -> Value:
+    """``v`` with its axes permuted by ``perm``."""
+    return v if list(perm) == list(range(len(perm))) else b.op("Transpose", [v], perm=tuple(perm))
+
+
+def rms_norm(b: Builder, x: Value, weight: Value, eps: float) -> Value:
+    """``x / sqrt(mean(x^2, last axis) + eps) * weight`` (ONNX SimplifiedLayerNormalization, float32)."""
+    ax = len(x.shape) - 1
+    ms = b.op("ReduceMean", [b.op("Mul", [x, x])], axes=(ax,), keepdims=1)
+    inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, b.const(np.array(eps, np.float32))])])])
+    return b.op("Mul", [b.op("Mul", [x, inv]), weight])
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A block-quantized weight ``W [N, K]`` (:mod:`kiln.ir.ops_quant`): its constants and attributes."""
+
+    packed: Value
+    scales: Value
+    offsets: Value | None
+    attrs: dict
+
+    def inputs(self) -> list[Value]:
+        """The primitive's weight inputs after the activation (or the indices)."""
+        return [self.packed, self.scales] + ([self.offsets] if self.offsets is not None else [])
+
+
+def linear(b: Builder, x: Value, w: Value | Packed, bias: Value | None = None) -> Value:
+    """``x @ W.T (+ bias)`` for ``W [N, K]``: packed weights through ``MatMulNBits``, float weights (given as
+    ``W.T``, ``[K, N]``) through ``MatMul``."""
+    if isinstance(w, Packed):
+        y = b.op("MatMulNBits", [x, *w.inputs()], **w.attrs)
+    else:
+        y = b.op("MatMul", [x, w])
+    return y if bias is None else b.op("Add", [y, bias])
+
+
+def embed(b: Builder, table: Value | Packed, ids: Value) -> Value:
+    """Rows ``ids`` of an embedding table ``[V, D]`` (packed: ``GatherBlockQuantized``)."""
+    if isinstance(table, Packed):
+        return b.op("GatherBlockQuantized", [table.packed, ids, *table.inputs()[1:]], **table.attrs)
+    return b.op("Gather", [table, ids], axis=0)
+
+
+def rope_tables(b: Builder, positions: int, dim: int, base: float) -> tuple[Value, Value]:
+    """``cos`` and ``sin`` tables ``[positions, dim / 2]`` of RoPE's angles ``p * base^(-2i / dim)``, computed in
+    float64 and rounded once to float32 (the model's own reference does the same)."""
+    inv = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    ang = np.arange(positions, dtype=np.float64)[:, None] * inv[None]
+    return (b.const(np.cos(ang).astype(np.float32), name="rope_cos"),
+            b.const(np.sin(ang).astype(np.float32), name="rope_sin"))
+
+
+def positions(b: Builder, past: object, tokens: object) -> Value:
+    """int32 ``[T]``: the positions ``P .. P + T - 1`` of the new tokens after ``past`` cached ones."""
+    return b.op("Iota", [], shape=(tokens,), start=past, delta=1, dtype="int32")
+
+
+def rotary(b: Builder, x: Value, cos: Value, sin: Value, pos: Value, interleaved: bool) -> Value:
+    """RoPE on ``x [B, T, heads, hd]`` at positions ``pos [T]``: each pair ``(x0, x1)`` becomes
+    ``(x0 cos - x1 sin, x0 sin + x1 cos)``. Pairs are adjacent elements when ``interleaved`` (llama.cpp, GGUF)
+    and the two halves of the head otherwise (HF, onnxruntime's default)."""
+    bsz, t, h, hd = x.shape
+    half = hd // 2
+    c = b.op("Gather", [cos, pos], axis=0)  # [T, hd/2]
+    s = b.op("Gather", [sin, pos], axis=0)
+    if interleaved:
+        xs = reshape(b, x, (bsz, t, h, half, 2))
+        c, s = reshape(b, c, (1, t, 1, half, 1)), reshape(b, s, (1, t, 1, half, 1))
+        axis = 4
+    else:
+        xs = reshape(b, x, (bsz, t, h, 2, half))
+        c, s = reshape(b, c, (1, t, 1, 1, half)), reshape(b, s, (1, t, 1, 1, half))
+        axis = 3
+    shape = xs.shape
+
+    def part(k: int) -> Value:
+        starts = [0] * len(shape)
+        ends = list(shape)
+        starts[axis], ends[axis] = k, k + 1
+        return b.op("Slice", [xs], starts=tuple(starts), ends=tuple(ends), steps=(1,) * len(shape))
+
+    x0, x1 = part(0), part(1)
+    o0 = b.op("Sub", [b.op("Mul", [x0, c]), b.op("Mul", [x1, s])])
+    o1 = b.op("Add", [b.op("Mul", [x0, s]), b.op("Mul", [x1, c])])
+    return reshape(b, b.op("Concat", [o0, o1], axis=axis), x.shape)
+
+
+def causal_attention(b: Builder, q: Value, k: Value, v: Value, past_k: Value, past_v: Value,
+                     scale: float) -> tuple[Value, Value, Value]:
+    """Grouped-query causal self-attention with a KV cache.
+
+    Args:
+        q: ``[B, T, H, hd]`` queries (after RoPE); k, v: ``[B, T, KV, hd]`` new keys (after RoPE) and values.
+        past_k, past_v: ``[B, KV, P, hd]`` the cache of the ``P`` tokens before.
+        scale: the scores' factor (``1 / sqrt(hd)``).
+
+    Returns:
+        ``(out [B, T, H * hd], present_k, present_v [B, KV, P + T, hd])``. Query ``t`` (position ``P + t``)
+        attends to cache rows ``0 .. P + t``. The ``H / KV`` query heads of a key/value head are one row
+        block of a single batched MatMul (no repeated keys).
+    """
+    bsz, t, h, hd = q.shape
+    kv = k.shape[2]
+    group = h // kv
+    past = past_k.shape[2]
+    present_k = b.op("Concat", [past_k, transpose(b, k, (0, 2, 1, 3))], axis=2)
+    present_v = b.op("Concat", [past_v, transpose(b, v, (0, 2, 1, 3))], axis=2)
+    total = present_k.shape[2]
+    rows = symbolic.simplify(group * t)
+    qg = reshape(b, transpose(b, q, (0, 2, 1, 3)), (bsz, kv, rows, hd))  # head kv*G+g, token t -> row g*T+t
+    scores = b.op("MatMul", [qg, transpose(b, present_k, (0, 1, 3, 2))])  # [B, KV, G*T, S]
+    scores = b.op("Mul", [scores, b.const(np.array(scale, np.float32))])
+    # causal mask: row r is token r % T at position P + r % T; it may see cache rows s <= P + r % T
+    r = b.op("Iota", [], shape=(rows,), start=0, delta=1, dtype="int32")
+    tok = b.op("Add", [b.op("Mod", [r, _int(b, t)]), _int(b, past)])
+    s = b.op("Iota", [], shape=(total,), start=0, delta=1, dtype="int32")
+    hidden = b.op("Greater", [reshape(b, s, (1, total)), reshape(b, tok, (rows, 1))])
+    scores = b.op("Where", [hidden, b.const(np.array(-np.inf, np.float32)), scores])
+    ax = 3
+    m = b.op("ReduceMax", [scores], axes=(ax,), keepdims=1)
+    e = b.op("Exp", [b.op("Sub", [scores, m])])
+    p = b.op("Div", [e, b.op("ReduceSum", [e], axes=(ax,), keepdims=1)])
+    ctx = b.op("MatMul", [p, present_v])  # [B, KV, G*T, hd]
+    ctx = transpose(b, reshape(b, ctx, (bsz, h, t, hd)), (0, 2, 1, 3))
+    return reshape(b, ctx, (bsz, t, h * hd)), present_k, present_v
+
+
+def _int(b: Builder, d) -> Value:
+    """A run-time dim (or int) as an int32 scalar value."""
+    if symbolic.is_symbolic(d):
+        return b.op("SymConst", [], shape=(), values=(d,), dtype="int32")
+    return b.const(np.array(d, np.int32))
+
+
+def swiglu(b: Builder, x: Value, gate: Value | Packed, up: Value | Packed, down: Value | Packed) -> Value:
+    """The Llama MLP: ``down(silu(gate(x)) * up(x))``."""
+    g = linear(b, x, gate)
+    return linear(b, b.op("Mul", [b.op("Mul", [g, b.op("Sigmoid", [g])]), linear(b, x, up)]), down)

@@ -1,0 +1,255 @@
+"""Token-by-token generation over a language-model package (``generation`` in the manifest, format 1.6).
+
+The package is one decoder step (docs/package-format.md, *Generation*): new token ids and the KV cache in,
+logits, each row's arg max (``next_token``) and the grown cache out. :class:`Generator` drives it: the prompt
+(text, or chat messages through the package's chat template) is tokenized with HF ``tokenizers`` from the
+package's ``tokenizer.json``, prefilled in chunks of at most ``max_tokens``, then each decode step feeds one
+token. The cache never leaves the device: each step's ``present`` tensors are GPU tensors fed back as the next
+step's ``past``. Greedy decoding reads back only ``next_token`` (8 bytes a step); sampling (temperature, top-k,
+top-p, repetition penalty; seeded) reads back the last row of logits and samples on the host.
+
+Text streams as it is decoded (HF ``TextStreamer``'s rule): the answer so far is decoded again after each token
+and the new characters yielded, except while it ends inside a UTF-8 character (a replacement character).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.runtime.chat import render_chat
+
+
+@dataclass
+class SamplingOptions:
+    """How the next token is chosen.
+
+    Attributes:
+        temperature: 0 (default) is greedy (the arg max, on the device); > 0 samples from ``softmax(logits / T)``.
+        top_k: keep the ``k`` most likely tokens (0: all).
+        top_p: keep the smallest set of most likely tokens whose probability reaches ``p`` (1: all).
+        repetition_penalty: CTRL's penalty (Keskar et al. 2019) on tokens already in prompt or answer: a positive
+            logit is divided by it, a negative one multiplied (1: none).
+        seed: the sampler's random seed (same seed, same answer).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def check(self) -> None:
+        """Raises KilnError for a value outside its range."""
+        if not self.temperature >= 0:
+            raise KilnError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise KilnError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise KilnError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise KilnError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the device's arg max decides (no host sampling, no penalty)."""
+        return self.temperature == 0 and self.repetition_penalty == 1.0
+
+
+def sample(logits: np.ndarray, options: SamplingOptions, seen: list[int], rng: np.random.Generator) -> int:
+    """The next token id from one row of ``logits`` (float32 ``[vocab]``) under ``options``.
+
+    The penalty applies to ``seen`` (prompt and answer so far); then temperature, top-k and top-p filter
+    (in that order, as HF transformers' logits processors do) and a token is drawn with ``rng``.
+    """
+    x = logits.astype(np.float64)
+    if options.repetition_penalty != 1.0 and seen:
+        ids = np.unique(np.asarray(seen))
+        x[ids] = np.where(x[ids] > 0, x[ids] / options.repetition_penalty, x[ids] * options.repetition_penalty)
+    if options.temperature == 0:
+        return int(np.argmax(x))
+    x = x / options.temperature
+    if 0 < options.top_k < x.size:
+        kth = np.partition(x, -options.top_k)[-options.top_k]
+        x = np.where(x < kth, -np.inf, x)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if options.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        keep = np.cumsum(p[order]) - p[order] < options.top_p  # the smallest prefix reaching top_p
+        mask = np.zeros_like(p, bool)
+        mask[order[keep]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(p.size, p=p))
+
+
+@dataclass
+class GenerationStats:
+    """Timings of the last :meth:`Generator.generate` (ms, tokens, tokens/s)."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    stop_reason: str = ""
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """Prompt tokens prefilled per second."""
+        return self.prompt_tokens / (self.prefill_ms / 1e3) if self.prefill_ms else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens generated per second after the first (each a decode step)."""
+        return (self.new_tokens - 1) / (self.decode_ms / 1e3) if self.decode_ms and self.new_tokens > 1 else 0.0
+
+
+@dataclass
+class Chunk:
+    """One streamed piece of an answer: the token generated and the text it completes (may be empty while a
+    UTF-8 character is incomplete)."""
+
+    token: int
+    text: str
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+class Generator:
+    """Generation over a native session of a language-model package.
+
+    Args:
+        session: a :class:`kiln.runtime.native.Session` of a package with a ``generation`` section.
+
+    Raises:
+        KilnError: the package is not a language model.
+    """
+
+    def __init__(self, session):
+        from tokenizers import Tokenizer
+
+        gen = session.manifest.get("generation")
+        if gen is None:
+            raise KilnError(f"{session.path}: not a language-model package (its manifest has no 'generation'; "
+                            "compile a GGUF model: kiln compile MODEL.gguf)")
+        self.session = session
+        self.config = gen
+        self.tokenizer = Tokenizer.from_file(str(Path(session.path) / gen["tokenizer"]))
+        self.eos = set(gen["eos_token_ids"])
+        spec = {i["name"]: i for i in session.inputs}[gen["cache"][0]["past"]]
+        self._cache_shape = [int(d) for d in spec["shape"]]
+        self.stats = GenerationStats()
+
+    def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        """Token ids of ``prompt``: text as it is, or chat messages through the package's chat template.
+
+        Raises:
+            KilnError: a prompt that is neither, or text that is not valid Unicode (lone surrogates).
+        """
+        if isinstance(prompt, list):
+            text = render_chat(self.config["chat_template"], prompt)
+        elif isinstance(prompt, str):
+            text = prompt
+        else:
+            raise KilnError(f"a prompt is a string or a list of chat messages, not {type(prompt).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise KilnError(f"the prompt is not valid UTF-8 text ({e.reason} at character {e.start})") from None
+        ids = self.tokenizer.encode(text).ids
+        bos = self.config.get("bos_token_id")
+        return ([bos] if bos is not None and (not ids or ids[0] != bos) else []) + ids
+
+    def _empty_cache(self) -> list:
+        shape = list(self._cache_shape)
+        shape[self.config["cache"][0]["axis"]] = 0
+        return [np.zeros(shape, np.float32) for _ in self.config["cache"]]
+
+    def _step(self, ids: list[int], past: list) -> tuple[dict[str, Any], list]:
+        feeds = {self.config["input_ids"]: np.asarray(ids, np.int64)[None]}
+        feeds.update({c["past"]: p for c, p in zip(self.config["cache"], past)})
+        out = self.session.run(feeds, output="gpu")
+        for p in past:
+            if hasattr(p, "release"):
+                p.release()
+        return out, [out.pop(c["present"]) for c in self.config["cache"]]
+
+    def generate(self, prompt: str | list[dict[str, str]], max_new_tokens: int = 256, *,
+                 options: SamplingOptions | None = None, **sampling: Any) -> Iterator[Chunk]:
+        """Stream the answer to ``prompt`` token by token.
+
+        Args:
+            prompt: text, or chat messages ``[{"role": "user", "content": ...}]`` (the chat template adds the
+                assistant's turn).
+            max_new_tokens: the most tokens to generate.
+            options, sampling: a :class:`SamplingOptions`, or its fields as keywords (``temperature=0.7``).
+
+        Yields:
+            :class:`Chunk` per generated token; a stop token ends the answer (and is not yielded). ``self.stats``
+            then holds the prefill and decode timings.
+
+        Raises:
+            KilnError: bad options, an empty prompt, or a prompt plus ``max_new_tokens`` longer than the
+                package's context (``max_context``).
+        """
+        opts = options or SamplingOptions(**sampling)
+        opts.check()
+        if max_new_tokens < 1:
+            raise KilnError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        ids = self.encode(prompt)
+        limit = self.config["max_context"]
+        if not ids:
+            raise KilnError("the prompt is empty (no tokens)")
+        if len(ids) + max_new_tokens > limit:
+            raise KilnError(f"the prompt ({len(ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the "
+                            f"package's context of {limit} tokens (kiln compile --max-context)")
+        rng = np.random.default_rng(opts.seed)
+        stats = self.stats = GenerationStats(prompt_tokens=len(ids))
+        chunk = self.config["max_tokens"]
+        past = self._empty_cache()
+        t0 = time.perf_counter()
+        for start in range(0, len(ids), chunk):  # prefill, in chunks the package's steps take
+            out, past = self._step(ids[start:start + chunk], past)
+        seen = list(ids)
+        answer: list[int] = []
+        shown = 0  # characters of the answer's text already yielded
+        try:
+            for n in range(max_new_tokens):
+                if opts.greedy:
+                    token = int(out[self.config["next_token"]].numpy().reshape(-1)[-1])
+                else:
+                    token = sample(out[self.config["logits"]].numpy().reshape(-1, out[self.config["logits"]].shape[-1])
+                                   [-1], opts, seen, rng)
+                for t in out.values():
+                    t.release()
+                now = time.perf_counter()
+                if n == 0:
+                    stats.prefill_ms = (now - t0) * 1e3
+                    t1 = now
+                else:
+                    stats.decode_ms = (now - t1) * 1e3
+                if token in self.eos:
+                    stats.stop_reason = "stop token"
+                    break
+                stats.new_tokens += 1
+                seen.append(token)
+                answer.append(token)
+                text = self.tokenizer.decode(answer, skip_special_tokens=True)
+                if text.endswith("\ufffd"):  # a UTF-8 character split across tokens: wait for the rest
+                    yield Chunk(token, "", stats)
+                else:
+                    yield Chunk(token, text[shown:], stats)
+                    shown = len(text)
+                if n + 1 < max_new_tokens:
+                    out, past = self._step([token], past)
+            else:
+                stats.stop_reason = "max_new_tokens"
+        finally:
+            for p in past:
+                p.release()

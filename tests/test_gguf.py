@@ -1,0 +1,327 @@
+"""The GGUF frontend and packed-weight kernels: SmolLM2-135M-Instruct (Q4_1) against its numpy reference.
+
+The reference (``../shared/models/reference/smollm2_135m_reference.npz``) holds the logits at every position of
+two chat sequences, from a plain numpy fp32 forward pass over the GGUF's dequantized weights; the model comes
+from ``kiln zoo get smollm2`` (setup.sh puts it in models/zoo).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import gguf
+import numpy as np
+import pytest
+from conftest import ROOT, SHARED_MODELS
+
+import kiln
+from kiln.compiler import compile_graph
+from kiln.errors import KilnError, ModelFormatError
+from kiln.frontend.gguf import import_gguf, read_gguf
+from kiln.frontend.gguf.reader import pack_blocks
+from kiln.ir import ops
+from kiln.ir.graph import Builder, Graph, Value
+from kiln.package.writer import write_package
+
+SMOLLM2 = ROOT / "models" / "zoo" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+REFERENCE = SHARED_MODELS / "reference" / "smollm2_135m_reference.npz"
+needs_model = pytest.mark.skipif(not SMOLLM2.exists(), reason="run setup.sh (kiln zoo get smollm2 -o models/zoo)")
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_packed_layout_matches_gguf_dequantize(rng, kind):
+    """Kiln's repacking of GGUF blocks dequantizes (numpy semantics of the primitive) to what llama.cpp's own
+    ``gguf.quants.dequantize`` gives, on fresh weights quantized by ``gguf.quants.quantize``."""
+    n, k = 5, 96
+    w = (rng.standard_normal((n, k)) * rng.uniform(0.01, 3, (n, 1))).astype(np.float32)
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    raw = gguf.quants.quantize(w, qtype)
+    want = gguf.quants.dequantize(raw, qtype).astype(np.float32)
+    t = pack_blocks(raw, kind, n, k)
+    got = ops.get("MatMulNBits").evaluate([np.eye(k, dtype=np.float32), t.packed, t.scales], t.attrs)[0].T
+    np.testing.assert_array_equal(got, want)
+
+
+def _package(tmp_path, graph, target="webgpu", **kw):
+    compiled = compile_graph(graph, target, device_class="cpu", **kw)
+    return kiln.load(write_package(compiled, tmp_path / "pkg"), target=target)
+
+
+@pytest.mark.parametrize("fmt,bits,target", [("f16x2", 4, "webgpu"), ("f32", 4, "webgpu"), ("f16x2", 8, "webgpu"),
+                                             ("f16x2", 4, "wasm"), ("f16x2", 8, "cpu")])
+def test_packed_kernels_native(tmp_path, rng, fmt, bits, target):
+    """MatMulNBits and GatherBlockQuantized on WebGPU (wgpu), wasm and cpu against their numpy semantics, fresh
+    packed weights with every bit pattern, f16 scales with subnormal and zero values."""
+    n, k, m = 72, 128, 7
+    attrs = {"K": k, "N": n, "bits": bits, "block_size": 32, "scale_format": fmt}
+    packed = rng.integers(-2**31, 2**31, (n, k * bits // 32), dtype=np.int64).astype(np.int32)
+    if fmt == "f16x2":
+        halves = rng.standard_normal((n, k // 32, 2)).astype(np.float16)
+        halves[0, 0] = [np.float16(3e-6), np.float16(0)]  # a subnormal scale and a zero offset
+        scales = [halves.view(np.uint16).astype(np.uint32)[..., 0] | (halves.view(np.uint16).astype(np.uint32)[..., 1]
+                                                                       << 16)]
+        scales = [scales[0].view(np.int32)]
+    else:
+        scales = [rng.standard_normal((n, k // 32)).astype(np.float32), rng.standard_normal((n, k // 32)).astype(
+            np.float32)]
+    g = Graph(name="packed")
+    x = Value("x", "float32", (m, k))
+    ids = Value("ids", "int64", (2, 2))
+    g.inputs = [x, ids]
+    b = Builder(g)
+    consts = [b.const(packed)] + [b.const(s) for s in scales]
+    y = b.op("MatMulNBits", [x, *consts], **attrs)
+    e = b.op("GatherBlockQuantized", [consts[0], ids, *consts[1:]], **attrs)
+    g.outputs = [y, e]
+    xv = rng.standard_normal((m, k)).astype(np.float32)
+    iv = np.array([[0, n - 1], [-1, 5]])
+    want_y = ops.get("MatMulNBits").evaluate([xv, packed, *scales], attrs)[0]
+    want_e = ops.get("GatherBlockQuantized").evaluate([packed, iv, *scales], attrs)[0]
+    out = _package(tmp_path, g, target).run({"x": xv, "ids": iv})
+    np.testing.assert_allclose(out[y.name], want_y, rtol=1e-4, atol=1e-3 * np.abs(want_y).max())
+    np.testing.assert_array_equal(out[e.name], want_e)
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2 compiled for WebGPU with a 128-token context (lavapipe schedules), and the reference."""
+    dg = import_gguf(SMOLLM2, max_context=128)
+    compiled = compile_graph(dg.graph, "webgpu", device_class="cpu", validate=False)
+    session = kiln.load(write_package(compiled, tmp_path_factory.mktemp("smollm2") / "pkg"))
+    return dg, session, np.load(REFERENCE)
+
+
+def _feeds(dg, ids, past=None):
+    kv, hd = dg.model.config.kv_heads, dg.model.config.head_dim
+    feeds = {"input_ids": np.asarray(ids, np.int64)[None]}
+    for i, (name, _) in enumerate(dg.cache):
+        feeds[name] = past[i] if past is not None else np.zeros((1, kv, 0, hd), np.float32)
+    return feeds
+
+
+@needs_model
+@pytest.mark.parametrize("name", ["capital", "poem"])
+def test_smollm2_teacher_forced_logits_native(smollm2, name):
+    """Every position's logits of both reference chat sequences within 3e-2 of the numpy fp32 reference, with the
+    same top-1 token everywhere (one prefill over prompt + greedy answer)."""
+    dg, session, ref = smollm2
+    want = ref[f"{name}_logits"].astype(np.float32)
+    ids = np.concatenate([ref[f"{name}_prompt_ids"], ref[f"{name}_generated_ids"]])[:len(want)]
+    got = session.run(_feeds(dg, ids))["logits"][0]
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() < 3e-2
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+
+
+@needs_model
+def test_smollm2_kv_cache_decode_native(smollm2):
+    """Prefill of the prompt, then decode steps of one token that read the cache the step before wrote: each
+    step's logits match the reference row of its position (the cache holds what a full prefill would)."""
+    dg, session, ref = smollm2
+    prompt, answer = ref["capital_prompt_ids"], ref["capital_generated_ids"]
+    want = ref["capital_logits"].astype(np.float32)
+    out = session.run(_feeds(dg, prompt))
+    np.testing.assert_array_equal(out["logits"][0].argmax(-1), want[:len(prompt)].argmax(-1))
+    for step in range(3):
+        past = [out[present] for _, present in dg.cache]
+        assert past[0].shape[2] == len(prompt) + step
+        out = session.run(_feeds(dg, answer[step:step + 1], past))
+        row = want[len(prompt) + step]
+        assert np.abs(out["logits"][0, 0] - row).max() < 3e-2
+        assert out["logits"][0, 0].argmax() == answer[step + 1]
+
+
+# ----------------------------------------------------------------------------- bad input
+def _tiny_gguf(path, arch="llama", qtype=gguf.GGMLQuantizationType.F32):
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_embedding_length(32)
+    w.add_feed_forward_length(32)
+    w.add_head_count(2)
+    w.add_context_length(64)
+    w.add_layer_norm_rms_eps(1e-5)
+    data = np.ones((16, 32), np.float32)
+    if qtype == gguf.GGMLQuantizationType.F32:
+        w.add_tensor("token_embd.weight", data)
+    else:
+        w.add_tensor("token_embd.weight", gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_bad_input(tmp_path):
+    """Another architecture, an unsupported quantization type, a truncated file and a file that is not GGUF are
+    each one clear error naming the problem."""
+    with pytest.raises(ModelFormatError, match="architecture 'gpt2' is not supported"):
+        read_gguf(_tiny_gguf(tmp_path / "gpt2.gguf", arch="gpt2"))
+    with pytest.raises(ModelFormatError, match="quantization type Q5_1"):
+        read_gguf(_tiny_gguf(tmp_path / "q5.gguf", qtype=gguf.GGMLQuantizationType.Q5_1))
+    good = _tiny_gguf(tmp_path / "good.gguf")
+    read_gguf(good)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[:-100])
+    with pytest.raises(ModelFormatError, match="truncated"):
+        read_gguf(cut)
+    head = tmp_path / "head.gguf"
+    head.write_bytes(good.read_bytes()[:40])
+    with pytest.raises(ModelFormatError, match="unreadable GGUF|truncated"):
+        read_gguf(head)
+    other = tmp_path / "model.gguf"
+    other.write_bytes(struct.pack("<4sI", b"ONNX", 3))
+    with pytest.raises(ModelFormatError, match="not a GGUF file"):
+        read_gguf(other)
+    with pytest.raises(KilnError, match="max context 100000"):
+        import_gguf(good, max_context=100000)
+
+
+@needs_model
+def test_tokenizer_and_chat_template_match_reference():
+    """The tokenizer.json built from the GGUF's vocabulary and merges (HF ``tokenizers``) and its chat template
+    (``jinja2``) give the reference's prompt text and ids, and decode the reference answers."""
+    from tokenizers import Tokenizer
+
+    from kiln.frontend.gguf.tokenizer import tokenizer_json
+    from kiln.runtime.chat import render_chat
+
+    meta = read_gguf(SMOLLM2).metadata
+    tok = Tokenizer.from_str(tokenizer_json(meta))
+    ref = np.load(REFERENCE)
+    for name, question in [("capital", "What is the capital of France? Answer in one sentence."),
+                           ("poem", "Write a short poem about the sea.")]:
+        text = render_chat(meta["tokenizer.chat_template"], [{"role": "user", "content": question}])
+        assert text == str(ref[f"{name}_prompt_text"])
+        assert tok.encode(text).ids == ref[f"{name}_prompt_ids"].tolist()
+        assert tok.decode(ref[f"{name}_generated_ids"].tolist(), skip_special_tokens=True) == \
+            str(ref[f"{name}_generated_text"])
+    assert [tok.id_to_token(i) for i in tok.encode("2024").ids] == ["2", "0", "2", "4"]  # digits split one by one
+    with pytest.raises(ModelFormatError, match="pre-tokenizer 'falcon'"):
+        tokenizer_json({**meta, "tokenizer.ggml.pre": "falcon"})
+
+
+@needs_model
+def test_kiln_compile_gguf_package(tmp_path):
+    """``kiln compile model.gguf``: a package whose weights stay packed (about 5 bits a weight), with the
+    generation section (cache pairs, tokenizer, chat template, stop tokens) that the manifest schema validates;
+    a GGUF the frontend refuses writes nothing."""
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+    from kiln.package.format import read_manifest
+
+    out = tmp_path / "smollm2"
+    done = CliRunner().invoke(main, ["compile", str(SMOLLM2), "-o", str(out), "--max-context", "64",
+                                     "--device-class", "cpu", "--no-validate"])
+    assert done.exit_code == 0, done.output
+    m = read_manifest(out)
+    gen = m["generation"]
+    assert gen["logits_rows"] == "last" and gen["max_context"] == 64 and len(gen["cache"]) == 60
+    assert gen["eos_token_ids"][0] == 2 and "<|im_start|>" in gen["chat_template"]
+    assert (out / "tokenizer.json").exists()
+    params = 134_515_008
+    assert m["memory"]["weight_bytes"] * 8 / params < 6.0  # packed: f32 weights would be 32 bits a weight
+    bad = _tiny_gguf(tmp_path / "gpt2.gguf", arch="gpt2")
+    done = CliRunner().invoke(main, ["compile", str(bad), "-o", str(tmp_path / "bad")])
+    assert done.exit_code != 0 and "architecture 'gpt2' is not supported" in done.output
+    assert not (tmp_path / "bad").exists()
+
+
+# ----------------------------------------------------------------------------- generation
+@pytest.fixture(scope="module")
+def chat_package(tmp_path_factory):
+    """SmolLM2 as ``kiln compile model.gguf`` makes it (last-row logits, on-device arg max), 192-token context."""
+    from kiln.compiler import compile_model
+
+    out = tmp_path_factory.mktemp("chat") / "smollm2"
+    compile_model(SMOLLM2, out, max_context=192, device_class="cpu", validate=False)
+    return out
+
+
+@needs_model
+def test_greedy_generation_reproduces_reference_answers(chat_package):
+    """``session.generate`` over chat messages: greedy decoding (the arg max read back, the cache kept on the
+    device) reproduces both reference answers token for token and stops at ``<|im_end|>``; the streamed text
+    is the reference text."""
+    session = kiln.load(chat_package)
+    ref = np.load(REFERENCE)
+    for name, question in [("capital", "What is the capital of France? Answer in one sentence."),
+                           ("poem", "Write a short poem about the sea.")]:
+        want = ref[f"{name}_generated_ids"].tolist()
+        chunks = list(session.generate([{"role": "user", "content": question}], max_new_tokens=len(want)))
+        ended = want[-1] == 2  # the reference stopped at <|im_end|> (not yielded) or ran out of tokens
+        assert [c.token for c in chunks] == (want[:-1] if ended else want)
+        assert "".join(c.text for c in chunks) == str(ref[f"{name}_generated_text"])
+        stats = session.generator.stats
+        assert stats.prompt_tokens == len(ref[f"{name}_prompt_ids"])
+        assert stats.stop_reason == ("stop token" if ended else "max_new_tokens")
+
+
+@needs_model
+def test_sampling_is_seeded_and_bad_prompts_are_refused(chat_package):
+    """Sampling with a seed repeats itself and differs from another seed; a prompt longer than the context, a
+    non-UTF-8 prompt and bad options are one-line errors."""
+    session = kiln.load(chat_package)
+    opts = {"temperature": 1.0, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.1}
+    runs = [[c.token for c in session.generate("Once upon a time", 6, seed=s, **opts)] for s in (1, 1, 2)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+    with pytest.raises(KilnError, match="exceeds the package's context of 192 tokens"):
+        list(session.generate("word " * 200, 8))
+    with pytest.raises(KilnError, match="not valid UTF-8"):
+        list(session.generate("caf\udce9", 4))
+    with pytest.raises(KilnError, match="top_p must be in"):
+        list(session.generate("Hi", 4, top_p=0))
+
+
+def test_sampler_filters(rng):
+    """Host sampling: top-k and top-p keep only the likeliest tokens, the repetition penalty pushes seen tokens
+    down, temperature 0 is the arg max."""
+    from kiln.runtime.generate import SamplingOptions, sample
+
+    logits = np.array([5.0, 4.0, 1.0, 0.5, -3.0], np.float32)
+    draws = {sample(logits, SamplingOptions(temperature=1.0, top_k=2), [], rng) for _ in range(200)}
+    assert draws == {0, 1}
+    draws = {sample(logits, SamplingOptions(temperature=1.0, top_p=0.5), [], rng) for _ in range(200)}
+    assert draws == {0}  # token 0 alone holds 72% of the mass
+    assert sample(logits, SamplingOptions(), [], rng) == 0
+    assert sample(logits, SamplingOptions(repetition_penalty=2.0), [0], rng) == 1  # 5 / 2 < 4
+
+
+@needs_model
+def test_kiln_generate_and_chat_in_tmux(chat_package, tmp_path):
+    """``kiln generate --prompt`` streams the answer; ``kiln chat``, driven in tmux as a person would (typing the
+    question, reading the screen), answers Paris."""
+    import shutil
+    import subprocess
+    import time
+
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    done = CliRunner().invoke(main, ["generate", str(chat_package), "--prompt",
+                                     "What is the capital of France? Answer in one sentence.", "--max-new-tokens", "12"])
+    assert done.exit_code == 0, done.output
+    assert "The capital of France is Paris." in done.output
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    kiln_bin = ROOT / ".venv" / "bin" / "kiln"
+    name = f"kiln-chat-{tmp_path.name}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50",
+                    f"{kiln_bin} chat {chat_package} --max-new-tokens 16"], check=True)
+    try:
+        def screen() -> str:
+            return subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True, check=False).stdout
+
+        deadline = time.monotonic() + 120
+        while not screen().rstrip().endswith(">") and time.monotonic() < deadline:  # the prompt (tmux trims spaces)
+            time.sleep(0.5)
+        subprocess.run(["tmux", "send-keys", "-t", name, "What is the capital of France?", "Enter"], check=True)
+        deadline = time.monotonic() + 180
+        while "tokens/s" not in screen() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        text = screen()
+        assert "Paris" in text, text
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], check=False)
