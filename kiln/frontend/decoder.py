@@ -116,19 +116,26 @@ def rotary(b: Builder, x: Value, cos: Value, sin: Value, pos: Value, interleaved
     return reshape(b, b.op("Concat", [o0, o1], axis=axis), x.shape)
 
 
-def causal_attention(b: Builder, q: Value, k: Value, v: Value, past_k: Value, past_v: Value,
-                     scale: float) -> tuple[Value, Value, Value]:
+def causal_attention(b: Builder, q: Value, k: Value, v: Value, past_k: Value, past_v: Value, scale: float, *,
+                     positions: Value | None = None, valid: Value | None = None, window: int = -1,
+                     softcap: float = 0.0, sink: bool = False) -> tuple[Value, Value, Value]:
     """Grouped-query causal self-attention with a KV cache.
 
     Args:
         q: ``[B, T, H, hd]`` queries (after RoPE); k, v: ``[B, T, KV, hd]`` new keys (after RoPE) and values.
         past_k, past_v: ``[B, KV, P, hd]`` the cache of the ``P`` tokens before.
         scale: the scores' factor (``1 / sqrt(hd)``).
+        positions: int32 ``[B, T]``, each query's position; default ``P + t`` (from the shapes).
+        valid: int32 ``[B]``, the cache rows of each batch entry that hold tokens (rows from there are hidden);
+            default all.
+        window: a sliding window: a query at position ``p`` sees keys ``p - window < j <= p`` (``-1``: all).
+        softcap: scores become ``softcap * tanh(scores / softcap)`` (0: none).
+        sink: a softmax with an extra zero logit (onnxruntime's ``smooth_softmax``).
 
     Returns:
-        ``(out [B, T, H * hd], present_k, present_v [B, KV, P + T, hd])``. Query ``t`` (position ``P + t``)
-        attends to cache rows ``0 .. P + t``. The ``H / KV`` query heads of a key/value head are one row
-        block of a single batched MatMul (no repeated keys).
+        ``(out [B, T, H * hd], present_k, present_v [B, KV, P + T, hd])``. A query at position ``p`` attends to
+        cache rows ``j <= p`` (the cache row is the key's position). The ``H / KV`` query heads of a key/value
+        head are one row block of a single batched MatMul (no repeated keys).
     """
     bsz, t, h, hd = q.shape
     kv = k.shape[2]
@@ -141,22 +148,39 @@ def causal_attention(b: Builder, q: Value, k: Value, v: Value, past_k: Value, pa
     qg = reshape(b, transpose(b, q, (0, 2, 1, 3)), (bsz, kv, rows, hd))  # head kv*G+g, token t -> row g*T+t
     scores = b.op("MatMul", [qg, transpose(b, present_k, (0, 1, 3, 2))])  # [B, KV, G*T, S]
     scores = b.op("Mul", [scores, b.const(np.array(scale, np.float32))])
-    # causal mask: row r is token r % T at position P + r % T; it may see cache rows s <= P + r % T
+    if softcap > 0:
+        cap = b.const(np.array(softcap, np.float32))
+        scores = b.op("Mul", [b.op("Tanh", [b.op("Div", [scores, cap])]), cap])
+    # row r is token r % T; it sees cache rows s <= its position (and inside the window, and valid)
     r = b.op("Iota", [], shape=(rows,), start=0, delta=1, dtype="int32")
-    tok = b.op("Add", [b.op("Mod", [r, _int(b, t)]), _int(b, past)])
-    s = b.op("Iota", [], shape=(total,), start=0, delta=1, dtype="int32")
-    hidden = b.op("Greater", [reshape(b, s, (1, total)), reshape(b, tok, (rows, 1))])
+    tok = b.op("Mod", [r, dim_value(b, t)])
+    if positions is None:
+        pos = reshape(b, b.op("Add", [tok, dim_value(b, past)]), (rows, 1))
+    else:
+        pos = reshape(b, b.op("Gather", [positions, tok], axis=1), (bsz, 1, rows, 1))
+    s = reshape(b, b.op("Iota", [], shape=(total,), start=0, delta=1, dtype="int32"), (1, total))
+    hidden = b.op("Greater", [s, pos])
+    if window > 0:
+        hidden = b.op("Or", [hidden, b.op("LessOrEqual", [s, b.op("Sub", [pos, dim_value(b, window)])])])
+    if valid is not None:
+        hidden = b.op("Or", [hidden, b.op("GreaterOrEqual", [s, reshape(b, valid, (bsz, 1, 1, 1))])])
     scores = b.op("Where", [hidden, b.const(np.array(-np.inf, np.float32)), scores])
     ax = 3
     m = b.op("ReduceMax", [scores], axes=(ax,), keepdims=1)
+    zero = b.const(np.array(0.0, np.float32))
+    if sink:
+        m = b.op("Max", [m, zero])
     e = b.op("Exp", [b.op("Sub", [scores, m])])
-    p = b.op("Div", [e, b.op("ReduceSum", [e], axes=(ax,), keepdims=1)])
+    total_e = b.op("ReduceSum", [e], axes=(ax,), keepdims=1)
+    if sink:
+        total_e = b.op("Add", [total_e, b.op("Exp", [b.op("Sub", [zero, m])])])
+    p = b.op("Div", [e, total_e])
     ctx = b.op("MatMul", [p, present_v])  # [B, KV, G*T, hd]
     ctx = transpose(b, reshape(b, ctx, (bsz, h, t, hd)), (0, 2, 1, 3))
     return reshape(b, ctx, (bsz, t, h * hd)), present_k, present_v
 
 
-def _int(b: Builder, d) -> Value:
+def dim_value(b: Builder, d) -> Value:
     """A run-time dim (or int) as an int32 scalar value."""
     if symbolic.is_symbolic(d):
         return b.op("SymConst", [], shape=(), values=(d,), dtype="int32")
