@@ -338,7 +338,9 @@ def test_cli_dim_ranges():
     from kiln.cli_options import parse_dims as _parse_dims
 
     assert _parse_dims(("seq=1..512@128", "batch=1..4", "N=4")) == {"seq": (1, 512, 128), "batch": (1, 4, 4), "N": 4}
-    for bad in ("seq=0..4", "seq=8..4", "seq=1..4@9", "seq=a..b", "seq"):
+    # a decoder's cache may be empty (LO 0), and its attention mask covers cache and new tokens (a sum of dims)
+    assert _parse_dims(("past=0..63", "total=past+seq")) == {"past": (0, 63, 63), "total": "past+seq"}
+    for bad in ("seq=-1..4", "seq=8..4", "seq=1..4@9", "seq=a..b", "seq", "N=0"):
         with pytest.raises((click.BadParameter, KilnError)):
             _parse_dims((bad,))
 

@@ -342,20 +342,26 @@ def test_kiln_generate_and_chat_in_tmux(chat_package, tmp_path):
 @needs_model
 def test_llama_onnx_export(tmp_path, rng):
     """The ONNX decoder export (optimum's layout, KV cache) of the GGUF's weights, one layer deep: onnxruntime
-    running it matches the PyTorch module, over a prefill and a decode step fed the prefill's cache; onnxruntime's
-    4-bit quantizer turns every MatMul with constant weights into MatMulNBits."""
+    running it matches the PyTorch module, and Kiln (compiled with the run-time dims ``sequence``, ``past_sequence``
+    from 0, and ``total_sequence = past_sequence + sequence``) matches onnxruntime, over a prefill and a decode step
+    fed the prefill's cache; onnxruntime's 4-bit quantizer turns every MatMul with constant weights into
+    MatMulNBits."""
     import collections
 
     import onnx
     import onnxruntime as ort
     import torch
 
+    from kiln.compiler import compile_model
     from kiln.zoo.llama_export import decoder_module, export_decoder, quantize_4bit
 
     path = tmp_path / "decoder.onnx"
     module = decoder_module(SMOLLM2, layers=1)
     c = export_decoder(SMOLLM2, path, module=module)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = kiln.load(compile_model(path, tmp_path / "pkg", dims={
+        "sequence": (1, 16), "past_sequence": (0, 31), "total_sequence": "past_sequence+sequence"},
+        device_class="cpu", validate=False))
     ids = rng.integers(100, 40000, (1, 6))
     past = [np.zeros((1, c["kv_heads"], 0, c["head_dim"]), np.float32)] * 2
     for step_ids, start in ((ids[:, :5], 0), (ids[:, 5:], 5)):
@@ -368,6 +374,9 @@ def test_llama_onnx_export(tmp_path, rng):
             want = module(*[torch.tensor(v) for v in feeds.values()])
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-4)
+        ours = session.run(feeds)
+        for o, g in zip(sess.get_outputs(), got):
+            np.testing.assert_allclose(ours[o.name], g, rtol=1e-4, atol=2e-4, err_msg=o.name)
         past = got[1:]
     q4 = tmp_path / "decoder_q4.onnx"
     quantize_4bit(path, q4)

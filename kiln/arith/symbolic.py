@@ -405,7 +405,8 @@ def at_opt(d: Dim) -> int:
 
 # ----------------------------------------------------------------------------- shape rules of ONNX converters
 def exact_div(a: Dim, b: Dim, what: str = "") -> Dim:
-    """``a / b`` when ``b`` divides ``a`` as polynomials (each monomial of ``a`` by ``b``'s one monomial).
+    """``a / b`` when ``b`` divides ``a`` as polynomials: each monomial of ``a`` by ``b``'s one monomial, or ``a`` a
+    constant multiple of ``b``.
 
     Raises:
         ShapeError: the division is not exact for every value of the dims.
@@ -432,6 +433,11 @@ def exact_div(a: Dim, b: Dim, what: str = "") -> Dim:
             break
         else:
             return simplify(_from_poly(out))
+    else:  # a constant multiple of a polynomial: (9p + 9s) / (p + s)
+        pa = _poly(_expr(a))
+        ratios = {c // pb[m] if m in pb and pb[m] and c % pb[m] == 0 else None for m, c in pa.items()}
+        if pa.keys() == pb.keys() and len(ratios) == 1 and None not in ratios:
+            return ratios.pop()
     raise ShapeError(f"{what}: {to_text(a)} is not divisible by {to_text(b)} for every value of the run-time dims")
 
 

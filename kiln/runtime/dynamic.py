@@ -42,6 +42,15 @@ def eval_json(j: Any, env: dict[str, int]) -> int:
     raise PackageError(f"malformed size expression {j!r}")
 
 
+def _names(j: Any) -> list[str]:
+    """The dim names a size expression reads."""
+    if isinstance(j, str):
+        return [j]
+    if isinstance(j, list):
+        return [n for x in j[1:] for n in _names(x)]
+    return []
+
+
 def is_dynamic(manifest: dict[str, Any]) -> bool:
     """True for a package with run-time dims."""
     return bool(manifest.get("dynamic_dims"))
@@ -87,7 +96,7 @@ def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]
     for spec in manifest["inputs"]:  # dims of expressions (not plain names) follow from the bound ones
         want = spec.get("dynamic_shape", spec["shape"])
         got = list(np.shape(feeds[spec["name"]]))
-        missing = [w for w in want if not isinstance(w, (int, str)) or (isinstance(w, str) and w not in env)]
+        missing = [w for w in want if any(n not in env for n in _names(w))]
         if missing:
             raise ShapeError(f"input {spec['name']!r}: cannot bind dims {missing} from its shape")
         exp = [eval_json(w, env) for w in want]

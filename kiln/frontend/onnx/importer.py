@@ -121,11 +121,31 @@ def parse_dim_spec(key: str, value: Any) -> int | tuple[int, ...]:
         multiple = v[3] if len(v) == 4 else 1
     else:
         return int(value)
-    if not 1 <= spec[0] <= spec[2] <= spec[1]:
-        raise KilnError(f"dim {key}: a run-time dim needs 1 <= lo <= opt <= hi, got {spec[0]}..{spec[1]}@{spec[2]}")
+    if not 0 <= spec[0] <= spec[2] <= spec[1]:
+        raise KilnError(f"dim {key}: a run-time dim needs 0 <= lo <= opt <= hi, got {spec[0]}..{spec[1]}@{spec[2]}")
     if multiple < 1 or any(x % multiple for x in spec):
         raise KilnError(f"dim {key}: {spec[0]}..{spec[1]}@{spec[2]} must be multiples of {multiple}")
     return spec if multiple == 1 else (*spec, multiple)
+
+
+def _derived_dim(key: str, text: str, dims: dict[str, Any], size_vars: dict[str, Any]) -> Any:
+    """A dim that is the sum of run-time dims and sizes (``--dim total=past+seq``, a decoder's attention mask
+    covering the cache and the new tokens), as a size expression.
+
+    Raises:
+        KilnError: a term that is neither an integer nor a run-time dim given with its bounds.
+    """
+    total: Any = 0
+    for term in text.split("+"):
+        term = term.strip()
+        if term.lstrip("-").isdigit():
+            total = total + int(term)
+        elif term in size_vars:
+            total = total + size_vars[term]
+        else:
+            raise KilnError(f"--dim {key}={text}: {term!r} is not a run-time dim (give it as --dim {term}=LO..HI) "
+                            "or an integer")
+    return symbolic.simplify(total)
 
 
 def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int | str, ...]]:
@@ -193,13 +213,18 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
     dims = dict(dims or {})
     graph = Graph(name=g.name or "model")
     size_vars = {}
+    derived = {k: v for k, v in dims.items() if isinstance(v, str) and "+" in v}  # total=past+seq
     for key, value in list(dims.items()):
+        if key in derived:
+            continue
         spec = parse_dim_spec(key, value)
         if isinstance(spec, tuple):
             size_vars[key] = symbolic.size_var(key, len(size_vars), *spec)
             dims[key] = size_vars[key]
         else:
             dims[key] = spec
+    for key, text in derived.items():
+        dims[key] = _derived_dim(key, text, dims, size_vars)
     env: dict[str, Value] = {}
     init_names = {t.name for t in g.initializer}
     for inp in g.input:
@@ -210,7 +235,7 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         graph.inputs.append(v)
         env[inp.name] = v
     used = {k for x in graph.inputs for k in (x.sym_shape or ()) if isinstance(k, str)}
-    graph.dims = {k: v for k, v in dims.items() if k in used and k not in size_vars}
+    graph.dims = {k: v for k, v in dims.items() if k in used and k not in size_vars and k not in derived}
     graph.size_vars = {k: v for k, v in size_vars.items() if k in used}
     unused = sorted(set(size_vars) - used)
     if unused:
