@@ -140,3 +140,35 @@ def test_fusion_inlines_elementwise_producers_into_reductions_and_consumers(rng,
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["z"], want[1], rtol=1e-5, atol=1e-5)
+
+
+def test_common_subexpressions(rng):
+    """Nodes with the same op, attributes and inputs (small constants by value) become one; other attributes,
+    other constants and nodes defining graph outputs stay; results are unchanged."""
+    from kiln.passes.simplify import common_subexpressions
+
+    g = Graph(name="cse")
+    x = Value("x", "float32", (4, 6))
+    g.inputs = [x]
+    b = Builder(g)
+    outs = []
+    for _ in range(3):  # three copies of the same computation (a decoder's per-layer mask and rotary rows)
+        two = b.const(np.array(2.0, np.float32))
+        s = b.op("ReduceSum", [b.op("Mul", [x, two])], axes=(1,), keepdims=1)
+        outs.append(b.op("Sub", [x, s]))
+    other = b.op("ReduceSum", [b.op("Mul", [x, b.const(np.array(3.0, np.float32))])], axes=(1,), keepdims=1)
+    other_axis = b.op("ReduceSum", [b.op("Mul", [x, b.const(np.array(2.0, np.float32))])], axes=(0,), keepdims=1)
+    y = b.op("Add", [b.op("Add", [outs[0], outs[1]]), b.op("Add", [outs[2], other])])
+    g.outputs = [y, other_axis]
+    feeds = {"x": rng.standard_normal((4, 6)).astype(np.float32)}
+    want = interp.run(g, feeds)
+    before = len(g.nodes)
+    assert common_subexpressions(g)
+    verify(g)
+    ops_left = [n.op for n in g.nodes]
+    assert ops_left.count("Sub") == 1 and ops_left.count("ReduceSum") == 3  # the x*2 row sums once; x*3, axis 0 kept
+    assert len(g.nodes) == before - 7  # two copies of 3 nodes, and the axis-0 sum's x*2
+    got = interp.run(g, feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6)
+    assert not common_subexpressions(g)

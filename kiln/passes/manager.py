@@ -7,7 +7,7 @@ from collections.abc import Callable
 from kiln.ir import ops
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
-from kiln.passes.simplify import const_fold, dead_code, fold_scale, remove_identities
+from kiln.passes.simplify import common_subexpressions, const_fold, dead_code, fold_scale, remove_identities
 
 Pass = Callable[[Graph], bool]
 
@@ -15,6 +15,7 @@ Pass = Callable[[Graph], bool]
 DEFAULT_PASSES: list[tuple[str, Pass]] = [
     ("const_fold", const_fold),
     ("remove_identities", remove_identities),
+    ("common_subexpressions", common_subexpressions),
     ("fold_scale", fold_scale),
     ("dead_code", dead_code),
 ]

@@ -1,4 +1,5 @@
-"""Graph simplification: constant folding, scale folding into Conv/MatMul weights, dead-code elimination.
+"""Graph simplification: constant folding, scale folding into Conv/MatMul weights, dead-code elimination, common
+subexpressions.
 
 Each pass maps a graph to an equivalent graph (same :func:`kiln.ir.interp.run`
 results up to float rounding) and edits it in place.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.ir import interp
+from kiln.ir import interp, ops
 from kiln.ir.graph import Graph, Node, Value
 
 
@@ -131,4 +132,58 @@ def dead_code(graph: Graph) -> bool:
             live.update(id(v) for v in node.inputs)
     changed = len(keep) != len(graph.nodes)
     graph.nodes = keep[::-1]
+    return changed
+
+
+def _frozen(x):
+    """A hashable stand-in for an attribute value, equal exactly when the values are (arrays by their bytes)."""
+    if isinstance(x, np.ndarray):
+        return ("ndarray", x.dtype.str, x.shape, x.tobytes() if x.dtype != object else tuple(map(_frozen, x.flat)))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, *map(_frozen, x))
+    if isinstance(x, dict):
+        return ("dict", *sorted((k, _frozen(v)) for k, v in x.items()))
+    try:
+        hash(x)
+    except TypeError:
+        return ("id", id(x))
+    return (type(x).__name__, x)
+
+
+#: constants up to this many elements are compared by value (larger ones by identity: weights are never equal)
+_SMALL_CONST = 64
+
+
+def common_subexpressions(graph: Graph) -> bool:
+    """Give nodes that compute the same op with the same attributes on the same inputs one node (CSE).
+
+    A decoder recomputes, in every layer, what depends only on the positions: RoPE's cos/sin rows, the causal
+    mask. After this pass each is computed once. Small constants are compared by value; control-flow ops
+    (their subgraphs) are left alone. Returns True if anything changed.
+    """
+    seen: dict[tuple, Node] = {}
+    outputs = {id(v) for v in graph.outputs}
+    changed = False
+    keep = []
+
+    def key_of(v: Value):
+        if v.is_const and not v.is_shape_const and v.const.size <= _SMALL_CONST:
+            return ("const", v.dtype, v.shape, v.const.tobytes())
+        return ("value", id(v))
+
+    for node in graph.nodes:
+        if ops.kind(node.op) == "control" or any(id(o) in outputs for o in node.outputs):
+            keep.append(node)
+            continue
+        key = (node.op, len(node.outputs), tuple(key_of(v) for v in node.inputs),
+               _frozen(sorted(node.attrs.items())))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = node
+            keep.append(node)
+            continue
+        for old, new in zip(node.outputs, first.outputs):
+            graph.replace_uses(old, new)
+        changed = True
+    graph.nodes = keep
     return changed
