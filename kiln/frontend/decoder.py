@@ -89,31 +89,28 @@ def positions(b: Builder, past: object, tokens: object) -> Value:
 def rotary(b: Builder, x: Value, cos: Value, sin: Value, pos: Value, interleaved: bool) -> Value:
     """RoPE on ``x [B, T, heads, hd]`` at positions ``pos [T]``: each pair ``(x0, x1)`` becomes
     ``(x0 cos - x1 sin, x0 sin + x1 cos)``. Pairs are adjacent elements when ``interleaved`` (llama.cpp, GGUF)
-    and the two halves of the head otherwise (HF, onnxruntime's default)."""
-    bsz, t, h, hd = x.shape
+    and the two halves of the head otherwise (HF, onnxruntime's default).
+
+    Written as ``x * C + partner(x) * S``, with ``partner`` a constant permutation of the head's elements (a
+    Gather) and ``C``, ``S`` the cos and signed sin rows spread over the head (constant tables gathered by
+    position, the same for every layer): two kernels, where slicing the pairs and concatenating them takes five.
+    """
+    hd = x.shape[3]
     half = hd // 2
-    c = b.op("Gather", [cos, pos], axis=0)  # [T, hd/2]
-    s = b.op("Gather", [sin, pos], axis=0)
+    i = np.arange(hd)
     if interleaved:
-        xs = reshape(b, x, (bsz, t, h, half, 2))
-        c, s = reshape(b, c, (1, t, 1, half, 1)), reshape(b, s, (1, t, 1, half, 1))
-        axis = 4
+        partner, pair, sign = i ^ 1, i // 2, np.where(i % 2 == 0, -1.0, 1.0)
     else:
-        xs = reshape(b, x, (bsz, t, h, 2, half))
-        c, s = reshape(b, c, (1, t, 1, 1, half)), reshape(b, s, (1, t, 1, 1, half))
-        axis = 3
-    shape = xs.shape
-
-    def part(k: int) -> Value:
-        starts = [0] * len(shape)
-        ends = list(shape)
-        starts[axis], ends[axis] = k, k + 1
-        return b.op("Slice", [xs], starts=tuple(starts), ends=tuple(ends), steps=(1,) * len(shape))
-
-    x0, x1 = part(0), part(1)
-    o0 = b.op("Sub", [b.op("Mul", [x0, c]), b.op("Mul", [x1, s])])
-    o1 = b.op("Add", [b.op("Mul", [x0, s]), b.op("Mul", [x1, c])])
-    return reshape(b, b.op("Concat", [o0, o1], axis=axis), x.shape)
+        partner, pair, sign = (i + half) % hd, i % half, np.where(i < half, -1.0, 1.0)
+    if not (cos.is_const and sin.is_const):
+        raise ValueError("rotary: cos and sin must be constant tables")
+    c_full = b.const(np.ascontiguousarray(cos.const[:, pair]), name="rope_cos_rows")
+    s_full = b.const(np.ascontiguousarray(sin.const[:, pair] * sign.astype(np.float32)), name="rope_sin_rows")
+    t = x.shape[1]
+    c = reshape(b, b.op("Gather", [c_full, pos], axis=0), (1, t, 1, hd))
+    s = reshape(b, b.op("Gather", [s_full, pos], axis=0), (1, t, 1, hd))
+    swapped = b.op("Gather", [x, b.const(partner.astype(np.int64), name="rope_partner")], axis=3)
+    return b.op("Add", [b.op("Mul", [x, c]), b.op("Mul", [swapped, s])])
 
 
 def causal_attention(b: Builder, q: Value, k: Value, v: Value, past_k: Value, past_v: Value, scale: float, *,
