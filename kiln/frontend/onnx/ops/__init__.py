@@ -2,6 +2,7 @@
 
 from kiln.frontend.onnx.ops import (  # noqa: F401
     attention,
+    contrib_decoder,
     contrib_quant,
     control,
     einsum,
