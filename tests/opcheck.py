@@ -56,7 +56,7 @@ def fp16_model(model: onnx.ModelProto) -> onnx.ModelProto:
                       helper.make_node("Abs", [f"{v.name}_h"], [f"{v.name}_aux"])]
             outputs.append(helper.make_tensor_value_info(f"{v.name}_aux", v.type.tensor_type.elem_type, None))
     core = helper.make_node(node.op_type, [renamed.get(i, i) for i in node.input], [f"{o}_core" for o in node.output],
-                            name=node.name)
+                            name=node.name, domain=node.domain or None)
     core.attribute.extend(node.attribute)
     nodes.append(core)
     for out in g.output:
@@ -77,6 +77,8 @@ def check_fp16(model: onnx.ModelProto, inputs: dict[str, np.ndarray], op_type: s
     """Run :func:`fp16_model` of ``model`` natively with ``--precision fp16`` and compare every output with
     the fp32 oracle's run of the same model within :data:`FP16_TOLERANCE`; returns Kiln's outputs."""
     wrapped = fp16_model(model)
+    if not onnx.defs.has(model.graph.node[0].op_type, model.graph.node[0].domain):
+        wrapped = _typed_by_onnxruntime(wrapped, inputs)
     if oracle == "onnx":
         from onnx.reference import ReferenceEvaluator
 
@@ -114,20 +116,26 @@ def _onnx_type(dtype: np.dtype) -> int:
 
 def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = None,
                initializers: dict[str, np.ndarray] | None = None, n_outputs: int = 1, opset: int = 17,
-               input_order: list[str] | None = None) -> onnx.ModelProto:
-    """A one-node model: runtime ``inputs`` and constant ``initializers`` feed ``op_type`` in ``input_order``."""
+               input_order: list[str] | None = None, domain: str = "") -> onnx.ModelProto:
+    """A one-node model: runtime ``inputs`` and constant ``initializers`` feed ``op_type`` in ``input_order``.
+
+    ``domain`` (e.g. ``com.microsoft``) is imported at version 1; outputs of operators onnx has no schema for
+    (onnxruntime's contrib operators) take their dtype and shape from an onnxruntime run."""
     initializers = initializers or {}
     order = input_order or list(inputs) + list(initializers)
     node = helper.make_node(op_type, [n for n in order], [f"y{i}" for i in range(n_outputs)], name=f"{op_type}_0",
-                            **(attrs or {}))
+                            domain=domain or None, **(attrs or {}))
     graph = helper.make_graph(
         [node], f"{op_type.lower()}_test",
         [helper.make_tensor_value_info(k, _onnx_type(v.dtype), list(v.shape)) for k, v in inputs.items()],
         [helper.make_tensor_value_info(f"y{i}", TensorProto.UNDEFINED, None) for i in range(n_outputs)],
         [numpy_helper.from_array(v, k) for k, v in initializers.items() if k]
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 8
+    if not onnx.defs.has(op_type, domain):  # onnxruntime's own operators: it says the outputs' types
+        return _typed_by_onnxruntime(model, inputs)
     try:
         inferred_model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     except onnx.shape_inference.InferenceError:  # onnx cannot infer some function-defined ops (MVN) strictly
@@ -150,10 +158,22 @@ def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None =
     return model
 
 
+def _typed_by_onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """``model`` with its outputs' dtypes and shapes from an onnxruntime run (untyped ones float32 to start with)."""
+    for out in model.graph.output:
+        if not out.type.tensor_type.elem_type:
+            out.type.tensor_type.elem_type = TensorProto.FLOAT
+    results = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
+    for out, arr in zip(model.graph.output, results):
+        out.CopyFrom(helper.make_tensor_value_info(out.name, _onnx_type(arr.dtype), list(arr.shape)))
+    return model
+
+
 def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = None,
              initializers: dict[str, np.ndarray] | None = None, *, opset: int = 17, rtol: float = 1e-4,
              atol: float = 1e-5, input_order: list[str] | None = None, n_outputs: int = 1,
-             oracle: str = "onnxruntime", targets: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+             oracle: str = "onnxruntime", targets: tuple[str, ...] | None = None,
+             domain: str = "") -> dict[str, np.ndarray]:
     """Compile a one-node model with Kiln for ``targets`` (default :data:`TARGETS`), run it natively on
     each (WebGPU through wgpu-py, wasm through wasmtime; webgl2 and ``browser:NAME`` with kiln.js in headless
     Chromium) with poisoned buffers, and compare every output
@@ -161,8 +181,10 @@ def check_op(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None = N
     with onnxruntime). Returns the first target's outputs.
 
     ``oracle="onnx"`` compares with onnx's ReferenceEvaluator instead, for operators newer than the
-    installed onnxruntime supports (opset 27 ones such as LinearAttention)."""
-    model = make_model(op_type, inputs, attrs, initializers, opset=opset, input_order=input_order, n_outputs=n_outputs)
+    installed onnxruntime supports (opset 27 ones such as LinearAttention). ``domain`` names the node's operator
+    domain (``com.microsoft`` for onnxruntime's contrib operators)."""
+    model = make_model(op_type, inputs, attrs, initializers, opset=opset, input_order=input_order, n_outputs=n_outputs,
+                       domain=domain)
     if oracle == "onnx":
         from onnx.reference import ReferenceEvaluator
 

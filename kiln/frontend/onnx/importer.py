@@ -44,11 +44,41 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelFormatError(f"{path}: not an ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'parse failed'})") from None
     if not model.graph.node and not model.graph.output:
         raise ModelFormatError(f"{path}: not an ONNX model (no graph)")
+    extras = [(node, node.domain) for node in _runtime_ops(model)]
+    if extras:  # checked as ops of a domain onnx does not know (which it skips), then given back
+        model.opset_import.append(onnx.helper.make_opsetid(_RUNTIME_DOMAIN, 1))
+        for node, _ in extras:
+            node.domain = _RUNTIME_DOMAIN
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise ModelFormatError(f"{path}: invalid ONNX model: {str(e).splitlines()[0]}") from None
+    finally:
+        if extras:
+            del model.opset_import[-1]
+            for node, domain in extras:
+                node.domain = domain
     return model
+
+
+#: the domain :func:`load_model` lends onnxruntime's default-domain operators while onnx's checker runs
+_RUNTIME_DOMAIN = "kiln.onnxruntime"
+
+
+def _runtime_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The default-domain nodes (subgraphs included) of operators onnx has no schema for but Kiln converts:
+    onnxruntime registers a few of its own there (SimplifiedLayerNormalization)."""
+    opset = opset_of(model)
+    found = []
+    stack = [model.graph]
+    while stack:
+        graph = stack.pop()
+        for node in graph.node:
+            if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type) and lookup(node.op_type, opset):
+                found.append(node)
+            stack.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+            stack.extend(g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs)
+    return found
 
 
 def opset_of(model: onnx.ModelProto, domain: str = "") -> int:
