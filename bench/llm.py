@@ -15,6 +15,11 @@ PyTorch (``--torch``, needs CUDA): a plain fp32 Llama of the same weights (dequa
 runnable session), the package's weight bytes and its device buffer bytes at these bounds.
 
 Prints a table and writes ``llm-<date>.json`` with the adapter, versions and the commit.
+
+On the lent GPU the model (98 MB) is over one call's carry limit: split it (``split -b 33000000 MODEL
+.llm/p.`` into three folders ``.llm/aa`` ...), carry one folder a call and copy it to ``/tmp/llm`` there (the
+working copy is replaced between calls, ``/tmp`` stays while the machine is held), then ``cat`` the parts and
+pass ``--model /tmp/llm/smollm2.gguf`` (its SHA-256 is in ../shared/models/README.md).
 Issue 15's goals (H100): decode >= 750 tokens/s at context 1024 and >= 2x onnxruntime's WebGPU EP.
 """
 

@@ -72,13 +72,31 @@ def embed(b: Builder, table: Value | Packed, ids: Value) -> Value:
     return b.op("Gather", [table, ids], axis=0)
 
 
-def rope_tables(b: Builder, positions: int, dim: int, base: float) -> tuple[Value, Value]:
-    """``cos`` and ``sin`` tables ``[positions, dim / 2]`` of RoPE's angles ``p * base^(-2i / dim)``, computed in
-    float64 and rounded once to float32 (the model's own reference does the same)."""
+@dataclass(frozen=True)
+class Rope:
+    """RoPE's constant tables, made once per model: ``cos`` and signed ``sin`` rows ``[positions, hd]`` spread
+    over the head, and the ``partner`` permutation of a head's elements (see :func:`rotary`)."""
+
+    cos: Value
+    sin: Value
+    partner: Value
+
+
+def rope_tables(b: Builder, positions: int, dim: int, base: float, interleaved: bool) -> Rope:
+    """RoPE's tables for angles ``p * base^(-2i / dim)``, computed in float64 and rounded once to float32 (the
+    model's own reference does the same). Pairs are adjacent elements when ``interleaved`` (llama.cpp, GGUF) and
+    the two halves of the head otherwise (HF, onnxruntime's default)."""
     inv = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
     ang = np.arange(positions, dtype=np.float64)[:, None] * inv[None]
-    return (b.const(np.cos(ang).astype(np.float32), name="rope_cos"),
-            b.const(np.sin(ang).astype(np.float32), name="rope_sin"))
+    i = np.arange(dim)
+    half = dim // 2
+    if interleaved:
+        partner, pair, sign = i ^ 1, i // 2, np.where(i % 2 == 0, -1.0, 1.0)
+    else:
+        partner, pair, sign = (i + half) % dim, i % half, np.where(i < half, -1.0, 1.0)
+    return Rope(b.const(np.cos(ang)[:, pair].astype(np.float32), name="rope_cos_rows"),
+                b.const((np.sin(ang)[:, pair] * sign).astype(np.float32), name="rope_sin_rows"),
+                b.const(partner.astype(np.int64), name="rope_partner"))
 
 
 def positions(b: Builder, past: object, tokens: object) -> Value:
@@ -86,30 +104,19 @@ def positions(b: Builder, past: object, tokens: object) -> Value:
     return b.op("Iota", [], shape=(tokens,), start=past, delta=1, dtype="int32")
 
 
-def rotary(b: Builder, x: Value, cos: Value, sin: Value, pos: Value, interleaved: bool) -> Value:
+def rotary(b: Builder, x: Value, rope: Rope, pos: Value) -> Value:
     """RoPE on ``x [B, T, heads, hd]`` at positions ``pos [T]``: each pair ``(x0, x1)`` becomes
-    ``(x0 cos - x1 sin, x0 sin + x1 cos)``. Pairs are adjacent elements when ``interleaved`` (llama.cpp, GGUF)
-    and the two halves of the head otherwise (HF, onnxruntime's default).
+    ``(x0 cos - x1 sin, x0 sin + x1 cos)``.
 
     Written as ``x * C + partner(x) * S``, with ``partner`` a constant permutation of the head's elements (a
-    Gather) and ``C``, ``S`` the cos and signed sin rows spread over the head (constant tables gathered by
-    position, the same for every layer): two kernels, where slicing the pairs and concatenating them takes five.
+    Gather) and ``C``, ``S`` the rows of :func:`rope_tables` at the positions (the same for every layer, computed
+    once after common-subexpression elimination): two kernels, where slicing the pairs and concatenating them
+    takes five.
     """
-    hd = x.shape[3]
-    half = hd // 2
-    i = np.arange(hd)
-    if interleaved:
-        partner, pair, sign = i ^ 1, i // 2, np.where(i % 2 == 0, -1.0, 1.0)
-    else:
-        partner, pair, sign = (i + half) % hd, i % half, np.where(i < half, -1.0, 1.0)
-    if not (cos.is_const and sin.is_const):
-        raise ValueError("rotary: cos and sin must be constant tables")
-    c_full = b.const(np.ascontiguousarray(cos.const[:, pair]), name="rope_cos_rows")
-    s_full = b.const(np.ascontiguousarray(sin.const[:, pair] * sign.astype(np.float32)), name="rope_sin_rows")
-    t = x.shape[1]
-    c = reshape(b, b.op("Gather", [c_full, pos], axis=0), (1, t, 1, hd))
-    s = reshape(b, b.op("Gather", [s_full, pos], axis=0), (1, t, 1, hd))
-    swapped = b.op("Gather", [x, b.const(partner.astype(np.int64), name="rope_partner")], axis=3)
+    hd, t = x.shape[3], x.shape[1]
+    c = reshape(b, b.op("Gather", [rope.cos, pos], axis=0), (1, t, 1, hd))
+    s = reshape(b, b.op("Gather", [rope.sin, pos], axis=0), (1, t, 1, hd))
+    swapped = b.op("Gather", [x, rope.partner], axis=3)
     return b.op("Add", [b.op("Mul", [x, c]), b.op("Mul", [swapped, s])])
 
 

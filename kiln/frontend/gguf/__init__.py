@@ -114,9 +114,9 @@ def import_gguf(path: str | os.PathLike, *, max_context: int = 2048, max_tokens:
     table = t["token_embd.weight"]
     embedding = _weight(b, table, "token_embd") if isinstance(table, PackedTensor) else b.const(table, "token_embd")
     x = decoder.embed(b, embedding, ids)  # [1, T, D]
-    cos, sin = decoder.rope_tables(b, max_context, hd, c.rope_base)
+    # llama.cpp's NORM rope for llama (Q, K permuted by its converter: adjacent pairs); NEOX (halves) for qwen2
+    rope = decoder.rope_tables(b, max_context, hd, c.rope_base, interleaved=c.architecture == "llama")
     pos = decoder.positions(b, past, seq)
-    interleaved = c.architecture == "llama"  # llama.cpp's NORM rope (Q, K permuted by its converter); qwen2: NEOX
     scale = 1.0 / math.sqrt(hd)
     presents = []
     for layer in range(c.layers):
@@ -132,8 +132,8 @@ def import_gguf(path: str | os.PathLike, *, max_context: int = 2048, max_tokens:
         q = decoder.linear(b, h, w("attn_q.weight"), bias("attn_q.bias"))
         k = decoder.linear(b, h, w("attn_k.weight"), bias("attn_k.bias"))
         v = decoder.linear(b, h, w("attn_v.weight"), bias("attn_v.bias"))
-        q = decoder.rotary(b, decoder.reshape(b, q, (1, seq, c.heads, hd)), cos, sin, pos, interleaved)
-        k = decoder.rotary(b, decoder.reshape(b, k, (1, seq, kv, hd)), cos, sin, pos, interleaved)
+        q = decoder.rotary(b, decoder.reshape(b, q, (1, seq, c.heads, hd)), rope, pos)
+        k = decoder.rotary(b, decoder.reshape(b, k, (1, seq, kv, hd)), rope, pos)
         v = decoder.reshape(b, v, (1, seq, kv, hd))
         past_k, past_v = g.inputs[1 + 2 * layer], g.inputs[2 + 2 * layer]
         ctx, pk, pv = decoder.causal_attention(b, q, k, v, past_k, past_v, scale)
