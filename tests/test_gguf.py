@@ -279,11 +279,13 @@ def test_sampling_is_seeded_and_bad_prompts_are_refused(chat_package):
     runs = [[c.token for c in session.generate("Once upon", 5, seed=s, **opts)] for s in (1, 1, 2)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
     with pytest.raises(KilnError, match="exceeds the package's context of 192 tokens"):
-        list(session.generate("word " * 200, 8))
+        session.generate("word " * 200, 8)
     with pytest.raises(KilnError, match="not valid UTF-8"):
-        list(session.generate("caf\udce9", 4))
+        session.generate("caf\udce9", 4)
     with pytest.raises(KilnError, match="top_p must be in"):
-        list(session.generate("Hi", 4, top_p=0))
+        session.generate("Hi", 4, top_p=0)
+    with pytest.raises(KilnError, match="unknown sampling option"):
+        session.generate("Hi", 4, temprature=0.5)
 
 
 def test_sampler_filters(rng):

@@ -198,7 +198,11 @@ class Generator:
             KilnError: bad options, an empty prompt, or a prompt plus ``max_new_tokens`` longer than the
                 package's context (``max_context``).
         """
-        opts = options or SamplingOptions(**sampling)
+        try:
+            opts = options or SamplingOptions(**sampling)
+        except TypeError:
+            known = ", ".join(SamplingOptions.__dataclass_fields__)
+            raise KilnError(f"unknown sampling option in {sorted(sampling)}; known: {known}") from None
         opts.check()
         if max_new_tokens < 1:
             raise KilnError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -209,6 +213,9 @@ class Generator:
         if len(ids) + max_new_tokens > limit:
             raise KilnError(f"the prompt ({len(ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the "
                             f"package's context of {limit} tokens (kiln compile --max-context)")
+        return self._stream(ids, max_new_tokens, opts)  # errors above come at the call, not at the first token
+
+    def _stream(self, ids: list[int], max_new_tokens: int, opts: SamplingOptions) -> Iterator[Chunk]:
         rng = np.random.default_rng(opts.seed)
         stats = self.stats = GenerationStats(prompt_tokens=len(ids))
         chunk = self.config["max_tokens"]
