@@ -33,11 +33,16 @@ def transpose(b: Builder, v: Value, perm) -> Value:
     return v if list(perm) == list(range(len(perm))) else b.op("Transpose", [v], perm=tuple(perm))
 
 
-def rms_norm(b: Builder, x: Value, weight: Value, eps: float) -> Value:
-    """``x / sqrt(mean(x^2, last axis) + eps) * weight`` (ONNX SimplifiedLayerNormalization, float32)."""
-    ax = len(x.shape) - 1
-    ms = b.op("ReduceMean", [b.op("Mul", [x, x])], axes=(ax,), keepdims=1)
-    inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, b.const(np.array(eps, np.float32))])])])
+def inv_rms(b: Builder, x: Value, axes: tuple[int, ...], eps: float) -> Value:
+    """``1 / sqrt(mean(x^2) + eps)`` over ``axes``, kept as size-1 dims (RMSNorm's scale; ONNX RMSNormalization,
+    onnxruntime's SimplifiedLayerNormalization and its Skip variant all use it)."""
+    ms = b.op("ReduceMean", [b.op("Mul", [x, x])], axes=axes, keepdims=1)
+    return b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, b.const(np.array(eps), dtype=ms.dtype)])])])
+
+
+def rms_norm(b: Builder, x: Value, weight: Value, eps: float, axes: tuple[int, ...] | None = None) -> Value:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over ``axes`` (default the last)."""
+    inv = inv_rms(b, x, axes if axes is not None else (len(x.shape) - 1,), eps)
     return b.op("Mul", [b.op("Mul", [x, inv]), weight])
 
 

@@ -158,7 +158,7 @@ def parse_dim_spec(key: str, value: Any) -> int | tuple[int, ...]:
     return spec if multiple == 1 else (*spec, multiple)
 
 
-def _derived_dim(key: str, text: str, dims: dict[str, Any], size_vars: dict[str, Any]) -> Any:
+def _derived_dim(key: str, text: str, size_vars: dict[str, Any]) -> Any:
     """A dim that is the sum of run-time dims and sizes (``--dim total=past+seq``, a decoder's attention mask
     covering the cache and the new tokens), as a size expression.
 
@@ -254,7 +254,7 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         else:
             dims[key] = spec
     for key, text in derived.items():
-        dims[key] = _derived_dim(key, text, dims, size_vars)
+        dims[key] = _derived_dim(key, text, size_vars)
     env: dict[str, Value] = {}
     init_names = {t.name for t in g.initializer}
     for inp in g.input:

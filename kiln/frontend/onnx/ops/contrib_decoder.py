@@ -132,12 +132,6 @@ def matmul_nbits(b: Builder, a: Value, weights: Value, scales: Value, zero_point
 
 # ----------------------------------------------------------------------------- RMS norms
 
-def _inv_rms(b: Builder, x: Value, axes: tuple[int, ...], eps: float) -> Value:
-    """``1 / sqrt(mean(x^2) + eps)`` over ``axes``, kept as size-1 dims."""
-    ms = b.op("ReduceMean", [b.op("Mul", [x, x])], axes=axes, keepdims=1)
-    return b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, _scalar(b, eps, ms)])])])
-
-
 @onnx_op("SimplifiedLayerNormalization", since=1)
 def simplified_layer_norm(b: Builder, x: Value, scale: Value, *, axis: int = -1, epsilon: float = 1e-5,
                           stash_type: int = 1, _nout: int = 1) -> list[Value]:
@@ -145,7 +139,7 @@ def simplified_layer_norm(b: Builder, x: Value, scale: Value, *, axis: int = -1,
     eps) * scale`` over the dims from ``axis`` on; the optional output inv_std_var ``1 / sqrt(mean(x^2) + eps)``
     keeps those dims as size 1."""
     rank = len(x.shape)
-    inv = _inv_rms(b, x, tuple(range(norm_axis(axis, rank), rank)), epsilon)
+    inv = decoder.inv_rms(b, x, tuple(range(norm_axis(axis, rank), rank)), epsilon)
     y = b.op("Mul", [b.op("Mul", [x, inv]), scale])
     return [y, inv][:max(_nout, 1)]
 
@@ -163,7 +157,7 @@ def skip_simplified_layer_norm(b: Builder, x: Value, skip: Value, gamma: Value, 
     s = b.op("Add", [x, skip])
     if bias is not None:
         s = b.op("Add", [s, bias])
-    inv = _inv_rms(b, s, (len(s.shape) - 1,), epsilon)
+    inv = decoder.inv_rms(b, s, (len(s.shape) - 1,), epsilon)
     y = b.op("Mul", [b.op("Mul", [s, inv]), gamma])
     if _nout <= 1:
         return [y]

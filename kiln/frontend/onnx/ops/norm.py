@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.errors import KilnError, ShapeError
+from kiln.frontend import decoder
 from kiln.frontend.onnx.ops.common import norm_axis
 from kiln.frontend.onnx.ops.nn import _reshape
 from kiln.frontend.onnx.registry import onnx_op
@@ -55,10 +56,7 @@ def rms_norm(b: Builder, x: Value, scale: Value, *, axis: int = -1, epsilon: flo
              stash_type: int = 1) -> Value:
     """ONNX RMSNormalization-23: ``x / sqrt(mean(x^2) + eps) * scale`` over the dims from ``axis`` on."""
     rank = len(x.shape)
-    axes = tuple(range(norm_axis(axis, rank), rank))
-    ms = b.op("ReduceMean", [b.op("Mul", [x, x])], axes=axes, keepdims=1)
-    inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, _scalar(b, epsilon, ms)])])])
-    return b.op("Mul", [b.op("Mul", [x, inv]), scale])
+    return decoder.rms_norm(b, x, scale, epsilon, tuple(range(norm_axis(axis, rank), rank)))
 
 
 def _channel(b: Builder, v: Value, rank: int) -> Value:
