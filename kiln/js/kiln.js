@@ -19,6 +19,12 @@
 //   const t = await logits.read();                                // a kiln.Tensor
 // Sessions share one WebGPU device per page (load option `device`) and its pipeline cache.
 //
+// Language-model packages (`kiln compile MODEL.gguf`, docs/generation.md) stream answers (generate.js):
+//   for await (const {text} of session.generate([{role: 'user', content: 'Hi'}], {maxNewTokens: 64})) ...
+//   const chunks = await session.chat.completions.create({messages, stream: true});  // OpenAI-shaped chunks
+// and `load(url, {onProgress})` reports the weights' download; they are kept in the browser's Cache API
+// (`cache`, default on), so a second visit reads them from there.
+//
 // `loadFiles` loads a package from memory ({path: ArrayBuffer}) instead of a URL (the RPC
 // runtime, rpc.js, uses it), and `Session.time` measures runs on the device.
 //
@@ -92,6 +98,11 @@ const BACKENDS = {
  * @property {'shared' | 'own' | GPUDevice} [device='shared'] (WebGPU) the device: the page's shared one, so that
  *   sessions exchange GPUTensors and reuse each other's compiled pipelines; a new one of the session's own
  *   (freed by {@link Session#destroy}); or a given GPUDevice, e.g. another session's {@link Session#device}.
+ * @property {(p: import('./package.js').LoadProgress) => void} [onProgress] called as the weights are read:
+ *   `{file, loaded, total, cached}` (bytes over all weights files; `cached`: this file came from the cache).
+ * @property {boolean} [cache=true] keep the weights files in the browser's Cache API (cache 'kiln-weights',
+ *   keyed by URL and SHA-256; a secure context has one) and take them from there on later loads; a damaged
+ *   entry is dropped and downloaded again.
  * @property {number} [threads] WebAssembly worker threads (default: the hardware's, when the page is
  *   cross-origin isolated; otherwise 1).
  */
@@ -111,7 +122,7 @@ const BACKENDS = {
 export async function load(url, options = {}) {
   const root = new URL(url, globalThis.location?.href);
   if (!root.pathname.endsWith('/')) root.pathname += '/';
-  return loadFrom(urlSource(root), options);
+  return loadFrom(urlSource(root, {cache: options.cache ?? true, onProgress: options.onProgress}), options);
 }
 
 /**
@@ -127,7 +138,7 @@ export async function load(url, options = {}) {
  * @throws {DeviceError} as for {@link load}.
  */
 export async function loadFiles(files, options = {}) {
-  return loadFrom(memorySource(files), options);
+  return loadFrom(memorySource(files, options.onProgress), options);
 }
 
 /**
@@ -240,6 +251,11 @@ export class Session {
     /** Milliseconds of the load's phases where the backend reports them (WebGPU: device, pipelines, total). */
     this.loadMs = backend.loadMs ?? {};
     /** @private */ this.backend = backend;
+    /** @private */ this.source = source;
+    /** Bytes of weights this load downloaded and took from the browser's cache: `{downloaded, cached}`. */
+    this.weightsOrigin = {...source.origin};
+    /** @private @type {Promise<import('./generate.js').Generator> | null} */ this.generatorPromise = null;
+    /** @private @type {Promise<import('./generate.js').ChatCompletions> | null} */ this.chatSurface = null;
     /** @private @type {Promise<unknown>} runs are serialised: backends reuse their staging memory */
     this.queue = Promise.resolve();
   }
@@ -406,6 +422,56 @@ export class Session {
     if (this.target !== 'webgpu') {
       throw new KilnError(`${what}: GPU tensors need the WebGPU target; this session runs '${this.target}'`);
     }
+  }
+
+  /**
+   * The generation driver of a language-model package (its tokenizer and chat template loaded on first use).
+   * @returns {Promise<import('./generate.js').Generator>}
+   * @throws {KilnError} the package has no `generation` section (not a language model).
+   */
+  generator() {
+    if (!this.manifest.generation) {
+      return Promise.reject(new KilnError(`${this.source.name}: not a language-model package (its manifest has no ` +
+        "'generation'; compile a GGUF model: kiln compile MODEL.gguf)"));
+    }
+    if (!this.generatorPromise) {
+      this.generatorPromise = import('./generate.js').then(({Generator}) => Generator.create(this, this.source));
+      this.generatorPromise.catch(() => { this.generatorPromise = null; });
+    }
+    return this.generatorPromise;
+  }
+
+  /**
+   * Stream the answer to a prompt token by token (a language-model package; generate.js).
+   * @param {string | import('./generate.js').ChatMessage[]} prompt text as it is, or chat messages
+   *   `[{role: 'user', content}]` through the package's chat template.
+   * @param {import('./generate.js').GenerateOptions} [options] `maxNewTokens` (default: until the context is full),
+   *   `temperature` (0: greedy),
+   *   `topK`, `topP`, `repetitionPenalty`, `seed`, `stop` strings, `signal` (an AbortSignal that stops it).
+   * @returns {AsyncGenerator<{token: number, text: string, stats: import('./generate.js').GenerationStats}>}
+   *   a chunk per generated token; `stats` has `promptTokens`, `newTokens`, `prefillMs`, `decodeMs`,
+   *   `prefillTokensPerS`, `decodeTokensPerS` and, at the end, `stopReason` ('stop', 'length' or 'abort').
+   * @throws {KilnError} (at the first step) not a language model, a bad option, an empty prompt, one longer
+   *   than the package's context, or text that is not valid UTF-8.
+   */
+  async *generate(prompt, options = {}) {
+    const generator = await this.generator();
+    yield* generator.generate(prompt, options);
+  }
+
+  /**
+   * The OpenAI-style chat surface: `await session.chat.completions.create({messages, stream: true, max_tokens,
+   * temperature})` (see generate.js's ChatCompletions).
+   * @returns {{completions: import('./generate.js').ChatCompletions}}
+   */
+  get chat() {
+    if (!this.chatSurface) {
+      const model = this.manifest.name ?? this.manifest.source ?? 'kiln';
+      const generator = () => this.generator();
+      this.chatSurface = import('./generate.js').then(({ChatCompletions}) => new ChatCompletions(generator, model));
+    }
+    const surface = this.chatSurface;
+    return {completions: /** @type {any} */ ({create: async (request) => (await surface).create(request)})};
   }
 
   /** Free the session's device memory (and its device, unless shared); the session cannot run afterwards. */

@@ -19,16 +19,70 @@ export const FORMAT = 'kiln-package';
 export const FORMAT_MAJOR = 1;
 
 /**
+ * Progress of a load's weights download, reported to `load(url, {onProgress})`.
+ * @typedef {object} LoadProgress
+ * @property {string} file the weights file being read.
+ * @property {number} loaded bytes of all weights files read so far.
+ * @property {number} total bytes of all weights files.
+ * @property {boolean} cached whether this file came from the browser's cache (no download).
+ */
+
+/**
+ * Bytes of a load's weights by where they came from.
+ * @typedef {{downloaded: number, cached: number}} WeightsOrigin
+ */
+
+/**
  * Where a package's files come from: a URL (fetched) or memory ({@link loadFiles}).
  * @typedef {object} PackageSource
  * @property {string} name  the package in messages: its directory URL, or 'in-memory package'
  * @property {string | null} url  the package directory URL; null for in-memory packages
  * @property {(path: string, what: string) => Promise<ArrayBuffer>} bytes  a file's bytes
  * @property {(path: string) => string} where  a file's name in messages
+ * @property {(file: {path: string, bytes: number, sha256: string}, fresh?: boolean) =>
+ *   Promise<{bytes: ArrayBuffer, cached: boolean}>} weights  a weights file's bytes: from the cache unless
+ *   `fresh`, else fetched (with progress)
+ * @property {(file: {path: string, bytes: number, sha256: string}, bytes: ArrayBuffer) => Promise<void>} keep
+ *   store a checked weights file in the cache (replacing other versions of it)
+ * @property {(file: {path: string, bytes: number, sha256: string}) => Promise<void>} forget  drop a cached file
+ * @property {(p: {file: string, bytes: number, cached: boolean}) => void} progress  report a file's bytes read
+ * @property {WeightsOrigin} origin  bytes of weights downloaded and taken from the cache by this load
  */
 
-/** @param {URL} root package directory URL @returns {PackageSource} */
-export function urlSource(root) {
+/** The Cache API cache that holds packages' weights files, keyed by URL and SHA-256. */
+export const WEIGHTS_CACHE = 'kiln-weights';
+
+/**
+ * A progress reporter over all of a manifest's weights files.
+ * @param {((p: LoadProgress) => void) | undefined} onProgress
+ * @returns {{origin: WeightsOrigin, start: (total: number) => void,
+ *   progress: (p: {file: string, bytes: number, cached: boolean}) => void}}
+ */
+function progressReporter(onProgress) {
+  let done = 0;
+  let total = 0;
+  const origin = {downloaded: 0, cached: 0};
+  return {
+    origin,
+    start: (bytes) => { total = bytes; },
+    progress({file, bytes, cached}) {
+      done += bytes;
+      onProgress?.({file, loaded: done, total: Math.max(total, done), cached});
+    },
+  };
+}
+
+/**
+ * @param {URL} root package directory URL
+ * @param {{cache?: boolean, onProgress?: (p: LoadProgress) => void}} [options] `cache` (default true): keep
+ *   weights files in the Cache API (where the page has one: a secure context) and read them from there next time.
+ * @returns {PackageSource & {start: (total: number) => void}}
+ */
+export function urlSource(root, options = {}) {
+  const {cache = true, onProgress} = options;
+  const reporter = progressReporter(onProgress);
+  const store = () => (cache && globalThis.caches ? globalThis.caches.open(WEIGHTS_CACHE).catch(() => null) : null);
+  const key = (file) => `${new URL(file.path, root).href}?sha256=${file.sha256}`;
   return {
     name: root.href,
     url: root.href,
@@ -37,14 +91,73 @@ export function urlSource(root) {
       return (await fetchOk(url, what)).arrayBuffer();
     },
     where: (path) => new URL(path, root).href,
+    origin: reporter.origin,
+    start: reporter.start,
+    progress: reporter.progress,
+    async weights(file, fresh = false) {
+      const cached = fresh ? undefined : await (await store())?.match(key(file)).catch(() => undefined);
+      if (cached) {
+        const bytes = await cached.arrayBuffer();
+        reporter.progress({file: file.path, bytes: bytes.byteLength, cached: true});
+        return {bytes, cached: true};
+      }
+      const response = await fetchOk(new URL(file.path, root), 'weights file');
+      return {bytes: await readBody(response, file, reporter.progress), cached: false};
+    },
+    async keep(file, bytes) {
+      const c = await store();
+      if (!c) return;
+      try {
+        const base = new URL(file.path, root).href;
+        for (const old of await c.keys()) if (old.url.split('?')[0] === base) await c.delete(old);
+        await c.put(key(file), new Response(bytes, {headers: {'Content-Type': 'application/octet-stream'}}));
+      } catch {
+        // a full or unavailable cache only means the next visit downloads again
+      }
+    },
+    async forget(file) {
+      await (await store())?.delete(key(file)).catch(() => false);
+    },
   };
 }
 
 /**
- * @param {Map<string, ArrayBuffer | ArrayBufferView> | Record<string, ArrayBuffer | ArrayBufferView>} files
- * @returns {PackageSource}
+ * A response body read in chunks, reporting progress; the manifest's size bounds it.
+ * @param {Response} response
+ * @param {{path: string, bytes: number}} file
+ * @param {(p: {file: string, bytes: number, cached: boolean}) => void} progress
+ * @returns {Promise<ArrayBuffer>}
  */
-export function memorySource(files) {
+async function readBody(response, file, progress) {
+  if (!response.body) {
+    const bytes = await response.arrayBuffer();
+    progress({file: file.path, bytes: bytes.byteLength, cached: false});
+    return bytes;
+  }
+  const out = new Uint8Array(file.bytes);
+  const reader = response.body.getReader();
+  let at = 0;
+  for (;;) {
+    const {done, value} = await reader.read();
+    if (done) break;
+    if (at + value.byteLength > out.byteLength) {
+      await reader.cancel();
+      throw new PackageError(`weights file ${file.path}: size mismatch (expected ${file.bytes} bytes, got more); ` +
+        'the package is corrupted or incomplete');
+    }
+    out.set(value, at);
+    at += value.byteLength;
+    progress({file: file.path, bytes: value.byteLength, cached: false});
+  }
+  return at === out.byteLength ? out.buffer : out.buffer.slice(0, at);
+}
+
+/**
+ * @param {Map<string, ArrayBuffer | ArrayBufferView> | Record<string, ArrayBuffer | ArrayBufferView>} files
+ * @param {(p: LoadProgress) => void} [onProgress]
+ * @returns {PackageSource & {start: (total: number) => void}}
+ */
+export function memorySource(files, onProgress = undefined) {
   const entries = files instanceof Map ? [...files] : Object.entries(files ?? {});
   /** @type {Map<string, ArrayBuffer>} */
   const byPath = new Map();
@@ -59,15 +172,28 @@ export function memorySource(files) {
         `got ${/** @type {any} */ (data)?.constructor?.name ?? typeof data}`);
     }
   }
+  const reporter = progressReporter(onProgress);
+  /** @type {(path: string, what: string) => Promise<ArrayBuffer>} */
+  const bytes = async (path, what) => {
+    const data = byPath.get(path);
+    if (data === undefined) throw new PackageError(`in-memory package: no ${what} ${path}`);
+    return data;
+  };
   return {
     name: 'in-memory package',
     url: null,
-    async bytes(path, what) {
-      const data = byPath.get(path);
-      if (data === undefined) throw new PackageError(`in-memory package: no ${what} ${path}`);
-      return data;
-    },
+    bytes,
     where: (path) => `${path} (in memory)`,
+    origin: reporter.origin,
+    start: reporter.start,
+    progress: reporter.progress,
+    async weights(file) {
+      const data = await bytes(file.path, 'weights file');
+      reporter.progress({file: file.path, bytes: data.byteLength, cached: false});
+      return {bytes: data, cached: false};
+    },
+    keep: async () => undefined,
+    forget: async () => undefined,
   };
 }
 
@@ -196,19 +322,28 @@ export async function readWeights(source, manifest, verify, upload) {
     if (!byFile.has(b.file)) throw new PackageError(`${root}: weight ${b.tensor} is in ${b.file}, which the manifest does not list`);
     byFile.get(b.file).push(b);
   }
-  for (const file of files) {
-    const bytes = await source.bytes(file.path, 'weights file');
+  /** @type {(file: {bytes: number, sha256: string}, bytes: ArrayBuffer) => Promise<string | null>} why a file
+   * is not what the manifest says, or null */
+  const wrong = async (file, bytes) => {
     if (bytes.byteLength !== file.bytes) {
-      throw new PackageError(`weights file ${file.path}: size mismatch (expected ${file.bytes} bytes, ` +
-        `got ${bytes.byteLength}); the package is corrupted or incomplete`);
+      return `size mismatch (expected ${file.bytes} bytes, got ${bytes.byteLength}); the package is corrupted or incomplete`;
     }
-    if (verify) {
-      const digest = await sha256Hex(bytes);
-      if (digest !== file.sha256) {
-        throw new PackageError(`weights file ${file.path}: SHA-256 checksum mismatch (expected ${file.sha256}, ` +
-          `got ${digest}); the package is corrupted or was edited`);
-      }
+    const digest = verify ? await sha256Hex(bytes) : file.sha256;
+    return digest === file.sha256 ? null
+      : `SHA-256 checksum mismatch (expected ${file.sha256}, got ${digest}); the package is corrupted or was edited`;
+  };
+  /** @type {any} */ (source).start?.(files.reduce((n, f) => n + f.bytes, 0));
+  for (const file of files) {
+    let {bytes, cached} = await source.weights(file);
+    let problem = await wrong(file, bytes);
+    if (problem && cached) {  // a damaged cache entry: drop it and download the file
+      await source.forget(file);
+      ({bytes, cached} = await source.weights(file, true));
+      problem = await wrong(file, bytes);
     }
+    if (problem) throw new PackageError(`weights file ${file.path}: ${problem}`);
+    source.origin[cached ? 'cached' : 'downloaded'] += bytes.byteLength;
+    if (!cached) await source.keep(file, bytes);
     const {header, dataStart} = parseSafetensors(bytes, file.path);
     const weights = byFile.get(file.path).map((b) => {
       const entry = header[b.tensor];

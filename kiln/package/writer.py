@@ -37,6 +37,11 @@ RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.
 #: pages copied into train-step packages besides RUNTIME_FILES (the fine-tuning demo)
 TRAINING_FILES = ("train.html",)
 
+#: copied into language-model packages besides RUNTIME_FILES: the generation module, the chat page and the
+#: libraries generate.js imports (vendored from npm, pinned by kiln/js/vendor/package-lock.json; tools/vendor_js.py)
+GENERATION_FILES = ("generate.js", "chat.html", "vendor/tokenizers.mjs", "vendor/LICENSE.tokenizers",
+                    "vendor/jinja.mjs", "vendor/LICENSE.jinja")
+
 IMAGENET = {
     "preprocess": {"type": "image", "input": None, "resize": 256, "crop": 224, "scale": 1 / 255,
                    "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "layout": "NCHW"},
@@ -207,8 +212,10 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         for path, data in (extra_files or {}).items():
             (tmp / path).write_text(data, encoding="utf-8")
         js = resources.files("kiln") / "js"
-        for name in RUNTIME_FILES + (TRAINING_FILES if training is not None else ()):
-            with resources.as_file(js / name) as f:
+        for name in (RUNTIME_FILES + (TRAINING_FILES if training is not None else ())
+                     + (GENERATION_FILES if generation is not None else ())):
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            with resources.as_file(js.joinpath(*name.split("/"))) as f:
                 shutil.copyfile(f, tmp / name)
         if out.exists():
             shutil.rmtree(out)

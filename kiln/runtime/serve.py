@@ -119,6 +119,9 @@ def serve(package_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 8
     server = make_server(package_dir, host, port)
     url = server_url(server)
     print(f"Serving {Path(package_dir)} at {url} (Ctrl-C to stop)", flush=True)
+    if (Path(package_dir) / "chat.html").is_file():  # a language model: its chat page is the demo
+        url += "chat.html"
+        print(f"chat with the model at {url}", flush=True)
     if not (Path(package_dir) / "index.html").is_file():
         print("note: this package has no demo page (index.html); recompile it with this version of Kiln",
               file=sys.stderr, flush=True)
