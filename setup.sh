@@ -26,6 +26,8 @@ fi
 # the browser embeddings example's tokenizer library (exact version and integrity from its package-lock.json)
 (cd examples/web/embeddings && npm ci --no-audit --no-fund --loglevel=error)
 # TypeScript for tests/test_manifest_schema.py's type check of kiln/js (exact version from its package-lock.json)
+# the libraries language-model packages vendor (kiln/js/vendor: tests compare the committed copies with these)
+(cd kiln/js/vendor && npm ci --no-audit --no-fund --loglevel=error)
 (cd tools/typecheck && npm ci --no-audit --no-fund --loglevel=error)
 # the wasm target's C compiler (zig) builds its compiler-rt once per machine: do it now, not in the first test
 .venv/bin/python -c "from kiln.codegen.wasm.toolchain import warm_up; warm_up()"

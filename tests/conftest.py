@@ -27,6 +27,21 @@ PPOCR_CASES = [
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--extended", action="store_true",
+                     help="also run the acceptance cases too slow for CI (marked 'extended': minutes each on SwiftShader)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the cases marked ``extended`` unless ``--extended`` is given."""
+    if config.getoption("--extended"):
+        return
+    skip = pytest.mark.skip(reason="an extended acceptance case (minutes on SwiftShader): run with --extended")
+    for item in items:
+        if "extended" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_report_header(config):
     return f"kiln test seed base: {SEED} (set KILN_TEST_SEED to replay)"
 

@@ -1,0 +1,231 @@
+"""SmolLM2 in headless Chromium (kiln.js on WebGPU/SwiftShader): the package's chat page, ``session.generate`` and
+``session.chat.completions.create``, the vendored tokenizer and chat template, and teacher-forced logits, against
+the numpy reference (``../shared/models/reference/smollm2_135m_reference.npz``).
+
+SwiftShader runs the model at about a token a second, so CI runs the capital question; the poem (64 tokens, 102
+rows) runs with ``pytest tests/test_llm_browser.py --extended``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from browser import CHROMIUM, ConsoleLog, launch_chromium, serving_tree
+from conftest import ROOT, SHARED_MODELS
+
+from kiln.compiler import compile_graph
+from kiln.frontend.gguf import import_gguf
+from kiln.package.writer import write_package
+
+SMOLLM2 = ROOT / "models" / "zoo" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+REFERENCE = SHARED_MODELS / "reference" / "smollm2_135m_reference.npz"
+QUESTIONS = {"capital": "What is the capital of France? Answer in one sentence.",
+             "poem": "Write a short poem about the sea."}
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (Debian package chromium)"),
+    pytest.mark.skipif(not SMOLLM2.exists(), reason="run setup.sh (kiln zoo get smollm2 -o models/zoo)"),
+]
+
+
+def test_vendored_libraries_match_npm():
+    """kiln/js/vendor's tokenizer and template libraries are byte for byte what ``npm ci`` installs from the pinned
+    package-lock.json (setup.sh runs it)."""
+    from tools.vendor_js import differing
+
+    assert differing() == []
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A tree of two packages served on loopback: ``chat/`` as ``kiln compile model.gguf --max-context 192`` makes it,
+    and ``tf/``, the decoder step with every row's logits (128-token context) next to the reference logits as raw
+    float32 files; and Chromium."""
+    from click.testing import CliRunner
+    from playwright.sync_api import sync_playwright
+
+    from kiln.cli import main
+
+    root = tmp_path_factory.mktemp("llm_browser")
+    done = CliRunner().invoke(main, ["compile", str(SMOLLM2), "-o", str(root / "chat"), "--max-context", "192",
+                                     "--device-class", "cpu", "--no-validate"])
+    assert done.exit_code == 0, done.output
+    dg = import_gguf(SMOLLM2, max_context=128)
+    write_package(compile_graph(dg.graph, "webgpu", device_class="cpu", validate=False), root / "tf")
+    for pkg in ("chat", "tf"):  # a page that loads nothing itself, for the scripts below
+        (root / pkg / "blank.html").write_text("<!doctype html><title>blank</title>")
+    ref = np.load(REFERENCE)
+    for name in QUESTIONS:
+        ref[f"{name}_logits"].astype("<f4").tofile(root / "tf" / f"{name}_logits.bin")
+    with serving_tree(root) as url, sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        yield url, browser, ref
+        browser.close()
+
+
+def _page(served, path):
+    url, browser, _ = served
+    page = browser.new_context().new_page()  # a fresh context: an empty Cache API
+    log = ConsoleLog(page)
+    page.goto(url + path)
+    return page, log
+
+
+def test_chat_page_answers_paris_and_caches_the_weights(served):
+    """chat.html, driven as a person would: the weights download with progress, the question typed into the page
+    streams an answer naming Paris with tokens/s shown; reloading the page takes the weights from the browser's
+    cache (no request for them)."""
+    page, log = _page(served, "chat/chat.html")
+    weights = []
+    page.on("request", lambda r: weights.append(r.url) if r.url.endswith(".safetensors") else None)
+    log.wait_for("#ask:not([hidden])")
+    assert "MB downloaded" in page.text_content("#status") and page.evaluate("document.body.dataset.weights") == "downloaded"
+    page.fill("#question", "What is the capital of France?")
+    page.press("#question", "Enter")
+    log.wait_for("body[data-done]", timeout=300_000)
+    answer = page.text_content(".assistant")
+    assert "Paris" in answer, answer
+    assert "tokens/s" in page.text_content("#speed")
+    assert page.get_attribute(".assistant", "data-finish") == "stop"
+    fetched = len(weights)
+    page.reload()
+    log.wait_for("#ask:not([hidden])")
+    assert page.evaluate("document.body.dataset.weights") == "cached", page.text_content("#status")
+    assert len(weights) == fetched == 1
+    page.context.close()
+
+
+#: greedy answers through session.generate and the OpenAI-style surface, the prompts' ids, seeded sampling, and
+#: the errors bad requests get (before any step runs)
+GENERATE = """async ({questions, capitalTokens}) => {
+  const kiln = await import('./kiln.js');
+  const session = await kiln.load('./');
+  const generator = await session.generator();
+  const messages = (q) => [{role: 'user', content: q}];
+  const ids = Object.fromEntries(Object.entries(questions).map(([k, q]) => [k, generator.encode(messages(q))]));
+  const tokens = [];
+  let text = '';
+  for await (const c of session.generate(messages(questions.capital), {maxNewTokens: capitalTokens})) {
+    tokens.push(c.token);
+    text += c.text;
+  }
+  const stats = {...generator.stats, decode: generator.stats.decodeTokensPerS};
+  const sampled = [];
+  for (const seed of [7, 7]) {
+    const run = [];
+    for await (const c of session.generate('Once upon a time', {maxNewTokens: 3, temperature: 1, topK: 40, topP: 0.9,
+      repetitionPenalty: 1.1, seed})) run.push(c.token);
+    sampled.push(run);
+  }
+  const completion = await session.chat.completions.create({messages: messages('Say hi.'), max_tokens: 2,
+    temperature: 0});
+  const errors = [];
+  const refuse = async (f) => {
+    try { await f(); errors.push(null); } catch (e) { errors.push(`${e.name}: ${e.message}`); }
+  };
+  const drain = async (it) => { for await (const _ of it) { /* first step only */ } };
+  await refuse(() => drain(session.generate('word '.repeat(200))));
+  await refuse(() => drain(session.generate('caf\\uDCE9')));
+  await refuse(() => drain(session.generate('Hi', {topP: 0})));
+  await refuse(() => drain(session.generate('Hi', {temprature: 0.5})));
+  await refuse(() => session.chat.completions.create({messages: messages('Hi'), n: 2}));
+  await refuse(() => session.chat.completions.create({messages: [{role: 'user'}]}));
+  return {ids, tokens, text, stats, sampled, completion, errors};
+}"""
+
+
+def test_browser_generation_matches_reference(served):
+    """In Chromium: the vendored tokenizer and chat template give the reference prompt ids of both questions; greedy
+    ``session.generate`` reproduces the capital answer token for token and streams its text; seeded sampling
+    repeats; ``chat.completions.create`` answers OpenAI-shaped; bad requests are one-line errors."""
+    _, _, ref = served
+    page, log = _page(served, "chat/blank.html")
+    want = ref["capital_generated_ids"].tolist()
+    got = log.evaluate(GENERATE, {"questions": QUESTIONS, "capitalTokens": len(want)})
+    for name in QUESTIONS:
+        assert got["ids"][name] == ref[f"{name}_prompt_ids"].tolist()
+    assert want[-1] == 2 and got["tokens"] == want[:-1]  # <|im_end|> ends the answer and is not yielded
+    assert got["text"] == str(ref["capital_generated_text"])
+    assert got["stats"]["promptTokens"] == len(ref["capital_prompt_ids"]) and got["stats"]["stopReason"] == "stop"
+    assert got["stats"]["decode"] > 0
+    assert got["sampled"][0] == got["sampled"][1] and len(got["sampled"][0]) == 3
+    c = got["completion"]
+    assert c["object"] == "chat.completion" and c["choices"][0]["message"]["role"] == "assistant"
+    assert c["choices"][0]["finish_reason"] in ("stop", "length") and c["usage"]["completion_tokens"] <= 2
+    assert c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"]
+    errors = got["errors"]
+    assert "exceeds the package's context of 192 tokens" in errors[0] or "fills the package's context" in errors[0]
+    assert "not valid UTF-8" in errors[1]
+    assert "topP must be in (0, 1]" in errors[2]
+    assert "unknown generate option 'temprature'" in errors[3]
+    assert "n must be 1" in errors[4]
+    assert "a chat message must be" in errors[5]
+    assert all(e.startswith("KilnError") for e in errors), errors
+    page.context.close()
+
+
+@pytest.mark.extended
+def test_browser_greedy_poem(served):
+    """The 64-token poem, greedy, token for token in Chromium (minutes on SwiftShader)."""
+    _, _, ref = served
+    page, log = _page(served, "chat/blank.html")
+    want = ref["poem_generated_ids"].tolist()
+    got = log.evaluate("""async ({question, n}) => {
+      const kiln = await import('./kiln.js');
+      const session = await kiln.load('./');
+      const tokens = [];
+      let text = '';
+      for await (const c of session.generate([{role: 'user', content: question}], {maxNewTokens: n})) {
+        tokens.push(c.token);
+        text += c.text;
+      }
+      return {tokens, text};
+    }""", {"question": QUESTIONS["poem"], "n": len(want)})
+    ended = want[-1] == 2
+    assert got["tokens"] == (want[:-1] if ended else want)
+    assert got["text"] == str(ref["poem_generated_text"])
+    page.context.close()
+
+
+TEACHER_FORCED = """async ({name, ids}) => {
+  const kiln = await import('./kiln.js');
+  const session = await kiln.load('./');
+  const feeds = {input_ids: new kiln.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length])};
+  for (const spec of session.inputs.slice(1)) {
+    feeds[spec.name] = new kiln.Tensor('float32', new Float32Array(0), [1, spec.shape[1], 0, spec.shape[3]]);
+  }
+  const {logits} = await session.run(feeds);
+  const want = new Float32Array(await (await fetch(`${name}_logits.bin`)).arrayBuffer());
+  const vocab = logits.dims[2];
+  let maxErr = 0;
+  const top1 = [];
+  for (let r = 0; r < ids.length; r++) {
+    let best = 0, bestWant = 0;
+    for (let v = 0; v < vocab; v++) {
+      const g = logits.data[r * vocab + v], w = want[r * vocab + v];
+      maxErr = Math.max(maxErr, Math.abs(g - w));
+      if (g > logits.data[r * vocab + best]) best = v;
+      if (w > want[r * vocab + bestWant]) bestWant = v;
+    }
+    top1.push(best === bestWant);
+  }
+  return {maxErr, top1, shape: logits.dims};
+}"""
+
+
+@pytest.mark.parametrize("name", ["capital", pytest.param("poem", marks=pytest.mark.extended)])
+def test_browser_teacher_forced_logits(served, name):
+    """Every position's logits of a reference sequence (prompt + greedy answer, one prefill) in Chromium within 3e-2
+    of the numpy fp32 reference, with the same top-1 token everywhere."""
+    _, _, ref = served
+    rows = len(ref[f"{name}_logits"])
+    ids = np.concatenate([ref[f"{name}_prompt_ids"], ref[f"{name}_generated_ids"]])[:rows].tolist()
+    page, log = _page(served, "tf/blank.html")
+    got = log.evaluate(TEACHER_FORCED, {"name": name, "ids": ids})
+    assert got["shape"] == [1, rows, 49152]
+    assert got["maxErr"] < 3e-2, got["maxErr"]
+    assert all(got["top1"]), json.dumps(got["top1"])
+    page.context.close()
