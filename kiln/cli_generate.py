@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 _SAMPLING = [
-    click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True,
-                 help="The most tokens an answer may have."),
+    click.option("--max-new-tokens", type=click.IntRange(1), default=None,
+                 help="The most tokens an answer may have (default: until the package's context is full)."),
     click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
                  help="0: greedy (the arg max, on the device); > 0: sample from softmax(logits / T)."),
     click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="Sample among the k likeliest (0: all)."),
@@ -27,7 +27,7 @@ def _sampling(f):
     return f
 
 
-def _answer(session, prompt, max_new_tokens: int, sampling: dict) -> str:
+def _answer(session, prompt, max_new_tokens: int | None, sampling: dict) -> str:
     """Stream one answer to stdout; return its text."""
     parts = []
     for chunk in session.generate(prompt, max_new_tokens, **sampling):
@@ -50,7 +50,7 @@ def _stats_line(session) -> str:
 @click.option("--raw", is_flag=True, help="Continue the prompt text as it is, without the chat template.")
 @click.option("--system", default=None, help="A system message before the prompt.")
 @_sampling
-def generate_cmd(package: Path, prompt: str, raw: bool, system: str | None, max_new_tokens: int, **sampling) -> None:
+def generate_cmd(package: Path, prompt: str, raw: bool, system: str | None, max_new_tokens: int | None, **sampling) -> None:
     """Stream a language-model PACKAGE's answer to --prompt (kiln compile MODEL.gguf makes one)."""
     import kiln
 
@@ -65,7 +65,7 @@ def generate_cmd(package: Path, prompt: str, raw: bool, system: str | None, max_
 @click.argument("package", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--system", default=None, help="A system message opening the conversation.")
 @_sampling
-def chat_cmd(package: Path, system: str | None, max_new_tokens: int, **sampling) -> None:
+def chat_cmd(package: Path, system: str | None, max_new_tokens: int | None, **sampling) -> None:
     """Chat with a language-model PACKAGE in the terminal: type a message, read the streamed answer; an empty
     line, /exit or end of input (Ctrl-D) ends, /reset starts a new conversation."""
     import kiln

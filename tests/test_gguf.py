@@ -279,13 +279,45 @@ def test_sampling_is_seeded_and_bad_prompts_are_refused(chat_package):
     runs = [[c.token for c in session.generate("Once upon", 5, seed=s, **opts)] for s in (1, 1, 2)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
     with pytest.raises(KilnError, match="exceeds the package's context of 192 tokens"):
-        session.generate("word " * 200, 8)
+        session.generate("word " * 150, 100)
     with pytest.raises(KilnError, match="not valid UTF-8"):
         session.generate("caf\udce9", 4)
     with pytest.raises(KilnError, match="top_p must be in"):
         session.generate("Hi", 4, top_p=0)
     with pytest.raises(KilnError, match="unknown sampling option"):
         session.generate("Hi", 4, temprature=0.5)
+    with pytest.raises(KilnError, match="fills the package's context of 192 tokens"):
+        session.generate("word " * 300)
+
+
+@needs_model
+def test_stop_strings_end_the_answer(chat_package):
+    """A stop string ends the answer before it (OpenAI's ``stop``): the text streamed is the reference answer up to
+    it, and no piece of the stop string was yielded."""
+    session = kiln.load(chat_package)
+    question = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    chunks = list(session.generate(question, stop=["Paris", "London"]))
+    assert "".join(c.text for c in chunks) == "The capital of France is "
+    assert session.generator.stats.stop_reason == "stop string"
+
+
+def test_text_stream_is_the_decoded_answer(rng):
+    """Incremental detokenization: the pieces :class:`TextStream` yields, token by token, join to the whole
+    answer's decoding, with nothing yielded while a character is split across byte-level tokens (emoji, CJK)."""
+    from tokenizers import Tokenizer
+
+    from kiln.frontend.gguf.tokenizer import tokenizer_json
+    from kiln.runtime.generate import TextStream
+
+    tok = Tokenizer.from_str(tokenizer_json(read_gguf(SMOLLM2).metadata))
+    pool = list("abc xyz,.!?\n") + ["é", "ß", "日本", "😀", "🎉", "Ωμέγα", " Paris", "  "]
+    for _ in range(20):
+        text = "".join(rng.choice(pool, 30))
+        ids = tok.encode(text).ids
+        stream = TextStream(lambda t: tok.decode(t, skip_special_tokens=True))
+        pieces = [stream.push(i) for i in ids]
+        assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True) == text
+        assert not any("\ufffd" in p for p in pieces)
 
 
 def test_sampler_filters(rng):

@@ -167,6 +167,74 @@ def test_browser_generation_matches_reference(served):
     page.context.close()
 
 
+#: generate.js's text handling over a session that replays given tokens (the model's own runs are the tests
+#: above): streamed pieces, stop strings held back and cut, abort, and OpenAI-shaped chunks
+REPLAY = """async ({answer}) => {
+  const kiln = await import('./kiln.js');
+  const {Generator} = await import('./generate.js');
+  const manifest = await (await fetch('manifest.json')).json();
+  const config = manifest.generation;
+  const source = {name: 'replay', bytes: async (path) => (await fetch(path)).arrayBuffer()};
+  const replay = (tokens) => {
+    let at = 0;
+    return {
+      manifest, target: 'wasm', inputs: manifest.inputs,
+      run: async (feeds) => {
+        const out = {[config.next_token]: new kiln.Tensor('int64', BigInt64Array.from([BigInt(tokens[at++] ?? 2)]), [1, 1])};
+        for (const c of config.cache) out[c.present] = feeds[c.past];
+        return out;
+      },
+    };
+  };
+  const run = async (options) => {
+    const generator = await Generator.create(replay(answer), source);
+    const pieces = [];
+    for await (const c of generator.generate('Hi', options)) pieces.push(c.text);
+    return {pieces, stop: generator.stats.stopReason, tokens: generator.stats.newTokens};
+  };
+  const plain = await run({});
+  const stopped = await run({stop: ['Paris.', 'France is P']});
+  const controller = new AbortController();
+  controller.abort();
+  const aborted = await run({signal: controller.signal});
+  const length = await run({maxNewTokens: 3});
+  const {ChatCompletions} = await import('./generate.js');
+  const chat = new ChatCompletions(() => Generator.create(replay(answer), source), 'replay');
+  const chunks = [];
+  for await (const c of await chat.create({messages: [{role: 'user', content: 'Hi'}], stream: true, temperature: 0,
+    stream_options: {include_usage: true}})) chunks.push(c);
+  return {plain, stopped, aborted, length, chunks};
+}"""
+
+
+def test_browser_text_streaming_and_stop_strings(served):
+    """generate.js's text over replayed reference tokens: the streamed pieces join to the reference answer; a stop
+    string cuts the answer before it, and none of its characters were streamed (held back while they might start
+    it); an aborted signal ends after the first token; maxNewTokens ends with 'length'; the OpenAI chunks open with
+    the assistant's role, carry the text, end with finish_reason and then usage."""
+    _, _, ref = served
+    page, log = _page(served, "chat/blank.html")
+    answer = ref["poem_generated_ids"].tolist()
+    got = log.evaluate(REPLAY, {"answer": answer})
+    text = str(ref["poem_generated_text"])
+    assert "".join(got["plain"]["pieces"]) == text and got["plain"]["stop"] in ("stop", "length")
+    cap = [*ref["capital_generated_ids"].tolist()]
+    got = log.evaluate(REPLAY, {"answer": cap})
+    assert "".join(got["plain"]["pieces"]) == "The capital of France is Paris." and got["plain"]["stop"] == "stop"
+    assert "".join(got["stopped"]["pieces"]) == "The capital of " and got["stopped"]["stop"] == "stop"
+    assert not any("France" in p for p in got["stopped"]["pieces"])
+    assert got["aborted"]["tokens"] == 1 and got["aborted"]["stop"] == "abort"
+    assert got["length"]["tokens"] == 3 and got["length"]["stop"] == "length"
+    chunks = got["chunks"]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == "replay" for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == \
+        "The capital of France is Paris."
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == len(cap) - 1
+    page.context.close()
+
+
 @pytest.mark.extended
 def test_browser_greedy_poem(served):
     """The 64-token poem, greedy, token for token in Chromium (minutes on SwiftShader)."""

@@ -8,8 +8,9 @@ token. The cache never leaves the device: each step's ``present`` tensors are GP
 step's ``past``. Greedy decoding reads back only ``next_token`` (8 bytes a step); sampling (temperature, top-k,
 top-p, repetition penalty; seeded) reads back the last row of logits and samples on the host.
 
-Text streams as it is decoded (HF ``TextStreamer``'s rule): the answer so far is decoded again after each token
-and the new characters yielded, except while it ends inside a UTF-8 character (a replacement character).
+Text streams as it is decoded (:class:`TextStream`, the rule of HF text-generation-inference): the last few
+tokens are decoded with and without the newest one and the new characters yielded, except while they end inside a
+UTF-8 character (a replacement character). The browser runtime (kiln/js/generate.js) does the same.
 """
 
 from __future__ import annotations
@@ -121,6 +122,44 @@ class Chunk:
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
+class TextStream:
+    """Incremental detokenization, linear in the answer's length (decoding the whole answer each token is
+    quadratic): :meth:`push` decodes the tokens since the last emitted text with and without the newest token and
+    returns the difference, or ``""`` while it ends inside a UTF-8 character (HF text-generation-inference's
+    ``decode_token``).
+
+    Args:
+        decode: token ids -> text (``tokenizer.decode(ids, skip_special_tokens=True)``).
+    """
+
+    def __init__(self, decode):
+        self.decode = decode
+        self.ids: list[int] = []
+        self.prefix = self.read = 0
+
+    def push(self, token: int) -> str:
+        """The text ``token`` completes ("" while a character is split across tokens)."""
+        self.ids.append(token)
+        before = self.decode(self.ids[self.prefix:self.read]) if self.read > self.prefix else ""
+        after = self.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""
+
+
+def _first_stop(text: str, stops: list[str]) -> int:
+    """Where the first of ``stops`` starts in ``text``, or -1."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(found) if found else -1
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """Characters at the end of ``text`` that may begin a stop string (not yielded yet)."""
+    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])),
+               default=0)
+
+
 class Generator:
     """Generation over a native session of a language-model package.
 
@@ -180,15 +219,17 @@ class Generator:
                 p.release()
         return out, [out.pop(c["present"]) for c in self.config["cache"]]
 
-    def generate(self, prompt: str | list[dict[str, str]], max_new_tokens: int = 256, *,
-                 options: SamplingOptions | None = None, **sampling: Any) -> Iterator[Chunk]:
+    def generate(self, prompt: str | list[dict[str, str]], max_new_tokens: int | None = None, *,
+                 options: SamplingOptions | None = None, stop: list[str] | tuple[str, ...] = (),
+                 **sampling: Any) -> Iterator[Chunk]:
         """Stream the answer to ``prompt`` token by token.
 
         Args:
             prompt: text, or chat messages ``[{"role": "user", "content": ...}]`` (the chat template adds the
                 assistant's turn).
-            max_new_tokens: the most tokens to generate.
+            max_new_tokens: the most tokens to generate (default: until the context is full).
             options, sampling: a :class:`SamplingOptions`, or its fields as keywords (``temperature=0.7``).
+            stop: strings that end the answer (not yielded; as OpenAI's ``stop``).
 
         Yields:
             :class:`Chunk` per generated token; a stop token ends the answer (and is not yielded). ``self.stats``
@@ -204,18 +245,27 @@ class Generator:
             known = ", ".join(SamplingOptions.__dataclass_fields__)
             raise KilnError(f"unknown sampling option in {sorted(sampling)}; known: {known}") from None
         opts.check()
-        if max_new_tokens < 1:
+        if max_new_tokens is not None and max_new_tokens < 1:
             raise KilnError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        if not all(isinstance(x, str) and x for x in stops):
+            raise KilnError(f"stop must be non-empty strings, got {stop!r}")
         ids = self.encode(prompt)
         limit = self.config["max_context"]
         if not ids:
             raise KilnError("the prompt is empty (no tokens)")
+        if len(ids) >= limit:
+            raise KilnError(f"the prompt ({len(ids)} tokens) fills the package's context of {limit} tokens "
+                            "(kiln compile --max-context)")
+        if max_new_tokens is None:
+            max_new_tokens = limit - len(ids)
         if len(ids) + max_new_tokens > limit:
             raise KilnError(f"the prompt ({len(ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the "
                             f"package's context of {limit} tokens (kiln compile --max-context)")
-        return self._stream(ids, max_new_tokens, opts)  # errors above come at the call, not at the first token
+        return self._stream(ids, max_new_tokens, opts, stops)  # errors above come at the call, not the first token
 
-    def _stream(self, ids: list[int], max_new_tokens: int, opts: SamplingOptions) -> Iterator[Chunk]:
+    def _stream(self, ids: list[int], max_new_tokens: int, opts: SamplingOptions,
+                stops: list[str]) -> Iterator[Chunk]:
         rng = np.random.default_rng(opts.seed)
         stats = self.stats = GenerationStats(prompt_tokens=len(ids))
         chunk = self.config["max_tokens"]
@@ -224,8 +274,9 @@ class Generator:
         for start in range(0, len(ids), chunk):  # prefill, in chunks the package's steps take
             out, past = self._step(ids[start:start + chunk], past)
         seen = list(ids)
-        answer: list[int] = []
-        shown = 0  # characters of the answer's text already yielded
+        stream = TextStream(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
+        text = ""  # the answer's text, of which ``shown`` characters were yielded (the rest may start a stop string)
+        shown = 0
         try:
             for n in range(max_new_tokens):
                 if opts.greedy:
@@ -246,13 +297,16 @@ class Generator:
                     break
                 stats.new_tokens += 1
                 seen.append(token)
-                answer.append(token)
-                text = self.tokenizer.decode(answer, skip_special_tokens=True)
-                if text.endswith("\ufffd"):  # a UTF-8 character split across tokens: wait for the rest
-                    yield Chunk(token, "", stats)
-                else:
-                    yield Chunk(token, text[shown:], stats)
-                    shown = len(text)
+                text += stream.push(token)
+                at = _first_stop(text, stops)
+                if at >= 0:
+                    text = text[:at]
+                    stats.stop_reason = "stop string"
+                safe = len(text) if at >= 0 else len(text) - _held_back(text, stops)
+                yield Chunk(token, text[shown:max(shown, safe)], stats)
+                shown = max(shown, safe)
+                if at >= 0:
+                    break
                 if n + 1 < max_new_tokens:
                     out, past = self._step([token], past)
             else:

@@ -423,10 +423,11 @@ class Session(TrainingMixin):
             return {k: to_gpu(v, device=self.device) for k, v in data.items()}
         return to_gpu(data, device=self.device)
 
-    def generate(self, prompt, max_new_tokens: int = 256, **sampling):
+    def generate(self, prompt, max_new_tokens: int | None = None, **sampling):
         """Stream a language-model package's answer to ``prompt`` (text or chat messages), token by token:
-        :meth:`kiln.runtime.generate.Generator.generate` (sampling keywords: ``temperature``, ``top_k``,
-        ``top_p``, ``repetition_penalty``, ``seed``). ``session.generator.stats`` then holds the timings.
+        :meth:`kiln.runtime.generate.Generator.generate` (``max_new_tokens`` default: until the context is full;
+        ``stop`` strings; sampling keywords: ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``,
+        ``seed``). ``session.generator.stats`` then holds the timings.
 
         Raises:
             KilnError: not a language-model package; what ``Generator.generate`` raises.
