@@ -32,7 +32,8 @@ SHARD_BYTES = 256 * 1024 * 1024
 
 #: the browser runtime (ES modules, kiln.js first) and the demo page, copied from kiln/js into every package
 RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "webgl2.js",
-                 "wasm.js", "wasm-worker.js", "train.js", "control.js", "gputensor.js", "dims.js", "index.html")
+                 "wasm.js", "wasm-worker.js", "train.js", "control.js", "gputensor.js", "dims.js", "index.html",
+                 "kiln.css")
 
 #: pages copied into train-step packages besides RUNTIME_FILES (the fine-tuning demo)
 TRAINING_FILES = ("train.html",)

@@ -60,6 +60,7 @@ PAGES = {
     "/index.html": ("rpc.html", "text/html; charset=utf-8"),
     # rpc.js, kiln.js and the runtime's other ES modules (kiln.js imports them)
     **{f"/{f.name}": (f.name, "text/javascript; charset=utf-8") for f in sorted(_JS.glob("*.js"))},
+    "/kiln.css": ("kiln.css", "text/css; charset=utf-8"),  # the pages' shared style sheet
 }
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 

@@ -28,6 +28,7 @@ from kiln.package.format import read_manifest
 #: MIME types of the files a package holds; anything else falls back to :mod:`mimetypes`.
 MIME_TYPES = {
     ".html": "text/html; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
     ".mjs": "text/javascript; charset=utf-8",
     ".json": "application/json",
