@@ -2,8 +2,8 @@
 # Set up a fresh Debian machine for Kiln: system packages, then a virtual environment in .venv
 # with Kiln and its test and examples dependencies. Safe to run again.
 #   apt: chromium (browser tests and `kiln serve`), mesa-vulkan-drivers (lavapipe: WebGPU on the CPU
-#   through wgpu-py when there is no GPU), python3-venv, nodejs and npm (the browser embeddings example vendors
-#   its tokenizer library from npm: examples/web/embeddings/package-lock.json pins it; tsc, which type-checks the
+#   through wgpu-py when there is no GPU), python3-venv, nodejs and npm (the libraries language-model packages vendor
+#   are pinned by kiln/js/vendor/package-lock.json and checked against npm ci's copies; tsc, which type-checks the
 #   browser runtime against the manifest's types, is pinned by tools/typecheck/package-lock.json).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -23,8 +23,6 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test,examples]"
-# the browser embeddings example's tokenizer library (exact version and integrity from its package-lock.json)
-(cd examples/web/embeddings && npm ci --no-audit --no-fund --loglevel=error)
 # TypeScript for tests/test_manifest_schema.py's type check of kiln/js (exact version from its package-lock.json)
 # the libraries language-model packages vendor (kiln/js/vendor: tests compare the committed copies with these)
 (cd kiln/js/vendor && npm ci --no-audit --no-fund --loglevel=error)

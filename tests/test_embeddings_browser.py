@@ -6,7 +6,6 @@ the mask, L2-normalise)."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 
 import numpy as np
@@ -23,8 +22,6 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (Debian package chromium)"),
     pytest.mark.skipif(not SHARED_MODELS.is_dir(), reason="needs ../shared/models"),
-    pytest.mark.skipif(shutil.which("npm") is None and not (embeddings_web.PAGE / embeddings_web.TOKENIZERS_JS).is_dir(),
-                       reason="npm is missing (Debian packages nodejs and npm; bash setup.sh installs them)"),
 ]
 
 TOKENIZER_DIR = SHARED_MODELS / "all_minilm_l6_v2_tokenizer"
