@@ -255,7 +255,6 @@ export class Session {
     /** Bytes of weights this load downloaded and took from the browser's cache: `{downloaded, cached}`. */
     this.weightsOrigin = {...source.origin};
     /** @private @type {Promise<import('./generate.js').Generator> | null} */ this.generatorPromise = null;
-    /** @private @type {Promise<import('./generate.js').ChatCompletions> | null} */ this.chatSurface = null;
     /** @private @type {Promise<unknown>} runs are serialised: backends reuse their staging memory */
     this.queue = Promise.resolve();
   }
@@ -465,13 +464,13 @@ export class Session {
    * @returns {{completions: import('./generate.js').ChatCompletions}}
    */
   get chat() {
-    if (!this.chatSurface) {
-      const model = this.manifest.name ?? this.manifest.source ?? 'kiln';
-      const generator = () => this.generator();
-      this.chatSurface = import('./generate.js').then(({ChatCompletions}) => new ChatCompletions(generator, model));
-    }
-    const surface = this.chatSurface;
-    return {completions: /** @type {any} */ ({create: async (request) => (await surface).create(request)})};
+    const create = async (request) => {
+      await this.generator();  // a package that is not a language model: that error, not a failed import
+      const {ChatCompletions} = await import('./generate.js');
+      return new ChatCompletions(() => this.generator(), this.manifest.name ?? this.manifest.source ?? 'kiln')
+        .create(request);
+    };
+    return {completions: /** @type {any} */ ({create})};
   }
 
   /** Free the session's device memory (and its device, unless shared); the session cannot run afterwards. */

@@ -270,14 +270,15 @@ class Generator:
         stats = self.stats = GenerationStats(prompt_tokens=len(ids))
         chunk = self.config["max_tokens"]
         past = self._empty_cache()
-        t0 = time.perf_counter()
-        for start in range(0, len(ids), chunk):  # prefill, in chunks the package's steps take
-            out, past = self._step(ids[start:start + chunk], past)
+        out: dict[str, Any] = {}
         seen = list(ids)
         stream = TextStream(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
         text = ""  # the answer's text, of which ``shown`` characters were yielded (the rest may start a stop string)
         shown = 0
         try:
+            t0 = time.perf_counter()
+            for start in range(0, len(ids), chunk):  # prefill, in chunks the package's steps take
+                out, past = self._step(ids[start:start + chunk], past)
             for n in range(max_new_tokens):
                 if opts.greedy:
                     token = int(out[self.config["next_token"]].numpy().reshape(-1)[-1])
@@ -312,5 +313,6 @@ class Generator:
             else:
                 stats.stop_reason = "max_new_tokens"
         finally:
-            for p in past:
-                p.release()
+            for t in [*past, *out.values()]:
+                if hasattr(t, "release"):  # GPU tensors (the empty cache is numpy); a release twice is harmless
+                    t.release()
