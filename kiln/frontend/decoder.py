@@ -19,18 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kiln.arith import symbolic
+from kiln.frontend.shapes import reshape, transpose
 from kiln.ir.graph import Builder, Value
-
-
-def reshape(b: Builder, v: Value, shape) -> Value:
-    """``v`` viewed as ``shape`` (ints or size expressions)."""
-    shape = symbolic.shape(shape)
-    return v if tuple(shape) == tuple(v.shape) else b.op("Reshape", [v], shape=shape)
-
-
-def transpose(b: Builder, v: Value, perm) -> Value:
-    """``v`` with its axes permuted by ``perm``."""
-    return v if list(perm) == list(range(len(perm))) else b.op("Transpose", [v], perm=tuple(perm))
 
 
 def inv_rms(b: Builder, x: Value, axes: tuple[int, ...], eps: float) -> Value:

@@ -25,6 +25,7 @@ from kiln.errors import KilnError
 from kiln.frontend import decoder
 from kiln.frontend.decoder import Packed
 from kiln.frontend.gguf.reader import Config, GGUFModel, PackedTensor, read_gguf
+from kiln.frontend.shapes import reshape
 from kiln.ir.graph import Builder, Graph, Value
 
 __all__ = ["Config", "DecoderGraph", "GGUFModel", "import_gguf", "read_gguf"]
@@ -132,9 +133,9 @@ def import_gguf(path: str | os.PathLike, *, max_context: int = 2048, max_tokens:
         q = decoder.linear(b, h, w("attn_q.weight"), bias("attn_q.bias"))
         k = decoder.linear(b, h, w("attn_k.weight"), bias("attn_k.bias"))
         v = decoder.linear(b, h, w("attn_v.weight"), bias("attn_v.bias"))
-        q = decoder.rotary(b, decoder.reshape(b, q, (1, seq, c.heads, hd)), rope, pos)
-        k = decoder.rotary(b, decoder.reshape(b, k, (1, seq, kv, hd)), rope, pos)
-        v = decoder.reshape(b, v, (1, seq, kv, hd))
+        q = decoder.rotary(b, reshape(b, q, (1, seq, c.heads, hd)), rope, pos)
+        k = decoder.rotary(b, reshape(b, k, (1, seq, kv, hd)), rope, pos)
+        v = reshape(b, v, (1, seq, kv, hd))
         past_k, past_v = g.inputs[1 + 2 * layer], g.inputs[2 + 2 * layer]
         ctx, pk, pv = decoder.causal_attention(b, q, k, v, past_k, past_v, scale)
         presents += [pk, pv]

@@ -20,6 +20,7 @@ from kiln.errors import KilnError, ShapeError
 from kiln.frontend import decoder
 from kiln.frontend.onnx.ops.attention import rotary_embedding
 from kiln.frontend.onnx.registry import onnx_op
+from kiln.frontend.shapes import reshape
 from kiln.ir.graph import Builder, Value
 
 MS = "com.microsoft"
@@ -72,7 +73,7 @@ def group_query_attention(b: Builder, query: Value, key: Value | None = None, va
     valid = b.op("Add", [b.op("Cast", [seqlens_k], to="int32"), b.const(np.array(1, np.int32))])  # [B]
     start = b.op("Sub", [valid, decoder.dim_value(b, s)])
     t = b.op("Iota", [], shape=(s,), start=0, delta=1, dtype="int32")
-    positions = b.op("Add", [decoder.reshape(b, start, (bsz, 1)), decoder.reshape(b, t, (1, s))])  # [B, S]
+    positions = b.op("Add", [reshape(b, start, (bsz, 1)), reshape(b, t, (1, s))])  # [B, S]
     if position_ids is not None:
         positions = b.op("Cast", [position_ids], to="int32")
     if do_rotary:
@@ -83,9 +84,9 @@ def group_query_attention(b: Builder, query: Value, key: Value | None = None, va
                                  num_heads=num_heads, rotary_embedding_dim=rotary_dim)
         key = rotary_embedding(b, key, cos_cache, sin_cache, positions, interleaved=rotary_interleaved,
                                num_heads=kv_num_heads, rotary_embedding_dim=rotary_dim)
-    q = decoder.reshape(b, query, (bsz, s, num_heads, hd))
-    k = decoder.reshape(b, key, (bsz, s, kv_num_heads, hd))
-    v = decoder.reshape(b, value, (bsz, s, kv_num_heads, hd))
+    q = reshape(b, query, (bsz, s, num_heads, hd))
+    k = reshape(b, key, (bsz, s, kv_num_heads, hd))
+    v = reshape(b, value, (bsz, s, kv_num_heads, hd))
     out, present_k, present_v = decoder.causal_attention(
         b, q, k, v, past_key, past_value, scale or 1.0 / math.sqrt(hd), positions=positions, valid=valid,
         window=local_window_size, softcap=softcap, sink=bool(smooth_softmax))

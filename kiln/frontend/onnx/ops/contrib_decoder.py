@@ -19,6 +19,7 @@ from kiln.frontend.onnx.ops.attention import rotary_embedding
 from kiln.frontend.onnx.ops.common import norm_axis
 from kiln.frontend.onnx.ops.norm import _scalar
 from kiln.frontend.onnx.registry import onnx_op
+from kiln.frontend.shapes import reshape
 from kiln.ir.graph import Builder, Value
 
 MS = "com.microsoft"
@@ -172,11 +173,11 @@ def skip_simplified_layer_norm(b: Builder, x: Value, skip: Value, gamma: Value, 
 
 def _positions(b: Builder, start: Value, seq) -> Value:
     """``[1, seq]``: the positions ``start .. start + seq - 1`` of a one-element ``position_ids``."""
-    start = decoder.reshape(b, start, (1, 1))
+    start = reshape(b, start, (1, 1))
     if symbolic.is_static((seq,)):
         steps = b.const(np.arange(int(seq)).reshape(1, -1), dtype=start.dtype)
     else:
-        steps = decoder.reshape(b, b.op("Iota", [], shape=(seq,), start=0, delta=1, dtype=start.dtype), (1, seq))
+        steps = reshape(b, b.op("Iota", [], shape=(seq,), start=0, delta=1, dtype=start.dtype), (1, seq))
     return b.op("Add", [start, steps])
 
 

@@ -10,15 +10,10 @@ from kiln.arith import symbolic
 from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.ops.common import norm_axis
 from kiln.frontend.onnx.registry import onnx_op
+from kiln.frontend.shapes import reshape, transpose
 from kiln.ir.graph import Builder, Value
 
-
-def _reshape(b: Builder, v: Value, shape: tuple[int, ...]) -> Value:
-    if tuple(shape) == v.shape:
-        return v
-    if v.is_const:
-        return b.const(v.const.reshape(shape), name=v.name)
-    return b.op("Reshape", [v], shape=symbolic.shape(shape))
+_reshape = reshape  # the name the converters import
 
 
 def auto_pads(auto_pad: str, sizes, kernel, strides, dilations, pads) -> list[int]:
@@ -82,15 +77,6 @@ def _matmul(b: Builder, a: Value, c: Value) -> Value:
 def matmul(b: Builder, a: Value, c: Value) -> Value:
     """ONNX MatMul-1/9/13: numpy.matmul."""
     return _matmul(b, a, c)
-
-
-def transpose(b: Builder, v: Value, perm: tuple[int, ...]) -> Value:
-    """Transpose ``v`` by ``perm``, folded at compile time for constants."""
-    if list(perm) == list(range(len(perm))):
-        return v
-    if v.is_const:
-        return b.const(np.ascontiguousarray(np.transpose(v.const, perm)), name=v.name + "_T")
-    return b.op("Transpose", [v], perm=tuple(perm))
 
 
 @onnx_op("Gemm", since=7)
