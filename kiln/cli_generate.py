@@ -21,10 +21,27 @@ _SAMPLING = [
 ]
 
 
+_RUNTIME = [
+    click.option("--target", type=click.Choice(["webgpu", "wasm", "cpu"]), default="webgpu", show_default=True,
+                 help="The package's target to run: webgpu (wgpu-py), wasm (wasmtime) or cpu (native C for this machine)."),
+    click.option("--threads", type=click.IntRange(1), default=None,
+                 help="Threads of the wasm and cpu targets (default: wasm 1, cpu every core)."),
+]
+
+
 def _sampling(f):
-    for option in reversed(_SAMPLING):
+    for option in reversed(_RUNTIME + _SAMPLING):
         f = option(f)
     return f
+
+
+def _load(package: Path, target: str, threads: int | None):
+    """The session of ``package``'s ``target`` (``threads`` for wasm and cpu)."""
+    import kiln
+
+    if threads is not None and target == "webgpu":
+        raise click.UsageError("--threads is for the wasm and cpu targets")
+    return kiln.load(package, target=target, **({"threads": threads} if threads is not None else {}))
 
 
 def _answer(session, prompt, max_new_tokens: int | None, sampling: dict) -> str:
@@ -50,11 +67,10 @@ def _stats_line(session) -> str:
 @click.option("--raw", is_flag=True, help="Continue the prompt text as it is, without the chat template.")
 @click.option("--system", default=None, help="A system message before the prompt.")
 @_sampling
-def generate_cmd(package: Path, prompt: str, raw: bool, system: str | None, max_new_tokens: int | None, **sampling) -> None:
+def generate_cmd(package: Path, prompt: str, raw: bool, system: str | None, max_new_tokens: int | None,
+                 target: str, threads: int | None, **sampling) -> None:
     """Stream a language-model PACKAGE's answer to --prompt (kiln compile MODEL.gguf makes one)."""
-    import kiln
-
-    session = kiln.load(package)
+    session = _load(package, target, threads)
     messages = prompt if raw else ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": prompt}]
     _answer(session, messages, max_new_tokens, sampling)
@@ -65,12 +81,14 @@ def generate_cmd(package: Path, prompt: str, raw: bool, system: str | None, max_
 @click.argument("package", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--system", default=None, help="A system message opening the conversation.")
 @_sampling
-def chat_cmd(package: Path, system: str | None, max_new_tokens: int | None, **sampling) -> None:
+def chat_cmd(package: Path, system: str | None, max_new_tokens: int | None, target: str, threads: int | None,
+             **sampling) -> None:
     """Chat with a language-model PACKAGE in the terminal: type a message, read the streamed answer; an empty
-    line, /exit or end of input (Ctrl-D) ends, /reset starts a new conversation."""
-    import kiln
+    line, /exit or end of input (Ctrl-D) ends, /reset starts a new conversation. A conversation that outgrows
+    the package's context is refused with the error, and the conversation goes on (or /reset)."""
+    from kiln.errors import KilnError
 
-    session = kiln.load(package)
+    session = _load(package, target, threads)
     click.echo(f"kiln chat: {package} ({session.manifest.get('name', '')}); /reset, /exit", err=True)
     opening = [{"role": "system", "content": system}] if system else []
     messages = list(opening)
@@ -86,6 +104,11 @@ def chat_cmd(package: Path, system: str | None, max_new_tokens: int | None, **sa
             messages = list(opening)
             continue
         messages.append({"role": "user", "content": line})
-        answer = _answer(session, messages, max_new_tokens, sampling)
+        try:
+            answer = _answer(session, messages, max_new_tokens, sampling)
+        except KilnError as e:  # (raised before any token: nothing was printed)
+            messages.pop()
+            click.echo(f"error: {e}; /reset starts a new conversation", err=True)
+            continue
         messages.append({"role": "assistant", "content": answer})
         click.echo(_stats_line(session), err=True)

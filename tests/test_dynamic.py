@@ -194,9 +194,16 @@ def models(tmp_path_factory):
         model = build(rng)
         path = tmp_path_factory.mktemp("dyn") / f"{name}.onnx"
         onnx.save(model, str(path))
-        pkg = kiln.compile(path, path.with_suffix(""), dims=dims, device_class="cpu")
+        pkg = kiln.compile(path, path.with_suffix(""), dims=dims, device_class="cpu", target="webgpu,wasm,cpu")
         out[name] = (path, pkg, kiln.load(pkg, poison=True))
     return out
+
+
+@pytest.fixture(scope="module")
+def c_sessions(models):
+    """The wasm (wasmtime) and cpu sessions of the same packages, NaN-poisoned."""
+    return {(name, target): kiln.load(pkg, target=target, poison=True)
+            for name, (_, pkg, _) in models.items() for target in ("wasm", "cpu")}
 
 
 def _feeds(name, b, s, rng):
@@ -221,6 +228,29 @@ def test_one_package_many_shapes(models, name, rng):
             assert got[n].shape == want.shape, (n, b, s)
             assert got[n].dtype == want.dtype, (n, b, s)
             np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-4, err_msg=f"{name}.{n} at batch={b} seq={s}")
+
+
+@pytest.mark.parametrize("target", ["wasm", "cpu"])
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_c_targets_many_shapes(models, c_sessions, name, target, rng):
+    """The C targets run the same packages: kernels read the dims from ``kiln_dims``, each step's tiles are
+    its ``tiles`` size expression, inputs are written and outputs read at their run-time shapes."""
+    path = models[name][0]
+    session = c_sessions[name, target]
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in ref.get_outputs()]
+    for b, s in SHAPES:
+        feeds = _feeds(name, b, s, rng)
+        got = session.run(feeds)
+        for n, want in zip(names, ref.run(None, feeds)):
+            assert got[n].shape == want.shape and got[n].dtype == want.dtype, (n, b, s)
+            np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-4, err_msg=f"{target} {name}.{n} at {b}x{s}")
+    plan = session.manifest["targets"][target]["plan"]
+    assert any("tiles" in step for step in plan)
+    for step in plan:  # the recorded total is the tiles at the upper bounds
+        if "tiles" in step:
+            top = {d["name"]: d["max"] for d in session.manifest["dynamic_dims"]}
+            assert eval_json(step["tiles"], top) == step["total"]
 
 
 def test_manifest(models):
@@ -262,9 +292,9 @@ def test_bad_feeds(models):
 
 def test_compile_errors(models, tmp_path):
     path, _, _ = models["attention"]
-    with pytest.raises(KilnError, match=r"run-time dims \(batch=1\.\.4, seq=1\.\.16\) are supported by the webgpu "
-                                        r"target only"):
-        kiln.compile(path, tmp_path / "w", dims=DIMS, target="webgpu,wasm")
+    with pytest.raises(KilnError, match=r"run-time dims \(batch=1\.\.4, seq=1\.\.16\) are supported by the webgpu, "
+                                        r"wasm, cpu targets \(asked for webgl2\)"):
+        kiln.compile(path, tmp_path / "w", dims=DIMS, target="webgpu,webgl2")
     with pytest.raises(KilnError, match="name no input dim"):
         kiln.compile(path, tmp_path / "u", dims={"sequence": (1, 8)})
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])

@@ -1,5 +1,6 @@
-"""Run-time dims in headless Chromium (kiln.js, WebGPU on SwiftShader): MiniLM at two shapes from one package
-and one session, against onnxruntime; bad shapes are refused with a ShapeError naming the input and the dim."""
+"""Run-time dims in headless Chromium (kiln.js, WebGPU on SwiftShader, and WebAssembly): MiniLM at two shapes from
+one package and one session, against onnxruntime; bad shapes are refused with a ShapeError naming the input and the
+dim."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ pytestmark = [
 MODEL = SHARED_MODELS / "all_minilm_l6_v2.onnx"
 
 #: loads the package once, then runs it on each base64 int64 feed set; returns the outputs as base64 float32
-RUN_SHAPES = """async (runs) => {
+RUN_SHAPES = """async ({runs, target}) => {
   const kiln = await import('./kiln.js');
-  const session = await kiln.load('./', {target: 'webgpu', poison: true});
+  const session = await kiln.load('./', {target, poison: true});
   const decode = (text) => new BigInt64Array(Uint8Array.from(atob(text), (c) => c.charCodeAt(0)).buffer);
   const results = [];
   try {
@@ -58,8 +59,15 @@ def _feeds(rng, batch, seq):
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((batch, seq), np.int64)}
 
 
-def test_minilm_two_shapes_one_package(browser, tmp_path, rng):
-    pkg = kiln.compile(MODEL, tmp_path / "minilm", dims={"batch": (1, 4), "seq": (1, 64, 16)}, device_class="cpu")
+@pytest.fixture(scope="module")
+def minilm_package(tmp_path_factory):
+    return kiln.compile(MODEL, tmp_path_factory.mktemp("dyn") / "minilm", dims={"batch": (1, 4), "seq": (1, 64, 16)},
+                        device_class="cpu", target="webgpu,wasm")
+
+
+@pytest.mark.parametrize("target", ["webgpu", "wasm"])
+def test_minilm_two_shapes_one_package(browser, minilm_package, rng, target):
+    pkg = minilm_package
     runs = [_feeds(rng, 1, 7), _feeds(rng, 2, 12)]
     wire = [{k: {"dims": list(v.shape), "data": base64.b64encode(v.tobytes()).decode()} for k, v in f.items()}
             for f in runs]
@@ -68,7 +76,7 @@ def test_minilm_two_shapes_one_package(browser, tmp_path, rng):
     try:
         with serving(pkg) as url:
             page.goto(url + "manifest.json")
-            results = log.evaluate(RUN_SHAPES, wire)
+            results = log.evaluate(RUN_SHAPES, {"runs": wire, "target": target})
     finally:
         page.close()
     ref = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])

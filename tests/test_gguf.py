@@ -48,7 +48,7 @@ def _package(tmp_path, graph, target="webgpu", **kw):
 
 
 @pytest.mark.parametrize("fmt,bits,target", [("f16x2", 4, "webgpu"), ("f32", 4, "webgpu"), ("f16x2", 8, "webgpu"),
-                                             ("f16x2", 4, "wasm"), ("f16x2", 8, "cpu")])
+                                             ("f16x2", 4, "wasm"), ("f16x2", 4, "cpu"), ("f16x2", 8, "cpu")])
 def test_packed_kernels_native(tmp_path, rng, fmt, bits, target):
     """MatMulNBits and GatherBlockQuantized on WebGPU (wgpu), wasm and cpu against their numpy semantics, fresh
     packed weights with every bit pattern, f16 scales with subnormal and zero values."""
@@ -58,6 +58,8 @@ def test_packed_kernels_native(tmp_path, rng, fmt, bits, target):
     if fmt == "f16x2":
         halves = rng.standard_normal((n, k // 32, 2)).astype(np.float16)
         halves[0, 0] = [np.float16(3e-6), np.float16(0)]  # a subnormal scale and a zero offset
+        halves[1, 1] = [np.float16(-6.1e-5), np.float16(-0.0)]  # a negative subnormal scale, a negative zero offset
+        halves[2, 2] = [np.float16(6.1035e-5), np.float16(-5e-7)]  # the smallest normal, a negative subnormal
         scales = [halves.view(np.uint16).astype(np.uint32)[..., 0] | (halves.view(np.uint16).astype(np.uint32)[..., 1]
                                                                        << 16)]
         scales = [scales[0].view(np.int32)]
@@ -77,7 +79,11 @@ def test_packed_kernels_native(tmp_path, rng, fmt, bits, target):
     iv = np.array([[0, n - 1], [-1, 5]])
     want_y = ops.get("MatMulNBits").evaluate([xv, packed, *scales], attrs)[0]
     want_e = ops.get("GatherBlockQuantized").evaluate([packed, iv, *scales], attrs)[0]
-    out = _package(tmp_path, g, target).run({"x": xv, "ids": iv})
+    session = _package(tmp_path, g, target)
+    out = session.run({"x": xv, "ids": iv})
+    if target in ("wasm", "cpu"):  # the dequantizing product runs as vectors (kiln_f32x4_half_lo of the preludes)
+        kernels = session.manifest["targets"][target]["kernels"]
+        assert all(k["vectorized"] for k in kernels if k["ops"] == ["MatMulNBits"])
     np.testing.assert_allclose(out[y.name], want_y, rtol=1e-4, atol=1e-3 * np.abs(want_y).max())
     np.testing.assert_array_equal(out[e.name], want_e)
 
@@ -216,14 +222,15 @@ def test_tokenizer_and_chat_template_match_reference():
 # ----------------------------------------------------------------------------- generation
 @pytest.fixture(scope="module")
 def chat_package(tmp_path_factory):
-    """SmolLM2 as ``kiln compile model.gguf`` makes it (last-row logits, on-device arg max), 192-token context."""
+    """SmolLM2 as ``kiln compile model.gguf --target webgpu,wasm,cpu`` makes it (last-row logits, on-device arg max),
+    192-token context."""
     from click.testing import CliRunner
 
     from kiln.cli import main
 
     out = tmp_path_factory.mktemp("chat") / "smollm2"
     done = CliRunner().invoke(main, ["compile", str(SMOLLM2), "-o", str(out), "--max-context", "192",
-                                     "--device-class", "cpu", "--no-validate"])
+                                     "--device-class", "cpu", "--no-validate", "--target", "webgpu,wasm,cpu"])
     assert done.exit_code == 0, done.output
     return out
 
@@ -252,11 +259,13 @@ def test_kiln_compile_gguf_package(chat_package, tmp_path):
 
 
 @needs_model
-def test_greedy_generation_reproduces_reference_answers(chat_package):
-    """``session.generate`` over chat messages: greedy decoding (the arg max read back, the cache kept on the
-    device) reproduces both reference answers token for token and stops at ``<|im_end|>``; the streamed text
-    is the reference text."""
-    session = kiln.load(chat_package)
+@pytest.mark.parametrize("target", ["webgpu", "wasm", "cpu"])
+def test_greedy_generation_reproduces_reference_answers(chat_package, target):
+    """``session.generate`` over chat messages: greedy decoding (the arg max read back; on WebGPU the cache kept on
+    the device, on wasm (wasmtime) and cpu kernels over run-time dims and the cache through host arrays)
+    reproduces both reference answers token for token and stops at ``<|im_end|>``; the streamed text is the
+    reference text."""
+    session = kiln.load(chat_package, target=target)
     ref = np.load(REFERENCE)
     for name, question in [("capital", "What is the capital of France? Answer in one sentence."),
                            ("poem", "Write a short poem about the sea.")]:
@@ -351,6 +360,14 @@ def test_kiln_generate_and_chat_in_tmux(chat_package, tmp_path):
                                      "--max-new-tokens", "3"])
     assert done.exit_code == 0, done.output
     assert done.output.startswith(want) and want.strip()
+    done = CliRunner().invoke(main, ["generate", str(chat_package), "--raw", "--prompt", "The sea is",
+                                     "--max-new-tokens", "3", "--target", "cpu"])
+    assert done.exit_code == 0 and done.output.startswith(want), done.output
+    # a message that outgrows the context is refused and the conversation goes on
+    done = CliRunner().invoke(main, ["chat", str(chat_package), "--target", "cpu", "--max-new-tokens", "8"],
+                              input="word " * 200 + "\nWhat is the capital of France?\n")
+    assert done.exit_code == 0, done.output
+    assert "fills the package's context of 192 tokens" in done.output and "Paris" in done.output
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")
     kiln_bin = ROOT / ".venv" / "bin" / "kiln"

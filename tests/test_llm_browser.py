@@ -1,9 +1,10 @@
-"""SmolLM2 in headless Chromium (kiln.js on WebGPU/SwiftShader): the package's chat page, ``session.generate`` and
-``session.chat.completions.create``, the vendored tokenizer and chat template, and teacher-forced logits, against
-the numpy reference (``../shared/models/reference/smollm2_135m_reference.npz``).
+"""SmolLM2 in headless Chromium (kiln.js on WebGPU/SwiftShader and on WebAssembly): the package's chat page,
+``session.generate`` and ``session.chat.completions.create``, the vendored tokenizer and chat template, and
+teacher-forced logits, against the numpy reference (``../shared/models/reference/smollm2_135m_reference.npz``).
 
-SwiftShader runs the model at about a token a second, so CI runs the capital question; the poem (64 tokens, 102
-rows) runs with ``pytest tests/test_llm_browser.py --extended``.
+SwiftShader runs the model at about a token a second, so CI runs the capital question there; the poem (64 tokens,
+102 rows) on WebGPU runs with ``pytest tests/test_llm_browser.py --extended``. WebAssembly is fast enough for both
+in CI.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ def test_vendored_libraries_match_npm():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """A tree of two packages served on loopback: ``chat/`` as ``kiln compile model.gguf --max-context 192`` makes it,
-    and ``tf/``, the decoder step with every row's logits (128-token context) next to the reference logits as raw
-    float32 files; and Chromium."""
+    """A tree of two packages served on loopback: ``chat/`` as ``kiln compile model.gguf --max-context 192 --target
+    webgpu,wasm`` makes it, and ``tf/``, the decoder step with every row's logits (128-token context, both targets)
+    next to the reference logits as raw float32 files; and Chromium."""
     from click.testing import CliRunner
     from playwright.sync_api import sync_playwright
 
@@ -51,10 +52,10 @@ def served(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("llm_browser")
     done = CliRunner().invoke(main, ["compile", str(SMOLLM2), "-o", str(root / "chat"), "--max-context", "192",
-                                     "--device-class", "cpu", "--no-validate"])
+                                     "--device-class", "cpu", "--no-validate", "--target", "webgpu,wasm"])
     assert done.exit_code == 0, done.output
     dg = import_gguf(SMOLLM2, max_context=128)
-    write_package(compile_graph(dg.graph, "webgpu", device_class="cpu", validate=False), root / "tf")
+    write_package(compile_graph(dg.graph, "webgpu,wasm", device_class="cpu", validate=False), root / "tf")
     for pkg in ("chat", "tf"):  # a page that loads nothing itself, for the scripts below
         (root / pkg / "blank.html").write_text("<!doctype html><title>blank</title>")
     ref = np.load(REFERENCE)
@@ -235,32 +236,37 @@ def test_browser_text_streaming_and_stop_strings(served):
     page.context.close()
 
 
-@pytest.mark.extended
-def test_browser_greedy_poem(served):
-    """The 64-token poem, greedy, token for token in Chromium (minutes on SwiftShader)."""
+@pytest.mark.parametrize("name,target,threads", [pytest.param("poem", "webgpu", None, marks=pytest.mark.extended),
+                                                 ("capital", "wasm", 1), ("poem", "wasm", 2)])
+def test_browser_greedy_answers(served, name, target, threads):
+    """A reference answer, greedy, token for token in Chromium: on WebAssembly (one thread, and two worker threads
+    over shared memory: the page is cross-origin isolated) both answers; on WebGPU the poem with --extended (minutes on
+    SwiftShader; the capital answer is in test_browser_generation_matches_reference)."""
     _, _, ref = served
     page, log = _page(served, "chat/blank.html")
-    want = ref["poem_generated_ids"].tolist()
-    got = log.evaluate("""async ({question, n}) => {
+    want = ref[f"{name}_generated_ids"].tolist()
+    got = log.evaluate("""async ({question, n, target, threads}) => {
       const kiln = await import('./kiln.js');
-      const session = await kiln.load('./');
+      const session = await kiln.load('./', {target, ...(threads ? {threads} : {})});
       const tokens = [];
       let text = '';
       for await (const c of session.generate([{role: 'user', content: question}], {maxNewTokens: n})) {
         tokens.push(c.token);
         text += c.text;
       }
-      return {tokens, text};
-    }""", {"question": QUESTIONS["poem"], "n": len(want)})
+      return {tokens, text, threads: session.adapterInfo.device};
+    }""", {"question": QUESTIONS[name], "n": len(want), "target": target, "threads": threads})
     ended = want[-1] == 2
     assert got["tokens"] == (want[:-1] if ended else want)
-    assert got["text"] == str(ref["poem_generated_text"])
+    assert got["text"] == str(ref[f"{name}_generated_text"])
+    if target == "wasm":
+        assert got["threads"] == f"{threads} thread{'s' if threads > 1 else ''}", got["threads"]
     page.context.close()
 
 
-TEACHER_FORCED = """async ({name, ids}) => {
+TEACHER_FORCED = """async ({name, ids, target}) => {
   const kiln = await import('./kiln.js');
-  const session = await kiln.load('./');
+  const session = await kiln.load('./', {target});
   const feeds = {input_ids: new kiln.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length])};
   for (const spec of session.inputs.slice(1)) {
     feeds[spec.name] = new kiln.Tensor('float32', new Float32Array(0), [1, spec.shape[1], 0, spec.shape[3]]);
@@ -280,19 +286,22 @@ TEACHER_FORCED = """async ({name, ids}) => {
     }
     top1.push(best === bestWant);
   }
-  return {maxErr, top1, shape: logits.dims};
+  return {maxErr, top1, shape: logits.dims, target: session.target};
 }"""
 
 
-@pytest.mark.parametrize("name", ["capital", pytest.param("poem", marks=pytest.mark.extended)])
-def test_browser_teacher_forced_logits(served, name):
+@pytest.mark.parametrize("name,target", [("capital", "webgpu"), pytest.param("poem", "webgpu", marks=pytest.mark.extended),
+                                         ("capital", "wasm"), ("poem", "wasm")])
+def test_browser_teacher_forced_logits(served, name, target):
     """Every position's logits of a reference sequence (prompt + greedy answer, one prefill) in Chromium within 3e-2
-    of the numpy fp32 reference, with the same top-1 token everywhere."""
+    of the numpy fp32 reference, with the same top-1 token everywhere, on WebGPU and on WebAssembly (the page is
+    cross-origin isolated: worker threads over shared memory)."""
     _, _, ref = served
     rows = len(ref[f"{name}_logits"])
     ids = np.concatenate([ref[f"{name}_prompt_ids"], ref[f"{name}_generated_ids"]])[:rows].tolist()
     page, log = _page(served, "tf/blank.html")
-    got = log.evaluate(TEACHER_FORCED, {"name": name, "ids": ids})
+    got = log.evaluate(TEACHER_FORCED, {"name": name, "ids": ids, "target": target})
+    assert got["target"] == target
     assert got["shape"] == [1, rows, 49152]
     assert got["maxErr"] < 3e-2, got["maxErr"]
     assert all(got["top1"]), json.dumps(got["top1"])

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kiln.arith.expr import Bin, Call, Cast, Const, Expr
+from kiln.arith.expr import Bin, Call, Cast, Const, Expr, SizeVar
 from kiln.codegen.cstyle import CStyle
 from kiln.te.loops import Barrier, BufLoad, For, LoweredKernel
 
@@ -56,6 +56,11 @@ static inline int kiln_f2i(float x) {
 }
 #endif
 #define KILN_INF __builtin_inff()
+
+// run-time dims (docs/dynamic-shapes.md): dim i in word i, written by the runtime before a run, read by kernels
+#define KILN_MAX_DIMS 32
+int kiln_dims[KILN_MAX_DIMS];
+KILN_EXPORT("kiln_dims") int* kiln_dims_address(void) { return kiln_dims; }
 #define KILN_NAN __builtin_nanf("")
 
 float expf(float); float logf(float); float sinf(float); float cosf(float); float tanf(float);
@@ -149,6 +154,20 @@ static float kiln_round_f16(float x) {
 
 """
 
+#: the run-time dims a C kernel can read (``kiln_dims`` of :data:`PRELUDE`)
+MAX_DIMS = 32
+
+
+def size_text(d: int | Expr) -> str:
+    """A size (an int, or a size expression over run-time dims) as C text."""
+    return str(d) if isinstance(d, int) else C().expr(d)
+
+
+def last_index(size: int | Expr) -> str:
+    """The last valid index of a buffer of ``size`` elements as C text (0 for an empty buffer of run-time size)."""
+    return str(size - 1) if isinstance(size, int) else f"kiln_imax({C().expr(size)} - 1, 0)"
+
+
 #: kernels whose tile grid has at most this many blocks (rows of vectors) visit them column by column
 COLUMN_ROWS = 32
 
@@ -167,7 +186,12 @@ class C(CStyle):
 
     def x_BufLoad(self, e: BufLoad) -> str:
         idx = self.expr(e.index)
-        return f"{e.buf}[kiln_guard({idx}, {e.size - 1})]" if e.guard else f"{e.buf}[{idx}]"
+        return f"{e.buf}[kiln_guard({idx}, {last_index(e.size)})]" if e.guard else f"{e.buf}[{idx}]"
+
+    def x_SizeVar(self, e: SizeVar) -> str:
+        if e.index >= MAX_DIMS:
+            raise ValueError(f"run-time dim {e.name} has index {e.index}; C kernels read at most {MAX_DIMS} dims")
+        return f"kiln_dims[{e.index}]"
 
     def bin(self, op: str, a: str, b: str, e: Bin) -> str:
         return self.bin_code(op, e.a.dtype, a, b, e.b)
@@ -284,7 +308,7 @@ def render(k: LoweredKernel, export: str, grid: tuple[int, ...], comment: str = 
               f"        if (g + {lanes} <= end && g % {block} <= {block - lanes}) {{",
               f"            {export}_v({args}, g);", f"            g += {lanes};", "        } else {",
               f"            {export}_s({args}, g);", "            g += 1;", "        }", "    }", "}"]
-    rows = k.total // block if k.total % block == 0 else 0
+    rows = k.total // block if isinstance(k.total, int) and k.total % block == 0 else 0
     has_loops = any(isinstance(s, For) for s in k.body)
     lines.append(f"KILN_EXPORT(\"{export}\") void {export}({params}, int begin, int end) {{")
     if has_loops and 2 <= rows <= COLUMN_ROWS:

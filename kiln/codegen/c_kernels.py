@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kiln.arith import symbolic
+from kiln.arith.symbolic import Dim
 from kiln.codegen import c
 from kiln.codegen.cpu_schedule import grid_shape
 from kiln.codegen.lowering import group_expr, kernel_groups
@@ -41,12 +43,21 @@ class CKernel:
 
 @dataclass
 class CStep:
-    """One call of the plan: ``kernel`` over tiles ``[0, total)`` with ``buffers`` bound to its pointers."""
+    """One call of the plan: ``kernel`` over tiles ``[0, total)`` with ``buffers`` bound to its pointers
+    (``total`` a size expression over run-time dims in a package that has them)."""
 
     kernel: int
     buffers: list[int]
-    total: int
+    total: Dim
     name: str
+
+    def to_json(self) -> dict:
+        """The step's manifest entry: ``total`` at the dims' upper bounds, and ``tiles``, the size expression
+        the runtime evaluates per run, when it depends on run-time dims (docs/dynamic-shapes.md)."""
+        entry = {"kernel": self.kernel, "buffers": self.buffers, "total": symbolic.upper(self.total), "node": self.name}
+        if symbolic.is_symbolic(self.total):
+            entry["tiles"] = symbolic.to_json(self.total)
+        return entry
 
 
 def build_c_kernels(groups: list[Group], plan: MemoryPlan, schedule: Callable[[Tensor], Schedule],

@@ -3,15 +3,17 @@ lane vectorisers (:mod:`kiln.codegen.wasm.simd`, :mod:`kiln.codegen.cpu`)."""
 
 from __future__ import annotations
 
+from kiln.arith.symbolic import Dim, at_opt, bounds, ceil_div, is_symbolic
 from kiln.te.compute import Tensor
 from kiln.te.schedule import Schedule, Split, reduction_size, tile_axes
 
 
-def grid_shape(shape: tuple[int, ...], schedule: Schedule) -> tuple[int, ...]:
-    """The tile grid of an output of ``shape`` under ``schedule`` (split axes divided, rounded up),
-    as :func:`kiln.te.lower.lower` unravels the invocation index over it."""
-    splits = {s.axis: s.factor for s in schedule.splits if s.factor > 1 and shape[s.axis] > 1}
-    return tuple(-(-d // splits[a]) if a in splits else d for a, d in enumerate(shape))
+def grid_shape(shape: tuple[Dim, ...], schedule: Schedule) -> tuple[Dim, ...]:
+    """The tile grid of an output of ``shape`` under ``schedule`` (split axes divided, rounded up; a run-time
+    extent gives a size expression), as :func:`kiln.te.lower.lower` unravels the invocation index over it."""
+    splits = {s.axis: s.factor for s in schedule.splits if s.factor > 1 and (is_symbolic(shape[s.axis])
+                                                                              or shape[s.axis] > 1)}
+    return tuple(ceil_div(d, splits[a]) if a in splits else d for a, d in enumerate(shape))
 
 
 def cpu_schedule(t: Tensor, lanes: int = 4) -> Schedule:
@@ -26,23 +28,29 @@ def cpu_schedule(t: Tensor, lanes: int = 4) -> Schedule:
     4 or 8 times. When the innermost extent is no multiple of 4, vectors run across its rows
     (:func:`kiln.codegen.wasm.simd.vector_body`), so the axis outside it is not tiled. Windows up to 9 iterations unroll fully; longer reductions unroll by their
     largest divisor up to 8.
+
+    A run-time dim is taken at its ``opt`` value (a decoder's ``sequence`` at 1: decode steps get the schedule
+    made for them); a run-time innermost axis is never split (vectors need rows of a known width), and
+    another is tiled only up to its smallest value, so no tile computes rows it then discards.
     """
     if reduction_size(t) < 9:
         return Schedule()
     axes = tile_axes(t)
-    dims = [a for a, d in enumerate(t.shape) if d > 1]
+    shape = [at_opt(d) for d in t.shape]
+    dims = [a for a, d in enumerate(shape) if d > 1]
     inner = dims[-1] if dims else -1
     second = dims[-2] if len(dims) > 1 else -1
-    split_inner = inner in axes and t.shape[inner] % (2 * lanes) == 0  # two vectors a row, each a multiple of lanes
+    split_inner = (inner in axes and not is_symbolic(t.shape[inner])
+                   and shape[inner] % (2 * lanes) == 0)  # two vectors a row, each a multiple of lanes
     splits = []
     for a in axes:
         if a == inner:
             if split_inner:
                 splits.append(Split(a, 2, contiguous=False))
-        elif a == second and t.shape[inner] % lanes:
+        elif a == second and shape[inner] % lanes:
             continue  # vectors cross rows of the innermost axis: tiling the row axis would break their contiguity
         else:
-            f = min(4 if split_inner else 8, t.shape[a])
+            f = min(4 if split_inner else 8, max(1, bounds(t.shape[a])[0]) if is_symbolic(t.shape[a]) else shape[a])
             if f > 1:
                 splits.append(Split(a, f, contiguous=True))
     return Schedule(splits=tuple(splits), unroll=9 if reduction_size(t) <= 9 else 8)

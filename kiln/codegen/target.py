@@ -127,6 +127,8 @@ class Target:
     """
 
     name: ClassVar[str] = ""
+    #: whether the target's kernels and runtimes take run-time dims (docs/dynamic-shapes.md)
+    run_time_dims: ClassVar[bool] = False
     limits: dict[str, int]
     features: tuple[str, ...]
 
@@ -140,11 +142,13 @@ class Target:
 
     def check(self, graph: Graph, *, precision: str = "fp32", training: Any = None, control: bool = False) -> None:
         """Refuse, with a :class:`KilnError` naming the reason, a program this target cannot build: by default
-        run-time dims, run-time control flow, fp16 compute and train steps (webgpu overrides)."""
-        if graph.size_vars:
+        run-time dims (unless :attr:`run_time_dims`), run-time control flow, fp16 compute and train steps
+        (webgpu overrides)."""
+        if graph.size_vars and not self.run_time_dims:
             dims = ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in graph.size_vars.values())
-            raise KilnError(f"run-time dims ({dims}) are supported by the webgpu target only (asked for {self.name}); "
-                            "bind them statically with --dim NAME=SIZE for other targets")
+            known = ", ".join(n for n, cls in REGISTRY.items() if cls.run_time_dims)
+            raise KilnError(f"run-time dims ({dims}) are supported by the {known} targets (asked for {self.name}); "
+                            "bind them statically with --dim NAME=SIZE for this one")
         if control:
             raise KilnError(f"this model has control flow decided at run time (If/Loop on computed values), which only "
                             f"the webgpu target runs for now; compile it with --target webgpu (asked: {self.name})")

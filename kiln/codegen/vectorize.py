@@ -28,8 +28,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kiln.arith.expr import Bin, Call, Cast, Const, Expr, Select, Var
-from kiln.codegen.c import TYPES, C, VectorBody
+from kiln.arith.expr import Bin, Call, Cast, Const, Expr, Select, SizeVar, Var
+from kiln.arith.symbolic import is_symbolic
+from kiln.codegen.c import TYPES, C, VectorBody, last_index, size_text
 from kiln.te.loops import Assign, Barrier, BufLoad, Decl, For, If, Let, LoweredKernel, Store
 
 #: lanes of a v128 vector of 32-bit values (the vocabulary's own width)
@@ -126,6 +127,8 @@ class Vectoriser:
             if e.name not in self.env:
                 raise KeyError(f"C: unbound variable {e.name}")
             return self.env[e.name]
+        if isinstance(e, SizeVar):
+            return Val("u", _C.expr(e), e.dtype)
         if isinstance(e, BufLoad):
             return self.load(e)
         if isinstance(e, Bin):
@@ -146,13 +149,13 @@ class Vectoriser:
     def load(self, e: BufLoad) -> Val:
         i = self.as_affine(self.ex(e.index))
         if i.kind == "u":
-            idx = f"kiln_guard({i.code}, {e.size - 1})" if e.guard else i.code
+            idx = f"kiln_guard({i.code}, {last_index(e.size)})" if e.guard else i.code
             return Val("u", f"{e.buf}[{idx}]", e.dtype)
         if i.kind == "a" and i.stride == 1:
-            base = f"kiln_vbase({i.code}, {e.size})" if e.guard else i.code
+            base = f"kiln_vbase({i.code}, {size_text(e.size)})" if e.guard else i.code
             return Val("v", f"wasm_v128_load(&{e.buf}[{base}])", e.dtype)
         if i.kind == "a" and i.stride == 2:  # two whole vectors, the even lanes shuffled together
-            base = f"kiln_vbase2({i.code}, {e.size})" if e.guard else i.code
+            base = f"kiln_vbase2({i.code}, {size_text(e.size)})" if e.guard else i.code
             return Val("v", f"kiln_load_s2(&{e.buf}[{base}])", e.dtype)
         if i.kind == "a" and not e.guard:
             ctor = "wasm_f32x4_make" if e.dtype == "float32" else "wasm_i32x4_make"
@@ -160,7 +163,7 @@ class Vectoriser:
             return Val("v", f"{ctor}({lanes})", e.dtype)
         idx = self.vec(i)
         if e.guard:
-            idx = f"wasm_u32x4_min({idx}, wasm_i32x4_splat({e.size - 1}))"
+            idx = f"wasm_u32x4_min({idx}, wasm_i32x4_splat({last_index(e.size)}))"
         return Val("v", f"KILN_GATHER({e.buf}, {idx})", e.dtype)
 
     def binop(self, e: Bin) -> Val:
@@ -278,8 +281,8 @@ class Vectoriser:
         if all(a.kind == "u" for a in args):
             return Val("u", f"{fn}({', '.join(a.code for a in args)})", e.dtype)
         vs = [self.vec(a) for a in args]
-        if e.fn == "half_lo":  # int lanes to float lanes: no vector form
-            raise VectorUnsupported("half_lo of a vector")
+        if e.fn == "half_lo":  # int lanes to float lanes: the prelude's bit arithmetic
+            return Val("v", f"kiln_f32x4_half_lo({vs[0]})", e.dtype)
         if e.fn in ("bitcast_i32", "bitcast_f32"):
             return Val("v", vs[0], e.dtype)  # a v128 is untyped
         if dt == "float32" and e.fn in ("max", "min", "clamp"):
@@ -369,7 +372,7 @@ class Vectoriser:
                     out.append(f"{pad}{name} = {x.code};")
             elif isinstance(s, For):
                 v = s.var.name
-                out.append(f"{pad}for (int {v} = 0; {v} < {s.extent}; {v}++) {{")
+                out.append(f"{pad}for (int {v} = 0; {v} < {size_text(s.extent)}; {v}++) {{")
                 self.env[v] = Val("u", v, "int32")
                 out.extend(self.stmts(s.body, indent + 1))
                 out.append(f"{pad}}}")
@@ -426,11 +429,13 @@ def vector_body(k: LoweredKernel, grid: tuple[int, ...], lanes: int = LANES) -> 
     (lane-affine ``gid``). Otherwise they run through rows of a ``W x H`` block (the two innermost
     axes), with the lanes' coordinates as vectors, so small feature maps (7 x 7) vectorise too.
     """
-    dims = [d for d in grid if d > 1]
-    if not dims:
-        return None
+    dims = [d for d in grid if is_symbolic(d) or d > 1]  # a run-time extent counts as more than 1
+    if not dims or is_symbolic(dims[-1]):
+        return None  # lanes must lie in one row of a known width
     W = dims[-1]
     H = dims[-2] if len(dims) > 1 else 1
+    if not (W % lanes == 0 or H == 1) and is_symbolic(H):
+        return None
     if W % lanes == 0 or H == 1:
         block, rows = W, (0, 0)
         gid = Val("a", k.gid.name, "int32", 1, block)

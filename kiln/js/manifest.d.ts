@@ -700,17 +700,23 @@ export interface WasmStep {
   kernel: number;
   /** buffers[i] is the buffer id bound to the kernel's pointer i (inputs first, the output last). */
   buffers: number[];
-  /** The number of tiles the step computes. */
+  /** The number of tiles the step computes (at the upper bounds of run-time dims). */
   total: number;
   /** The first graph node of the kernel. */
   node?: string;
+  /**
+   * (1.6) The step's tile count as a size expression over run-time dims: call the kernel over [0, tiles), skipping
+   * the step when it is 0.
+   */
+  tiles?: SizeExpression;
 }
 
 /**
  * targets.cpu (1.5): native code for the machine that runs the package. The package holds C source, not a binary; a
  * runtime builds it for its own CPU into a shared library exporting int kiln_steps(void) (the number of plan steps)
- * and int kiln_run(unsigned char* arena, int first, int last, int threads) (plan steps [first, last) over the arena
- * on threads threads; returns the threads it used).
+ * and int kiln_run(unsigned char* arena, int first, int last, int threads, const int* dims) (plan steps [first, last)
+ * over the arena on threads threads, the kernels reading the 32 words of run-time dims dims; returns the threads it
+ * used).
  */
 export interface CpuTarget {
   /** The C source (kernels/kiln-cpu.c): the kernels, kiln_step and kiln_run. */

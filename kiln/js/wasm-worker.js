@@ -2,10 +2,12 @@
 //
 // Messages from wasm.js:
 //   {type: 'init', module, memory, control, index, workers, steps}  instantiate the threaded module over the
-//       shared `memory`; `steps` is the plan as [{export, ptrs, total}]; answers {type: 'ready'}
-//   {type: 'run'}  compute this worker's share of every step, tiles [floor(total*index/workers),
+//       shared `memory`; `steps` is the plan as [{export, ptrs, total}]; answers {type: 'ready', dims} (`dims`: the
+//       address of the module's run-time dims array, from its kiln_dims export; 0 without one)
+//   {type: 'run', tiles}  compute this worker's share of every step, tiles [floor(total*index/workers),
 //       floor(total*(index+1)/workers)), meeting the other workers at a barrier (the shared Int32Array
-//       `control`: [arrived, generation]) after each step; answers {type: 'done'} or {type: 'error', message}
+//       `control`: [arrived, generation]) after each step; `tiles` (run-time dims changed), when not null, replaces
+//       every step's total; answers {type: 'done'} or {type: 'error', message}
 
 let exports = null;
 let control = null;
@@ -34,13 +36,14 @@ self.onmessage = async ({data}) => {
       ({index, workers, steps} = data);
       const missing = steps.find((s) => typeof exports[s.export] !== 'function');
       if (missing) throw new Error(`the threaded module has no export ${missing.export}`);
-      self.postMessage({type: 'ready'});
+      self.postMessage({type: 'ready', dims: typeof exports.kiln_dims === 'function' ? exports.kiln_dims() : 0});
     } catch (error) {
       self.postMessage({type: 'error', message: `wasm worker ${data.index}: ${error.message}`});
     }
     return;
   }
   if (data.type === 'run') {
+    if (data.tiles) steps.forEach((s, i) => { s.total = data.tiles[i]; });
     let failure = null;
     for (let i = 0; i < steps.length; i++) {
       const {export: name, ptrs, total} = steps[i];

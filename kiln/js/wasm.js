@@ -9,10 +9,14 @@
 // package's threaded module is instantiated in each of N workers over one shared memory; a run
 // posts one message to every worker, each computes its contiguous share of every step's tiles, the
 // workers meet at an Atomics barrier between steps, and each answers when the plan is done.
+// A package with run-time dims: the kernels read the dims from the module's array `kiln_dims` (its address from
+// the export kiln_dims()), written when they change, and each step runs over its `tiles` size expression.
 // See kiln.js for the backend interface this module implements.
 
+import {dimsWords, evalDims, outputShape} from './dims.js';
 import {DeviceError, KilnError, PackageError} from './errors.js';
 import {readWeights, sha256Hex} from './package.js';
+import {DTYPES, product} from './tensor.js';
 
 /** @typedef {import('./manifest').Manifest} Manifest */
 /** @typedef {import('./manifest').WasmTarget} WasmTarget */
@@ -142,6 +146,14 @@ export class WasmBackend {
     /** @private @type {Function[]} the single-threaded plan: one closure per step */
     this.calls = [];
     /** @private @type {Worker[]} */ this.workers = [];
+    /** @private each step's tiles for the current run-time dims (the plan's totals in a static package) */
+    this.tiles = this.spec.plan.map((s) => s.total);
+    /** @private byte address of the module's kiln_dims array (run-time dims), 0 when there is none */
+    this.dimsAddress = 0;
+    /** @private the dims last written (JSON) @type {string | null} */
+    this.dimsKey = null;
+    /** @private whether the workers have the current tiles */
+    this.tilesSent = true;
   }
 
   /**
@@ -157,6 +169,7 @@ export class WasmBackend {
     }
     const backend = new WasmBackend(memory, manifest, 1);
     backend.calls = backend.planCalls(instance.exports);
+    if (manifest.dynamic_dims?.length) backend.dimsAddress = backend.dimsExport(instance.exports)();
     return backend;
   }
 
@@ -174,11 +187,15 @@ export class WasmBackend {
       export: backend.spec.kernels[s.kernel].export, ptrs: s.buffers.map((b) => backend.offsets[b]), total: s.total,
     }));
     try {
-      await Promise.all(Array.from({length: threads}, (_, index) => {
+      const ready = await Promise.all(Array.from({length: threads}, (_, index) => {
         const worker = new Worker(new URL('./wasm-worker.js', import.meta.url), {type: 'module', name: `kiln-wasm-${index}`});
         backend.workers.push(worker);
         return backend.ask(worker, {type: 'init', module, memory, control, index, workers: threads, steps});
       }));
+      if (manifest.dynamic_dims?.length) {
+        if (!ready[0].dims) throw new Error('the threaded module has no kiln_dims export (run-time dims)');
+        backend.dimsAddress = ready[0].dims;
+      }
     } catch (error) {
       backend.dispose();
       throw new DeviceError(`cannot start the wasm worker threads: ${error.message}`);
@@ -187,7 +204,7 @@ export class WasmBackend {
   }
 
   /**
-   * Each plan step as a call of its kernel export over all its tiles.
+   * Each plan step as a call of its kernel export over all its tiles (skipped when run-time dims leave it none).
    * @param {WebAssembly.Exports} exports @returns {Function[]} @private
    */
   planCalls(exports) {
@@ -195,9 +212,44 @@ export class WasmBackend {
       const kernel = this.spec.kernels[step.kernel];
       const fn = kernel && exports[kernel.export];
       if (typeof fn !== 'function') throw new PackageError(`wasm plan step ${index}: no kernel export for kernel ${step.kernel}`);
-      const args = [...step.buffers.map((b) => this.offsets[b]), 0, step.total];
-      return () => fn(...args);
+      const ptrs = step.buffers.map((b) => this.offsets[b]);
+      if (step.tiles === undefined) {
+        const args = [...ptrs, 0, step.total];
+        return () => fn(...args);
+      }
+      return () => {
+        const tiles = this.tiles[index];
+        if (tiles > 0) fn(...ptrs, 0, tiles);
+      };
     });
+  }
+
+  /**
+   * The module's kiln_dims export (the address of its run-time dims array).
+   * @param {WebAssembly.Exports} exports @returns {Function} @private
+   */
+  dimsExport(exports) {
+    const fn = exports.kiln_dims;
+    if (typeof fn !== 'function') throw new PackageError('the wasm module has no kiln_dims export (run-time dims)');
+    return /** @type {Function} */ (fn);
+  }
+
+  /**
+   * Write run-time dims into the module's kiln_dims array and evaluate each step's tiles (dims.js); no-op for a
+   * static package or unchanged dims.
+   * @param {Record<string, number> | null} dims @private
+   */
+  setDims(dims) {
+    if (!dims || !this.dimsAddress) return;
+    const key = JSON.stringify(dims);
+    if (key === this.dimsKey) return;
+    const words = dimsWords(this.manifest, dims);
+    const view = new Int32Array(this.memory.buffer, this.dimsAddress, words.length);
+    if (this.workers.length) for (let i = 0; i < words.length; i++) Atomics.store(view, i, words[i]);
+    else view.set(words);
+    this.tiles = this.spec.plan.map((s) => (s.tiles === undefined ? s.total : Math.max(0, evalDims(s.tiles, dims))));
+    this.tilesSent = false;
+    this.dimsKey = key;
   }
 
   /**
@@ -234,17 +286,24 @@ export class WasmBackend {
       for (const call of this.calls) call();
       return;
     }
-    await Promise.all(this.workers.map((worker) => this.ask(worker, {type: 'run'})));
+    const tiles = this.tilesSent ? null : this.tiles;  // (the workers keep the last tiles they were sent)
+    await Promise.all(this.workers.map((worker) => this.ask(worker, {type: 'run', tiles})));
+    this.tilesSent = true;
   }
 
   /**
    * Run the plan once.
    * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs every manifest input, its data in storage form
-   * @returns {Promise<Record<string, ArrayBuffer>>} each output's buffer contents (storage form)
+   * (at its run-time size in a package with run-time dims)
+   * @param {{dims?: Record<string, number> | null}} [options] `dims`: the run-time dims' values (dims.js), null for
+   *   a static package
+   * @returns {Promise<Record<string, ArrayBuffer>>} each output's elements (storage form; as many as its run-time
+   *   shape has)
    * @throws {DeviceError} a kernel trapped or a worker failed.
    */
-  async run(inputs) {
+  async run(inputs, {dims = null} = {}) {
     if (this.poison) this.fillPoison();
+    this.setDims(dims);
     this.writeInputs(inputs);
     try {
       await this.compute();
@@ -254,7 +313,9 @@ export class WasmBackend {
     /** @type {Record<string, ArrayBuffer>} */
     const results = {};
     for (const output of this.manifest.outputs) {
-      const bytes = this.manifest.buffers[output.buffer].bytes;
+      const full = this.manifest.buffers[output.buffer].bytes;
+      const bytes = dims ? Math.min(full, product(outputShape(output, dims)) * DTYPES[output.storage ?? output.dtype].bytes)
+        : full;
       const copy = new Uint8Array(bytes);
       copy.set(new Uint8Array(this.memory.buffer, this.offsets[output.buffer], bytes));
       results[output.name] = copy.buffer;
@@ -265,10 +326,11 @@ export class WasmBackend {
   /**
    * Time the kernels: inputs written once, then `warmup + repeat` runs of every plan step.
    * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs in storage form
-   * @param {{repeat: number, warmup: number}} options
+   * @param {{repeat: number, warmup: number, dims?: Record<string, number> | null}} options (`dims`: as for run)
    * @returns {Promise<{clock: 'wall', times: number[], wall: number[]}>} milliseconds
    */
-  async time(inputs, {repeat, warmup}) {
+  async time(inputs, {repeat, warmup, dims = null}) {
+    this.setDims(dims);
     this.writeInputs(inputs);
     const times = [];
     for (let i = 0; i < warmup + repeat; i++) {

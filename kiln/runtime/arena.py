@@ -16,16 +16,19 @@ import numpy as np
 
 from kiln.errors import PackageError
 from kiln.package.format import from_storage, read_manifest, read_weights, sha256_file, verify_weights
+from kiln.runtime import dynamic
 from kiln.runtime.feeds import storage_feeds
+from kiln.runtime.generate import GenerationMixin
 from kiln.runtime.timing import wall_clock_ms
 
 
-class ArenaSession:
+class ArenaSession(GenerationMixin):
     """The shared part of the CPU sessions (the same API as :class:`kiln.runtime.native.Session`).
 
     Subclasses set :attr:`path`, :attr:`manifest`, :attr:`target`, :attr:`mem` (a uint8 numpy view of the
     arena), :attr:`offsets` (buffer id -> byte offset), :attr:`kernel_names`, then call :meth:`_load`; and
-    implement :meth:`_compute` (every step) and :meth:`_run_step` (step ``i`` alone).
+    implement :meth:`_compute` (every step), :meth:`_run_step` (step ``i`` alone) and, for packages with
+    run-time dims, :meth:`_set_dims` (the dims the kernels read and each step's tiles).
     """
 
     path: Path
@@ -71,6 +74,10 @@ class ArenaSession:
         for b, data in read_weights(self.path, self.manifest):
             self._view(b["id"], data.nbytes)[:] = data.reshape(-1).view(np.uint8)
         self.poison = poison
+        self._dyn = dynamic.is_dynamic(self.manifest)
+        self._dims_env: dict[str, int] | None = None
+        self._shapes: dict[str, list[int]] = {}
+        self.tiles = [int(s["total"]) for s in self.plan]  # each step's tiles in the last run
         if poison:
             for b in self.manifest["buffers"]:
                 if b["kind"] in ("activation", "output"):
@@ -103,6 +110,25 @@ class ArenaSession:
     def _compute(self) -> None:
         raise NotImplementedError
 
+    def _set_dims(self, words: np.ndarray) -> None:
+        """Make the kernels read run-time dims ``words`` (int32, dim ``index`` in word ``index``);
+        :attr:`tiles` holds the steps' tiles for them."""
+        raise NotImplementedError
+
+    def _bind_dims(self, feeds: dict[str, np.ndarray]) -> dict[str, list[int]]:
+        """Bind a package's run-time dims from the fed shapes (docs/dynamic-shapes.md) and, when they changed,
+        pass them to the kernels and evaluate each step's tiles; returns each output's shape.
+
+        Raises:
+            ShapeError: as :func:`kiln.runtime.dynamic.bind_dims`.
+        """
+        env = dynamic.bind_dims(self.manifest, feeds)
+        if env != self._dims_env:
+            self.tiles = [dynamic.eval_json(s["tiles"], env) if "tiles" in s else int(s["total"]) for s in self.plan]
+            self._set_dims(np.frombuffer(dynamic.dims_words(self.manifest, env), np.int32))
+            self._dims_env, self._shapes = env, dynamic.output_shapes(self.manifest, env)
+        return self._shapes
+
     def _run_step(self, i: int) -> None:
         raise NotImplementedError
 
@@ -113,20 +139,24 @@ class ArenaSession:
         """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape).
 
         Returns:
-            Output name -> a new numpy array.
+            Output name -> a new numpy array (of its run-time shape in a package with run-time dims).
 
         Raises:
             ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
-                input value that does not fit in int32.
+                input value that does not fit in int32; for run-time dims, a value outside its bounds or
+                inputs that disagree on one.
         """
-        for spec, a in storage_feeds(self.inputs, feeds):
-            if a.size:
+        checked = storage_feeds(self.inputs, feeds)
+        shapes = self._bind_dims(feeds) if self._dyn else {}
+        for spec, a in checked:
+            if a.size:  # (at its actual size: kernels index a run-time shape with run-time strides)
                 self._view(spec["buffer"], a.nbytes)[:] = a.reshape(-1).view(np.uint8)
         if self.poison:
             for o in self.outputs:
                 self._fill_nan(o["buffer"])
         self._compute()
-        return {o["name"]: from_storage(self._view(o["buffer"]).tobytes(), o["dtype"], o["shape"]) for o in self.outputs}
+        return {o["name"]: from_storage(self._view(o["buffer"]), o["dtype"], shapes.get(o["name"], o["shape"]))
+                for o in self.outputs}
 
     def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:
         """Wall-clock milliseconds of ``repeat`` full runs (inputs written, kernels, outputs read) after ``warmup``."""
@@ -143,5 +173,5 @@ class ArenaSession:
                 t0 = time.perf_counter()
                 self._run_step(i)
                 samples[i].append((time.perf_counter() - t0) * 1e3)
-        return [{"step": s.get("node", str(i)), "kernel": self.kernel_names[s["kernel"]], "dispatch": [s["total"], 1, 1],
+        return [{"step": s.get("node", str(i)), "kernel": self.kernel_names[s["kernel"]], "dispatch": [self.tiles[i], 1, 1],
                  "ms": float(np.median(samples[i])), "clock": "wall"} for i, s in enumerate(plan)]

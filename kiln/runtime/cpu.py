@@ -7,7 +7,7 @@ only the first load of a package on a machine compiles (``kiln compile --target 
 cache of the machine it runs on). The runtime reads packages only; it never imports the compiler.
 
 Every buffer of the memory plan lives at ``targets.cpu.memory.offsets[id]`` of one 64-byte-aligned numpy
-arena. One call of the library's ``kiln_run(arena, first, last, threads)`` runs plan steps
+arena. One call of the library's ``kiln_run(arena, first, last, threads, dims)`` runs plan steps
 ``[first, last)``: with ``threads`` > 1 it splits each step's tiles into contiguous ranges, one a thread, over a
 pool of POSIX threads that the library starts on the first run needing them and keeps (they spin briefly
 for the next run, then sleep; a forked child starts its own), with a barrier between steps. Runs of one
@@ -112,7 +112,7 @@ class CpuSession(ArenaSession):
         source_path = self._check_file(tgt["source"], tgt["sha256"], "cpu kernel source", verify)
         self.threads = max(1, int(threads if threads is not None else available_cores()))
         self.lib = ctypes.CDLL(str(build_library(source_path.read_text())))
-        self.lib.kiln_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        self.lib.kiln_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         self.lib.kiln_run.restype = ctypes.c_int
         layout = tgt["memory"]
         raw = np.zeros(int(layout["bytes"]) + ALIGN, np.uint8)
@@ -125,6 +125,7 @@ class CpuSession(ArenaSession):
         if self.lib.kiln_steps() != len(tgt["plan"]):
             raise PackageError(f"{source_path}: the library has {self.lib.kiln_steps()} steps, the plan "
                                f"{len(tgt['plan'])}")
+        self._dims = np.zeros(32, np.int32)  # the run-time dims kiln_run hands the kernels
         self._load(poison)
 
     def adapter_info(self) -> dict[str, Any]:
@@ -134,8 +135,12 @@ class CpuSession(ArenaSession):
         threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
         return {"device": f"{platform.processor() or platform.machine()}", "backend_type": f"cpu (C, {threads})"}
 
+    def _set_dims(self, words: np.ndarray) -> None:
+        self._dims[:len(words)] = words
+
     def _call(self, first: int, last: int) -> None:
-        self.lib.kiln_run(self._ptr, first, last, self.threads)  # (returns the threads it could start)
+        # (returns the threads it could start)
+        self.lib.kiln_run(self._ptr, first, last, self.threads, self._dims.ctypes.data)
 
     def _compute(self) -> None:
         self._call(0, len(self.plan))

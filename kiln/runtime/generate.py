@@ -160,11 +160,46 @@ def _held_back(text: str, stops: list[str]) -> int:
                default=0)
 
 
+class GenerationMixin:
+    """``generate`` and ``generator`` of the sessions of every runtime (native WebGPU, wasm, cpu)."""
+
+    def generate(self, prompt, max_new_tokens: int | None = None, **sampling):
+        """Stream a language-model package's answer to ``prompt`` (text or chat messages), token by token:
+        :meth:`kiln.runtime.generate.Generator.generate` (``max_new_tokens`` default: until the context is full;
+        ``stop`` strings; sampling keywords: ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``,
+        ``seed``). ``session.generator.stats`` then holds the timings.
+
+        Raises:
+            KilnError: not a language-model package; what ``Generator.generate`` raises.
+        """
+        return self.generator.generate(prompt, max_new_tokens, **sampling)
+
+    @property
+    def generator(self) -> Generator:
+        """The :class:`Generator` of :meth:`generate` (made on first use)."""
+        if getattr(self, "_generator", None) is None:
+            self._generator = Generator(self)
+        return self._generator
+
+
+def _host(t) -> np.ndarray:
+    """An output as a host array (a GPUTensor is read back; the CPU runtimes return arrays)."""
+    return t.numpy() if hasattr(t, "numpy") else t
+
+
+def _release(tensors) -> None:
+    """Free GPU tensors now (arrays of the CPU runtimes need nothing; a release twice is harmless)."""
+    for t in tensors:
+        if hasattr(t, "release"):
+            t.release()
+
+
 class Generator:
-    """Generation over a native session of a language-model package.
+    """Generation over a session of a language-model package.
 
     Args:
-        session: a :class:`kiln.runtime.native.Session` of a package with a ``generation`` section.
+        session: a session (:class:`kiln.runtime.native.Session`, or the wasm and cpu sessions, whose cache
+            round-trips through host arrays) of a package with a ``generation`` section.
 
     Raises:
         KilnError: the package is not a language model.
@@ -184,6 +219,7 @@ class Generator:
         spec = {i["name"]: i for i in session.inputs}[gen["cache"][0]["past"]]
         self._cache_shape = [int(d) for d in spec["shape"]]
         self.stats = GenerationStats()
+        self._gpu = hasattr(session, "upload")  # a WebGPU session: the cache stays on the device
 
     def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
         """Token ids of ``prompt``: text as it is, or chat messages through the package's chat template.
@@ -213,10 +249,8 @@ class Generator:
     def _step(self, ids: list[int], past: list) -> tuple[dict[str, Any], list]:
         feeds = {self.config["input_ids"]: np.asarray(ids, np.int64)[None]}
         feeds.update({c["past"]: p for c, p in zip(self.config["cache"], past)})
-        out = self.session.run(feeds, output="gpu")
-        for p in past:
-            if hasattr(p, "release"):
-                p.release()
+        out = self.session.run(feeds, output="gpu") if self._gpu else self.session.run(feeds)
+        _release(past)
         return out, [out.pop(c["present"]) for c in self.config["cache"]]
 
     def generate(self, prompt: str | list[dict[str, str]], max_new_tokens: int | None = None, *,
@@ -281,12 +315,11 @@ class Generator:
                 out, past = self._step(ids[start:start + chunk], past)
             for n in range(max_new_tokens):
                 if opts.greedy:
-                    token = int(out[self.config["next_token"]].numpy().reshape(-1)[-1])
+                    token = int(_host(out[self.config["next_token"]]).reshape(-1)[-1])
                 else:
-                    token = sample(out[self.config["logits"]].numpy().reshape(-1, out[self.config["logits"]].shape[-1])
-                                   [-1], opts, seen, rng)
-                for t in out.values():
-                    t.release()
+                    logits = _host(out[self.config["logits"]])
+                    token = sample(logits.reshape(-1, logits.shape[-1])[-1], opts, seen, rng)
+                _release(out.values())
                 now = time.perf_counter()
                 if n == 0:
                     stats.prefill_ms = (now - t0) * 1e3
@@ -313,6 +346,4 @@ class Generator:
             else:
                 stats.stop_reason = "max_new_tokens"
         finally:
-            for t in [*past, *out.values()]:
-                if hasattr(t, "release"):  # GPU tensors (the empty cache is numpy); a release twice is harmless
-                    t.release()
+            _release([*past, *out.values()])

@@ -26,6 +26,7 @@ from kiln.package.format import DEFAULT_LIMITS, STORAGE, from_storage, read_mani
 from kiln.runtime import dynamic, gpu
 from kiln.runtime.control import ControlPlan, is_control_plan
 from kiln.runtime.feeds import storage_feeds
+from kiln.runtime.generate import GenerationMixin
 from kiln.runtime.gpu import GPUTensor, shared_device, synchronize, to_gpu
 from kiln.runtime.pipelines import KernelSpec, pipeline_cache
 from kiln.runtime.timing import wall_clock_ms
@@ -91,7 +92,7 @@ def _copy_size(spec: dict[str, Any], buffer, shape=None) -> int:
     return min(buffer.size, -(-n // 4) * 4)
 
 
-class Session(TrainingMixin):
+class Session(TrainingMixin, GenerationMixin):
     """A loaded package, ready to run natively (and, for train-step packages, to train: ``train_step``,
     ``state``, ``export_weights``; see :class:`~kiln.runtime.training.TrainingMixin`).
 
@@ -422,26 +423,6 @@ class Session(TrainingMixin):
         if isinstance(data, dict):
             return {k: to_gpu(v, device=self.device) for k, v in data.items()}
         return to_gpu(data, device=self.device)
-
-    def generate(self, prompt, max_new_tokens: int | None = None, **sampling):
-        """Stream a language-model package's answer to ``prompt`` (text or chat messages), token by token:
-        :meth:`kiln.runtime.generate.Generator.generate` (``max_new_tokens`` default: until the context is full;
-        ``stop`` strings; sampling keywords: ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``,
-        ``seed``). ``session.generator.stats`` then holds the timings.
-
-        Raises:
-            KilnError: not a language-model package; what ``Generator.generate`` raises.
-        """
-        return self.generator.generate(prompt, max_new_tokens, **sampling)
-
-    @property
-    def generator(self):
-        """The :class:`kiln.runtime.generate.Generator` of :meth:`generate` (made on first use)."""
-        if getattr(self, "_generator", None) is None:
-            from kiln.runtime.generate import Generator
-
-            self._generator = Generator(self)
-        return self._generator
 
     def sync(self) -> None:
         """Block until the device has finished every submitted run (e.g. after ``run(..., output="gpu")``)."""

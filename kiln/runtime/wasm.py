@@ -109,6 +109,11 @@ class WasmSession(ArenaSession):
                                   for s in tgt["plan"]]
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiln-wasm")
         self._load(poison)
+        self._dims_at = exports["kiln_dims"](self.store) if self._dyn else 0  # the module's dims array
+
+    def _set_dims(self, words: np.ndarray) -> None:
+        self.mem[self._dims_at:self._dims_at + words.nbytes] = words.view(np.uint8)
+        self.steps = [(fn, ptrs, tiles) for (fn, ptrs, _), tiles in zip(self.steps, self.tiles)]
 
     def adapter_info(self) -> dict[str, Any]:
         """What runs the kernels, in the keys :meth:`kiln.runtime.native.Session.adapter_info` uses."""

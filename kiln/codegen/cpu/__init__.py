@@ -23,6 +23,7 @@ class CpuTarget(Target):
     """
 
     name = "cpu"
+    run_time_dims = True
 
     def default_schedule(self, t: Tensor, device_class: str = "cpu") -> Schedule:
         """:func:`~kiln.codegen.cpu_schedule.cpu_schedule` for vectors of :data:`~kiln.codegen.cpu.vector.LANES`

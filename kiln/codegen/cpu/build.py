@@ -3,7 +3,7 @@ runner (``targets.cpu``, docs/package-format.md).
 
 The source holds every kernel (``<name>(pointers..., begin, end)`` over tiles ``[begin, end)``), then
 ``kiln_step`` (plan step ``s`` over a tile range, its buffers at fixed offsets of the arena) and
-``kiln_run(arena, first, last, threads)`` (:data:`RUNNER`): steps ``[first, last)`` on ``threads`` POSIX
+``kiln_run(arena, first, last, threads, dims)`` (:data:`RUNNER`): steps ``[first, last)`` on ``threads`` POSIX
 threads of a pool kept between runs, each step's tiles split into contiguous ranges, a barrier between steps. The groups, memory plan
 and buffers are the ones every target of the package shares; only the schedules
 (:func:`kiln.codegen.cpu_schedule.cpu_schedule` for :data:`~kiln.codegen.cpu.vector.LANES` lanes) and the code
@@ -82,7 +82,7 @@ static void kiln_barrier(kiln_pool_t* p) {
 static void kiln_work(kiln_pool_t* p, int id) {
     const int n = p->threads;
     for (int s = p->first; s < p->last; s++) {
-        const long long total = kiln_total[s];
+        const long long total = kiln_tiles(s);
         const int b = (int)(total * id / n), e = (int)(total * (id + 1) / n);
         if (b < e) kiln_step(p->m, s, b, e);
         if (n > 1) kiln_barrier(p);
@@ -120,12 +120,14 @@ static void kiln_after_fork(void) {
 }
 __attribute__((constructor)) static void kiln_init(void) { pthread_atfork(0, 0, kiln_after_fork); }
 
-// plan steps [first, last) on `threads` threads; returns the threads used (fewer when some could not start)
-KILN_EXPORT("kiln_run") int kiln_run(unsigned char* m, int first, int last, int threads) {
+// plan steps [first, last) on `threads` threads, the kernels reading run-time dims `dims` (KILN_MAX_DIMS words);
+// returns the threads used (fewer when some could not start)
+KILN_EXPORT("kiln_run") int kiln_run(unsigned char* m, int first, int last, int threads, const int* dims) {
     kiln_pool_t* p = &kiln_pool;
     if (threads < 1) threads = 1;
     if (threads > KILN_MAX_THREADS) threads = KILN_MAX_THREADS;
     pthread_mutex_lock(&p->run);
+    for (int i = 0; i < KILN_MAX_DIMS; i++) kiln_dims[i] = dims[i];  // (under the lock: runs of other dims wait)
     while (p->started < threads - 1) {  // start the workers this run needs (kept for later runs)
         p->born[p->started + 1] = atomic_load_explicit(&p->epoch, memory_order_relaxed);
         if (pthread_create(&p->tids[p->started + 1], 0, kiln_worker, (void*)(long)(p->started + 1)) != 0) break;
@@ -148,7 +150,7 @@ KILN_EXPORT("kiln_run") int kiln_run(unsigned char* m, int first, int last, int 
     return threads;
 }
 
-KILN_EXPORT("kiln_steps") int kiln_steps(void) { return (int)(sizeof(kiln_total) / sizeof(kiln_total[0])); }
+KILN_EXPORT("kiln_steps") int kiln_steps(void) { return KILN_STEPS; }
 """
 
 
@@ -171,7 +173,7 @@ class CpuProgram:
             "memory": {"bytes": self.bytes, "align": ALIGN, "offsets": self.offsets},
             "kernels": [{"name": k.name, "ops": k.ops, "schedule": k.schedule, "vectorized": k.vectorized}
                         for k in self.kernels],
-            "plan": [{"kernel": s.kernel, "buffers": s.buffers, "total": s.total, "node": s.name} for s in self.steps],
+            "plan": [s.to_json() for s in self.steps],
         }
         return entry, {SOURCE: self.source}
 
@@ -193,8 +195,11 @@ def _plan_source(kernels: list[CKernel], steps: list[CStep], offsets: list[int])
         k = kernels[s.kernel]
         args = [f"({'const ' if ro else ''}{ctype}*)(m + {offsets[b]})" for (ctype, ro), b in zip(k.params, s.buffers)]
         lines.append(f"    case {i}: {k.name}({', '.join(args)}, b, e); return;")
-    lines += ["    }", "}", f"static const int kiln_total[{max(len(steps), 1)}] = {{"
-              + ", ".join(str(s.total) for s in steps) + "};"]
+    lines += ["    }", "}", f"#define KILN_STEPS {len(steps)}",
+              "// the tiles of step s (a size expression of run-time dims in a package that has them)",
+              "static int kiln_tiles(int s) {", "    switch (s) {"]
+    lines += [f"    case {i}: return {c.size_text(s.total)};" for i, s in enumerate(steps)]
+    lines += ["    }", "    return 0;", "}"]
     return "\n".join(lines) + "\n" + RUNNER % {"max_threads": MAX_THREADS}
 
 

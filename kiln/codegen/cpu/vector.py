@@ -102,6 +102,15 @@ static inline kv_t kv_i32_trunc_sat_f32(kv_t a) {
     return ((big & 2147483647) | (~big & r)) & (kv_t)(x == x);
 }
 
+// kiln_half_lo lane by lane (as kiln_f32x4_half_lo of the wasm prelude; needs subnormals kept, as by default)
+static inline kv_t kv_f32_half_lo(kv_t x) {
+    kv_t em = (x & 0x7fff) << 13;
+    kv_t f = (kv_t)((kv_f)em * 0x1p112f);
+    kv_t special = (kv_t)((x & 0x7c00) == 0x7c00);
+    f = kv_v128_bitselect(em | 0x7f800000, f, special);
+    return f | ((x & 0x8000) << 16);
+}
+
 // whole-vector load bases: clamped into [-(lanes - 1), size) ([-(2 lanes - 1), size) for two vectors)
 static inline int kiln_vbase(int i, int size) {
     return i < 1 - KILN_LANES ? 1 - KILN_LANES : (i >= size ? size - 1 : i);

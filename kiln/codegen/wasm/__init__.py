@@ -23,6 +23,7 @@ class WasmTarget(Target):
     """
 
     name = "wasm"
+    run_time_dims = True
 
     def __init__(self, limits: dict[str, int] | None = None, features: tuple[str, ...] = (), threads: bool = True):
         super().__init__(limits or {"memory_bytes": toolchain.MAX_MEMORY},

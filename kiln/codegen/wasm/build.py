@@ -69,6 +69,6 @@ def section(program: wasm.WasmProgram) -> tuple[dict[str, Any], dict[str, str | 
                    "arena": wasm.ARENA, "offsets": program.layout.offsets},
         "kernels": [{"name": k.name, "export": k.name, "params": len(k.params), "ops": k.ops,
                      "schedule": k.schedule, "vectorized": k.vectorized} for k in program.kernels],
-        "plan": [{"kernel": s.kernel, "buffers": s.buffers, "total": s.total, "node": s.name} for s in program.steps],
+        "plan": [s.to_json() for s in program.steps],
     }
     return entry, files

@@ -50,6 +50,16 @@ static inline v128_t kiln_f32x4_sign(v128_t x) {
 static inline v128_t kiln_load_s2(const void* p) {  // elements 0, 2, 4, 6 from p
     return wasm_i32x4_shuffle(wasm_v128_load(p), wasm_v128_load((const char*)p + 16), 0, 2, 4, 6);
 }
+// kiln_half_lo lane by lane: the low 16 bits of each int lane read as an IEEE half, exactly. The exponent and
+// mantissa moved into f32's places and scaled by 2^112 give every finite half (subnormals too: WebAssembly keeps
+// f32 subnormals); exponent 31 becomes f32's 255 (infinities, NaN); then the sign.
+static inline v128_t kiln_f32x4_half_lo(v128_t x) {
+    v128_t em = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x7fff)), 13);
+    v128_t f = wasm_f32x4_mul(em, wasm_f32x4_splat(0x1p112f));
+    v128_t special = wasm_i32x4_eq(wasm_v128_and(x, wasm_i32x4_splat(0x7c00)), wasm_i32x4_splat(0x7c00));
+    f = wasm_v128_bitselect(wasm_v128_or(em, wasm_i32x4_splat(0x7f800000)), f, special);
+    return wasm_v128_or(f, wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x8000)), 16));
+}
 static inline v128_t kiln_iota(int base, int stride) {
     return wasm_i32x4_make(base, base + stride, base + 2 * stride, base + 3 * stride);
 }

@@ -35,6 +35,7 @@ class WebGPUTarget(Target):
     """
 
     name = "webgpu"
+    run_time_dims = True
 
     def __init__(self, limits: dict[str, int] | None = None, features: tuple[str, ...] = ()):
         super().__init__(limits or DEFAULT_LIMITS, features)
