@@ -14,6 +14,8 @@ limits: docs/dynamic-shapes.md.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -398,9 +400,26 @@ def size_var(name: str, index: int, lo: int, hi: int, opt: int | None = None, mu
     return SizeVar(name, index, int(lo), int(hi), int(opt), multiple=int(multiple))
 
 
+#: run-time dim name -> the value :func:`at_opt` takes for it instead of its ``opt`` (see :func:`opt_values`)
+_OPT_OVERRIDE: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("kiln_opt_override", default={})
+
+
 def at_opt(d: Dim) -> int:
-    """``d`` evaluated at every symbol's ``opt`` value (what default schedules are chosen for)."""
-    return int(evaluate(d, {s.name: s.opt for s in symbols(d)}))
+    """``d`` evaluated at every symbol's ``opt`` value (what default schedules are chosen for), or at the values
+    an enclosing :func:`opt_values` gives."""
+    over = _OPT_OVERRIDE.get()
+    return int(evaluate(d, {s.name: over.get(s.name, s.opt) for s in symbols(d)}))
+
+
+@contextlib.contextmanager
+def opt_values(values: dict[str, int]):
+    """Within the ``with`` block, :func:`at_opt` evaluates the named dims at ``values`` (schedules chosen for
+    another point of the dims' range: a plan step's variant, docs/dynamic-shapes.md)."""
+    token = _OPT_OVERRIDE.set({**_OPT_OVERRIDE.get(), **values})
+    try:
+        yield
+    finally:
+        _OPT_OVERRIDE.reset(token)
 
 
 # ----------------------------------------------------------------------------- shape rules of ONNX converters

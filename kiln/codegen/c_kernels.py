@@ -5,14 +5,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kiln.arith import symbolic
 from kiln.arith.symbolic import Dim
 from kiln.codegen import c
 from kiln.codegen.cpu_schedule import grid_shape
 from kiln.codegen.lowering import group_expr, kernel_groups
-from kiln.codegen.target import KernelTable, describe, progress_over
+from kiln.codegen.target import KernelTable, describe, progress_over, variant_values, variant_when
 from kiln.errors import KilnError
 from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
@@ -42,22 +42,52 @@ class CKernel:
 
 
 @dataclass
+class CVariant:
+    """A plan step's kernel for run-time dims inside ``when`` (name -> ``[lo, hi]``, all must hold): the same group
+    and buffers, scheduled at another point of the dims' range (:func:`kiln.codegen.target.variant_values`)."""
+
+    when: dict[str, list[int]]
+    kernel: int
+    total: Dim
+    #: each dim of ``when``'s word in ``kiln_dims``
+    index: dict[str, int] = field(default_factory=dict)
+
+    def condition(self) -> str:
+        """C: whether the dims in ``kiln_dims`` fall in ``when``."""
+        return " && ".join(f"kiln_dims[{self.index[n]}] >= {lo} && kiln_dims[{self.index[n]}] <= {hi}"
+                           for n, (lo, hi) in self.when.items())
+
+    def to_json(self) -> dict:
+        """The variant's entry in a plan step's ``variants``."""
+        return {"when": self.when, "kernel": self.kernel, **_tiles(self.total)}
+
+
+@dataclass
 class CStep:
     """One call of the plan: ``kernel`` over tiles ``[0, total)`` with ``buffers`` bound to its pointers
-    (``total`` a size expression over run-time dims in a package that has them)."""
+    (``total`` a size expression over run-time dims in a package that has them), or one of its ``variants``
+    where the dims fall in its range."""
 
     kernel: int
     buffers: list[int]
     total: Dim
     name: str
+    variants: list[CVariant] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """The step's manifest entry: ``total`` at the dims' upper bounds, and ``tiles``, the size expression
-        the runtime evaluates per run, when it depends on run-time dims (docs/dynamic-shapes.md)."""
-        entry = {"kernel": self.kernel, "buffers": self.buffers, "total": symbolic.upper(self.total), "node": self.name}
-        if symbolic.is_symbolic(self.total):
-            entry["tiles"] = symbolic.to_json(self.total)
+        the runtime evaluates per run, when it depends on run-time dims (docs/dynamic-shapes.md); ``variants``."""
+        entry = {"kernel": self.kernel, "buffers": self.buffers, **_tiles(self.total), "node": self.name}
+        if self.variants:
+            entry["variants"] = [v.to_json() for v in self.variants]
         return entry
+
+
+def _tiles(total: Dim) -> dict:
+    out = {"total": symbolic.upper(total)}
+    if symbolic.is_symbolic(total):
+        out["tiles"] = symbolic.to_json(total)
+    return out
 
 
 def build_c_kernels(groups: list[Group], plan: MemoryPlan, schedule: Callable[[Tensor], Schedule],
@@ -70,17 +100,38 @@ def build_c_kernels(groups: list[Group], plan: MemoryPlan, schedule: Callable[[T
     """
     table = KernelTable(identifier=True)
     steps: list[CStep] = []
+    variants: dict[int, CVariant | None] = {}  # kernel index -> its variant (steps of one kernel share it)
     for g in progress_over(kernel_groups(groups), progress, f"generating {target} kernels"):
         final = group_expr(g)
-        sched = schedule(final)
-        k = lower(final, sched, name=g.name)
-        try:
-            src, vectorized = c.render(k, "KILN_NAME", grid_shape(final.shape, sched), describe(g), vectorize)
-        except (TypeError, ValueError) as e:
-            raise KilnError(f"node {g.nodes[0].name!r}: the {target} target cannot express its kernel ({e})") from None
-        index = table.add(src, g.name, lambda name: CKernel(
-            name, [(c.TYPES[p.dtype], p.access == "read") for p in k.params], [n.op for n in g.nodes],
-            sched.to_json(), vectorized, src.replace("KILN_NAME", name)))
+        k, sched, index = _kernel(table, g, final, schedule, vectorize, target)
         bufs = [plan.of[id(t.attrs["value"])] for t in k.inputs] + [plan.of[id(g.output)]]
-        steps.append(CStep(index, bufs, k.total, g.nodes[0].name))
+        step = CStep(index, bufs, k.total, g.nodes[0].name)
+        if index not in variants:
+            variants[index] = None
+            values = variant_values(k.size_vars)
+            if values:
+                with symbolic.opt_values(values):
+                    kv, sched_v, index_v = _kernel(table, g, final, schedule, vectorize, target)
+                if sched_v.to_json() != sched.to_json():
+                    variants[index] = CVariant(variant_when(k.size_vars, values), index_v, kv.total,
+                                               {v.name: v.index for v in k.size_vars})
+        if variants[index] is not None:
+            step.variants.append(variants[index])
+        steps.append(step)
     return table.kernels, steps
+
+
+def _kernel(table: KernelTable, g: Group, final: Tensor, schedule: Callable[[Tensor], Schedule],
+            vectorize: c.Vectorizer | None, target: str):
+    """Lower and render group ``g`` (its expression ``final``) under ``schedule`` and add it to ``table``;
+    returns ``(lowered kernel, schedule, kernel index)``."""
+    sched = schedule(final)
+    k = lower(final, sched, name=g.name)
+    try:
+        src, vectorized = c.render(k, "KILN_NAME", grid_shape(final.shape, sched), describe(g), vectorize)
+    except (TypeError, ValueError) as e:
+        raise KilnError(f"node {g.nodes[0].name!r}: the {target} target cannot express its kernel ({e})") from None
+    index = table.add(src, g.name, lambda name: CKernel(
+        name, [(c.TYPES[p.dtype], p.access == "read") for p in k.params], [n.op for n in g.nodes],
+        sched.to_json(), vectorized, src.replace("KILN_NAME", name)))
+    return k, sched, index

@@ -3,7 +3,7 @@ lane vectorisers (:mod:`kiln.codegen.wasm.simd`, :mod:`kiln.codegen.cpu`)."""
 
 from __future__ import annotations
 
-from kiln.arith.symbolic import Dim, at_opt, bounds, ceil_div, is_symbolic
+from kiln.arith.symbolic import Dim, at_opt, ceil_div, is_symbolic
 from kiln.te.compute import Tensor
 from kiln.te.schedule import Schedule, Split, reduction_size, tile_axes
 
@@ -30,8 +30,8 @@ def cpu_schedule(t: Tensor, lanes: int = 4) -> Schedule:
     largest divisor up to 8.
 
     A run-time dim is taken at its ``opt`` value (a decoder's ``sequence`` at 1: decode steps get the schedule
-    made for them); a run-time innermost axis is never split (vectors need rows of a known width), and
-    another is tiled only up to its smallest value, so no tile computes rows it then discards.
+    made for them, and prefill steps a variant scheduled at a larger value, :func:`kiln.codegen.target.variant_values`);
+    a run-time innermost axis is never split (vectors need rows of a known width).
     """
     if reduction_size(t) < 9:
         return Schedule()
@@ -50,7 +50,7 @@ def cpu_schedule(t: Tensor, lanes: int = 4) -> Schedule:
         elif a == second and shape[inner] % lanes:
             continue  # vectors cross rows of the innermost axis: tiling the row axis would break their contiguity
         else:
-            f = min(4 if split_inner else 8, max(1, bounds(t.shape[a])[0]) if is_symbolic(t.shape[a]) else shape[a])
+            f = min(4 if split_inner else 8, shape[a])
             if f > 1:
                 splits.append(Split(a, f, contiguous=True))
     return Schedule(splits=tuple(splits), unroll=9 if reduction_size(t) <= 9 else 8)

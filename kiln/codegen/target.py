@@ -100,6 +100,24 @@ class KernelTable:
         return self._by_digest[digest]
 
 
+#: a run-time dim whose ``opt`` is below this (a decoder step's ``sequence`` of 1: decode) also gets kernels
+#: scheduled at ``min(hi, VARIANT_AT)`` (prefill), run for the values above ``opt`` (a plan step's ``variants``)
+VARIANT_AT = 64
+
+
+def variant_values(size_vars: Iterable[Any]) -> dict[str, int]:
+    """The run-time dims a kernel over ``size_vars`` gets a variant for (name -> the value its schedule is chosen
+    at): those whose ``opt`` is below :data:`VARIANT_AT` and their bound. A decoder step's kernel scheduled at
+    ``sequence = 1`` is a matrix-vector product that reloads (and dequantizes) every weight for each prompt
+    token; its variant at 64 tiles the tokens too."""
+    return {v.name: min(v.hi, VARIANT_AT) for v in size_vars if v.opt < VARIANT_AT and v.opt < v.hi}
+
+
+def variant_when(size_vars: Iterable[Any], values: dict[str, int]) -> dict[str, list[int]]:
+    """The dims range a variant made at ``values`` runs for: each such dim above its ``opt`` (inclusive bounds)."""
+    return {v.name: [v.opt + 1, v.hi] for v in size_vars if v.name in values}
+
+
 def describe(group: Group, shape_text: str | None = None) -> str:
     """``Op -> Op [shape]``: the comment a kernel's source carries."""
     return " -> ".join(n.op for n in group.nodes) + f" {shape_text if shape_text is not None else list(group.output.shape)}"

@@ -102,6 +102,20 @@ export function dimsWords(manifest, env) {
 }
 
 /**
+ * The plan step, or the first of its `variants` whose `when` ranges all hold, that runs for dims `env` (a variant is
+ * the step's group scheduled for another part of the dims' range; ignoring it computes the same values).
+ * @template {{variants?: {when: Record<string, number[]>}[]}} S
+ * @param {S} step @param {Record<string, number>} env
+ * @returns {any}
+ */
+export function chosenStep(step, env) {
+  for (const v of step.variants ?? []) {
+    if (Object.entries(v.when).every(([name, [lo, hi]]) => lo <= env[name] && env[name] <= hi)) return v;
+  }
+  return step;
+}
+
+/**
  * Workgroup counts of a plan step for dims `env` ([0, 0, 0]: nothing to do, skip the dispatch).
  * @param {KernelStep} step @param {Record<string, number>} env @param {number} [maxX]
  * @returns {number[]}

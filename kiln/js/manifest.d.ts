@@ -709,6 +709,24 @@ export interface WasmStep {
    * the step when it is 0.
    */
   tiles?: SizeExpression;
+  /**
+   * (1.6) The step's group scheduled for another part of the run-time dims' range (a decoder's prefill): the first
+   * variant whose when ranges all hold runs instead of kernel, over its own tiles. A runtime that ignores variants
+   * computes the same values.
+   */
+  variants?: WasmVariant[];
+}
+
+/** A plan step's kernel for run-time dims inside when: the same buffers, another schedule. */
+export interface WasmVariant {
+  /** Run-time dim name -> [lo, hi] (inclusive): the variant runs when every dim is in its range. */
+  when: { [key: string]: number[] };
+  /** The index of the variant's kernel in kernels. */
+  kernel: number;
+  /** Its tiles at the upper bounds of the run-time dims. */
+  total: number;
+  /** Its tile count as a size expression over run-time dims. */
+  tiles?: SizeExpression;
 }
 
 /**

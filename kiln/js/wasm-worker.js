@@ -4,10 +4,11 @@
 //   {type: 'init', module, memory, control, index, workers, steps}  instantiate the threaded module over the
 //       shared `memory`; `steps` is the plan as [{export, ptrs, total}]; answers {type: 'ready', dims} (`dims`: the
 //       address of the module's run-time dims array, from its kiln_dims export; 0 without one)
-//   {type: 'run', tiles}  compute this worker's share of every step, tiles [floor(total*index/workers),
+//   {type: 'run', tiles, kernels}  compute this worker's share of every step, tiles [floor(total*index/workers),
 //       floor(total*(index+1)/workers)), meeting the other workers at a barrier (the shared Int32Array
-//       `control`: [arrived, generation]) after each step; `tiles` (run-time dims changed), when not null, replaces
-//       every step's total; answers {type: 'done'} or {type: 'error', message}
+//       `control`: [arrived, generation]) after each step; `tiles` and `kernels` (run-time dims changed), when not
+//       null, replace every step's total and kernel export (a plan step's variant); answers {type: 'done'} or
+//       {type: 'error', message}
 
 let exports = null;
 let control = null;
@@ -44,6 +45,14 @@ self.onmessage = async ({data}) => {
   }
   if (data.type === 'run') {
     if (data.tiles) steps.forEach((s, i) => { s.total = data.tiles[i]; });
+    if (data.kernels) {
+      const missing = data.kernels.find((name) => typeof exports[name] !== 'function');
+      if (missing) {
+        self.postMessage({type: 'error', message: `the threaded module has no export ${missing}`});
+        return;
+      }
+      steps.forEach((s, i) => { s.export = data.kernels[i]; });
+    }
     let failure = null;
     for (let i = 0; i < steps.length; i++) {
       const {export: name, ptrs, total} = steps[i];

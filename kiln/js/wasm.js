@@ -13,7 +13,7 @@
 // the export kiln_dims()), written when they change, and each step runs over its `tiles` size expression.
 // See kiln.js for the backend interface this module implements.
 
-import {dimsWords, evalDims, outputShape} from './dims.js';
+import {chosenStep, dimsWords, evalDims, outputShape} from './dims.js';
 import {DeviceError, KilnError, PackageError} from './errors.js';
 import {readWeights, sha256Hex} from './package.js';
 import {DTYPES, product} from './tensor.js';
@@ -148,6 +148,8 @@ export class WasmBackend {
     /** @private @type {Worker[]} */ this.workers = [];
     /** @private each step's tiles for the current run-time dims (the plan's totals in a static package) */
     this.tiles = this.spec.plan.map((s) => s.total);
+    /** @private each step's kernel for the current run-time dims (a variant's, or the step's own) */
+    this.kernels = this.spec.plan.map((s) => s.kernel);
     /** @private byte address of the module's kiln_dims array (run-time dims), 0 when there is none */
     this.dimsAddress = 0;
     /** @private the dims last written (JSON) @type {string | null} */
@@ -208,18 +210,19 @@ export class WasmBackend {
    * @param {WebAssembly.Exports} exports @returns {Function[]} @private
    */
   planCalls(exports) {
+    const fns = /** @type {Function[]} */ (this.spec.kernels.map((kernel) => exports[kernel.export]));
     return this.spec.plan.map((step, index) => {
-      const kernel = this.spec.kernels[step.kernel];
-      const fn = kernel && exports[kernel.export];
-      if (typeof fn !== 'function') throw new PackageError(`wasm plan step ${index}: no kernel export for kernel ${step.kernel}`);
+      for (const k of [step.kernel, ...(step.variants ?? []).map((v) => v.kernel)]) {
+        if (typeof fns[k] !== 'function') throw new PackageError(`wasm plan step ${index}: no kernel export for kernel ${k}`);
+      }
       const ptrs = step.buffers.map((b) => this.offsets[b]);
-      if (step.tiles === undefined) {
-        const args = [...ptrs, 0, step.total];
+      if (step.tiles === undefined && !step.variants) {
+        const fn = fns[step.kernel], args = [...ptrs, 0, step.total];
         return () => fn(...args);
       }
       return () => {
         const tiles = this.tiles[index];
-        if (tiles > 0) fn(...ptrs, 0, tiles);
+        if (tiles > 0) fns[this.kernels[index]](...ptrs, 0, tiles);
       };
     });
   }
@@ -247,7 +250,9 @@ export class WasmBackend {
     const view = new Int32Array(this.memory.buffer, this.dimsAddress, words.length);
     if (this.workers.length) for (let i = 0; i < words.length; i++) Atomics.store(view, i, words[i]);
     else view.set(words);
-    this.tiles = this.spec.plan.map((s) => (s.tiles === undefined ? s.total : Math.max(0, evalDims(s.tiles, dims))));
+    const steps = this.spec.plan.map((s) => chosenStep(s, dims));  // (a variant scheduled for these dims, or the step)
+    this.kernels = steps.map((s) => s.kernel);
+    this.tiles = steps.map((s) => (s.tiles === undefined ? s.total : Math.max(0, evalDims(s.tiles, dims))));
     this.tilesSent = false;
     this.dimsKey = key;
   }
@@ -286,8 +291,10 @@ export class WasmBackend {
       for (const call of this.calls) call();
       return;
     }
-    const tiles = this.tilesSent ? null : this.tiles;  // (the workers keep the last tiles they were sent)
-    await Promise.all(this.workers.map((worker) => this.ask(worker, {type: 'run', tiles})));
+    // (the workers keep the last tiles and kernels they were sent)
+    const tiles = this.tilesSent ? null : this.tiles;
+    const kernels = this.tilesSent ? null : this.kernels.map((k) => this.spec.kernels[k].export);
+    await Promise.all(this.workers.map((worker) => this.ask(worker, {type: 'run', tiles, kernels})));
     this.tilesSent = true;
   }
 

@@ -78,6 +78,7 @@ class ArenaSession(GenerationMixin):
         self._dims_env: dict[str, int] | None = None
         self._shapes: dict[str, list[int]] = {}
         self.tiles = [int(s["total"]) for s in self.plan]  # each step's tiles in the last run
+        self.kernels = [int(s["kernel"]) for s in self.plan]  # each step's kernel in the last run (or a variant's)
         if poison:
             for b in self.manifest["buffers"]:
                 if b["kind"] in ("activation", "output"):
@@ -112,7 +113,7 @@ class ArenaSession(GenerationMixin):
 
     def _set_dims(self, words: np.ndarray) -> None:
         """Make the kernels read run-time dims ``words`` (int32, dim ``index`` in word ``index``);
-        :attr:`tiles` holds the steps' tiles for them."""
+        :attr:`tiles` and :attr:`kernels` hold the steps' tiles and kernels for them."""
         raise NotImplementedError
 
     def _bind_dims(self, feeds: dict[str, np.ndarray]) -> dict[str, list[int]]:
@@ -124,7 +125,9 @@ class ArenaSession(GenerationMixin):
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
-            self.tiles = [dynamic.eval_json(s["tiles"], env) if "tiles" in s else int(s["total"]) for s in self.plan]
+            steps = [dynamic.chosen(s, env) for s in self.plan]  # (a variant scheduled for these dims, or the step)
+            self.kernels = [int(s["kernel"]) for s in steps]
+            self.tiles = [dynamic.eval_json(s["tiles"], env) if "tiles" in s else int(s["total"]) for s in steps]
             self._set_dims(np.frombuffer(dynamic.dims_words(self.manifest, env), np.int32))
             self._dims_env, self._shapes = env, dynamic.output_shapes(self.manifest, env)
         return self._shapes
@@ -173,5 +176,5 @@ class ArenaSession(GenerationMixin):
                 t0 = time.perf_counter()
                 self._run_step(i)
                 samples[i].append((time.perf_counter() - t0) * 1e3)
-        return [{"step": s.get("node", str(i)), "kernel": self.kernel_names[s["kernel"]], "dispatch": [self.tiles[i], 1, 1],
+        return [{"step": s.get("node", str(i)), "kernel": self.kernel_names[self.kernels[i]], "dispatch": [self.tiles[i], 1, 1],
                  "ms": float(np.median(samples[i])), "clock": "wall"} for i, s in enumerate(plan)]

@@ -114,6 +114,16 @@ def dims_words(manifest: dict[str, Any], env: dict[str, int]) -> bytes:
     return words.tobytes()
 
 
+def chosen(step: dict[str, Any], env: dict[str, int]) -> dict[str, Any]:
+    """The plan step, or the first of its ``variants`` whose ``when`` ranges all hold, that runs for dims ``env``
+    (a variant is the step's group scheduled for another part of the dims' range; a runtime that ignores
+    variants still computes the same values)."""
+    for v in step.get("variants", ()):
+        if all(lo <= env[name] <= hi for name, (lo, hi) in v["when"].items()):
+            return v
+    return step
+
+
 def dispatches(plan: list[dict[str, Any]], env: dict[str, int], max_x: int = 65535) -> list[tuple[int, int, int]]:
     """Workgroup counts ``(x, y, z)`` of every step for dims ``env``; ``(0, 0, 0)`` for a step with nothing to do
     (the runtime skips it). Counts above ``max_x`` wrap into y, as the kernels expect."""

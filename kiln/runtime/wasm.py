@@ -103,17 +103,24 @@ class WasmSession(ArenaSession):
                       for s in tgt["plan"]]
         self._pool = None
         if self.threads > 1:
-            per_worker = [[ex[k["export"]] for k in tgt["kernels"]]
-                          for ex in (inst.exports(st) for st, inst in self.workers)]
-            self._worker_steps = [[(fns[s["kernel"]], st) for st, fns in zip((w[0] for w in self.workers), per_worker)]
-                                  for s in tgt["plan"]]
+            self._per_worker = [[ex[k["export"]] for k in tgt["kernels"]]
+                                for ex in (inst.exports(st) for st, inst in self.workers)]
+            self._worker_steps = self._plan_workers([s["kernel"] for s in tgt["plan"]])
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiln-wasm")
         self._load(poison)
         self._dims_at = exports["kiln_dims"](self.store) if self._dyn else 0  # the module's dims array
 
+    def _plan_workers(self, kernels: list[int]) -> list[list[tuple[Any, Any]]]:
+        """Per step, each worker's ``(function, store)`` of kernel ``kernels[step]``."""
+        stores = [w[0] for w in self.workers]
+        return [[(fns[k], st) for st, fns in zip(stores, self._per_worker)] for k in kernels]
+
     def _set_dims(self, words: np.ndarray) -> None:
         self.mem[self._dims_at:self._dims_at + words.nbytes] = words.view(np.uint8)
-        self.steps = [(fn, ptrs, tiles) for (fn, ptrs, _), tiles in zip(self.steps, self.tiles)]
+        self.steps = [(self.functions[k], ptrs, tiles) for (_, ptrs, _), k, tiles in zip(self.steps, self.kernels,
+                                                                                        self.tiles)]
+        if self.threads > 1:
+            self._worker_steps = self._plan_workers(self.kernels)
 
     def adapter_info(self) -> dict[str, Any]:
         """What runs the kernels, in the keys :meth:`kiln.runtime.native.Session.adapter_info` uses."""

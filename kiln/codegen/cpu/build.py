@@ -193,12 +193,19 @@ def _plan_source(kernels: list[CKernel], steps: list[CStep], offsets: list[int])
              "static void kiln_step(unsigned char* m, int s, int b, int e) {", "    switch (s) {"]
     for i, s in enumerate(steps):
         k = kernels[s.kernel]
-        args = [f"({'const ' if ro else ''}{ctype}*)(m + {offsets[b]})" for (ctype, ro), b in zip(k.params, s.buffers)]
-        lines.append(f"    case {i}: {k.name}({', '.join(args)}, b, e); return;")
+        args = ", ".join(f"({'const ' if ro else ''}{ctype}*)(m + {offsets[b]})" for (ctype, ro), b in zip(k.params, s.buffers))
+        call = f"{k.name}({args}, b, e); return;"
+        for v in s.variants:  # (a variant's kernel has the same parameters)
+            call = f"if ({v.condition()}) {{ {kernels[v.kernel].name}({args}, b, e); return; }} " + call
+        lines.append(f"    case {i}: {call}")
     lines += ["    }", "}", f"#define KILN_STEPS {len(steps)}",
               "// the tiles of step s (a size expression of run-time dims in a package that has them)",
               "static int kiln_tiles(int s) {", "    switch (s) {"]
-    lines += [f"    case {i}: return {c.size_text(s.total)};" for i, s in enumerate(steps)]
+    for i, s in enumerate(steps):
+        tiles = c.size_text(s.total)
+        for v in s.variants:
+            tiles = f"({v.condition()}) ? {c.size_text(v.total)} : {tiles}"
+        lines.append(f"    case {i}: return {tiles};")
     lines += ["    }", "    return 0;", "}"]
     return "\n".join(lines) + "\n" + RUNNER % {"max_threads": MAX_THREADS}
 
