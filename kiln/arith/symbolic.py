@@ -401,13 +401,14 @@ def size_var(name: str, index: int, lo: int, hi: int, opt: int | None = None, mu
 
 
 #: run-time dim name -> the value :func:`at_opt` takes for it instead of its ``opt`` (see :func:`opt_values`)
-_OPT_OVERRIDE: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("kiln_opt_override", default={})
+_OPT_OVERRIDE: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("kiln_opt_override",
+                                                                                     default=None)
 
 
 def at_opt(d: Dim) -> int:
     """``d`` evaluated at every symbol's ``opt`` value (what default schedules are chosen for), or at the values
     an enclosing :func:`opt_values` gives."""
-    over = _OPT_OVERRIDE.get()
+    over = _OPT_OVERRIDE.get() or {}
     return int(evaluate(d, {s.name: over.get(s.name, s.opt) for s in symbols(d)}))
 
 
@@ -415,7 +416,7 @@ def at_opt(d: Dim) -> int:
 def opt_values(values: dict[str, int]):
     """Within the ``with`` block, :func:`at_opt` evaluates the named dims at ``values`` (schedules chosen for
     another point of the dims' range: a plan step's variant, docs/dynamic-shapes.md)."""
-    token = _OPT_OVERRIDE.set({**_OPT_OVERRIDE.get(), **values})
+    token = _OPT_OVERRIDE.set({**(_OPT_OVERRIDE.get() or {}), **values})
     try:
         yield
     finally:
