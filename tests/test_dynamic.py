@@ -216,18 +216,22 @@ def _feeds(name, b, s, rng):
     return {"ids": rng.integers(0, 50, (b, s)).astype(np.int64)}
 
 
-@pytest.mark.parametrize("name", list(BUILDS))
-def test_one_package_many_shapes(models, name, rng):
-    path, _, session = models[name]
+def _check_shapes(path, session, name, rng, what):
+    """``session`` against onnxruntime running ``path`` at every shape of :data:`SHAPES`."""
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in ref.get_outputs()]
     for b, s in SHAPES:
         feeds = _feeds(name, b, s, rng)
         got = session.run(feeds)
         for n, want in zip(names, ref.run(None, feeds)):
-            assert got[n].shape == want.shape, (n, b, s)
-            assert got[n].dtype == want.dtype, (n, b, s)
-            np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-4, err_msg=f"{name}.{n} at batch={b} seq={s}")
+            assert got[n].shape == want.shape and got[n].dtype == want.dtype, (what, n, b, s)
+            np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-4, err_msg=f"{what}.{n} at batch={b} seq={s}")
+
+
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_one_package_many_shapes(models, name, rng):
+    path, _, session = models[name]
+    _check_shapes(path, session, name, rng, name)
 
 
 @pytest.mark.parametrize("target", ["wasm", "cpu"])
@@ -235,16 +239,8 @@ def test_one_package_many_shapes(models, name, rng):
 def test_c_targets_many_shapes(models, c_sessions, name, target, rng):
     """The C targets run the same packages: kernels read the dims from ``kiln_dims``, each step's tiles are
     its ``tiles`` size expression, inputs are written and outputs read at their run-time shapes."""
-    path = models[name][0]
     session = c_sessions[name, target]
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in ref.get_outputs()]
-    for b, s in SHAPES:
-        feeds = _feeds(name, b, s, rng)
-        got = session.run(feeds)
-        for n, want in zip(names, ref.run(None, feeds)):
-            assert got[n].shape == want.shape and got[n].dtype == want.dtype, (n, b, s)
-            np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-4, err_msg=f"{target} {name}.{n} at {b}x{s}")
+    _check_shapes(models[name][0], session, name, rng, f"{target} {name}")
     plan = session.manifest["targets"][target]["plan"]
     assert any("tiles" in step for step in plan)
     if name == "attention":  # seq's opt (8) is below its bound: matrix products get variants scheduled at 16
