@@ -262,7 +262,9 @@ def test_manifest(models):
     tgt = m["targets"]["webgpu"]
     dynamic = [s for s in tgt["plan"] if "groups" in s]
     assert dynamic and tgt["dims_uniform"]["bytes"] == 16
-    for s in dynamic:  # the recorded dispatch is the count at the upper bounds
+    variants = [v for s in dynamic for v in s.get("variants", ())]
+    assert variants and all(v["when"] == {"seq": [9, 16]} for v in variants)  # scheduled at 16 for seq > opt (8)
+    for s in dynamic + variants:  # the recorded dispatch is the count at the upper bounds
         assert eval_json(s["groups"], {"batch": 4, "seq": 16}) == s["dispatch"][0] * s["dispatch"][1]
     for k in tgt["kernels"]:
         src = (pkg / k["source"]).read_text()

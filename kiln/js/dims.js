@@ -102,17 +102,28 @@ export function dimsWords(manifest, env) {
 }
 
 /**
- * The plan step, or the first of its `variants` whose `when` ranges all hold, that runs for dims `env` (a variant is
- * the step's group scheduled for another part of the dims' range; ignoring it computes the same values).
- * @template {{variants?: {when: Record<string, number[]>}[]}} S
- * @param {S} step @param {Record<string, number>} env
+ * Which kernel of a plan step runs for dims `env`: 0 for the step's own, `i + 1` for its `variants[i]`, the first
+ * whose `when` ranges all hold (a variant is the step's group scheduled for another part of the dims' range;
+ * ignoring it computes the same values).
+ * @param {{variants?: {when: Record<string, number[]>}[]}} step @param {Record<string, number>} env
+ * @returns {number}
+ */
+export function variantIndex(step, env) {
+  const variants = step.variants ?? [];
+  for (let i = 0; i < variants.length; i++) {
+    if (Object.entries(variants[i].when).every(([name, [lo, hi]]) => lo <= env[name] && env[name] <= hi)) return i + 1;
+  }
+  return 0;
+}
+
+/**
+ * The plan step, or its variant, that runs for dims `env` ({@link variantIndex}).
+ * @param {{variants?: {when: Record<string, number[]>}[]}} step @param {Record<string, number>} env
  * @returns {any}
  */
 export function chosenStep(step, env) {
-  for (const v of step.variants ?? []) {
-    if (Object.entries(v.when).every(([name, [lo, hi]]) => lo <= env[name] && env[name] <= hi)) return v;
-  }
-  return step;
+  const i = variantIndex(step, env);
+  return i ? /** @type {any[]} */ (step.variants)[i - 1] : step;
 }
 
 /**
@@ -121,6 +132,7 @@ export function chosenStep(step, env) {
  * @returns {number[]}
  */
 export function stepDispatch(step, env, maxX = 65535) {
+  step = chosenStep(step, env);
   if (step.groups === undefined) return step.dispatch;
   const g = evalDims(step.groups, env);
   if (g <= 0) return [0, 0, 0];

@@ -425,6 +425,12 @@ export interface KernelStep {
    * dispatch (g, 1, 1), or (65535, ceil(g / 65535), 1) above 65535.
    */
   groups?: SizeExpression;
+  /**
+   * (1.6) The step's group scheduled for another part of the run-time dims' range (a decoder's prefill): the first
+   * variant whose when ranges all hold runs instead of kernel, with its own dispatch and groups, the same buffers. A
+   * runtime that ignores variants computes the same values.
+   */
+  variants?: KernelVariant[];
 }
 
 /** (1.4) copyBufferToBuffer(buffers[src], 0, buffers[dst], 0, bytes). */
@@ -715,6 +721,18 @@ export interface WasmStep {
    * computes the same values.
    */
   variants?: WasmVariant[];
+}
+
+/** A WebGPU plan step's kernel for run-time dims inside when: the same buffers, another schedule. */
+export interface KernelVariant {
+  /** Run-time dim name -> [lo, hi] (inclusive): the variant runs when every dim is in its range. */
+  when: { [key: string]: number[] };
+  /** The index of the variant's kernel in kernels. */
+  kernel: number;
+  /** Its workgroup count at the dims' upper bounds. */
+  dispatch: Dim3;
+  /** Its workgroup count as a size expression over run-time dims. */
+  groups: SizeExpression;
 }
 
 /** A plan step's kernel for run-time dims inside when: the same buffers, another schedule. */

@@ -14,7 +14,7 @@
 
 import {ControlRunner, isControlPlan, kernelSteps} from './control.js';
 import {createTrainer, readBuffers, runTrainStep} from './train.js';
-import {dimsWords, outputShape, stepDispatch} from './dims.js';
+import {dimsWords, outputShape, stepDispatch, variantIndex} from './dims.js';
 import {DeviceError, PackageError} from './errors.js';
 import {GPUTensor, storageType} from './gputensor.js';
 import {kernelText, readWeights} from './package.js';
@@ -239,7 +239,9 @@ export class WebGPUBackend {
    * @param {GPUDevice} device
    * @param {Manifest} manifest
    * @param {GPUBuffer[]} buffers one per manifest buffer, indexed by buffer id
-   * @param {{pipeline: GPUComputePipeline, bindGroup: GPUBindGroup, dispatch: number[], step: KernelStep}[]} steps
+   * @param {{pipeline: GPUComputePipeline, bindGroup: GPUBindGroup, dispatch: number[], step: KernelStep,
+   *   alternatives: {pipeline: GPUComputePipeline, bindGroup: GPUBindGroup}[]}[]} steps (`alternatives`: the
+   *   step's kernel and its variants', setDims picks one)
    * @param {{buffer: GPUBuffer, offsets: number[], sizes: number[]}} staging one mappable buffer taking every
    *   output's copy, at `offsets[i]` for the i-th output
    * @private
@@ -339,13 +341,16 @@ export class WebGPUBackend {
     // a plan without control steps holds kernel steps only
     const flat = control ? kernelSteps(spec.plan) : /** @type {KernelStep[]} */ (spec.plan);
     const steps = flat.map((step, index) => {
-      const {pipeline, layout} = pipelines[step.kernel] ?? {};
-      if (!pipeline) throw new PackageError(`${root}: plan step ${index} names kernel ${step.kernel}, which does not exist`);
-      const entries = step.buffers.map((id, binding) => ({binding, resource: {buffer: buffers[id]}}));
-      const dimsBinding = spec.kernels[step.kernel].dims_binding;
-      if (dimsBinding !== undefined) entries.push({binding: dimsBinding, resource: {buffer: dimsBuffer}});
-      const bindGroup = device.createBindGroup({label: step.node, layout, entries});
-      return {pipeline, bindGroup, dispatch: step.dispatch, step};
+      // the step's kernel, then its variants' (scheduled for another range of run-time dims): setDims picks one
+      const alternatives = [step.kernel, ...(step.variants ?? []).map((v) => v.kernel)].map((kernel) => {
+        const {pipeline, layout} = pipelines[kernel] ?? {};
+        if (!pipeline) throw new PackageError(`${root}: plan step ${index} names kernel ${kernel}, which does not exist`);
+        const entries = step.buffers.map((id, binding) => ({binding, resource: {buffer: buffers[id]}}));
+        const dimsBinding = spec.kernels[kernel].dims_binding;
+        if (dimsBinding !== undefined) entries.push({binding: dimsBinding, resource: {buffer: dimsBuffer}});
+        return {pipeline, bindGroup: device.createBindGroup({label: step.node, layout, entries})};
+      });
+      return {...alternatives[0], alternatives, dispatch: step.dispatch, step};
     });
     const sizes = manifest.outputs.map((o) => copySize(o, buffers[o.buffer]));
     const offsets = [];
@@ -446,6 +451,7 @@ export class WebGPUBackend {
     if (key === this.dimsKey) return;
     this.device.queue.writeBuffer(this.dimsBuffer, 0, dimsWords(this.manifest, dims));
     this.dispatches = this.steps.map((s) => stepDispatch(s.step, dims));
+    for (const s of this.steps) Object.assign(s, s.alternatives[variantIndex(s.step, dims)]);  // (a variant's kernel)
     this.dimsKey = key;
   }
 

@@ -114,21 +114,29 @@ def dims_words(manifest: dict[str, Any], env: dict[str, int]) -> bytes:
     return words.tobytes()
 
 
-def chosen(step: dict[str, Any], env: dict[str, int]) -> dict[str, Any]:
-    """The plan step, or the first of its ``variants`` whose ``when`` ranges all hold, that runs for dims ``env``
-    (a variant is the step's group scheduled for another part of the dims' range; a runtime that ignores
-    variants still computes the same values)."""
-    for v in step.get("variants", ()):
+def variant(step: dict[str, Any], env: dict[str, int]) -> int:
+    """Which kernel of a plan step runs for dims ``env``: 0 for the step's own, ``i + 1`` for its ``variants[i]``,
+    the first whose ``when`` ranges all hold (a variant is the step's group scheduled for another part of the dims'
+    range; a runtime that ignores variants still computes the same values)."""
+    for i, v in enumerate(step.get("variants", ())):
         if all(lo <= env[name] <= hi for name, (lo, hi) in v["when"].items()):
-            return v
-    return step
+            return i + 1
+    return 0
+
+
+def chosen(step: dict[str, Any], env: dict[str, int]) -> dict[str, Any]:
+    """The plan step, or its variant, that runs for dims ``env`` (:func:`variant`)."""
+    i = variant(step, env)
+    return step["variants"][i - 1] if i else step
 
 
 def dispatches(plan: list[dict[str, Any]], env: dict[str, int], max_x: int = 65535) -> list[tuple[int, int, int]]:
-    """Workgroup counts ``(x, y, z)`` of every step for dims ``env``; ``(0, 0, 0)`` for a step with nothing to do
-    (the runtime skips it). Counts above ``max_x`` wrap into y, as the kernels expect."""
+    """Workgroup counts ``(x, y, z)`` of every step (its kernel for ``env``: :func:`chosen`) for dims ``env``;
+    ``(0, 0, 0)`` for a step with nothing to do (the runtime skips it). Counts above ``max_x`` wrap into y, as the
+    kernels expect."""
     out = []
     for s in plan:
+        s = chosen(s, env)
         if "groups" not in s:
             out.append(tuple(s["dispatch"]))
             continue

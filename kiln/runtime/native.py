@@ -177,16 +177,23 @@ class Session(TrainingMixin, GenerationMixin):
         #: runs plans with run-time If/Loop (format 1.4); None for a flat plan
         self.control = ControlPlan(self, tgt["plan"]) if is_control_plan(tgt["plan"]) else None
         plan = self.control.kernel_steps if self.control is not None else tgt["plan"]
-        self.steps = []
-        for s in plan:
-            pipeline, layout = self.pipelines[s["kernel"]]
+        def bind(s: dict[str, Any], kernel: int) -> tuple[Any, Any]:
+            pipeline, layout = self.pipelines[kernel]
             entries = [{"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0,
                                                    "size": self.buffers[bid].size}} for i, bid in enumerate(s["buffers"])]
-            if "dims_binding" in tgt["kernels"][s["kernel"]]:
-                entries.append({"binding": tgt["kernels"][s["kernel"]]["dims_binding"], "resource": {
+            if "dims_binding" in tgt["kernels"][kernel]:
+                entries.append({"binding": tgt["kernels"][kernel]["dims_binding"], "resource": {
                     "buffer": self.dims_buffer, "offset": 0, "size": self.dims_buffer.size}})
-            group = dev.create_bind_group(layout=layout, entries=entries)
-            self.steps.append((pipeline, group, tuple(s["dispatch"])))
+            return pipeline, dev.create_bind_group(layout=layout, entries=entries)
+
+        #: per step, its kernel's (pipeline, bind group) and its variants' (kernels scheduled for another range of
+        #: run-time dims, docs/dynamic-shapes.md); self.steps holds the ones the current dims choose
+        self._alternatives = [[bind(s, s["kernel"])] + [bind(s, v["kernel"]) for v in s.get("variants", ())]
+                              for s in plan]
+        self._plan = plan
+        self._choice: tuple[int, ...] = tuple(0 for _ in plan)
+        self._validated = {self._choice}
+        self.steps = [(*alts[0], tuple(s["dispatch"])) for alts, s in zip(self._alternatives, plan)]
         self._raw = self._raw_steps()
         self._ran = False
         chunks = os.environ.get("KILN_SUBMIT_CHUNKS")
@@ -377,7 +384,23 @@ class Session(TrainingMixin, GenerationMixin):
             evaluated = dynamic.dispatches(plan, env), dynamic.output_shapes(self.manifest, env)
             self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))
             self._dims_env, self._dims_eval = env, evaluated
+            self._choose_variants(env)
         return self._dims_eval
+
+    def _choose_variants(self, env: dict[str, int]) -> None:
+        """Point :attr:`steps` at the kernels the dims ``env`` choose (each step's own or a variant's)."""
+        choice = tuple(dynamic.variant(s, env) for s in self._plan)  # 0: the step's own kernel, i: variants[i - 1]
+        if choice == self._choice:
+            return
+        self._choice = choice
+        tgt = self.manifest["targets"]["webgpu"]
+        self.steps = [(*alts[c], d) for alts, c, (_, _, d) in zip(self._alternatives, choice, self.steps)]
+        self.step_names = [tgt["kernels"][s["kernel"] if not c else s["variants"][c - 1]["kernel"]]["name"]
+                           for s, c in zip(self._plan, choice)]
+        self._raw = self._raw_steps()
+        if choice not in self._validated:  # a first run of these pipelines goes through the checked API
+            self._validated.add(choice)
+            self._ran = False
 
     def _split_feeds(self, feeds: dict[str, Any]) -> tuple[list[tuple[dict, np.ndarray]], list[tuple[dict, GPUTensor]]]:
         """Host feeds checked and in storage form (:meth:`_check_feeds`), and GPUTensor feeds checked.

@@ -14,7 +14,7 @@ from typing import Any
 
 from kiln.arith import symbolic
 from kiln.codegen.lowering import build_group, kernel_groups
-from kiln.codegen.target import KernelTable, Program, describe, progress_over
+from kiln.codegen.target import KernelTable, Program, describe, progress_over, variant_values, variant_when
 from kiln.codegen.webgpu import wgsl
 from kiln.codegen.webgpu.validate import validate_wgsl
 from kiln.package import dynamic
@@ -67,11 +67,30 @@ class Step:
     name: str
     #: workgroups as a size expression of run-time dims (None when static; ``dispatch`` then holds the upper bound)
     groups: Any = None
+    #: kernels of the same group scheduled for another range of run-time dims (see :func:`kiln.codegen.target.variant_values`)
+    variants: list[Variant] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The step's entry in ``targets.webgpu.plan``."""
         return {"kernel": self.kernel, "dispatch": list(self.dispatch), "buffers": self.buffers, "node": self.name,
-                **dynamic.step_fields(self)}
+                **dynamic.step_fields(self),
+                **({"variants": [v.to_json() for v in self.variants]} if self.variants else {})}
+
+
+@dataclass
+class Variant:
+    """A plan step's kernel for dims inside ``when`` (name -> ``[lo, hi]``, all must hold): the same group and
+    buffers, lowered under the schedule chosen at another point of the dims' range."""
+
+    when: dict[str, list[int]]
+    kernel: int
+    dispatch: tuple[int, int, int]
+    groups: Any
+
+    def to_json(self) -> dict[str, Any]:
+        """The variant's entry in a plan step's ``variants``."""
+        return {"when": self.when, "kernel": self.kernel, "dispatch": list(self.dispatch),
+                "groups": symbolic.to_json(self.groups)}
 
 
 class WebGPUKernels(KernelTable):
@@ -80,11 +99,33 @@ class WebGPUKernels(KernelTable):
     def __init__(self, validate: bool = True, features: tuple[str, ...] = ()):
         super().__init__()
         self.validate, self.features = validate, features
+        self._variants: dict[int, Variant | None] = {}  # kernel index -> its variant
 
     def step(self, g: Group, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
              accumulate: str = "float32", shape_text: str | None = None) -> Step:
-        """Lower, render and add group ``g``; returns its plan step (buffers from ``plan.of``)."""
+        """Lower, render and add group ``g``; returns its plan step (buffers from ``plan.of``), with a
+        :class:`Variant` where the schedule at :func:`~kiln.codegen.target.variant_values` differs."""
         k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
+        index = self._add(g, k, shape_text)
+        bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
+        groups = k.groups
+        if not symbolic.is_symbolic(groups):
+            return Step(index, k.dispatch, bufs, g.nodes[0].name)
+        step = Step(index, self._dispatch(k), bufs, g.nodes[0].name, groups=groups)
+        if index not in self._variants:  # steps of one kernel (same source: same computation) share its variant
+            self._variants[index] = None
+            values = variant_values(k.size_vars) if callable(schedule) else {}
+            if values:
+                with symbolic.opt_values(values):
+                    kv, ins_v = build_group(g, schedule, plan if plan.half else None, accumulate)
+                if kv.schedule.to_json() != k.schedule.to_json() and [id(v) for v in ins_v] == [id(v) for v in ins]:
+                    self._variants[index] = Variant(variant_when(k.size_vars, values), self._add(g, kv, shape_text),
+                                                    self._dispatch(kv), kv.groups)
+        if self._variants[index] is not None:
+            step.variants.append(self._variants[index])
+        return step
+
+    def _add(self, g: Group, k, shape_text: str | None) -> int:
         src = wgsl.render(k, describe(g, shape_text))
 
         def make(name: str) -> Kernel:
@@ -93,13 +134,11 @@ class WebGPUKernels(KernelTable):
             return Kernel(name, src, [p.access for p in k.params], [n.op for n in g.nodes], k.schedule.to_json(),
                           dict(getattr(k.schedule, "tuning", None) or {}), dims=bool(k.size_vars))
 
-        index = self.add(src, g.name, make)
-        bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
-        groups = k.groups
-        if symbolic.is_symbolic(groups):
-            dispatch = k.schedule.dispatch(symbolic.upper(groups) * k.schedule.workgroup_size)
-            return Step(index, dispatch, bufs, g.nodes[0].name, groups=groups)
-        return Step(index, k.dispatch, bufs, g.nodes[0].name)
+        return self.add(src, g.name, make)
+
+    @staticmethod
+    def _dispatch(k) -> tuple[int, int, int]:
+        return k.schedule.dispatch(symbolic.upper(k.groups) * k.schedule.workgroup_size)
 
 
 def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, progress: bool = False,
@@ -124,7 +163,8 @@ def needed_limits(kernels: list[Kernel], steps: list[Step], plan: MemoryPlan) ->
         "maxStorageBuffersPerShaderStage": max((len(k.access) for k in kernels), default=1),
         "maxStorageBufferBindingSize": biggest,
         "maxBufferSize": biggest,
-        "maxComputeWorkgroupsPerDimension": max((max(s.dispatch) for s in steps), default=1),
+        "maxComputeWorkgroupsPerDimension": max((max(d) for s in steps for d in [s.dispatch, *(v.dispatch for v in
+                                                                                            s.variants)]), default=1),
         "maxComputeInvocationsPerWorkgroup": max((k.workgroup_size for k in kernels), default=1),
         "maxComputeWorkgroupSizeX": max((k.workgroup_size for k in kernels), default=1),
     }
