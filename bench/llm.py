@@ -3,7 +3,7 @@
 Usage::
 
     python -m bench.llm [--model models/zoo/SmolLM2-135M-Instruct.Q4_1.gguf] [--prompts 128,512]
-                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--device-class gpu] [--torch]
+                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--device-class gpu] [--torch] [--ort]
                         [--out bench/results]
 
 Kiln: ``kiln compile MODEL.gguf`` (WebGPU, packed weights), natively through wgpu-py. Prefill: one step of
@@ -13,6 +13,9 @@ tensors and only ``next_token`` read back, as ``session.generate`` does; tokens/
 PyTorch (``--torch``, needs CUDA): a plain fp32 Llama of the same weights (dequantized with
 ``gguf.quants.dequantize``) with a static KV cache, eager. Also recorded: load time (package to first
 runnable session), the package's weight bytes and its device buffer bytes at these bounds.
+
+``--ort``: onnxruntime's WebGPU EP (``onnxruntime-webgpu``, Dawn) on the 4-bit ONNX export of the same weights (what
+transformers.js runs; see :func:`ort_webgpu_contestant`); carry its wheel in ``.whl`` on the lent GPU.
 
 Prints a table and writes ``llm-<date>.json`` with the adapter, versions and the commit.
 
@@ -154,6 +157,72 @@ def torch_contestant(model: Path, prompts: list[int], contexts: list[int], repea
     return rec
 
 
+def ort_webgpu_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
+                          console: Console) -> dict:
+    """onnxruntime's WebGPU EP (``onnxruntime-webgpu``, Dawn) on the 4-bit ONNX export of the same weights: what
+    transformers.js runs (``kiln.zoo.llama_export``: the decoder with ``past_key_values.*`` inputs, then
+    onnxruntime's own ``MatMulNBits`` quantizer, blocks of 32 with zero points; made here, ~40 s). Prefill: ``P``
+    tokens with an empty cache, logits read back. Decode: one token after ``C - 1`` cached rows; with IO binding
+    the cache lives on the device (``mode: "iobinding"``) and only the logits come back, else (when the EP's
+    device tensors are unavailable) the cache goes through host arrays (``mode: "host"``)."""
+    import onnxruntime as ort
+
+    from kiln.zoo.llama_export import export_decoder, quantize_4bit
+
+    work = Path(tempfile.mkdtemp(prefix="kiln-llm-ort-"))
+    t0 = time.perf_counter()
+    c = export_decoder(model, work / "fp32.onnx")
+    quantize_4bit(work / "fp32.onnx", work / "q4.onnx")
+    export_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    session = ort.InferenceSession(str(work / "q4.onnx"), providers=["WebGpuExecutionProvider"])
+    load_s = time.perf_counter() - t0
+    names = [f"past_key_values.{i}.{p}" for i in range(c["layers"]) for p in ("key", "value")]
+    outs = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(0)
+    rec = {"export_s": export_s, "load_s": load_s, "providers": session.get_providers(), "version": ort.__version__,
+           "prefill": {}, "decode": {}, "mode": "host"}
+
+    def feeds(tokens: int, past: int) -> dict:
+        return {"input_ids": rng.integers(100, 40000, (1, tokens)).astype(np.int64),
+                "attention_mask": np.ones((1, past + tokens), np.int64),
+                "position_ids": np.arange(past, past + tokens, dtype=np.int64)[None],
+                **{n: rng.standard_normal((1, c["kv_heads"], past, c["head_dim"])).astype(np.float32) for n in names}}
+
+    for p in prompts:
+        f = feeds(p, 0)
+        cold, times = time_runs(lambda f=f: session.run(["logits"], f), repeat, warmup)
+        rec["prefill"][p] = {**summary(times, cold), "tokens_per_s": p / (np.median(times) / 1e3)}
+        console.log(f"ort-webgpu prefill {p}: {np.median(times):.2f} ms")
+    for ctx in contexts:
+        f = feeds(1, ctx - 1)
+        try:  # the cache on the device: bound once, outputs other than the logits left there
+            binding = session.io_binding()
+            for k, v in f.items():
+                binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "webgpu", 0) if k in names else
+                                            ort.OrtValue.ortvalue_from_numpy(v))
+            binding.bind_output("logits", "cpu")
+            for o in outs[1:]:
+                binding.bind_output(o, "webgpu")
+
+            def run(binding=binding):
+                session.run_with_iobinding(binding)
+                binding.get_outputs()[0].numpy()
+
+            run()
+            rec["mode"] = "iobinding"
+        except Exception as e:  # noqa: BLE001 (any EP failure: report it, time the host path)
+            console.log(f"ort-webgpu: no device-resident cache ({type(e).__name__}: {e}); host arrays instead")
+            rec["iobinding_error"] = f"{type(e).__name__}: {e}"
+
+            def run(f=f):
+                session.run(["logits"], f)
+        cold, times = time_runs(run, repeat, warmup)
+        rec["decode"][ctx] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
+        console.log(f"ort-webgpu decode at {ctx}: {np.median(times):.2f} ms ({rec['mode']})")
+    return rec
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -164,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device-class", default="gpu", choices=["gpu", "cpu"])
     ap.add_argument("--torch", action="store_true", help="also PyTorch fp32 eager on CUDA")
+    ap.add_argument("--ort", action="store_true", help="also onnxruntime's WebGPU EP on the q4 ONNX export")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     a = ap.parse_args(argv)
     console = Console(stderr=True)
@@ -173,18 +243,26 @@ def main(argv: list[str] | None = None) -> dict:
               "kiln": kiln_contestant(a.model, prompts, contexts, a.repeat, a.warmup, a.device_class, console)}
     if a.torch:
         record["torch_eager_fp32"] = torch_contestant(a.model, prompts, contexts, a.repeat, a.warmup, console)
+    if a.ort:
+        record["ort_webgpu_q4"] = ort_webgpu_contestant(a.model, prompts, contexts, a.repeat, a.warmup, console)
     table = Table(title=f"{a.model.name}: tokens/s (median of {a.repeat})")
     table.add_column("contestant")
     for p in prompts:
         table.add_column(f"prefill {p}", justify="right")
     for c in contexts:
         table.add_column(f"decode @{c}", justify="right")
-    for name in ("kiln", "torch_eager_fp32"):
+    for name in ("kiln", "torch_eager_fp32", "ort_webgpu_q4"):
         if name in record:
             r = record[name]
             table.add_row(name, *[f"{r['prefill'][p]['tokens_per_s']:.0f}" for p in prompts],
                           *[f"{r['decode'][c]['tokens_per_s']:.1f}" for c in contexts])
     Console().print(table)
+    if "ort_webgpu_q4" in record:
+        o, k = record["ort_webgpu_q4"], record["kiln"]
+        ratios = {**{f"prefill {p}": k["prefill"][p]["tokens_per_s"] / o["prefill"][p]["tokens_per_s"] for p in prompts},
+                  **{f"decode @{c}": k["decode"][c]["tokens_per_s"] / o["decode"][c]["tokens_per_s"] for c in contexts}}
+        record["kiln_over_ort_webgpu"] = ratios
+        Console().print("kiln / ort-webgpu (" + o["mode"] + "): " + ", ".join(f"{n} {r:.2f}x" for n, r in ratios.items()))
     k = record["kiln"]
     Console().print(f"kiln: compile {k['compile_s']:.1f} s, load {k['load_s']:.2f} s, weights "
                     f"{k['weight_bytes'] / 1e6:.1f} MB, device buffers {k['device_bytes'] / 1e6:.1f} MB")
