@@ -263,12 +263,13 @@ def test_kiln_compile_gguf_package(chat_package, tmp_path):
 def test_greedy_generation_reproduces_reference_answers(chat_package, target):
     """``session.generate`` over chat messages: greedy decoding (the arg max read back; on WebGPU the cache kept on
     the device, on wasm (wasmtime) and cpu kernels over run-time dims and the cache through host arrays)
-    reproduces both reference answers token for token and stops at ``<|im_end|>``; the streamed text is the
-    reference text."""
+    reproduces both reference answers (wasm: the capital one; Chromium runs both) token for token and stops at
+    ``<|im_end|>``; the streamed text is the reference text."""
     session = kiln.load(chat_package, target=target)
     ref = np.load(REFERENCE)
-    for name, question in [("capital", "What is the capital of France? Answer in one sentence."),
-                           ("poem", "Write a short poem about the sea.")]:
+    questions = [("capital", "What is the capital of France? Answer in one sentence."),
+                 ("poem", "Write a short poem about the sea.")]
+    for name, question in questions[:1] if target == "wasm" else questions:  # (wasm's poem: test_llm_browser.py)
         want = ref[f"{name}_generated_ids"].tolist()
         chunks = list(session.generate([{"role": "user", "content": question}], max_new_tokens=len(want)))
         ended = want[-1] == 2  # the reference stopped at <|im_end|> (not yielded) or ran out of tokens
