@@ -194,7 +194,8 @@ def models(tmp_path_factory):
         model = build(rng)
         path = tmp_path_factory.mktemp("dyn") / f"{name}.onnx"
         onnx.save(model, str(path))
-        pkg = kiln.compile(path, path.with_suffix(""), dims=dims, device_class="cpu", target="webgpu,wasm,cpu")
+        pkg = kiln.compile(path, path.with_suffix(""), dims=dims, device_class="cpu", target="webgpu,wasm,cpu",
+                           wasm_threads=False)  # (the wasm sessions run one thread)
         out[name] = (path, pkg, kiln.load(pkg, poison=True))
     return out
 
