@@ -12,7 +12,7 @@ from kiln.arith.symbolic import Dim
 from kiln.codegen import c
 from kiln.codegen.cpu_schedule import grid_shape
 from kiln.codegen.lowering import group_expr, kernel_groups
-from kiln.codegen.target import KernelTable, describe, progress_over, variant_values, variant_when
+from kiln.codegen.target import KernelTable, describe, progress_over, scheduled_variant
 from kiln.errors import KilnError
 from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
@@ -44,7 +44,7 @@ class CKernel:
 @dataclass
 class CVariant:
     """A plan step's kernel for run-time dims inside ``when`` (name -> ``[lo, hi]``, all must hold): the same group
-    and buffers, scheduled at another point of the dims' range (:func:`kiln.codegen.target.variant_values`)."""
+    and buffers, scheduled at another point of the dims' range (:func:`kiln.codegen.target.scheduled_variant`)."""
 
     when: dict[str, list[int]]
     kernel: int
@@ -108,13 +108,11 @@ def build_c_kernels(groups: list[Group], plan: MemoryPlan, schedule: Callable[[T
         step = CStep(index, bufs, k.total, g.nodes[0].name)
         if index not in variants:
             variants[index] = None
-            values = variant_values(k.size_vars)
-            if values:
-                with symbolic.opt_values(values):
-                    kv, sched_v, index_v = _kernel(table, g, final, schedule, vectorize, target)
+            made = scheduled_variant(k.size_vars, lambda: _kernel(table, g, final, schedule, vectorize, target))
+            if made is not None:
+                when, (kv, sched_v, index_v) = made
                 if sched_v.to_json() != sched.to_json():
-                    variants[index] = CVariant(variant_when(k.size_vars, values), index_v, kv.total,
-                                               {v.name: v.index for v in k.size_vars})
+                    variants[index] = CVariant(when, index_v, kv.total, {v.name: v.index for v in k.size_vars})
         if variants[index] is not None:
             step.variants.append(variants[index])
         steps.append(step)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from kiln.arith import symbolic
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph
 from kiln.passes.fusion import Group
@@ -113,9 +114,17 @@ def variant_values(size_vars: Iterable[Any]) -> dict[str, int]:
     return {v.name: min(v.hi, VARIANT_AT) for v in size_vars if v.opt < VARIANT_AT and v.opt < v.hi}
 
 
-def variant_when(size_vars: Iterable[Any], values: dict[str, int]) -> dict[str, list[int]]:
-    """The dims range a variant made at ``values`` runs for: each such dim above its ``opt`` (inclusive bounds)."""
-    return {v.name: [v.opt + 1, v.hi] for v in size_vars if v.name in values}
+def scheduled_variant(size_vars: Iterable[Any], build: Callable[[], Any]) -> tuple[dict[str, list[int]], Any] | None:
+    """A kernel's variant (docs/dynamic-shapes.md): ``build()`` (its lowering under the default schedule) run again
+    with the dims of :func:`variant_values` at their variant value. Returns ``(when, result)``, ``when`` the range it
+    runs for (each such dim above its ``opt``, inclusive bounds), or None when no dim of ``size_vars`` gets one."""
+    size_vars = list(size_vars)
+    values = variant_values(size_vars)
+    if not values:
+        return None
+    with symbolic.opt_values(values):
+        result = build()
+    return {v.name: [v.opt + 1, v.hi] for v in size_vars if v.name in values}, result
 
 
 def describe(group: Group, shape_text: str | None = None) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from kiln.arith import symbolic
 from kiln.codegen.lowering import build_group, kernel_groups
-from kiln.codegen.target import KernelTable, Program, describe, progress_over, variant_values, variant_when
+from kiln.codegen.target import KernelTable, Program, describe, progress_over, scheduled_variant
 from kiln.codegen.webgpu import wgsl
 from kiln.codegen.webgpu.validate import validate_wgsl
 from kiln.package import dynamic
@@ -67,7 +67,7 @@ class Step:
     name: str
     #: workgroups as a size expression of run-time dims (None when static; ``dispatch`` then holds the upper bound)
     groups: Any = None
-    #: kernels of the same group scheduled for another range of run-time dims (see :func:`kiln.codegen.target.variant_values`)
+    #: kernels of the same group scheduled for another range of run-time dims (see :func:`kiln.codegen.target.scheduled_variant`)
     variants: list[Variant] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -104,7 +104,7 @@ class WebGPUKernels(KernelTable):
     def step(self, g: Group, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
              accumulate: str = "float32", shape_text: str | None = None) -> Step:
         """Lower, render and add group ``g``; returns its plan step (buffers from ``plan.of``), with a
-        :class:`Variant` where the schedule at :func:`~kiln.codegen.target.variant_values` differs."""
+        :class:`Variant` where the schedule at :func:`~kiln.codegen.target.scheduled_variant` differs."""
         k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
         index = self._add(g, k, shape_text)
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
@@ -114,13 +114,12 @@ class WebGPUKernels(KernelTable):
         step = Step(index, self._dispatch(k), bufs, g.nodes[0].name, groups=groups)
         if index not in self._variants:  # steps of one kernel (same source: same computation) share its variant
             self._variants[index] = None
-            values = variant_values(k.size_vars) if callable(schedule) else {}
-            if values:
-                with symbolic.opt_values(values):
-                    kv, ins_v = build_group(g, schedule, plan if plan.half else None, accumulate)
+            made = scheduled_variant(k.size_vars, lambda: build_group(g, schedule, plan if plan.half else None,
+                                                                      accumulate)) if callable(schedule) else None
+            if made is not None:
+                when, (kv, ins_v) = made
                 if kv.schedule.to_json() != k.schedule.to_json() and [id(v) for v in ins_v] == [id(v) for v in ins]:
-                    self._variants[index] = Variant(variant_when(k.size_vars, values), self._add(g, kv, shape_text),
-                                                    self._dispatch(kv), kv.groups)
+                    self._variants[index] = Variant(when, self._add(g, kv, shape_text), self._dispatch(kv), kv.groups)
         if self._variants[index] is not None:
             step.variants.append(self._variants[index])
         return step
