@@ -3,15 +3,17 @@
 Usage::
 
     python -m bench.llm [--model models/zoo/SmolLM2-135M-Instruct.Q4_1.gguf] [--prompts 128,512]
-                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--device-class gpu] [--torch] [--ort]
+                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--device-class gpu] [--torch | --torch-all]
+                        [--ort]
                         [--out bench/results]
 
 Kiln: ``kiln compile MODEL.gguf`` (WebGPU, packed weights), natively through wgpu-py. Prefill: one step of
 ``P`` prompt tokens with an empty cache, timed to the last row's arg max read back. Decode: one step of one
-token after a cache of ``C - 1`` tokens (random values: the work does not depend on them), the cache fed as GPU
-tensors and only ``next_token`` read back, as ``session.generate`` does; tokens/s is 1000 / median ms.
+token after a cache of ``C - 1`` tokens (the package's state, kept in place: the work does not depend on its
+values), only ``next_token`` read back, as ``session.generate`` does; tokens/s is 1000 / median ms.
 PyTorch (``--torch``, needs CUDA): a plain fp32 Llama of the same weights (dequantized with
-``gguf.quants.dequantize``) with a static KV cache, eager. Also recorded: load time (package to first
+``gguf.quants.dequantize``) with a static KV cache, eager; ``--torch-all``: fp32 and fp16, each eager and under
+``torch.compile``. Also recorded: load time (package to first
 runnable session), the package's weight bytes and its device buffer bytes at these bounds.
 
 ``--ort``: onnxruntime's WebGPU EP (``onnxruntime-webgpu``, Dawn) on the 4-bit ONNX export of the same weights (what
@@ -57,20 +59,15 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
     session = kiln.load(out)
     load_s = time.perf_counter() - t0
     gen = session.manifest["generation"]
-    shape = [int(d) for d in {i["name"]: i for i in session.inputs}[gen["cache"][0]["past"]]["shape"]]
     rng = np.random.default_rng(0)
     rec = {"compile_s": compile_s, "load_s": load_s, "weight_bytes": session.manifest["memory"]["weight_bytes"],
            "device_bytes": sum(b["bytes"] for b in session.manifest["buffers"]),
            "adapter": session.adapter_info(), "prefill": {}, "decode": {}}
 
-    def feeds(tokens: int, past: int, on_gpu: bool) -> dict:
-        f = {gen["input_ids"]: rng.integers(100, 40000, (1, tokens)).astype(np.int64)}
-        for c in gen["cache"]:
-            s = list(shape)
-            s[c["axis"]] = past
-            a = rng.standard_normal(s).astype(np.float32)
-            f[c["past"]] = session.upload(a) if on_gpu else a
-        return f
+    def feeds(tokens: int, past: int) -> dict:
+        """A step of ``tokens`` after ``past`` cached ones (the cache is the package's state, kept in place)."""
+        return {gen["input_ids"]: rng.integers(100, 40000, (1, tokens)).astype(np.int64),
+                gen["cache"]["position"]: np.array([past], np.int64)}
 
     def step(f: dict) -> None:
         out = session.run(f, output="gpu")
@@ -79,12 +76,12 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
             t.release()
 
     for p in prompts:
-        f = feeds(p, 0, False)
+        f = feeds(p, 0)
         cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
         rec["prefill"][p] = {**summary(times, cold), "tokens_per_s": p / (np.median(times) / 1e3)}
         console.log(f"kiln prefill {p}: {np.median(times):.2f} ms")
     for c in contexts:
-        f = feeds(1, c - 1, True)
+        f = feeds(1, c - 1)
         cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
         rec["decode"][c] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
         console.log(f"kiln decode at {c}: {np.median(times):.2f} ms")
@@ -92,15 +89,18 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
 
 
 def torch_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
-                     console: Console) -> dict:
-    """A plain fp32 PyTorch Llama (static KV cache, eager) of the GGUF's dequantized weights, on CUDA."""
+                     console: Console, dtype: str = "float32", compiled: bool = False) -> dict:
+    """A plain PyTorch Llama (static KV cache) of the GGUF's dequantized weights, on CUDA, in ``dtype``
+    (``float32`` or ``float16``), eager or under ``torch.compile`` (``compiled``: the step's tensor work compiled
+    once per shape, inductor's default mode; the cache a static buffer written in place)."""
     import gguf
     import torch
 
     r = gguf.GGUFReader(str(model))
     f = {k: r.fields[k].contents() for k in r.fields if k.startswith("llama.")}
     dev = "cuda"
-    w = {t.name: torch.tensor(gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32), device=dev)
+    dt = getattr(torch, dtype)
+    w = {t.name: torch.tensor(gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32), device=dev).to(dt)
          for t in r.tensors}
     layers, heads, kv = f["llama.block_count"], f["llama.attention.head_count"], f["llama.attention.head_count_kv"]
     d = f["llama.embedding_length"]
@@ -108,9 +108,9 @@ def torch_contestant(model: Path, prompts: list[int], contexts: list[int], repea
     ctx = max(prompts + contexts) + 8
     inv = base ** (-torch.arange(0, hd, 2, dtype=torch.float64, device=dev) / hd)
     ang = torch.arange(ctx, dtype=torch.float64, device=dev)[:, None] * inv[None]
-    cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
-    kc = torch.zeros(layers, kv, ctx, hd, device=dev)
-    vc = torch.zeros(layers, kv, ctx, hd, device=dev)
+    cos, sin = torch.cos(ang).to(dt), torch.sin(ang).to(dt)
+    kc = torch.zeros(layers, kv, ctx, hd, device=dev, dtype=dt)
+    vc = torch.zeros(layers, kv, ctx, hd, device=dev, dtype=dt)
     head = w.get("output.weight", w["token_embd.weight"])
 
     def rms(x, g):
@@ -121,8 +121,7 @@ def torch_contestant(model: Path, prompts: list[int], contexts: list[int], repea
         x0, x1 = x[..., 0::2], x[..., 1::2]
         return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2)
 
-    @torch.no_grad()
-    def forward(ids, start):
+    def step(ids, start: int):
         t = ids.shape[0]
         pos = torch.arange(start, start + t, device=dev)
         x = w["token_embd.weight"][ids]
@@ -141,9 +140,16 @@ def torch_contestant(model: Path, prompts: list[int], contexts: list[int], repea
             h = rms(x, w[p + "ffn_norm.weight"])
             g = h @ w[p + "ffn_gate.weight"].T
             x = x + (torch.nn.functional.silu(g) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
-        return (rms(x[-1:], w["output_norm.weight"]) @ head.T).argmax(-1).item()
+        return (rms(x[-1:], w["output_norm.weight"]) @ head.T).argmax(-1)
 
-    rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "prefill": {}, "decode": {}}
+    core = torch.compile(step, dynamic=False) if compiled else step
+
+    @torch.no_grad()
+    def forward(ids, start):
+        return core(ids, start).item()
+
+    rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": dtype,
+           "compiled": compiled, "prefill": {}, "decode": {}}
     sync = torch.cuda.synchronize
     for p in prompts:
         ids = torch.randint(100, 40000, (p,), device=dev)
@@ -153,7 +159,7 @@ def torch_contestant(model: Path, prompts: list[int], contexts: list[int], repea
         ids = torch.randint(100, 40000, (1,), device=dev)
         cold, times = time_runs(lambda ids=ids, c=c: forward(ids, c - 1), repeat, warmup, sync=sync)
         rec["decode"][c] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
-        console.log(f"torch decode at {c}: {np.median(times):.2f} ms")
+        console.log(f"torch {dtype}{' compiled' if compiled else ''} decode at {c}: {np.median(times):.2f} ms")
     return rec
 
 
@@ -233,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device-class", default="gpu", choices=["gpu", "cpu"])
     ap.add_argument("--torch", action="store_true", help="also PyTorch fp32 eager on CUDA")
+    ap.add_argument("--torch-all", action="store_true",
+                    help="also PyTorch fp32 and fp16, eager and torch.compile, on CUDA")
     ap.add_argument("--ort", action="store_true", help="also onnxruntime's WebGPU EP on the q4 ONNX export")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     a = ap.parse_args(argv)
@@ -241,8 +249,12 @@ def main(argv: list[str] | None = None) -> dict:
     contexts = [int(x) for x in a.contexts.split(",")]
     record = {"model": a.model.name, "repeat": a.repeat, "warmup": a.warmup,
               "kiln": kiln_contestant(a.model, prompts, contexts, a.repeat, a.warmup, a.device_class, console)}
-    if a.torch:
-        record["torch_eager_fp32"] = torch_contestant(a.model, prompts, contexts, a.repeat, a.warmup, console)
+    if a.torch or a.torch_all:
+        for dtype in ("float32", "float16") if a.torch_all else ("float32",):
+            for compiled in (False, True) if a.torch_all else (False,):
+                name = f"torch_{'compile' if compiled else 'eager'}_fp{dtype[-2:]}"
+                record[name] = torch_contestant(a.model, prompts, contexts, a.repeat, a.warmup, console, dtype,
+                                                compiled)
     if a.ort:
         record["ort_webgpu_q4"] = ort_webgpu_contestant(a.model, prompts, contexts, a.repeat, a.warmup, console)
     table = Table(title=f"{a.model.name}: tokens/s (median of {a.repeat})")
@@ -251,7 +263,8 @@ def main(argv: list[str] | None = None) -> dict:
         table.add_column(f"prefill {p}", justify="right")
     for c in contexts:
         table.add_column(f"decode @{c}", justify="right")
-    for name in ("kiln", "torch_eager_fp32", "ort_webgpu_q4"):
+    for name in ("kiln", "torch_eager_fp32", "torch_compile_fp32", "torch_eager_fp16", "torch_compile_fp16",
+                 "ort_webgpu_q4"):
         if name in record:
             r = record[name]
             table.add_row(name, *[f"{r['prefill'][p]['tokens_per_s']:.0f}" for p in prompts],

@@ -30,10 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     compile_model(a.model, out, max_context=a.context + 8, device_class=a.device_class, validate=False)
     s = kiln.load(out)
     gen = s.manifest["generation"]
-    shape = [int(d) for d in {i["name"]: i for i in s.inputs}[gen["cache"][0]["past"]]["shape"]]
-    shape[gen["cache"][0]["axis"]] = a.context - 1
-    feeds = {gen["input_ids"]: np.array([[42]], np.int64)}
-    feeds.update({c["past"]: np.zeros(shape, np.float32) for c in gen["cache"]})
+    feeds = {gen["input_ids"]: np.array([[42]], np.int64),
+             gen["cache"]["position"]: np.array([a.context - 1], np.int64)}  # the cache (state) stays in place
     for _ in range(3):
         s.run(feeds)
     walls = []
@@ -47,8 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     for p in prof:
         total[p["kernel"]] = total.get(p["kernel"], 0.0) + p["ms"]
         count[p["kernel"]] = count.get(p["kernel"], 0) + 1
-    print(f"decode step at context {a.context}: {len(prof)} dispatches, wall {np.median(walls):.2f} ms "
-          f"(host-fed cache: includes its upload), GPU {sum(total.values()):.2f} ms")
+    print(f"decode step at context {a.context}: {len(prof)} dispatches, wall {np.median(walls):.2f} ms, "
+          f"GPU {sum(total.values()):.2f} ms")
     for k, v in sorted(total.items(), key=lambda x: -x[1])[:12]:
         print(f"  {k:48s} x{count[k]:4d} {v:8.3f} ms")
 

@@ -22,7 +22,7 @@ from kiln.ir.verify import verify
 from kiln.package.writer import check_destination, write_package
 from kiln.passes.fusion import Group, fuse
 from kiln.passes.manager import has_control, optimize, optimize_nested
-from kiln.passes.memory_plan import MemoryPlan, plan_memory
+from kiln.passes.memory_plan import MemoryPlan, mark_in_place, plan_memory
 from kiln.te.compute import Tensor
 from kiln.te.schedule import DEVICE_CLASSES, Schedule
 from kiln.train import build_train_graph
@@ -151,6 +151,7 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         rows = predicates[0] if len(predicates) == 1 else None  # row kernels only where every target has them
         # the groups and buffers serve every target: the tightest buffer-per-kernel limit applies
         max_inputs = min(t.limits.get("maxStorageBuffersPerShaderStage", 8) for t in targets) - 1
+        mark_in_place(graph, enabled=all(t.in_place for t in targets))
         program.groups = fuse(graph, max_inputs=max_inputs, rows=rows)
         program.plan = plan_memory(graph, program.groups, half=accumulate is not None)
         if training is not None:

@@ -16,7 +16,7 @@ from conftest import ROOT, SHARED_MODELS
 
 import kiln
 from kiln.compiler import compile_graph
-from kiln.errors import KilnError, ModelFormatError
+from kiln.errors import KilnError, ModelFormatError, ShapeError
 from kiln.frontend.gguf import import_gguf, read_gguf
 from kiln.frontend.gguf.reader import pack_blocks
 from kiln.ir import ops
@@ -99,20 +99,17 @@ def smollm2(tmp_path_factory):
 
 def _teacher_forced(smollm2, name):
     """One prefill over prompt + greedy answer (kept for the tests that need it: it takes seconds on lavapipe)."""
-    dg, session, ref, runs = smollm2
+    _, session, ref, runs = smollm2
     if name not in runs:
         rows = len(ref[f"{name}_logits"])
         ids = np.concatenate([ref[f"{name}_prompt_ids"], ref[f"{name}_generated_ids"]])[:rows]
-        runs[name] = session.run(_feeds(dg, ids))
+        runs[name] = session.run(_feeds(ids))
     return runs[name]
 
 
-def _feeds(dg, ids, past=None):
-    kv, hd = dg.model.config.kv_heads, dg.model.config.head_dim
-    feeds = {"input_ids": np.asarray(ids, np.int64)[None]}
-    for i, (name, _) in enumerate(dg.cache):
-        feeds[name] = past[i] if past is not None else np.zeros((1, kv, 0, hd), np.float32)
-    return feeds
+def _feeds(ids, cached=0):
+    """A decoder step's feeds: ``ids`` after ``cached`` tokens already in the package's cache (its state)."""
+    return {"input_ids": np.asarray(ids, np.int64)[None], "past_sequence_length": np.array([cached], np.int64)}
 
 
 @needs_model
@@ -130,23 +127,28 @@ def test_smollm2_teacher_forced_logits_native(smollm2, name):
 
 @needs_model
 def test_smollm2_kv_cache_decode_native(smollm2):
-    """Decode steps of one token that read the cache the step before wrote, starting from the cache of the prompt
-    (rows of the teacher-forced run's cache: a causal model's cache of a prefix is that prefix's): each step's
-    logits match the reference row of its position and the cache grows by one row a step."""
+    """The cache is the package's state, updated in place: after the poem's tokens fill its rows, a prefill of the
+    capital prompt and decode steps of one token each (each reading the row the step before wrote) give the
+    reference logits of their positions; the state is neither an input nor an output."""
     dg, session, ref, _ = smollm2
+    assert {i["name"] for i in session.inputs} == {"input_ids", "past_sequence_length"}
+    assert {o["name"] for o in session.outputs} == {"logits", "next_token"}
+    assert [s["name"] for s in session.manifest["state"]] == [p for p, _ in dg.cache]
     prompt, answer = ref["capital_prompt_ids"], ref["capital_generated_ids"]
     want = ref["capital_logits"].astype(np.float32)
-    full = _teacher_forced(smollm2, "capital")
-    out = {present: full[present][:, :, :len(prompt)] for _, present in dg.cache}
+    other = np.concatenate([ref["poem_prompt_ids"], ref["poem_generated_ids"]])[:64]
+    assert len(other) > len(prompt) + 3
+    session.run(_feeds(other))  # other tokens in every row the steps below use
+    out = session.run(_feeds(prompt))
+    assert np.abs(out["logits"][0, -1] - want[len(prompt) - 1]).max() < 3e-2
     for step in range(3):
-        past = [out[present] for _, present in dg.cache]
-        assert past[0].shape[2] == len(prompt) + step
-        out = session.run(_feeds(dg, answer[step:step + 1], past))
+        out = session.run(_feeds(answer[step:step + 1], len(prompt) + step))
         row = want[len(prompt) + step]
         assert np.abs(out["logits"][0, 0] - row).max() < 3e-2
         assert out["logits"][0, 0].argmax() == answer[step + 1]
         assert out["next_token"][0, 0] == answer[step + 1]
-    np.testing.assert_allclose(out[dg.cache[0][1]], full[dg.cache[0][1]][:, :, :len(prompt) + 3], atol=2e-3)
+    with pytest.raises(ShapeError, match=r"past_sequence \+ sequence = 129 exceed their bound 128"):
+        session.run(_feeds(answer[:2], 127))
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -238,7 +240,8 @@ def chat_package(tmp_path_factory):
 @needs_model
 def test_kiln_compile_gguf_package(chat_package, tmp_path):
     """``kiln compile model.gguf`` (the fixture's package): weights stay packed (about 5 bits a weight), with the
-    generation section (cache pairs, tokenizer, chat template, stop tokens) that the manifest schema validates;
+    generation section (the KV cache as state buffers of the context bound, tokenizer, chat template, stop tokens)
+    that the manifest schema validates;
     a GGUF the frontend refuses writes nothing."""
     from click.testing import CliRunner
 
@@ -247,7 +250,11 @@ def test_kiln_compile_gguf_package(chat_package, tmp_path):
 
     m = read_manifest(chat_package)
     gen = m["generation"]
-    assert gen["logits_rows"] == "last" and gen["max_context"] == 192 and len(gen["cache"]) == 60
+    assert gen["logits_rows"] == "last" and gen["max_context"] == 192 and len(gen["cache"]["state"]) == 60
+    state = {s["name"]: s for s in m["state"]}
+    assert set(gen["cache"]["state"]) == set(state) and {s["shape"][2] for s in state.values()} == {192}
+    assert all(m["buffers"][s["buffer"]]["kind"] == "state" for s in state.values())
+    assert m["dim_limits"] == [{"dims": ["past_sequence", "sequence"], "max": 192}]
     assert gen["eos_token_ids"][0] == 2 and "<|im_start|>" in gen["chat_template"]
     assert (chat_package / "tokenizer.json").exists()
     params = 134_515_008
@@ -261,8 +268,8 @@ def test_kiln_compile_gguf_package(chat_package, tmp_path):
 @needs_model
 @pytest.mark.parametrize("target", ["webgpu", "wasm", "cpu"])
 def test_greedy_generation_reproduces_reference_answers(chat_package, target):
-    """``session.generate`` over chat messages: greedy decoding (the arg max read back; on WebGPU the cache kept on
-    the device, on wasm (wasmtime) and cpu kernels over run-time dims and the cache through host arrays)
+    """``session.generate`` over chat messages: greedy decoding (the arg max read back; the cache kept in place in
+    the package's state on every target; on wasm (wasmtime) and cpu kernels over run-time dims)
     reproduces both reference answers (wasm: the capital one; Chromium runs both) token for token and stops at
     ``<|im_end|>``; the streamed text is the reference text."""
     session = kiln.load(chat_package, target=target)
@@ -282,12 +289,19 @@ def test_greedy_generation_reproduces_reference_answers(chat_package, target):
 
 @needs_model
 def test_sampling_is_seeded_and_bad_prompts_are_refused(chat_package):
-    """Sampling with a seed repeats itself and differs from another seed; a prompt longer than the context, a
-    non-UTF-8 prompt and bad options are one-line errors."""
+    """Sampling with a seed repeats itself and differs from another seed; a second generation while one runs on the
+    session (one cache) is refused; a prompt longer than the context, a non-UTF-8 prompt and bad options are one-line
+    errors."""
     session = kiln.load(chat_package)
     opts = {"temperature": 1.0, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.1}
     runs = [[c.token for c in session.generate("Once upon", 5, seed=s, **opts)] for s in (1, 1, 2)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
+    first = session.generate("Once upon", 5, seed=1, **opts)
+    assert next(first).token == runs[0][0]
+    with pytest.raises(KilnError, match="already running on this session"):  # one KV cache a session
+        next(session.generate("Hello", 2))
+    first.close()
+    assert [c.token for c in session.generate("Once upon", 5, seed=1, **opts)] == runs[0]
     with pytest.raises(KilnError, match="exceeds the package's context of 192 tokens"):
         session.generate("word " * 150, 100)
     with pytest.raises(KilnError, match="not valid UTF-8"):

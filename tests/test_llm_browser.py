@@ -180,11 +180,7 @@ REPLAY = """async ({answer}) => {
     let at = 0;
     return {
       manifest, target: 'wasm', inputs: manifest.inputs,
-      run: async (feeds) => {
-        const out = {[config.next_token]: new kiln.Tensor('int64', BigInt64Array.from([BigInt(tokens[at++] ?? 2)]), [1, 1])};
-        for (const c of config.cache) out[c.present] = feeds[c.past];
-        return out;
-      },
+      run: async () => ({[config.next_token]: new kiln.Tensor('int64', BigInt64Array.from([BigInt(tokens[at++] ?? 2)]), [1, 1])}),
     };
   };
   const run = async (options) => {
@@ -267,10 +263,8 @@ def test_browser_greedy_answers(served, name, target, threads):
 TEACHER_FORCED = """async ({name, ids, target}) => {
   const kiln = await import('./kiln.js');
   const session = await kiln.load('./', {target});
-  const feeds = {input_ids: new kiln.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length])};
-  for (const spec of session.inputs.slice(1)) {
-    feeds[spec.name] = new kiln.Tensor('float32', new Float32Array(0), [1, spec.shape[1], 0, spec.shape[3]]);
-  }
+  const feeds = {input_ids: new kiln.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]),
+                 past_sequence_length: new kiln.Tensor('int64', BigInt64Array.of(0n), [1])};
   const {logits} = await session.run(feeds);
   const want = new Float32Array(await (await fetch(`${name}_logits.bin`)).arrayBuffer());
   const vocab = logits.dims[2];

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kiln.arith.expr import substitute
 from kiln.errors import KilnError
 from kiln.ir import dtypes
 from kiln.kernels import library, storage
@@ -89,9 +90,15 @@ def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "
         env[id(out)] = library.build(node.op, operands, node.attrs, out.shape, group.name)
         if out is not group.output and not (plan is not None and plan.half):
             env[id(out)] = storage.round_view(env[id(out)], out.dtype)  # float16 intermediates, as if stored
-    final = inline(storage.store_view(env[id(group.output)], group.output.dtype, plan and plan.storage(group.output)))
+    result = env[id(group.output)]
+    final = inline(storage.store_view(result, group.output.dtype, plan and plan.storage(group.output)))
     if plan is not None and plan.half:
         final = demote(final, accumulate)
+    if "store" in result.attrs and "store" not in final.attrs:  # a store view over the rebuilt tensor's axes
+        shape, coords, keep = result.attrs["store"]
+        axes = dict(zip(result.axes, final.axes))
+        final.attrs = {**final.attrs, "store": (shape, tuple(substitute(e, axes) for e in coords),
+                                                substitute(keep, axes))}
     if group.rows:  # a row kernel (kiln.te.rows): default_schedule gives it a workgroup per row
         final.attrs = {**final.attrs, "rows": True}
     return final

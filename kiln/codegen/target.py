@@ -156,6 +156,9 @@ class Target:
     name: ClassVar[str] = ""
     #: whether the target's kernels and runtimes take run-time dims (docs/dynamic-shapes.md)
     run_time_dims: ClassVar[bool] = False
+    #: whether a kernel may write part of a buffer in place (an in-place TensorScatter: a KV cache as state);
+    #: WebGL2's fragment shaders write whole textures, each pixel its own
+    in_place: ClassVar[bool] = True
     limits: dict[str, int]
     features: tuple[str, ...]
 
@@ -169,13 +172,17 @@ class Target:
 
     def check(self, graph: Graph, *, precision: str = "fp32", training: Any = None, control: bool = False) -> None:
         """Refuse, with a :class:`KilnError` naming the reason, a program this target cannot build: by default
-        run-time dims (unless :attr:`run_time_dims`), run-time control flow, fp16 compute and train steps
-        (webgpu overrides)."""
+        run-time dims (unless :attr:`run_time_dims`), state (unless :attr:`in_place`), run-time control flow, fp16
+        compute and train steps (webgpu overrides)."""
         if graph.size_vars and not self.run_time_dims:
             dims = ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in graph.size_vars.values())
             known = ", ".join(n for n, cls in REGISTRY.items() if cls.run_time_dims)
             raise KilnError(f"run-time dims ({dims}) are supported by the {known} targets (asked for {self.name}); "
                             "bind them statically with --dim NAME=SIZE for this one")
+        if graph.state and not self.in_place:
+            known = ", ".join(n for n, cls in REGISTRY.items() if cls.in_place)
+            raise KilnError(f"state updated in place (a KV cache: {', '.join(graph.state)}) is supported by the "
+                            f"{known} targets (asked for {self.name})")
         if control:
             raise KilnError(f"this model has control flow decided at run time (If/Loop on computed values), which only "
                             f"the webgpu target runs for now; compile it with --target webgpu (asked: {self.name})")

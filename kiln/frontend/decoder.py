@@ -117,13 +117,19 @@ def rotary(b: Builder, x: Value, rope: Rope, pos: Value) -> Value:
 
 def causal_attention(b: Builder, q: Value, k: Value, v: Value, past_k: Value, past_v: Value, scale: float, *,
                      positions: Value | None = None, valid: Value | None = None, window: int = -1,
-                     softcap: float = 0.0, sink: bool = False) -> tuple[Value, Value, Value]:
+                     softcap: float = 0.0, sink: bool = False, write: Value | None = None,
+                     past_len=None) -> tuple[Value, Value, Value]:
     """Grouped-query causal self-attention with a KV cache.
 
     Args:
         q: ``[B, T, H, hd]`` queries (after RoPE); k, v: ``[B, T, KV, hd]`` new keys (after RoPE) and values.
-        past_k, past_v: ``[B, KV, P, hd]`` the cache of the ``P`` tokens before.
+        past_k, past_v: ``[B, KV, P, hd]`` the cache of the ``P`` tokens before; with ``write``, the whole cache
+            ``[B, KV, max_context, hd]``.
         scale: the scores' factor (``1 / sqrt(hd)``).
+        write, past_len: an in-place cache (ONNX TensorScatter-24): int64 ``[B]``, the row the new keys and
+            values go to, and ``P`` (a run-time dim), the rows in use before them. The cache is then updated where
+            it lies (a decode step writes one row, not the whole cache) and attention reads its first ``P + T``
+            rows.
         positions: int32 ``[B, T]``, each query's position; default ``P + t`` (from the shapes).
         valid: int32 ``[B]``, the cache rows of each batch entry that hold tokens (rows from there are hidden);
             default all.
@@ -132,20 +138,29 @@ def causal_attention(b: Builder, q: Value, k: Value, v: Value, past_k: Value, pa
         sink: a softmax with an extra zero logit (onnxruntime's ``smooth_softmax``).
 
     Returns:
-        ``(out [B, T, H * hd], present_k, present_v [B, KV, P + T, hd])``. A query at position ``p`` attends to
+        ``(out [B, T, H * hd], present_k, present_v)``: the caches ``[B, KV, P + T, hd]`` (with ``write``, the
+        updated whole caches). A query at position ``p`` attends to
         cache rows ``j <= p`` (the cache row is the key's position). The ``H / KV`` query heads of a key/value
         head are one row block of a single batched MatMul (no repeated keys).
     """
     bsz, t, h, hd = q.shape
     kv = k.shape[2]
     group = h // kv
-    past = past_k.shape[2]
-    present_k = b.op("Concat", [past_k, transpose(b, k, (0, 2, 1, 3))], axis=2)
-    present_v = b.op("Concat", [past_v, transpose(b, v, (0, 2, 1, 3))], axis=2)
-    total = present_k.shape[2]
+    if write is None:
+        past = past_k.shape[2]
+        present_k = keys = b.op("Concat", [past_k, transpose(b, k, (0, 2, 1, 3))], axis=2)
+        present_v = values = b.op("Concat", [past_v, transpose(b, v, (0, 2, 1, 3))], axis=2)
+    else:
+        past = past_len
+        present_k = b.op("TensorScatter", [past_k, transpose(b, k, (0, 2, 1, 3)), write], axis=2, mode="linear")
+        present_v = b.op("TensorScatter", [past_v, transpose(b, v, (0, 2, 1, 3)), write], axis=2, mode="linear")
+        rows = symbolic.simplify(past + t)
+        keys, values = (b.op("Slice", [c], starts=(0, 0, 0, 0), ends=(bsz, kv, rows, hd), steps=(1, 1, 1, 1))
+                        for c in (present_k, present_v))
+    total = keys.shape[2]
     rows = symbolic.simplify(group * t)
     qg = reshape(b, transpose(b, q, (0, 2, 1, 3)), (bsz, kv, rows, hd))  # head kv*G+g, token t -> row g*T+t
-    scores = b.op("MatMul", [qg, transpose(b, present_k, (0, 1, 3, 2))])  # [B, KV, G*T, S]
+    scores = b.op("MatMul", [qg, transpose(b, keys, (0, 1, 3, 2))])  # [B, KV, G*T, S]
     scores = b.op("Mul", [scores, b.const(np.array(scale, np.float32))])
     if softcap > 0:
         cap = b.const(np.array(softcap, np.float32))
@@ -174,7 +189,7 @@ def causal_attention(b: Builder, q: Value, k: Value, v: Value, past_k: Value, pa
     if sink:
         total_e = b.op("Add", [total_e, b.op("Exp", [b.op("Sub", [zero, m])])])
     p = b.op("Div", [e, total_e])
-    ctx = b.op("MatMul", [p, present_v])  # [B, KV, G*T, hd]
+    ctx = b.op("MatMul", [p, values])  # [B, KV, G*T, hd]
     ctx = transpose(b, reshape(b, ctx, (bsz, h, t, hd)), (0, 2, 1, 3))
     return reshape(b, ctx, (bsz, t, h * hd)), present_k, present_v
 

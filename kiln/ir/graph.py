@@ -108,6 +108,15 @@ class Graph:
     name: str = "model"
     #: run-time dims (docs/dynamic-shapes.md): name -> its size symbol, in uniform order; empty when static
     size_vars: dict[str, Any] = field(default_factory=dict)
+    #: run-time dims bound by an input's value rather than by a shape: input name -> dim name (an integer ``[1]``
+    #: input such as a decoder's ``past_sequence_length``)
+    value_dims: dict[str, str] = field(default_factory=dict)
+    #: state: input name -> the output that is its next value (a KV cache updated by an in-place TensorScatter);
+    #: packages keep both in one buffer between runs, neither fed nor read back (docs/package-format.md, *State*)
+    state: dict[str, str] = field(default_factory=dict)
+    #: sums of run-time dims bounded together: ``((dim names), most)`` (a decoder's ``past_sequence + sequence``
+    #: fits its cache); runtimes refuse dims beyond
+    dim_limits: list[tuple[tuple[str, ...], int]] = field(default_factory=list)
 
     def consumers(self) -> dict[int, list[Node]]:
         """Map ``id(value)`` -> the nodes that read it (in graph order)."""

@@ -285,3 +285,38 @@ def _topk_eval(xs, a):
 
 
 register("TopKIndices", "gather", _topk_infer, _topk_eval)
+
+
+# ----------------------------------------------------------------------------- TensorScatter (KV cache update)
+def _tensor_scatter_infer(ts, a):
+    (dp, sp), (du, su) = ts[0], ts[1]
+    ax = a["axis"]
+    if dp != du or len(sp) != len(su) or not 1 <= ax < len(sp) or a["mode"] not in ("linear", "circular") or \
+            any(p != u for d, (p, u) in enumerate(zip(sp, su)) if d != ax) or \
+            (len(ts) > 2 and (ts[2][0] not in ("int32", "int64") or tuple(ts[2][1]) != (sp[0],))):
+        raise ShapeError(f"TensorScatter: past_cache {dp}{list(sp)}, update {du}{list(su)}"
+                         f"{f', write_indices {ts[2][0]}{list(ts[2][1])}' if len(ts) > 2 else ''}, axis {ax}, "
+                         f"mode {a['mode']!r} do not fit")
+    return [(dp, sp)]
+
+
+def _tensor_scatter_eval(xs, a):
+    past, upd = xs[0], xs[1]
+    ax, cap, n = a["axis"], past.shape[a["axis"]], upd.shape[a["axis"]]
+    idx = xs[2].astype(np.int64) if len(xs) > 2 else np.zeros(past.shape[0], np.int64)
+    out = past.copy()
+    for b in range(past.shape[0]):
+        rows = idx[b] + np.arange(n)
+        if a["mode"] == "circular":
+            rows %= cap
+        elif n and not 0 <= idx[b] <= cap - n:
+            raise ShapeError(f"TensorScatter: write index {idx[b]} + {n} rows exceeds the cache's {cap}")
+        dst = np.moveaxis(out[b], ax - 1, 0)  # a view: writes land in ``out``
+        dst[rows] = np.moveaxis(upd[b], ax - 1, 0)
+    return [out]
+
+
+# ONNX TensorScatter-24: ``past_cache`` with ``update``'s rows written from ``write_indices[b]`` along ``axis``
+# (modulo the cache's length for ``circular``). Functional here; an in-place kernel when the cache is a state
+# buffer (kiln.passes.memory_plan).
+register("TensorScatter", "gather", _tensor_scatter_infer, _tensor_scatter_eval)

@@ -1,7 +1,8 @@
 // @ts-check
 // Kiln browser runtime: run-time dims of a package (format 1.4, `dynamic_dims`; docs/dynamic-shapes.md).
 //
-// Each dim's value comes from the fed input shapes (all inputs must agree, within the dim's bounds);
+// Each dim's value comes from the fed input shapes (all inputs must agree, within the dim's bounds), or (1.7)
+// from the value of an integer [1] input that names it (`value_dim`: a decoder's past_sequence_length);
 // the WebGPU backend writes the values into the dims uniform (dim `index` in i32 word `index`), and
 // dispatch sizes and output shapes follow from the manifest's size expressions: an int, a dim name,
 // or [op, a, b] with op one of + - * // % max min, evaluated here (never with eval).
@@ -41,13 +42,14 @@ export function evalDims(e, env) {
 }
 
 /**
- * Each run-time dim's value from the fed tensors' shapes.
+ * Each run-time dim's value from the fed tensors' shapes (and the values of `value_dim` inputs).
  * @param {Manifest} manifest
- * @param {Record<string, {dims: number[]}>} feeds input name -> tensor (names and dtypes already checked)
+ * @param {Record<string, {dims: number[], data?: ArrayLike<number|bigint>}>} feeds input name -> tensor (names and
+ *   dtypes already checked)
  * @returns {Record<string, number>} dim name -> value
- * @throws {ShapeError} a wrong rank or static dim, inputs that disagree on a dim, or a value out of bounds
- *   or not a multiple the dim requires
- *   (naming the input, the dim and its bounds)
+ * @throws {ShapeError} a wrong rank or static dim, inputs that disagree on a dim, a value out of bounds
+ *   or not a multiple the dim requires (naming the input, the dim and its bounds), a `value_dim` input on the GPU,
+ *   or dims whose sum exceeds a `dim_limits` bound
  */
 export function bindDims(manifest, feeds) {
   const dims = Object.fromEntries(manifest.dynamic_dims.map((d) => [d.name, d]));
@@ -60,6 +62,21 @@ export function bindDims(manifest, feeds) {
     const got = feeds[spec.name].dims;
     if (got.length !== want.length) {
       throw new ShapeError(`input '${spec.name}': expected rank ${want.length} ${JSON.stringify(want)}, got shape [${got.join(', ')}]`);
+    }
+    if (spec.value_dim !== undefined) {
+      const w = spec.value_dim, d = dims[w], data = feeds[spec.name].data;
+      if (data === undefined) {
+        throw new ShapeError(`input '${spec.name}' gives dim ${w} by its value: feed a kiln.Tensor, not a GPUTensor`);
+      }
+      const v = Number(data[0]);
+      if (v < d.min || v > d.max) {
+        throw new ShapeError(`input '${spec.name}' (${w}) is ${v}, outside its bounds ${d.min}..${d.max}`);
+      }
+      if (w in env && env[w] !== v) {
+        throw new ShapeError(`inconsistent dim ${w}: input '${spec.name}' is ${v} but input '${from[w]}' gave ${env[w]}`);
+      }
+      env[w] = v;
+      from[w] = spec.name;
     }
     want.forEach((w, axis) => {
       if (typeof w !== 'string' || !(w in dims)) return;
@@ -84,6 +101,13 @@ export function bindDims(manifest, feeds) {
     if (expected.some((v, i) => v !== got[i])) {
       throw new ShapeError(`input '${spec.name}': expected shape [${expected.join(', ')}] (symbolic ` +
         `${JSON.stringify(want)}), got [${got.join(', ')}]`);
+    }
+  }
+  for (const limit of manifest.dim_limits ?? []) {
+    const total = limit.dims.reduce((sum, n) => sum + env[n], 0);
+    if (total > limit.max) {
+      throw new ShapeError(`dims ${limit.dims.join(' + ')} = ${total} exceed their bound ${limit.max} ` +
+        `(${limit.dims.map((n) => `${n}=${env[n]}`).join(', ')})`);
     }
   }
   return env;

@@ -1,6 +1,6 @@
 // @ts-check
 // Kiln browser runtime: token-by-token generation over a language-model package (the manifest's `generation`
-// section, package format 1.6; `kiln compile MODEL.gguf`). Loaded by kiln.js on the first `session.generate`
+// section, package format 1.7; `kiln compile MODEL.gguf`). Loaded by kiln.js on the first `session.generate`
 // or `session.chat.completions.create`; it is the one module that uses libraries, both vendored into the
 // package (kiln/js/vendor, pinned by its package-lock.json): @huggingface/tokenizers for tokenizer.json and
 // @huggingface/jinja for the chat template.
@@ -11,11 +11,11 @@
 //   const chunks = await session.chat.completions.create({messages, stream: true, max_tokens: 64});
 //   for await (const c of chunks) out.textContent += c.choices[0]?.delta.content ?? '';   // OpenAI-shaped
 //
-// The package is one decoder step: new token ids and the KV cache in; logits, each row's arg max (`next_token`)
-// and the grown cache out. The prompt is prefilled in chunks of at most `max_tokens`, then each decode step
-// feeds one token. On WebGPU the cache never leaves the device (each step's `present` GPUTensors are fed back as
-// the next step's `past`), and greedy decoding reads back only `next_token`; sampling reads back the last row
-// of logits and draws on the host (seeded). Other targets read the cache back each step.
+// The package is one decoder step: new token ids and the number of tokens already cached in; logits and each
+// row's arg max (`next_token`) out. The KV cache is the package's state: buffers sized for the context bound,
+// updated in place by each step, never fed nor read back. The prompt is prefilled in chunks of at most
+// `max_tokens`, then each decode step feeds one token. Greedy decoding reads back only `next_token`; sampling
+// reads back the last row of logits and draws on the host (seeded).
 
 import {KilnError} from './errors.js';
 import {Tensor} from './tensor.js';
@@ -213,8 +213,10 @@ export class Generator {
     /** The @huggingface/tokenizers Tokenizer of the package's tokenizer.json. */ this.tokenizer = tokenizer;
     /** @private */ this.template = template;
     /** @private */ this.eos = new Set(config.eos_token_ids);
-    const spec = session.inputs.find((/** @type {any} */ i) => i.name === config.cache[0].past);
-    /** @private @type {number[]} */ this.cacheShape = [...spec.shape];
+    if (Array.isArray(config.cache)) {
+      throw new KilnError('a language-model package of format 1.6 (its KV cache is fed back): recompile it with ' +
+        'this Kiln (kiln compile MODEL.gguf)');
+    }
     /** Timings of the running or last generation. */ this.stats = new GenerationStats();
     /** @private */ this.busy = false;
   }
@@ -297,7 +299,8 @@ export class Generator {
    * @param {GenerateOptions} [options]
    * @returns {AsyncGenerator<{token: number, text: string, stats: GenerationStats}>} a chunk per generated
    *   token (`text` may be '' while a character is split across tokens); a stop token ends the answer and is
-   *   not yielded. Breaking out of the loop ends the generation and frees its cache.
+   *   not yielded. Breaking out of the loop ends the generation. One generation runs on a session at a time
+   *   (it holds one cache).
    * @throws {KilnError} as {@link Generator#prepare}, or another generation running on this session.
    */
   async *generate(prompt, options = {}) {
@@ -319,8 +322,6 @@ export class Generator {
     const stats = this.stats = new GenerationStats(ids.length);
     const chunk = this.config.max_tokens;
     /** @type {Record<string, Tensor | GPUTensor>} */
-    let past = this.emptyCache();
-    /** @type {Record<string, Tensor | GPUTensor>} */
     let out = {};
     const seen = [...ids];
     const text = new TextStream((t) => (t.length ? this.tokenizer.decode(t, {skip_special_tokens: true}) : ''));
@@ -330,7 +331,8 @@ export class Generator {
       const t0 = performance.now();
       let t1 = t0;
       for (let start = 0; start < ids.length; start += chunk) {  // prefill, in chunks the package's steps take
-        [out, past] = await this.step(ids.slice(start, start + chunk), past, onGPU);
+        free(out);
+        out = await this.step(ids.slice(start, start + chunk), start, onGPU);
       }
       for (let n = 0; n < maxNewTokens; n++) {
         const token = greedy ? Number((await read(out[this.config.next_token])).data.at(-1))
@@ -363,43 +365,27 @@ export class Generator {
           stats.stopReason = 'abort';
           break;
         }
-        if (n + 1 < maxNewTokens) [out, past] = await this.step([token], past, onGPU);
+        if (n + 1 < maxNewTokens) out = await this.step([token], ids.length + n, onGPU);
       }
       if (!stats.stopReason) stats.stopReason = 'length';
     } finally {
       free(out);
-      free(past);
       this.busy = false;
     }
   }
 
-  /** @private @returns {Record<string, Tensor>} the empty cache of the first step (past_sequence 0) */
-  emptyCache() {
-    return Object.fromEntries(this.config.cache.map((c) => {
-      const dims = [...this.cacheShape];
-      dims[c.axis] = 0;
-      return [c.past, new Tensor('float32', new Float32Array(0), dims)];
-    }));
-  }
-
   /**
-   * One decoder step: `ids` after the cache `past`; frees `past`.
+   * One decoder step: `ids` after `cached` tokens already in the cache (which it updates in place).
    * @private
-   * @param {number[]} ids @param {Record<string, Tensor | GPUTensor>} past @param {boolean} onGPU
-   * @returns {Promise<[Record<string, Tensor | GPUTensor>, Record<string, Tensor | GPUTensor>]>} the other
-   *   outputs, and the grown cache keyed by the past inputs it feeds next
+   * @param {number[]} ids @param {number} cached @param {boolean} onGPU
+   * @returns {Promise<Record<string, Tensor | GPUTensor>>} the logits and next_token (GPUTensors on WebGPU)
    */
-  async step(ids, past, onGPU) {
-    const feeds = {[this.config.input_ids]: new Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]), ...past};
-    const out = await this.session.run(feeds, {output: onGPU ? 'gpu' : 'cpu'});
-    free(past);
-    /** @type {Record<string, Tensor | GPUTensor>} */
-    const next = {};
-    for (const c of this.config.cache) {
-      next[c.past] = out[c.present];
-      delete out[c.present];
-    }
-    return [out, next];
+  async step(ids, cached, onGPU) {
+    const feeds = {
+      [this.config.input_ids]: new Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]),
+      [this.config.cache.position]: new Tensor('int64', BigInt64Array.of(BigInt(cached)), [1]),
+    };
+    return this.session.run(feeds, {output: onGPU ? 'gpu' : 'cpu'});
   }
 }
 

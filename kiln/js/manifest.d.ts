@@ -12,7 +12,7 @@ export interface Manifest {
   /** Always "kiln-package". */
   format: "kiln-package";
   /**
-   * The package format version "MAJOR.MINOR" ("1.5" today). A runtime reads every package of its own major version
+   * The package format version "MAJOR.MINOR" ("1.7" today). A runtime reads every package of its own major version
    * and refuses a newer major version with a message saying to upgrade Kiln.
    */
   version: string;
@@ -68,11 +68,22 @@ export interface Manifest {
    */
   training?: Training;
   /**
-   * (1.6) A language model's decoder step (kiln compile MODEL.gguf) and what a generation loop needs to drive it:
-   * feed input_ids [1, sequence] and every cache entry's past [1, KV, past_sequence, hd] (empty at first), read the
-   * logits and feed each present back as its past on the next step.
+   * (1.6) A language model's decoder step (kiln compile MODEL.gguf) and what a generation loop needs to drive it.
+   * (1.7) The KV cache is state: a step feeds input_ids [1, sequence] and cache.position [1] (the tokens already
+   * cached), and reads the logits or next_token; the cache stays in its buffers.
    */
   generation?: Generation;
+  /**
+   * (1.7) Sums of run-time dims bounded together (a decoder's past_sequence + sequence fits its cache): runtimes
+   * refuse dims whose sum exceeds max.
+   */
+  dim_limits?: DimLimit[];
+  /**
+   * (1.7) Tensors the runtime keeps between runs (a language model's KV cache): each lives in one state buffer, zeros
+   * at load, updated in place by the plan (its update output is the same buffer); they are not in inputs or outputs,
+   * so a run neither feeds nor reads them back.
+   */
+  state?: StateTensor[];
 }
 
 /**
@@ -153,6 +164,39 @@ export interface TensorSpec {
   buffer: number;
   /** (1.4) The dims as size expressions (e.g. ["batch", "seq", 384]), present when the tensor has run-time dims. */
   dynamic_shape?: SizeExpression[];
+  /**
+   * (1.7) An integer [1] input whose value is this run-time dim's (a decoder's past_sequence_length binds
+   * past_sequence); runtimes read the dim from the fed value, within its bounds.
+   */
+  value_dim?: string;
+}
+
+/** (1.7) A bound on the sum of run-time dims. */
+export interface DimLimit {
+  /** The dims summed. */
+  dims: string[];
+  /** The largest sum allowed. */
+  max: number;
+}
+
+/** (1.7) A tensor kept between runs in one buffer (see state). */
+export interface StateTensor {
+  /** The model's name of its value before a run (an input of the graph). */
+  name: string;
+  /** The model's name of its value after a run (computed into the same buffer). */
+  update: string;
+  /**
+   * A tensor element type: ONNX's TensorProto.DataType in lower case. int64, bool, 8- and 16-bit integers are 1.1;
+   * uint32, uint64, bfloat16, the float8 and float4 types and 2/4-bit integers are 1.4 (native runtimes only; kiln.js
+   * refuses inputs and outputs of those types). float64 tensors cannot be stored in buffers.
+   */
+  dtype: Dtype;
+  /** A concrete shape: one non-negative size per axis. */
+  shape: Shape;
+  /** The id of its buffer (kind state). */
+  buffer: number;
+  /** The buffer's size. */
+  bytes: number;
 }
 
 /**
@@ -183,9 +227,9 @@ export interface Buffer {
   id: number;
   /**
    * input: a model input, written by the runtime before each run; output: a model output, read back after each run;
-   * weight: one constant tensor; activation: intermediate values; state (1.3): optimizer state of a train step, zeros
-   * at load, persists across runs; update (1.3): the next value of a state buffer or trainable weight, copied over it
-   * after each train step.
+   * weight: one constant tensor; activation: intermediate values; state (1.3): optimizer state of a train step or
+   * (1.7) a state tensor such as a KV cache, zeros at load, persists across runs; update (1.3): the next value of a
+   * state buffer or trainable weight, copied over it after each train step.
    */
   kind: "input" | "output" | "weight" | "activation" | "state" | "update";
   /** The buffer's size in bytes (a multiple of 4); with run-time dims the largest over every dims value in bounds. */
@@ -914,9 +958,9 @@ export interface TrainState {
 }
 
 /**
- * (1.6) A language model's decoder step (kiln compile MODEL.gguf) and what a generation loop needs to drive it: feed
- * input_ids [1, sequence] and every cache entry's past [1, KV, past_sequence, hd] (empty at first), read the logits
- * and feed each present back as its past on the next step.
+ * (1.6) A language model's decoder step (kiln compile MODEL.gguf) and what a generation loop needs to drive it. (1.7)
+ * The KV cache is state: a step feeds input_ids [1, sequence] and cache.position [1] (the tokens already cached), and
+ * reads the logits or next_token; the cache stays in its buffers.
  */
 export interface Generation {
   /** The model family (GGUF general.architecture: llama, qwen2). */
@@ -933,8 +977,11 @@ export interface Generation {
   next_token: string;
   /** all: a row per new token; last: the last new token's only. */
   logits_rows: "all" | "last";
-  /** The KV cache, in layer order. */
-  cache: CacheEntry[];
+  /**
+   * (1.7) The KV cache: state tensors [1, KV, max_context, hd]; a step writes its tokens' rows from row position and
+   * attends over the rows before them.
+   */
+  cache: Cache;
   /** A HuggingFace tokenizer.json in the package. */
   tokenizer: string;
   /** The Jinja chat template (as HF apply_chat_template runs it). */
@@ -945,12 +992,15 @@ export interface Generation {
   eos_token_ids: number[];
 }
 
-/** One cache tensor: the present output fed back as the past input on the next step. */
-export interface CacheEntry {
-  /** The input holding the cache of the steps before. */
-  past: string;
-  /** The output holding past + this step's entries. */
-  present: string;
-  /** The sequence axis. */
+/**
+ * (1.7) The KV cache: state tensors [1, KV, max_context, hd]; a step writes its tokens' rows from row position and
+ * attends over the rows before them.
+ */
+export interface Cache {
+  /** The int64 [1] input holding the number of tokens already cached (a value_dim). */
+  position: string;
+  /** The sequence axis of the cache tensors. */
   axis: number;
+  /** The cache tensors (names of state entries), in layer order. */
+  state: string[];
 }

@@ -273,3 +273,39 @@ def iota(shape, start, delta: int, dtype: str, name: str = "iota") -> Tensor:
     """ONNX Range of run-time length (``Iota``): ``out[i] = start + i * delta`` (``start`` may be a size expression)."""
     s = start if isinstance(start, Expr) else const(int(start), "int32")
     return compute(shape, lambda i: cast(s + i * delta, dtype), name)
+
+
+def tensor_scatter(past: Tensor, upd: Tensor, idx: Tensor | None, axis: int, mode: str, in_place: bool, out_shape,
+                   name: str = "tensor_scatter") -> Tensor:
+    """ONNX TensorScatter-24: ``past`` with the rows of ``upd`` written along ``axis`` from row ``idx[b]`` of each
+    batch entry ``b`` (0 without ``idx``; modulo the cache's length in ``circular`` mode).
+
+    ``in_place`` (the cache's buffer is the result's, kiln.passes.memory_plan): one element per element of
+    ``upd``, stored through ``attrs["store"]`` (the buffer's shape, each element's coordinates in it and the
+    condition for storing it at all), so a
+    decode step writes one row of the cache instead of copying all of it. Otherwise every element of the result
+    is computed (the update where it lands, else the past).
+    """
+    cap = past.shape[axis]
+
+    def start(b: Expr) -> Expr:
+        return cast(idx[(b,)], "int32") if idx is not None else const(0, "int32")
+
+    if in_place:
+        t = compute(upd.shape, lambda *o: upd[o], name)
+        row = start(t.axes[0]) + t.axes[axis]
+        if mode == "circular":
+            row = row % cap
+        # rows past the cache are dropped (never written beyond it); runtimes refuse such dims (dim_limits)
+        t.attrs["store"] = (tuple(past.shape), tuple(row if d == axis else a for d, a in enumerate(t.axes)),
+                            binop("<", row, cap) & binop(">=", row, 0))
+        return t
+
+    def body(*o):
+        s = o[axis] - start(o[0])
+        if mode == "circular":
+            s = (s % cap + cap) % cap
+        inside = binop(">=", s, 0) & binop("<", s, upd.shape[axis])
+        return select(inside, upd[tuple(s if d == axis else a for d, a in enumerate(o))], past[o])
+
+    return compute(out_shape, body, name)

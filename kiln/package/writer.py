@@ -160,6 +160,13 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         if compiled.training is not None:
             training = training_manifest(compiled, buffers)
         model_inputs, model_outputs = io_lists(compiled)
+        # state (a KV cache): kept by the runtime in one buffer between runs, neither fed nor read back
+        model_inputs = [v for v in model_inputs if v.name not in graph.state]
+        model_outputs = [v for v in model_outputs if v.name not in graph.state.values()]
+        given = {v.name: v for v in graph.inputs}
+        state = [{"name": name, "update": update, "dtype": given[name].dtype, "shape": list(given[name].shape),
+                  "buffer": plan.of[id(given[name])], "bytes": buffers[plan.of[id(given[name])]]["bytes"]}
+                 for name, update in graph.state.items()]
         manifest: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
@@ -169,7 +176,9 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "precision": compiled.program.precision,
             "dims": graph.dims,
             **({"dynamic_dims": dynamic.dims_section(graph)} if graph.size_vars else {}),
-            "inputs": [_io(v, plan.of[id(v)]) for v in model_inputs],
+            **({"dim_limits": [{"dims": list(d), "max": m} for d, m in graph.dim_limits]} if graph.dim_limits else {}),
+            "inputs": [{**_io(v, plan.of[id(v)]), **({"value_dim": graph.value_dims[v.name]}
+                                                       if v.name in graph.value_dims else {})} for v in model_inputs],
             "outputs": [_io(v, plan.of[id(v)]) for v in model_outputs],
             "buffers": buffers,
             "memory": {
@@ -178,8 +187,9 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                 "activation_bytes_unshared": plan.unshared_bytes,
                 "io_bytes": sum(b["bytes"] for b in buffers if b["kind"] in ("input", "output")),
                 **({"state_bytes": sum(b["bytes"] for b in buffers if b["kind"] in ("state", "update"))}
-                   if training is not None else {}),
+                   if training is not None or state else {}),
             },
+            **({"state": state} if state else {}),
             **({"training": training} if training is not None else {}),
             **({"generation": generation} if generation is not None else {}),
             "weights": {"files": files},

@@ -61,7 +61,8 @@ class Buffer:
 
     Attributes:
         id: index in :attr:`MemoryPlan.buffers`.
-        kind: ``input``, ``output``, ``weight`` or ``activation``.
+        kind: ``input``, ``output``, ``weight``, ``activation`` or ``state`` (an input the runtime keeps between
+            runs, updated in place: :attr:`Graph.state`).
         nbytes: size (a multiple of 4).
         values: names of the values stored in it over the run.
     """
@@ -98,6 +99,35 @@ class MemoryPlan:
         return sum(b.nbytes for b in self.buffers if b.kind == kind)
 
 
+def mark_in_place(graph: Graph, enabled: bool = True) -> None:
+    """Set ``in_place=1`` on every ``TensorScatter`` that may write into its cache's buffer (``in_place=0`` on all
+    unless ``enabled``: a target without partial writes): the cache is a graph input nothing else reads, and no
+    kernel fuses the result away (its readers are not elementwise). The kernel then writes only the update's rows
+    (:func:`kiln.kernels.index.tensor_scatter`) and :func:`plan_memory` gives the result the input's buffer.
+
+    Raises:
+        KilnError: a state pair (:attr:`Graph.state`) whose output is not such a scatter of its input.
+    """
+    from kiln.errors import KilnError
+    from kiln.passes.fusion import FUSIBLE
+
+    uses = graph.consumers()
+    inputs = {id(v) for v in graph.inputs}
+    outputs = {id(v) for v in graph.outputs}
+    done = {}
+    for node in graph.nodes:
+        if node.op == "TensorScatter":
+            past, out = node.inputs[0], node.outputs[0]
+            ok = enabled and id(past) in inputs and id(past) not in outputs and len(uses.get(id(past), [])) == 1 and \
+                all(ops.kind(n.op) not in FUSIBLE for n in uses.get(id(out), []))
+            node.attrs["in_place"] = int(ok)
+            if ok:
+                done[past.name] = out.name
+    for name, update in graph.state.items():
+        if done.get(name) != update:
+            raise KilnError(f"state {name!r}: its next value {update!r} is not an in-place TensorScatter of it")
+
+
 def plan_memory(graph: Graph, groups: list[Group], half: bool = False) -> MemoryPlan:
     """Assign every value the kernels touch to a buffer (see the module docstring).
 
@@ -118,20 +148,26 @@ def plan_memory(graph: Graph, groups: list[Group], half: bool = False) -> Memory
         return storage_bytes(v)
 
     def new(kind: str, v: Value) -> int:
-        if kind in ("input", "output"):
+        if kind in ("input", "output", "state"):
             io.add(id(v))
         b = Buffer(len(buffers), kind, aligned(nbytes(v)), [v.name])
         buffers.append(b)
         of[id(v)] = b.id
         return b.id
 
+    state = set(graph.state)
     for v in graph.inputs:
-        new("input", v)
+        new("state" if v.name in state else "input", v)
     root: dict[int, Value] = {}
     for g in groups:
         if g.alias:
             src = g.inputs[0]
             root[id(g.output)] = root.get(id(src), src)
+        elif g.nodes[-1].op == "TensorScatter" and g.nodes[-1].attrs.get("in_place"):
+            # an in-place cache update: the result is the cache's own buffer
+            root[id(g.output)] = src = g.nodes[-1].inputs[0]
+            of[id(g.output)] = of[id(src)]
+            buffers[of[id(src)]].values.append(g.output.name)
     for v in graph.outputs:
         r = root.get(id(v), v)
         if id(r) not in of and not r.is_const:

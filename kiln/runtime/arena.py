@@ -155,8 +155,9 @@ class ArenaSession(GenerationMixin):
             if a.size:  # (at its actual size: kernels index a run-time shape with run-time strides)
                 self._view(spec["buffer"], a.nbytes)[:] = a.reshape(-1).view(np.uint8)
         if self.poison:
-            for o in self.outputs:
-                self._fill_nan(o["buffer"])
+            for o in self.outputs:  # (not an input's buffer updated in place: an in-place TensorScatter)
+                if self.manifest["buffers"][o["buffer"]]["kind"] == "output":
+                    self._fill_nan(o["buffer"])
         self._compute()
         return {o["name"]: from_storage(self._view(o["buffer"]), o["dtype"], shapes.get(o["name"], o["shape"]))
                 for o in self.outputs}

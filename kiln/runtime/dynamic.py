@@ -1,7 +1,7 @@
 """Run-time dims of a package (format 1.4, docs/dynamic-shapes.md), for the native runtime.
 
 :func:`bind_dims` reads each dim's value from the fed input shapes (every input must agree, and each
-value must lie within the dim's bounds); :func:`dims_words` packs the values into the dims uniform;
+value must lie within the dim's bounds) or from an integer input's value (``value_dim``, format 1.7); :func:`dims_words` packs the values into the dims uniform;
 :func:`dispatches` evaluates every step's workgroup count (the manifest's size expressions) and
 :func:`output_shapes` the outputs' shapes. The runtime never imports the compiler: expressions are
 evaluated by :func:`kiln.arith.symbolic.eval_json`'s small interpreter, which depends on nothing else.
@@ -57,12 +57,13 @@ def is_dynamic(manifest: dict[str, Any]) -> bool:
 
 
 def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]:
-    """Each run-time dim's value, read from the shapes of ``feeds`` (input name -> array).
+    """Each run-time dim's value, read from the shapes of ``feeds`` (input name -> array) and from the values of
+    ``value_dim`` inputs.
 
     Raises:
         ShapeError: an unknown or missing input, a wrong rank or static dim, inputs that disagree on a
             dim, a value outside the dim's bounds or not a multiple it must be (naming the input, the dim and the
-            bounds).
+            bounds), a ``value_dim`` input fed as a GPUTensor, or dims whose sum exceeds a ``dim_limits`` bound.
     """
     dims = {d["name"]: d for d in manifest["dynamic_dims"]}
     env: dict[str, int] = {}
@@ -80,6 +81,17 @@ def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]
         shape = np.shape(feeds[name])
         if len(shape) != len(want):
             raise ShapeError(f"input {name!r}: expected rank {len(want)} {want}, got shape {list(shape)}")
+        if "value_dim" in spec:  # an integer [1] input whose value is a dim (a decoder's past_sequence_length)
+            w = spec["value_dim"]
+            if hasattr(feeds[name], "release"):
+                raise ShapeError(f"input {name!r} gives dim {w} by its value: feed a host array, not a GPUTensor")
+            got = int(np.asarray(feeds[name]).reshape(-1)[0])
+            d = dims[w]
+            if not d["min"] <= got <= d["max"]:
+                raise ShapeError(f"input {name!r} ({w}) is {got}, outside its bounds {d['min']}..{d['max']}")
+            if w in env and env[w] != got:
+                raise ShapeError(f"inconsistent dim {w}: input {name!r} is {got} but input {seen[w]!r} gave {env[w]}")
+            env[w], seen[w] = got, name
         for axis, (got, w) in enumerate(zip(shape, want)):
             if isinstance(w, str) and w in dims:
                 d = dims[w]
@@ -102,6 +114,11 @@ def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]
         exp = [eval_json(w, env) for w in want]
         if exp != got:
             raise ShapeError(f"input {spec['name']!r}: expected shape {exp} (symbolic {want}), got {got}")
+    for limit in manifest.get("dim_limits", ()):
+        total = sum(env[n] for n in limit["dims"])
+        if total > limit["max"]:
+            raise ShapeError(f"dims {' + '.join(limit['dims'])} = {total} exceed their bound {limit['max']} "
+                             f"({', '.join(f'{n}={env[n]}' for n in limit['dims'])})")
     return env
 
 

@@ -1,12 +1,13 @@
 """Token-by-token generation over a language-model package (``generation`` in the manifest, format 1.6).
 
-The package is one decoder step (docs/package-format.md, *Generation*): new token ids and the KV cache in,
-logits, each row's arg max (``next_token``) and the grown cache out. :class:`Generator` drives it: the prompt
-(text, or chat messages through the package's chat template) is tokenized with HF ``tokenizers`` from the
-package's ``tokenizer.json``, prefilled in chunks of at most ``max_tokens``, then each decode step feeds one
-token. The cache never leaves the device: each step's ``present`` tensors are GPU tensors fed back as the next
-step's ``past``. Greedy decoding reads back only ``next_token`` (8 bytes a step); sampling (temperature, top-k,
-top-p, repetition penalty; seeded) reads back the last row of logits and samples on the host.
+The package is one decoder step (docs/package-format.md, *Generation*): new token ids and the number of tokens
+already cached in; logits and each row's arg max (``next_token``) out. The KV cache is the package's state
+(format 1.7): buffers sized for the context bound that the step updates in place, never fed nor read back.
+:class:`Generator` drives it: the prompt (text, or chat messages through the package's chat template) is tokenized
+with HF ``tokenizers`` from the package's ``tokenizer.json``, prefilled in chunks of at most ``max_tokens``, then
+each decode step feeds one token. Greedy decoding reads back only ``next_token`` (8 bytes a step); sampling
+(temperature, top-k, top-p, repetition penalty; seeded) reads back the last row of logits and samples on the
+host.
 
 Text streams as it is decoded (:class:`TextStream`, the rule of HF text-generation-inference): the last few
 tokens are decoded with and without the newest one and the new characters yielded, except while they end inside a
@@ -198,11 +199,11 @@ class Generator:
     """Generation over a session of a language-model package.
 
     Args:
-        session: a session (:class:`kiln.runtime.native.Session`, or the wasm and cpu sessions, whose cache
-            round-trips through host arrays) of a package with a ``generation`` section.
+        session: a session (:class:`kiln.runtime.native.Session`, or the wasm and cpu sessions) of a package
+            with a ``generation`` section. A session holds one cache: one generation at a time.
 
     Raises:
-        KilnError: the package is not a language model.
+        KilnError: the package is not a language model, or one made by an older Kiln (format 1.6: recompile it).
     """
 
     def __init__(self, session):
@@ -216,10 +217,12 @@ class Generator:
         self.config = gen
         self.tokenizer = Tokenizer.from_file(str(Path(session.path) / gen["tokenizer"]))
         self.eos = set(gen["eos_token_ids"])
-        spec = {i["name"]: i for i in session.inputs}[gen["cache"][0]["past"]]
-        self._cache_shape = [int(d) for d in spec["shape"]]
+        if not isinstance(gen["cache"], dict):
+            raise KilnError(f"{session.path}: a language-model package of format 1.6 (its KV cache is fed back); "
+                            "recompile it with this Kiln (kiln compile MODEL.gguf)")
         self.stats = GenerationStats()
-        self._gpu = hasattr(session, "upload")  # a WebGPU session: the cache stays on the device
+        self._busy = False  # the session holds one cache: one generation at a time
+        self._gpu = hasattr(session, "upload")  # a WebGPU session: outputs stay on the device until read
 
     def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
         """Token ids of ``prompt``: text as it is, or chat messages through the package's chat template.
@@ -241,17 +244,11 @@ class Generator:
         bos = self.config.get("bos_token_id")
         return ([bos] if bos is not None and (not ids or ids[0] != bos) else []) + ids
 
-    def _empty_cache(self) -> list:
-        shape = list(self._cache_shape)
-        shape[self.config["cache"][0]["axis"]] = 0
-        return [np.zeros(shape, np.float32) for _ in self.config["cache"]]
-
-    def _step(self, ids: list[int], past: list) -> tuple[dict[str, Any], list]:
-        feeds = {self.config["input_ids"]: np.asarray(ids, np.int64)[None]}
-        feeds.update({c["past"]: p for c, p in zip(self.config["cache"], past)})
-        out = self.session.run(feeds, output="gpu") if self._gpu else self.session.run(feeds)
-        _release(past)
-        return out, [out.pop(c["present"]) for c in self.config["cache"]]
+    def _step(self, ids: list[int], cached: int) -> dict[str, Any]:
+        """One decoder step: ``ids`` after ``cached`` tokens already in the cache (which it updates)."""
+        feeds = {self.config["input_ids"]: np.asarray(ids, np.int64)[None],
+                 self.config["cache"]["position"]: np.asarray([cached], np.int64)}
+        return self.session.run(feeds, output="gpu") if self._gpu else self.session.run(feeds)
 
     def generate(self, prompt: str | list[dict[str, str]], max_new_tokens: int | None = None, *,
                  options: SamplingOptions | None = None, stop: list[str] | tuple[str, ...] = (),
@@ -271,7 +268,8 @@ class Generator:
 
         Raises:
             KilnError: bad options, an empty prompt, or a prompt plus ``max_new_tokens`` longer than the
-                package's context (``max_context``).
+                package's context (``max_context``); at the first token, another generation still running on this
+                session (it holds one KV cache).
         """
         try:
             opts = options or SamplingOptions(**sampling)
@@ -300,10 +298,13 @@ class Generator:
 
     def _stream(self, ids: list[int], max_new_tokens: int, opts: SamplingOptions,
                 stops: list[str]) -> Iterator[Chunk]:
+        if self._busy:
+            raise KilnError("a generation is already running on this session (it holds one KV cache); finish or "
+                            "close it first")
+        self._busy = True
         rng = np.random.default_rng(opts.seed)
         stats = self.stats = GenerationStats(prompt_tokens=len(ids))
         chunk = self.config["max_tokens"]
-        past = self._empty_cache()
         out: dict[str, Any] = {}
         seen = list(ids)
         stream = TextStream(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
@@ -312,7 +313,8 @@ class Generator:
         try:
             t0 = time.perf_counter()
             for start in range(0, len(ids), chunk):  # prefill, in chunks the package's steps take
-                out, past = self._step(ids[start:start + chunk], past)
+                _release(out.values())
+                out = self._step(ids[start:start + chunk], start)
             for n in range(max_new_tokens):
                 if opts.greedy:
                     token = int(_host(out[self.config["next_token"]]).reshape(-1)[-1])
@@ -342,8 +344,9 @@ class Generator:
                 if at >= 0:
                     break
                 if n + 1 < max_new_tokens:
-                    out, past = self._step([token], past)
+                    out = self._step([token], len(ids) + n)
             else:
                 stats.stop_reason = "max_new_tokens"
         finally:
-            _release([*past, *out.values()])
+            _release(out.values())
+            self._busy = False

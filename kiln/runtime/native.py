@@ -306,8 +306,9 @@ class Session(TrainingMixin, GenerationMixin):
             if a.size:  # an empty tensor has nothing to write (WebGPU refuses empty writes)
                 dev.queue.write_buffer(self.buffers[spec["buffer"]], 0, memoryview(a.reshape(-1)).cast("B"))
         if self.poison:
-            for o in self.outputs:
-                self._fill_nan(o["buffer"])
+            for o in self.outputs:  # (not an input's buffer updated in place: an in-place TensorScatter)
+                if self.manifest["buffers"][o["buffer"]]["kind"] == "output":
+                    self._fill_nan(o["buffer"])
         enc = dev.create_command_encoder()
         for spec, t in on_gpu:
             size = _copy_size(spec, self.buffers[spec["buffer"]], t.shape)

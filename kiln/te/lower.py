@@ -79,7 +79,11 @@ def canonical(out: Tensor) -> Tensor:
         return None
 
     body = transform(out.body, rename)
-    return Tensor(out.name, out.shape, out.dtype, tuple(names[a] for a in out.axes), body, out.attrs)
+    attrs = out.attrs
+    if "store" in attrs:  # a store view's coordinates are expressions of the axes too
+        shape, coords, keep = attrs["store"]
+        attrs = {**attrs, "store": (shape, tuple(transform(e, rename) for e in coords), transform(keep, rename))}
+    return Tensor(out.name, out.shape, out.dtype, tuple(names[a] for a in out.axes), body, attrs)
 
 
 def _reduces(e: Expr, found: dict) -> None:
@@ -148,10 +152,20 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     schedule = schedule or Schedule()
     out = canonical(out)
     ins = placeholders(out)
+    if "store" in out.attrs:  # buffers a store view's coordinates read (a TensorScatter's write indices)
+        _, coords, keep = out.attrs["store"]
+        for e in (*coords, keep):
+            ins += [t for t in placeholders(Tensor("view", (), e.dtype, (), e)) if all(t is not i for i in ins)]
     pname = {id(t): f"in{k}" for k, t in enumerate(ins)}
     params = [Param(pname[id(t)], t.dtype, t.size, "read") for t in ins]
-    params.append(Param("out", out.dtype, out.size, "read_write"))
+    # a store view (``attrs["store"]``: the buffer's shape, each element's coordinates in it and whether to store
+    # it, expressions of the axes): the kernel writes its elements into part of a larger buffer (an in-place
+    # TensorScatter)
+    view = out.attrs.get("store")
+    params.append(Param("out", out.dtype, prod(view[0]) if view else out.size, "read_write"))
     counter = itertools.count()
+    if view and (schedule.shared_k or schedule.rows or schedule.reduce_lanes > 1):
+        schedule = dataclasses.replace(schedule, shared_k=0, prefetch=False, rows=False, reduce_lanes=1)
     if schedule.shared_k:
         found = analyse(out, schedule)
         if isinstance(found, str):  # not a contraction (or too large): lowered without shared tiles
@@ -305,7 +319,11 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     results = [flat(transform(b, lambda x: accs.get(x) if isinstance(x, Reduce) else None), False) for b in bodies]
     results = _cse_loads(results, body, counter)
     for (vals, _, cond), value in zip(elements, results):
-        index = linear(ravel([vals.get(ax, ax) for ax in out.axes], out.shape))
+        if view:
+            index = linear(ravel([flat(substitute(e, vals) if vals else e, True) for e in view[1]], view[0]))
+            cond = cond & flat(substitute(view[2], vals) if vals else view[2], True)
+        else:
+            index = linear(ravel([vals.get(ax, ax) for ax in out.axes], out.shape))
         store = Store("out", index, value)
         body.append(If(cond, [store]) if not (isinstance(cond, Const) and cond.value) else store)
     return LoweredKernel(name or out.name, params, ins, total, gid, body, schedule, shared)

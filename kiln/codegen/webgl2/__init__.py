@@ -22,6 +22,7 @@ class WebGL2Target(Target):
     """
 
     name = "webgl2"
+    in_place = False
 
     def __init__(self, limits: dict[str, int] | None = None, features: tuple[str, ...] = ()):
         super().__init__(limits or {"MAX_TEXTURE_IMAGE_UNITS": glsl.MAX_TEXTURE_IMAGE_UNITS},

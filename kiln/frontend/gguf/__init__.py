@@ -3,11 +3,17 @@
 :func:`import_gguf` reads the file (:mod:`kiln.frontend.gguf.reader`) and builds one decoder step over run-time
 dims ``sequence`` (``T``, the new tokens) and ``past_sequence`` (``P``, the cached ones):
 
-- inputs: ``input_ids`` int64 ``[1, T]``; per layer ``l`` ``past_key_values.l.key`` / ``.value`` float32
-  ``[1, KV, P, hd]`` (the layout of optimum's and transformers.js's decoder exports);
+- inputs: ``input_ids`` int64 ``[1, T]``; ``past_sequence_length`` int64 ``[1]``, whose value is ``P`` (it binds
+  the run-time dim, :attr:`kiln.ir.graph.Graph.value_dims`);
 - outputs: ``logits`` float32 ``[1, T, vocab]`` (or ``[1, 1, vocab]``, the last token's, with
   ``logits="last"``); ``next_token`` int64 ``[1, T]`` (or ``[1, 1]``), each row's arg max (greedy decoding
-  reads back these ids only); ``present.l.key`` / ``.value`` ``[1, KV, P + T, hd]``.
+  reads back these ids only);
+- state (:attr:`kiln.ir.graph.Graph.state`): per layer ``l`` the KV cache ``past_key_values.l.key`` / ``.value``
+  float32 ``[1, KV, max_context, hd]`` (the head-major layout of optimum's and transformers.js's decoder exports,
+  sized for the context bound), updated in place by ``TensorScatter`` into ``present.l.key`` / ``.value``: a
+  step writes its ``T`` rows from row ``P`` and attends over the first ``P + T``; the package keeps the cache in
+  one device buffer between steps, never fed nor read back (ONNX TensorScatter-24 and onnxruntime GenAI's shared
+  past/present buffers).
 
 Token ``t`` sits at position ``P + t``. Packed weights (Q4_0, Q4_1, Q8_0) stay packed (:mod:`kiln.ir.ops_quant`).
 """
@@ -37,7 +43,7 @@ class DecoderGraph:
 
     graph: Graph
     model: GGUFModel
-    #: (past input name, present output name) of every cache tensor, in layer order
+    #: (state input name, its updated output's name) of every cache tensor, in layer order
     cache: list[tuple[str, str]]
     max_context: int
     max_tokens: int
@@ -55,7 +61,7 @@ class DecoderGraph:
         return {"architecture": self.model.config.architecture, "max_context": self.max_context,
                 "max_tokens": self.max_tokens, "input_ids": "input_ids", "logits": "logits", "next_token": "next_token",
                 "logits_rows": self.logits_rows,
-                "cache": [{"past": p, "present": q, "axis": 2} for p, q in self.cache],
+                "cache": {"position": "past_sequence_length", "axis": 2, "state": [p for p, _ in self.cache]},
                 "tokenizer": "tokenizer.json", "chat_template": str(meta.get("tokenizer.chat_template", "")),
                 "bos_token_id": None if bos is None else int(bos), "eos_token_ids": eos}
 
@@ -101,13 +107,15 @@ def import_gguf(path: str | os.PathLike, *, max_context: int = 2048, max_tokens:
     past = symbolic.size_var("past_sequence", 1, 0, max_context - 1)
     g.size_vars = {"sequence": seq, "past_sequence": past}
     ids = Value("input_ids", "int64", (1, seq), sym_shape=(1, "sequence"))
-    g.inputs.append(ids)
+    write = Value("past_sequence_length", "int64", (1,))  # the cache row this step's first token goes to: P
+    g.inputs += [ids, write]
+    g.value_dims = {write.name: "past_sequence"}
+    g.dim_limits = [(("past_sequence", "sequence"), max_context)]  # the cache's rows
     kv, hd = c.kv_heads, c.head_dim
     cache = []
     for layer in range(c.layers):
         for part in ("key", "value"):
-            v = Value(f"past_key_values.{layer}.{part}", "float32", (1, kv, past, hd),
-                      sym_shape=(1, kv, "past_sequence", hd))
+            v = Value(f"past_key_values.{layer}.{part}", "float32", (1, kv, max_context, hd))
             g.inputs.append(v)
             cache.append((v.name, f"present.{layer}.{part}"))
     b = Builder(g)
@@ -136,8 +144,8 @@ def import_gguf(path: str | os.PathLike, *, max_context: int = 2048, max_tokens:
         q = decoder.rotary(b, reshape(b, q, (1, seq, c.heads, hd)), rope, pos)
         k = decoder.rotary(b, reshape(b, k, (1, seq, kv, hd)), rope, pos)
         v = reshape(b, v, (1, seq, kv, hd))
-        past_k, past_v = g.inputs[1 + 2 * layer], g.inputs[2 + 2 * layer]
-        ctx, pk, pv = decoder.causal_attention(b, q, k, v, past_k, past_v, scale)
+        past_k, past_v = g.inputs[2 + 2 * layer], g.inputs[3 + 2 * layer]
+        ctx, pk, pv = decoder.causal_attention(b, q, k, v, past_k, past_v, scale, write=write, past_len=past)
         presents += [pk, pv]
         x = b.op("Add", [x, decoder.linear(b, ctx, w("attn_output.weight"))])
         h = decoder.rms_norm(b, x, b.const(t[p + "ffn_norm.weight"]), c.eps)
@@ -161,4 +169,5 @@ def import_gguf(path: str | os.PathLike, *, max_context: int = 2048, max_tokens:
     for (_, present_name), v in zip(cache, presents):
         v.name = present_name
         g.outputs.append(v)
+    g.state = dict(cache)
     return DecoderGraph(g, m, cache, max_context, max_tokens, logits)

@@ -1,4 +1,4 @@
-"""More indexing ONNX operators: GatherND, ScatterElements, Scatter, ScatterND, TopK, CumProd, Hardmax,
+"""More indexing ONNX operators: GatherND, ScatterElements, Scatter, ScatterND, TensorScatter, TopK, CumProd, Hardmax,
 CenterCropPad, and the window generators (HannWindow, HammingWindow, BlackmanWindow)."""
 
 from __future__ import annotations
@@ -141,3 +141,22 @@ def lp_pool(b: Builder, x: Value, *, kernel_shape, p: int = 2, auto_pad: str = "
     if p == 2:
         return b.op("Sqrt", [total])
     return b.op("Pow", [total, b.const(np.array(1.0 / p), dtype=x.dtype)])
+
+
+@onnx_op("TensorScatter", since=24)
+def tensor_scatter(b: Builder, past: Value, update: Value, write_indices: Value | None = None, *, axis: int = -2,
+                   mode: str = "linear") -> Value:
+    """ONNX TensorScatter-24: the KV-cache update, ``update``'s rows written into ``past`` along ``axis`` from row
+    ``write_indices[b]`` of each batch entry (0 without it; modulo the cache's length in ``circular`` mode). A
+    cache that is a model input nothing else reads is updated in place (kiln.passes.memory_plan.mark_in_place).
+
+    Raises:
+        KilnError: an unknown ``mode``, or ``axis`` 0 (the batch axis). ShapeError: ``update`` does not fit.
+    """
+    if mode not in ("linear", "circular"):
+        raise KilnError(f"TensorScatter: unknown mode {mode!r}")
+    ax = norm_axis(axis, len(past.shape))
+    if ax == 0:
+        raise KilnError("TensorScatter: axis 0 is the batch axis; the sequence axis must be another")
+    return b.op("TensorScatter", [past, update] + ([write_indices] if write_indices is not None else []), axis=ax,
+                mode=mode)

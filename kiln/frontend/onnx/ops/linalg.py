@@ -1,4 +1,4 @@
-"""Linear-algebra and cache-update ONNX operators: Det, TensorScatter."""
+"""Linear-algebra ONNX operators: Det."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import itertools
 import numpy as np
 
 from kiln.errors import KilnError, ShapeError
-from kiln.frontend.onnx.ops.common import norm_axis
 from kiln.frontend.onnx.ops.nn import _reshape
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
@@ -47,36 +46,3 @@ def det(b: Builder, x: Value) -> Value:
     terms = b.op("ReduceProd", [b.op("Gather", [flat, b.const(idx)], axis=len(lead))], axes=(len(lead) + 1,),
                  keepdims=0)
     return b.op("ReduceSum", [b.op("Mul", [terms, b.const(signs, dtype=x.dtype)])], axes=(len(lead),), keepdims=0)
-
-
-@onnx_op("TensorScatter", since=24)
-def tensor_scatter(b: Builder, past: Value, update: Value, write_indices: Value | None = None, *, axis: int = -2,
-                   mode: str = "linear") -> Value:
-    """ONNX TensorScatter-24: ``past`` with ``update`` written along ``axis`` from position ``write_indices[b]``
-    of each batch entry (0 when omitted; wrapping around in ``circular`` mode): a ScatterElements whose indices
-    are computed at run time.
-
-    Raises:
-        ShapeError: ``update`` does not fit ``past``. KilnError: an unknown ``mode``.
-    """
-    if mode not in ("linear", "circular"):
-        raise KilnError(f"TensorScatter: unknown mode {mode!r}")
-    rank = len(past.shape)
-    ax = norm_axis(axis, rank)
-    if ax == 0 or len(update.shape) != rank or any(
-            u != p for i, (u, p) in enumerate(zip(update.shape, past.shape)) if i != ax) or update.shape[ax] > past.shape[ax]:
-        raise ShapeError(f"TensorScatter: update {list(update.shape)} does not fit cache {list(past.shape)} "
-                         f"along axis {ax}")
-    batch = past.shape[0]
-    if write_indices is None:
-        start = b.const(np.zeros((batch,) + (1,) * (rank - 1), np.int64))
-    else:
-        wi = write_indices if write_indices.dtype == "int64" else b.op("Cast", [write_indices], to="int64")
-        start = _reshape(b, wi, (batch,) + (1,) * (rank - 1))
-    steps = np.arange(update.shape[ax], dtype=np.int64).reshape([update.shape[ax] if d == ax else 1
-                                                                 for d in range(rank)])
-    idx = b.op("Add", [start, b.const(steps)])
-    if mode == "circular":
-        idx = b.op("Mod", [idx, b.const(np.array(past.shape[ax], np.int64))])
-    idx = b.op("Expand", [idx], shape=tuple(update.shape))
-    return b.op("ScatterElements", [past, idx, update], axis=ax, reduction="none")
