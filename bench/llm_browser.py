@@ -419,9 +419,10 @@ def run_case(pages: dict, where: dict[str, str], key: str, names: list[str], f: 
         med = float(np.median(r["times_ms"]))
         r.update(median_ms=med, min_ms=float(min(r["times_ms"])), max_ms=float(max(r["times_ms"])),
                  tokens_per_s=f["tokens"] / (med / 1e3))
+        diffs = ("logits unchecked (its cache is state)" if "unchecked" in r else
+                 f"logits max diff {r['max_abs_diff']:.1e} (q4), {r['max_abs_diff_fp32']:.1e} (fp32)")
         console.log(f"{label}: {name} {med:.1f} ms median ({r['tokens_per_s']:.3g} tokens/s), first run "
-                    f"{r['cold_ms']:.0f} ms, logits max diff {r['max_abs_diff']:.1e} (q4), "
-                    f"{r['max_abs_diff_fp32']:.1e} (fp32)")
+                    f"{r['cold_ms']:.0f} ms, {diffs}")
     for p in used:
         pages[p].evaluate("(key) => window.dropCase(key)", key)
 
