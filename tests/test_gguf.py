@@ -149,6 +149,8 @@ def test_smollm2_kv_cache_decode_native(smollm2):
         assert out["next_token"][0, 0] == answer[step + 1]
     with pytest.raises(ShapeError, match=r"past_sequence \+ sequence = 129 exceed their bound 128"):
         session.run(_feeds(answer[:2], 127))
+    with pytest.raises(ShapeError, match=r"'past_sequence_length' \(past_sequence\) is -1, outside its bounds"):
+        session.run(_feeds(answer[:1], -1))
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -134,6 +134,8 @@ GENERATE = """async ({questions, capitalTokens}) => {
   await refuse(() => drain(session.generate('Hi', {temprature: 0.5})));
   await refuse(() => session.chat.completions.create({messages: messages('Hi'), n: 2}));
   await refuse(() => session.chat.completions.create({messages: [{role: 'user'}]}));
+  await refuse(() => session.run({input_ids: new kiln.Tensor('int64', BigInt64Array.of(1n, 2n), [1, 2]),
+                                  past_sequence_length: new kiln.Tensor('int64', BigInt64Array.of(191n), [1])}));
   return {ids, tokens, text, stats, sampled, completion, errors};
 }"""
 
@@ -164,7 +166,8 @@ def test_browser_generation_matches_reference(served):
     assert "unknown generate option 'temprature'" in errors[3]
     assert "n must be 1" in errors[4]
     assert "a chat message must be" in errors[5]
-    assert all(e.startswith("KilnError") for e in errors), errors
+    assert all(e.startswith("KilnError") for e in errors[:6]), errors
+    assert errors[6].startswith("ShapeError") and "past_sequence + sequence = 193 exceed their bound 192" in errors[6]
     page.context.close()
 
 

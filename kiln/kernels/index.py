@@ -282,9 +282,8 @@ def tensor_scatter(past: Tensor, upd: Tensor, idx: Tensor | None, axis: int, mod
 
     ``in_place`` (the cache's buffer is the result's, kiln.passes.memory_plan): one element per element of
     ``upd``, stored through ``attrs["store"]`` (the buffer's shape, each element's coordinates in it and the
-    condition for storing it at all), so a
-    decode step writes one row of the cache instead of copying all of it. Otherwise every element of the result
-    is computed (the update where it lands, else the past).
+    condition for storing it at all), so a decode step writes one row of the cache instead of copying all of it.
+    Otherwise every element of the result is computed (the update where it lands, else the past).
     """
     cap = past.shape[axis]
 

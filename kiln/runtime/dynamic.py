@@ -1,7 +1,8 @@
 """Run-time dims of a package (format 1.4, docs/dynamic-shapes.md), for the native runtime.
 
 :func:`bind_dims` reads each dim's value from the fed input shapes (every input must agree, and each
-value must lie within the dim's bounds) or from an integer input's value (``value_dim``, format 1.7); :func:`dims_words` packs the values into the dims uniform;
+value must lie within the dim's bounds) or from an integer input's value (``value_dim``, format 1.7);
+:func:`dims_words` packs the values into the dims uniform;
 :func:`dispatches` evaluates every step's workgroup count (the manifest's size expressions) and
 :func:`output_shapes` the outputs' shapes. The runtime never imports the compiler: expressions are
 evaluated by :func:`kiln.arith.symbolic.eval_json`'s small interpreter, which depends on nothing else.
