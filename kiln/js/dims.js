@@ -63,36 +63,28 @@ export function bindDims(manifest, feeds) {
     if (got.length !== want.length) {
       throw new ShapeError(`input '${spec.name}': expected rank ${want.length} ${JSON.stringify(want)}, got shape [${got.join(', ')}]`);
     }
+    /** @type {[string, string, number][]} (where, dim, value) of each dim this input gives */
+    const found = [];
     if (spec.value_dim !== undefined) {
-      const w = spec.value_dim, d = dims[w], data = feeds[spec.name].data;
+      const data = feeds[spec.name].data;
       if (data === undefined) {
-        throw new ShapeError(`input '${spec.name}' gives dim ${w} by its value: feed a kiln.Tensor, not a GPUTensor`);
+        throw new ShapeError(`input '${spec.name}' gives dim ${spec.value_dim} by its value: feed a kiln.Tensor, not a GPUTensor`);
       }
-      const v = Number(data[0]);
-      if (v < d.min || v > d.max) {
-        throw new ShapeError(`input '${spec.name}' (${w}) is ${v}, outside its bounds ${d.min}..${d.max}`);
-      }
+      found.push([`input '${spec.name}'`, spec.value_dim, Number(data[0])]);
+    }
+    want.forEach((w, axis) => {
+      if (typeof w === 'string' && w in dims) found.push([`input '${spec.name}' dim ${axis}`, w, got[axis]]);
+    });
+    for (const [where, w, v] of found) {
+      const d = dims[w];
+      if (v < d.min || v > d.max) throw new ShapeError(`${where} (${w}) is ${v}, outside its bounds ${d.min}..${d.max}`);
+      if (d.multiple && v % d.multiple !== 0) throw new ShapeError(`${where} (${w}) is ${v}, not a multiple of ${d.multiple}`);
       if (w in env && env[w] !== v) {
-        throw new ShapeError(`inconsistent dim ${w}: input '${spec.name}' is ${v} but input '${from[w]}' gave ${env[w]}`);
+        throw new ShapeError(`inconsistent dim ${w}: ${where} is ${v} but input '${from[w]}' gave ${env[w]}`);
       }
       env[w] = v;
       from[w] = spec.name;
     }
-    want.forEach((w, axis) => {
-      if (typeof w !== 'string' || !(w in dims)) return;
-      const d = dims[w], v = got[axis];
-      if (v < d.min || v > d.max) {
-        throw new ShapeError(`input '${spec.name}' dim ${axis} (${w}) is ${v}, outside its bounds ${d.min}..${d.max}`);
-      }
-      if (d.multiple && v % d.multiple !== 0) {
-        throw new ShapeError(`input '${spec.name}' dim ${axis} (${w}) is ${v}, not a multiple of ${d.multiple}`);
-      }
-      if (w in env && env[w] !== v) {
-        throw new ShapeError(`inconsistent dim ${w}: input '${spec.name}' dim ${axis} is ${v} but input '${from[w]}' gave ${env[w]}`);
-      }
-      env[w] = v;
-      from[w] = spec.name;
-    });
   }
   for (const spec of manifest.inputs) {
     const want = spec.dynamic_shape ?? spec.shape;

@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.arith import symbolic
+from kiln.errors import KilnError
 from kiln.ir import dtypes, ops
 from kiln.ir.graph import Graph, Node, Value
 from kiln.package.format import STORAGE
-from kiln.passes.fusion import Group
+from kiln.passes.fusion import FUSIBLE, Group
 
 
 def needs_buffer(node: Node, v: Value) -> bool:
@@ -108,9 +109,6 @@ def mark_in_place(graph: Graph, enabled: bool = True) -> None:
     Raises:
         KilnError: a state pair (:attr:`Graph.state`) whose output is not such a scatter of its input.
     """
-    from kiln.errors import KilnError
-    from kiln.passes.fusion import FUSIBLE
-
     uses = graph.consumers()
     inputs = {id(v) for v in graph.inputs}
     outputs = {id(v) for v in graph.outputs}

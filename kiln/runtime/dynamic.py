@@ -82,30 +82,24 @@ def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]
         shape = np.shape(feeds[name])
         if len(shape) != len(want):
             raise ShapeError(f"input {name!r}: expected rank {len(want)} {want}, got shape {list(shape)}")
+        found = [(f"input {name!r} dim {axis}", w, int(got)) for axis, (got, w) in enumerate(zip(shape, want))
+                 if isinstance(w, str) and w in dims]
         if "value_dim" in spec:  # an integer [1] input whose value is a dim (a decoder's past_sequence_length)
             w = spec["value_dim"]
             if hasattr(feeds[name], "release"):
                 raise ShapeError(f"input {name!r} gives dim {w} by its value: feed a host array, not a GPUTensor")
-            got = int(np.asarray(feeds[name]).reshape(-1)[0])
+            found.insert(0, (f"input {name!r}", w, int(np.asarray(feeds[name]).reshape(-1)[0])))
+        for where, w, got in found:
             d = dims[w]
             if not d["min"] <= got <= d["max"]:
-                raise ShapeError(f"input {name!r} ({w}) is {got}, outside its bounds {d['min']}..{d['max']}")
+                raise ShapeError(f"{where} ({w}) is {got}, outside its bounds {d['min']}..{d['max']} (compile with "
+                                 f"a wider --dim {w}=MIN..MAX)")
+            if got % d.get("multiple", 1):
+                raise ShapeError(f"{where} ({w}) is {got}, not a multiple of {d['multiple']} (the package was "
+                                 "compiled for multiples only)")
             if w in env and env[w] != got:
-                raise ShapeError(f"inconsistent dim {w}: input {name!r} is {got} but input {seen[w]!r} gave {env[w]}")
+                raise ShapeError(f"inconsistent dim {w}: {where} is {got} but input {seen[w]!r} gave {env[w]}")
             env[w], seen[w] = got, name
-        for axis, (got, w) in enumerate(zip(shape, want)):
-            if isinstance(w, str) and w in dims:
-                d = dims[w]
-                if not d["min"] <= got <= d["max"]:
-                    raise ShapeError(f"input {name!r} dim {axis} ({w}) is {got}, outside its bounds "
-                                     f"{d['min']}..{d['max']} (compile with a wider --dim {w}=MIN..MAX)")
-                if got % d.get("multiple", 1):
-                    raise ShapeError(f"input {name!r} dim {axis} ({w}) is {got}, not a multiple of {d['multiple']} "
-                                     "(the package was compiled for multiples only)")
-                if w in env and env[w] != got:
-                    raise ShapeError(f"inconsistent dim {w}: input {name!r} dim {axis} is {got} but input "
-                                     f"{seen[w]!r} gave {env[w]}")
-                env[w], seen[w] = int(got), name
     for spec in manifest["inputs"]:  # dims of expressions (not plain names) follow from the bound ones
         want = spec.get("dynamic_shape", spec["shape"])
         got = list(np.shape(feeds[spec["name"]]))

@@ -43,11 +43,14 @@ class DecoderGraph:
 
     graph: Graph
     model: GGUFModel
-    #: (state input name, its updated output's name) of every cache tensor, in layer order
-    cache: list[tuple[str, str]]
     max_context: int
     max_tokens: int
     logits_rows: str
+
+    @property
+    def cache(self) -> list[tuple[str, str]]:
+        """(state input name, its updated output's name) of every cache tensor, in layer order (``graph.state``)."""
+        return list(self.graph.state.items())
 
     def generation(self) -> dict:
         """The package manifest's ``generation`` section (format 1.6, docs/package-format.md)."""
@@ -112,12 +115,10 @@ def import_gguf(path: str | os.PathLike, *, max_context: int = 2048, max_tokens:
     g.value_dims = {write.name: "past_sequence"}
     g.dim_limits = [(("past_sequence", "sequence"), max_context)]  # the cache's rows
     kv, hd = c.kv_heads, c.head_dim
-    cache = []
     for layer in range(c.layers):
         for part in ("key", "value"):
-            v = Value(f"past_key_values.{layer}.{part}", "float32", (1, kv, max_context, hd))
-            g.inputs.append(v)
-            cache.append((v.name, f"present.{layer}.{part}"))
+            g.inputs.append(Value(f"past_key_values.{layer}.{part}", "float32", (1, kv, max_context, hd)))
+            g.state[f"past_key_values.{layer}.{part}"] = f"present.{layer}.{part}"
     b = Builder(g)
     t = m.tensors
     table = t["token_embd.weight"]
@@ -166,8 +167,7 @@ def import_gguf(path: str | os.PathLike, *, max_context: int = 2048, max_tokens:
     top = b.op("ArgMax", [out, best], axis=2, keepdims=0, select_last_index=0)
     top.name = "next_token"
     g.outputs = [out, top]
-    for (_, present_name), v in zip(cache, presents):
+    for present_name, v in zip(g.state.values(), presents):
         v.name = present_name
         g.outputs.append(v)
-    g.state = dict(cache)
-    return DecoderGraph(g, m, cache, max_context, max_tokens, logits)
+    return DecoderGraph(g, m, max_context, max_tokens, logits)
