@@ -172,3 +172,98 @@ def test_common_subexpressions(rng):
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-6)
     assert not common_subexpressions(g)
+
+
+def _attention_block(rng, seq: int = 8, width: int = 16, heads: int = 2):
+    """A small attention block as ONNX: Q/K/V projections with biases on one input, head reshapes and transposes,
+    QK^T, Softmax, .V, the heads merged back and an output projection; plus a Slice-then-Transpose side output."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    hd = width // heads
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    def shape(name, *dims):
+        return numpy_helper.from_array(np.array(dims, np.int64), name)
+
+    inits = [w("wq", width, width), w("wk", width, width), w("wv", width, width), w("bq", width), w("bk", width),
+             w("bv", width), w("wo", width, width), shape("heads", 1, seq, heads, hd), shape("merged", 1, seq, width),
+             shape("st", 2), shape("en", 6), shape("ax", 1)]
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "wq"], ["q0"]), n("Add", ["q0", "bq"], ["q1"]),
+             n("MatMul", ["x", "wk"], ["k0"]), n("Add", ["k0", "bk"], ["k1"]),
+             n("MatMul", ["x", "wv"], ["v0"]), n("Add", ["v0", "bv"], ["v1"])]
+    for t, perm in (("q", (0, 2, 1, 3)), ("k", (0, 2, 3, 1)), ("v", (0, 2, 1, 3))):
+        nodes += [n("Reshape", [t + "1", "heads"], [t + "2"]), n("Transpose", [t + "2"], [t + "3"], perm=perm)]
+    nodes += [n("MatMul", ["q3", "k3"], ["s"]), n("Softmax", ["s"], ["p"], axis=-1), n("MatMul", ["p", "v3"], ["c"]),
+              n("Transpose", ["c"], ["c1"], perm=(0, 2, 1, 3)), n("Reshape", ["c1", "merged"], ["c2"]),
+              n("MatMul", ["c2", "wo"], ["y"]),
+              n("Slice", ["x", "st", "en", "ax"], ["xs"]), n("Transpose", ["xs"], ["xt"], perm=(0, 2, 1)),
+              n("Relu", ["xt"], ["z"])]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                                 (1, seq, width))],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, (1, seq, width)),
+                               helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, (1, width, 4))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_sibling_matmuls_merge_and_index_producers_inline(rng, tmp_path):
+    """Q/K/V projections with biases on one input become one MatMul over concatenated weights (their results slices
+    of it), and no kernel is left that only moves elements (Transpose, Slice, and the views between them are read
+    in place by their consumers); webgpu, wasm and cpu, NaN-poisoned, match onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+
+    import kiln
+
+    model = _attention_block(rng)
+    graph = import_model(model)
+    fired = optimize(graph)
+    assert "merge_sibling_matmuls" in fired
+    ops_left = [n.op for n in graph.nodes]
+    assert ops_left.count("MatMul") == 4 and ops_left.count("Add") == 1, ops_left  # QKV (one bias add), 2 attn, out
+    groups = fuse(graph)
+    kinds = [[n.op for n in g.nodes] for g in groups if not g.alias]
+    assert not [k for k in kinds if set(k) <= {"Transpose", "Slice", "Reshape"}], kinds
+    assert len(kinds) == 8, kinds  # QKV, QK^T, softmax (max, exp-sum, divide), .V, out projection; the side output
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    x = rng.standard_normal((1, 8, 16)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    pkg = kiln.compile(path, tmp_path / "pkg", target="webgpu,wasm,cpu", wasm_threads=False)
+    for target in ("webgpu", "wasm", "cpu"):
+        got = kiln.load(pkg, target=target, poison=True).run({"x": x})
+        np.testing.assert_allclose(got["y"], want[0], rtol=1e-4, atol=1e-5, err_msg=target)
+        np.testing.assert_array_equal(got["z"], want[1], err_msg=target)
+
+
+def test_sibling_matmuls_with_some_biases_stay_apart(rng):
+    """Siblings of which only some add a bias are not merged (the bias would become a kernel of its own); siblings
+    of other weight shapes or other inputs are not merged either."""
+    from kiln.passes.siblings import merge_sibling_matmuls
+
+    g = Graph(name="siblings")
+    x = Value("x", "float32", (3, 8))
+    x2 = Value("x2", "float32", (3, 8))
+    g.inputs = [x, x2]
+    b = Builder(g)
+    a = b.op("Add", [b.op("MatMul", [x, b.const(rng.standard_normal((8, 4)).astype(np.float32))]),
+                     b.const(rng.standard_normal(4).astype(np.float32))])
+    c = b.op("MatMul", [x, b.const(rng.standard_normal((8, 5)).astype(np.float32))])
+    d = b.op("MatMul", [x2, b.const(rng.standard_normal((8, 5)).astype(np.float32))])
+    g.outputs = [b.op("Relu", [a]), b.op("Relu", [c]), b.op("Relu", [d])]
+    assert not merge_sibling_matmuls(g)
+    e = b.op("MatMul", [x2, b.const(rng.standard_normal((8, 7)).astype(np.float32))])
+    g.outputs.append(b.op("Sigmoid", [e]))
+    feeds = {"x": rng.standard_normal((3, 8)).astype(np.float32), "x2": rng.standard_normal((3, 8)).astype(np.float32)}
+    want = interp.run(g, feeds)
+    assert merge_sibling_matmuls(g)  # d and e (x2, no biases) merge
+    verify(g)
+    assert [n.op for n in g.nodes].count("MatMul") == 3
+    got = interp.run(g, feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)

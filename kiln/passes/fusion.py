@@ -37,6 +37,9 @@ from kiln.ir.graph import Graph, Node, Value
 FUSIBLE = ("elementwise", "binary", "ternary")
 #: kinds of consumers an elementwise producer is inlined into (each reads an element once per element computed)
 INLINE_INTO = FUSIBLE + ("reduce",)
+#: ops whose every output element is one input element, moved (no arithmetic): inlined into any consumer
+#: (a Reshape in a kernel of its own is a copy; one that aliases its input's buffer is a view, inlined with them)
+INDEX_ONLY = ("Transpose", "Slice", "Reshape")
 #: most nodes a group may reach by inlining (duplicated producers must not grow kernels without bound)
 MAX_INLINED_NODES = 24
 #: most nodes a row group (:func:`fuse_rows`) may reach
@@ -115,7 +118,7 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
             assigned.add(id(nxt))
         groups.append((position[id(chain[-1])], Group(chain, external)))
     groups.sort(key=lambda g: g[0])
-    fused = inline_elementwise(graph, [g for _, g in groups], max_inputs)
+    fused = inline_index(graph, inline_elementwise(graph, [g for _, g in groups], max_inputs), max_inputs)
     return fuse_rows(graph, fused, rows, max_inputs) if rows is not None else fused
 
 
@@ -164,6 +167,82 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7) -
                 changed = True
                 break
     return groups
+
+
+def inline_index(graph: Graph, groups: list[Group], max_inputs: int = 7) -> list[Group]:
+    """Inline groups of index-only nodes (:data:`INDEX_ONLY`: Transpose, Slice) into every group that reads them.
+
+    Such a node computes nothing: its kernel only copies elements to new places, and a consumer can as
+    well read each element where it lies (TVM inlines injective producers into matmuls and reductions
+    alike). A decoder step's attention then reads its KV cache in place: the slice of the first
+    ``past + sequence`` rows and the keys' transpose become index arithmetic in the matmul's loads, and the
+    transpose of new keys and values into the cache's layout happens in the scatter's loads.
+
+    A group is inlined when all its nodes are index-only, its output is not a graph output, and every
+    group reading it, directly or through views (alias groups, which are inlined with it), is a kernel
+    (not a view or a control step) that stays within ``max_inputs`` buffers and
+    :data:`MAX_INLINED_NODES` nodes. Repeats until nothing changes, so chains (Slice, then Transpose)
+    collapse into their consumers.
+    """
+    uses = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    changed = True
+    while changed:
+        changed = False
+        group_of: dict[int, list[Group]] = {}
+        for g in groups:
+            for n in g.nodes:
+                group_of.setdefault(id(n), []).append(g)
+        for p in groups:
+            if p.alias or p.rows or any(n.op not in INDEX_ONLY for n in p.nodes) or id(p.output) in outputs:
+                continue
+            plan = _index_readers(p, uses, group_of, outputs)
+            if plan is None:
+                continue
+            views, targets = plan
+            merged = []
+            for t in targets:
+                read = [a for a in views if any(id(r) in {id(n) for n in t.nodes}
+                                                for r in uses.get(id(a.output), []))]
+                gone = {id(p.output), *(id(a.output) for a in read)}
+                inputs = list(dict.fromkeys([*p.inputs, *(v for v in t.inputs if id(v) not in gone)]))
+                nodes = [*p.nodes, *(n for a in read for n in a.nodes)]
+                if _buffers(inputs) > max_inputs or len(nodes) + len(t.nodes) > MAX_INLINED_NODES:
+                    break
+                merged.append((t, nodes, inputs))
+            else:
+                for t, nodes, inputs in merged:
+                    t.nodes[:0] = nodes
+                    t.inputs = inputs
+                for g in [p, *views]:
+                    groups.remove(g)
+                changed = True
+                break
+    return groups
+
+
+def _index_readers(p: Group, uses: dict, group_of: dict, outputs: set[int]) -> tuple[list[Group], list[Group]] | None:
+    """For :func:`inline_index`: the views (alias groups) reading ``p``'s output and the kernel groups reading it
+    or those views, or ``None`` where a reader cannot take it inlined (a control step, a view that is a graph
+    output or is read by another view)."""
+    views: list[Group] = []
+    targets: dict[int, Group] = {}
+    for r in uses.get(id(p.output), []):
+        for g in group_of[id(r)]:
+            if g is p or any(ops.kind(n.op) == "control" for n in g.nodes):
+                return None
+            if not g.alias:
+                targets[id(g)] = g
+                continue
+            if id(g.output) in outputs or not uses.get(id(g.output)):
+                return None
+            views.append(g)
+            for r2 in uses[id(g.output)]:
+                for g2 in group_of[id(r2)]:
+                    if g2.alias or any(ops.kind(n.op) == "control" for n in g2.nodes):
+                        return None
+                    targets[id(g2)] = g2
+    return views, list(targets.values()) if targets else None
 
 
 def fuse_rows(graph: Graph, groups: list[Group], supported: Callable[[Group], bool], max_inputs: int = 7) -> list[Group]:

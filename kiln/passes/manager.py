@@ -7,6 +7,7 @@ from collections.abc import Callable
 from kiln.ir import ops
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
+from kiln.passes.siblings import merge_sibling_matmuls
 from kiln.passes.simplify import common_subexpressions, const_fold, dead_code, fold_scale, remove_identities
 
 Pass = Callable[[Graph], bool]
@@ -17,6 +18,7 @@ DEFAULT_PASSES: list[tuple[str, Pass]] = [
     ("remove_identities", remove_identities),
     ("common_subexpressions", common_subexpressions),
     ("fold_scale", fold_scale),
+    ("merge_sibling_matmuls", merge_sibling_matmuls),
     ("dead_code", dead_code),
 ]
 

@@ -76,6 +76,7 @@ class ArenaSession(GenerationMixin):
         self.poison = poison
         self._dyn = dynamic.is_dynamic(self.manifest)
         self._dims_env: dict[str, int] | None = None
+        self._sizes: dynamic.StepSizes | None = None  # the plan's tiles expressions, compiled at the first run
         self._shapes: dict[str, list[int]] = {}
         self.tiles = [int(s["total"]) for s in self.plan]  # each step's tiles in the last run
         self.kernels = [int(s["kernel"]) for s in self.plan]  # each step's kernel in the last run (or a variant's)
@@ -125,9 +126,12 @@ class ArenaSession(GenerationMixin):
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
-            steps = [dynamic.chosen(s, env) for s in self.plan]  # (a variant scheduled for these dims, or the step)
+            if self._sizes is None:
+                self._sizes = dynamic.StepSizes(self.plan, "tiles")
+            choice, tiles = self._sizes(env)  # (a variant scheduled for these dims, or the step)
+            steps = [s["variants"][c - 1] if c else s for s, c in zip(self.plan, choice)]
             self.kernels = [int(s["kernel"]) for s in steps]
-            self.tiles = [dynamic.eval_json(s["tiles"], env) if "tiles" in s else int(s["total"]) for s in steps]
+            self.tiles = [int(s["total"]) if t is None else t for s, t in zip(steps, tiles)]
             self._set_dims(np.frombuffer(dynamic.dims_words(self.manifest, env), np.int32))
             self._dims_env, self._shapes = env, dynamic.output_shapes(self.manifest, env)
         return self._shapes

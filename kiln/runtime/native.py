@@ -191,10 +191,12 @@ class Session(TrainingMixin, GenerationMixin):
         self._alternatives = [[bind(s, s["kernel"])] + [bind(s, v["kernel"]) for v in s.get("variants", ())]
                               for s in plan]
         self._plan = plan
+        self._sizes = dynamic.StepSizes(plan, "groups") if self._dyn else None
         self._choice: tuple[int, ...] = tuple(0 for _ in plan)
         self._validated = {self._choice}
         self.steps = [(*alts[0], tuple(s["dispatch"])) for alts, s in zip(self._alternatives, plan)]
         self._raw = self._raw_steps()
+        self._calls: dict[tuple, Any] = {}  # _encode_raw's calls per (plan, dispatches, steps)
         self._ran = False
         chunks = os.environ.get("KILN_SUBMIT_CHUNKS")
         self.submit_chunks = max(1, int(chunks)) if chunks else 2 if len(self.steps) >= CHUNKED_STEPS else 1
@@ -230,21 +232,28 @@ class Session(TrainingMixin, GenerationMixin):
         Encoding through wgpu-py's checked wrappers costs about 15 us of Python per dispatch,
         as much as a small kernel takes on a fast GPU. The plan was validated by the first
         run (encoded through the public API), and the calls are the same three per dispatch.
+        The calls' arguments are kept, per run of steps, until the dispatches or kernels change (a decoder's
+        change with every token), steps with nothing to do left out.
         """
         lib, null, raw = self._raw
+        key = (id(raw), id(dispatch), start, stop)
+        calls = self._calls.get(key)
+        if calls is None:
+            if len(self._calls) > 8:
+                self._calls.clear()
+            counts = dispatch[start:stop] if dispatch is not None else [r[3:] for r in raw[start:stop]]
+            calls = self._calls[key] = ((raw, dispatch),  # (held: the key's ids stay theirs)
+                                        [(pipeline, group, *d) for (_, pipeline, group, *_), d
+                                         in zip(raw[start:stop], counts) if d[0]])
         set_pipeline = lib.wgpuComputePassEncoderSetPipeline
         set_group = lib.wgpuComputePassEncoderSetBindGroup
         dispatch_workgroups = lib.wgpuComputePassEncoderDispatchWorkgroups
         h = cpass._internal
-        last = -1
-        for k, (i, pipeline, group, x, y, z) in enumerate(raw[start:stop], start):
-            if dispatch is not None:
-                x, y, z = dispatch[k]
-                if not x:  # nothing to do for these dims: a dispatch of 0 workgroups is skipped
-                    continue
-            if i != last:
+        last = None
+        for pipeline, group, x, y, z in calls[1]:
+            if pipeline is not last:
                 set_pipeline(h, pipeline)
-                last = i
+                last = pipeline
             set_group(h, 0, group, 0, null)
             dispatch_workgroups(h, x, y, z)
 
@@ -381,16 +390,16 @@ class Session(TrainingMixin, GenerationMixin):
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
-            plan = self.manifest["targets"]["webgpu"]["plan"]
-            evaluated = dynamic.dispatches(plan, env), dynamic.output_shapes(self.manifest, env)
+            choice, counts = self._sizes.dispatches(env)
+            evaluated = counts, dynamic.output_shapes(self.manifest, env)
             self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))
             self._dims_env, self._dims_eval = env, evaluated
-            self._choose_variants(env)
+            self._choose_variants(choice)
         return self._dims_eval
 
-    def _choose_variants(self, env: dict[str, int]) -> None:
-        """Point :attr:`steps` at the kernels the dims ``env`` choose (each step's own or a variant's)."""
-        choice = tuple(dynamic.variant(s, env) for s in self._plan)  # 0: the step's own kernel, i: variants[i - 1]
+    def _choose_variants(self, choice: tuple[int, ...]) -> None:
+        """Point :attr:`steps` at the kernels ``choice`` names (per step, 0: its own, i: ``variants[i - 1]``; from
+        :class:`~kiln.runtime.dynamic.StepSizes`)."""
         if choice == self._choice:
             return
         self._choice = choice
