@@ -3,8 +3,8 @@
 Usage::
 
     python -m bench.llm [--model models/zoo/SmolLM2-135M-Instruct.Q4_1.gguf] [--prompts 128,512]
-                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--device-class gpu] [--torch | --torch-all]
-                        [--ort]
+                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--device-class gpu] [--precision fp32,fp16]
+                        [--torch | --torch-all] [--ort]
                         [--out bench/results]
 
 Kiln: ``kiln compile MODEL.gguf`` (WebGPU, packed weights), natively through wgpu-py. Prefill: one step of
@@ -45,22 +45,24 @@ MODEL = ROOT / "models" / "zoo" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
-                    device_class: str, console: Console) -> dict:
-    """Kiln's prefill and decode timings (ms) at each prompt length and context."""
+                    device_class: str, console: Console, precision: str = "fp32") -> dict:
+    """Kiln's prefill and decode timings (ms) at each prompt length and context, for a package compiled with
+    ``precision`` (``fp16``: f16 activations and KV cache, the packed weights' scales as they are)."""
     import kiln
     from kiln.compiler import compile_model
 
     max_context = max(prompts + contexts) + 8
     out = Path(tempfile.mkdtemp(prefix="kiln-llm-")) / "pkg"
     t0 = time.perf_counter()
-    compile_model(model, out, max_context=max_context, device_class=device_class, validate=False)
+    compile_model(model, out, max_context=max_context, device_class=device_class, validate=False, precision=precision)
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     session = kiln.load(out)
     load_s = time.perf_counter() - t0
     gen = session.manifest["generation"]
     rng = np.random.default_rng(0)
-    rec = {"compile_s": compile_s, "load_s": load_s, "weight_bytes": session.manifest["memory"]["weight_bytes"],
+    rec = {"precision": precision, "dispatches": len(session.manifest["targets"]["webgpu"]["plan"]),
+           "compile_s": compile_s, "load_s": load_s, "weight_bytes": session.manifest["memory"]["weight_bytes"],
            "device_bytes": sum(b["bytes"] for b in session.manifest["buffers"]),
            "adapter": session.adapter_info(), "prefill": {}, "decode": {}}
 
@@ -79,12 +81,12 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
         f = feeds(p, 0)
         cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
         rec["prefill"][p] = {**summary(times, cold), "tokens_per_s": p / (np.median(times) / 1e3)}
-        console.log(f"kiln prefill {p}: {np.median(times):.2f} ms")
+        console.log(f"kiln {precision} prefill {p}: {np.median(times):.2f} ms")
     for c in contexts:
         f = feeds(1, c - 1)
         cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
         rec["decode"][c] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
-        console.log(f"kiln decode at {c}: {np.median(times):.2f} ms")
+        console.log(f"kiln {precision} decode at {c}: {np.median(times):.2f} ms")
     return rec
 
 
@@ -238,6 +240,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device-class", default="gpu", choices=["gpu", "cpu"])
+    ap.add_argument("--precision", default="fp32", help="Kiln packages to run: fp32, fp16 or fp32,fp16 (fp16 rows are "
+                                                         "kiln_fp16; the device needs shader-f16)")
     ap.add_argument("--torch", action="store_true", help="also PyTorch fp32 eager on CUDA")
     ap.add_argument("--torch-all", action="store_true",
                     help="also PyTorch fp32 and fp16, eager and torch.compile, on CUDA")
@@ -247,8 +251,10 @@ def main(argv: list[str] | None = None) -> dict:
     console = Console(stderr=True)
     prompts = [int(x) for x in a.prompts.split(",")]
     contexts = [int(x) for x in a.contexts.split(",")]
-    record = {"model": a.model.name, "repeat": a.repeat, "warmup": a.warmup,
-              "kiln": kiln_contestant(a.model, prompts, contexts, a.repeat, a.warmup, a.device_class, console)}
+    record = {"model": a.model.name, "repeat": a.repeat, "warmup": a.warmup}
+    for precision in a.precision.split(","):
+        record["kiln" if precision == "fp32" else f"kiln_{precision}"] = kiln_contestant(
+            a.model, prompts, contexts, a.repeat, a.warmup, a.device_class, console, precision)
     if a.torch or a.torch_all:
         for dtype in ("float32", "float16") if a.torch_all else ("float32",):
             for compiled in (False, True) if a.torch_all else (False,):
@@ -263,22 +269,25 @@ def main(argv: list[str] | None = None) -> dict:
         table.add_column(f"prefill {p}", justify="right")
     for c in contexts:
         table.add_column(f"decode @{c}", justify="right")
-    for name in ("kiln", "torch_eager_fp32", "torch_compile_fp32", "torch_eager_fp16", "torch_compile_fp16",
+    for name in ("kiln", "kiln_fp16", "torch_eager_fp32", "torch_compile_fp32", "torch_eager_fp16", "torch_compile_fp16",
                  "ort_webgpu_q4"):
         if name in record:
             r = record[name]
             table.add_row(name, *[f"{r['prefill'][p]['tokens_per_s']:.0f}" for p in prompts],
                           *[f"{r['decode'][c]['tokens_per_s']:.1f}" for c in contexts])
     Console().print(table)
-    if "ort_webgpu_q4" in record:
+    if "ort_webgpu_q4" in record and "kiln" in record:
         o, k = record["ort_webgpu_q4"], record["kiln"]
         ratios = {**{f"prefill {p}": k["prefill"][p]["tokens_per_s"] / o["prefill"][p]["tokens_per_s"] for p in prompts},
                   **{f"decode @{c}": k["decode"][c]["tokens_per_s"] / o["decode"][c]["tokens_per_s"] for c in contexts}}
         record["kiln_over_ort_webgpu"] = ratios
         Console().print("kiln / ort-webgpu (" + o["mode"] + "): " + ", ".join(f"{n} {r:.2f}x" for n, r in ratios.items()))
-    k = record["kiln"]
-    Console().print(f"kiln: compile {k['compile_s']:.1f} s, load {k['load_s']:.2f} s, weights "
-                    f"{k['weight_bytes'] / 1e6:.1f} MB, device buffers {k['device_bytes'] / 1e6:.1f} MB")
+    for name in ("kiln", "kiln_fp16"):
+        if name in record:
+            k = record[name]
+            Console().print(f"{name}: {k['dispatches']} dispatches a step, compile {k['compile_s']:.1f} s, load "
+                            f"{k['load_s']:.2f} s, weights {k['weight_bytes'] / 1e6:.1f} MB, device buffers "
+                            f"{k['device_bytes'] / 1e6:.1f} MB")
     path = write_record(record, a.out, "llm")
     Console().print(f"wrote {path}")
     return record

@@ -152,7 +152,8 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         # the groups and buffers serve every target: the tightest buffer-per-kernel limit applies
         max_inputs = min(t.limits.get("maxStorageBuffersPerShaderStage", 8) for t in targets) - 1
         mark_in_place(graph, enabled=all(t.in_place for t in targets))
-        program.groups = fuse(graph, max_inputs=max_inputs, rows=rows)
+        prologues = all(t.matmul_prologues(device_class, precision, training) for t in targets)
+        program.groups = fuse(graph, max_inputs=max_inputs, rows=rows, prologues=prologues)
         program.plan = plan_memory(graph, program.groups, half=accumulate is not None)
         if training is not None:
             names = set(training.forward_outputs)

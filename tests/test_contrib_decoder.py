@@ -235,3 +235,44 @@ def test_rotary_embedding_ms_refuses_packed_batching(rng):
     model.graph.node[0].attribute.append(helper.make_attribute("is_packed_batching", 1))
     with pytest.raises(KilnError, match="is_packed_batching=1"):
         import_model(model)
+
+
+def test_swiglu_block_fuses_into_matmul_nbits_prologues(rng, tmp_path):
+    """An RMSNorm + SwiGLU block over 4-bit weights, compiled for GPUs: gate and up are one MatMulNBits (sibling
+    merge), the norm's scaling and the SiLU product run as prologues of the MatMulNBits that read them (no kernel of
+    their own); natively on webgpu with the gpu schedules, NaN-poisoned, equal to onnxruntime. The wasm target (whose
+    arithmetic is not cheap beside memory) keeps them apart and agrees too."""
+    from kiln.package.format import read_manifest
+
+    k, hidden, block = 64, 96, 32
+    gate, up = nbits_weights(rng, hidden, k, 4, block, "none"), nbits_weights(rng, hidden, k, 4, block, "none")
+    down = nbits_weights(rng, k, hidden, 4, block, "none")
+    inits = {"g": (1 + 0.1 * f32(rng, k)).astype(np.float32)}
+    for name, w in (("gate", gate), ("up", up), ("down", down)):
+        inits.update({f"{name}.B": w["B"], f"{name}.s": w["scales"]})
+    n = helper.make_node
+    nodes = [n("SimplifiedLayerNormalization", ["x", "g"], ["h"], axis=-1, epsilon=1e-5),
+             n("MatMulNBits", ["h", "gate.B", "gate.s"], ["a"], domain=MS, K=k, N=hidden, bits=4, block_size=block),
+             n("MatMulNBits", ["h", "up.B", "up.s"], ["b"], domain=MS, K=k, N=hidden, bits=4, block_size=block),
+             n("Sigmoid", ["a"], ["sa"]), n("Mul", ["a", "sa"], ["silu"]), n("Mul", ["silu", "b"], ["p"]),
+             n("MatMulNBits", ["p", "down.B", "down.s"], ["d"], domain=MS, K=hidden, N=k, bits=4, block_size=block),
+             n("Add", ["x", "d"], ["y"])]
+    graph = helper.make_graph(nodes, "swiglu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, k])],
+                              [numpy_helper.from_array(v, name) for name, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    x = f32(rng, 1, 5, k)
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    gpu = kiln.compile(path, tmp_path / "gpu", device_class="gpu")
+    names = [kr["name"] for kr in read_manifest(gpu)["targets"]["webgpu"]["kernels"]]
+    assert sum("matmulnbits" in nm for nm in names) == 2, names  # gate+up merged, down
+    assert any("sigmoid" in nm and "matmulnbits" in nm for nm in names), names  # SiLU product as a prologue
+    assert len(names) == 3, names  # the norm's row reduction, gate+up with the norm's scaling, down with SiLU * up
+    np.testing.assert_allclose(kiln.load(gpu, poison=True).run({"x": x})["y"], want, **TOL)
+    cpu = kiln.compile(path, tmp_path / "wasm", target="webgpu,wasm", wasm_threads=False)
+    names = [kr["name"] for kr in read_manifest(cpu)["targets"]["wasm"]["kernels"]]
+    assert not any("sigmoid" in nm and "matmulnbits" in nm for nm in names), names
+    np.testing.assert_allclose(kiln.load(cpu, target="wasm", poison=True).run({"x": x})["y"], want, **TOL)

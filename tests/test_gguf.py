@@ -126,6 +126,24 @@ def test_smollm2_teacher_forced_logits_native(smollm2, name):
 
 
 @needs_model
+def test_smollm2_teacher_forced_logits_gpu_schedules(tmp_path):
+    """The capital sequence again, compiled with the schedules and fusions for GPUs (what a real GPU runs: matmul
+    prologues, shared tiles, reduce lanes, row kernels; slow on lavapipe, so one sequence): the same bounds."""
+    ref = np.load(REFERENCE)
+    dg = import_gguf(SMOLLM2, max_context=128)
+    compiled = compile_graph(dg.graph, "webgpu", device_class="gpu", validate=False)
+    names = [k.name for k in compiled.kernels]
+    assert any("sigmoid" in n and "matmulnbits" in n for n in names), names  # SwiGLU's product as a prologue
+    session = kiln.load(write_package(compiled, tmp_path / "pkg"), poison=True)
+    rows = len(ref["capital_logits"])
+    ids = np.concatenate([ref["capital_prompt_ids"], ref["capital_generated_ids"]])[:rows]
+    got = session.run(_feeds(ids))["logits"][0]
+    want = ref["capital_logits"].astype(np.float32)
+    assert np.abs(got - want).max() < 3e-2
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+
+
+@needs_model
 def test_smollm2_kv_cache_decode_native(smollm2):
     """The cache is the package's state, updated in place: after the poem's tokens fill its rows, a prefill of the
     capital prompt and decode steps of one token each (each reading the row the step before wrote) give the

@@ -198,6 +198,12 @@ class Target:
         None when this target's lowering has no row kernels (the default)."""
         return None
 
+    def matmul_prologues(self, device_class: str, precision: str, training: Any) -> bool:
+        """Whether fusion may inline small elementwise producers into the ``MatMulNBits`` reading them
+        (:func:`kiln.passes.fusion.fuse`'s ``prologues``: redone per output column, cheap only where arithmetic is
+        cheap beside memory); False by default."""
+        return False
+
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """This target's manifest section and files for ``program``.
 

@@ -73,7 +73,8 @@ class Group:
         return "_".join(n.op.lower() for n in self.nodes)
 
 
-def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None = None) -> list[Group]:
+def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None = None,
+         prologues: bool = False) -> list[Group]:
     """Partition ``graph.nodes`` into groups in execution order.
 
     Args:
@@ -81,6 +82,8 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
             ``maxStorageBuffersPerShaderStage`` is 8, one of which is the output).
         rows: if given, also fuse row reductions into their elementwise consumers (:func:`fuse_rows`)
             where ``rows(candidate group)`` says the target lowers the result as a row kernel.
+        prologues: also inline small elementwise groups into the ``MatMulNBits`` that take them as activation
+            (:func:`inline_elementwise`; for GPUs, whose arithmetic is cheap beside the weights' bytes).
     """
     uses = graph.consumers()
     outputs = {id(v) for v in graph.outputs}
@@ -118,7 +121,7 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
             assigned.add(id(nxt))
         groups.append((position[id(chain[-1])], Group(chain, external)))
     groups.sort(key=lambda g: g[0])
-    fused = inline_index(graph, inline_elementwise(graph, [g for _, g in groups], max_inputs), max_inputs)
+    fused = inline_elementwise(graph, inline_index(graph, [g for _, g in groups], max_inputs), max_inputs, prologues)
     return fuse_rows(graph, fused, rows, max_inputs) if rows is not None else fused
 
 
@@ -127,12 +130,16 @@ def _buffers(values: list[Value]) -> int:
     return len([v for v in values if not (v.is_const and v.size == 1)])
 
 
-def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7) -> list[Group]:
+def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7, prologues: bool = False) -> list[Group]:
     """Inline purely elementwise groups into the groups that consume them (see the module docstring).
 
-    A group is inlined when its output is not a graph output, every node reading it is elementwise or
-    a reduction, and every consumer group stays within ``max_inputs`` buffers and
-    :data:`MAX_INLINED_NODES` nodes; otherwise it stays a kernel of its own. Repeats until nothing
+    A group (elementwise nodes, and index-only ones :func:`inline_index` put there) is inlined when its output is
+    not a graph output and each consumer group reads every element of it at most once per element it computes
+    (:func:`_reads_once`), or, with ``prologues``, takes it as the activation of a ``MatMulNBits`` (a prologue:
+    the few operations are redone per output column, which on a GPU costs nothing beside reading the weights; a
+    decoder's SwiGLU product then feeds the down projection, and RMSNorm's scaling the projections after it,
+    from registers); and every consumer group stays within ``max_inputs``
+    buffers and :data:`MAX_INLINED_NODES` nodes. Otherwise it stays a kernel of its own. Repeats until nothing
     changes, so chains of such groups collapse into their consumers.
     """
     uses = graph.consumers()
@@ -145,15 +152,17 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7) -
             for n in g.nodes:
                 group_of.setdefault(id(n), []).append(g)
         for p in groups:
-            if p.alias or any(ops.kind(n.op) not in FUSIBLE for n in p.nodes) or id(p.output) in outputs:
+            if p.alias or p.rows or id(p.output) in outputs or \
+                    any(ops.kind(n.op) not in FUSIBLE and not _moves_only(n) for n in p.nodes) or \
+                    not any(ops.kind(n.op) in FUSIBLE for n in p.nodes):
                 continue
             readers = uses.get(id(p.output), [])
-            if not readers or any(ops.kind(r.op) not in INLINE_INTO for r in readers):
+            if not readers:
                 continue
             targets = list({id(g): g for r in readers for g in group_of[id(r)]}.values())
             merged = []
             for t in targets:
-                if t is p or t.alias:
+                if t is p or t.alias or not _reads_once(t, p.output, len(p.nodes) if prologues else None):
                     break
                 inputs = list(dict.fromkeys([*p.inputs, *(v for v in t.inputs if v is not p.output)]))
                 if _buffers(inputs) > max_inputs or len(p.nodes) + len(t.nodes) > MAX_INLINED_NODES:
@@ -167,6 +176,34 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7) -
                 changed = True
                 break
     return groups
+
+
+#: most nodes of an elementwise group inlined as a ``MatMulNBits`` prologue (redone per output column)
+MAX_PROLOGUE_NODES = 6
+
+
+def _reads_once(t: Group, v: Value, size: int | None) -> bool:
+    """Whether group ``t`` may take ``v`` (made by an inlinable group of ``size`` nodes) inlined: every node of ``t``
+    that ``v`` reaches reads each element once per element it computes (elementwise and reductions, index-only
+    nodes, TensorScatter's update), or ``v`` reaches only the activation of a ``MatMulNBits`` (through such nodes)
+    and ``size`` is at most :data:`MAX_PROLOGUE_NODES` (``None``: no prologues)."""
+    reached = {id(v)}
+    for n in t.nodes:
+        hit = [i for i, x in enumerate(n.inputs) if id(x) in reached]
+        if not hit:
+            continue
+        if n.op == "MatMulNBits" and hit == [0] and size is not None and size <= MAX_PROLOGUE_NODES:
+            continue  # its result does not carry v's elements one to one: what follows may read it freely
+        if not (ops.kind(n.op) in INLINE_INTO or _moves_only(n) or n.op in ("TensorScatter", "Gather") and hit == [1 if
+                n.op == "TensorScatter" else 0]):
+            return False
+        reached.update(id(o) for o in n.outputs)
+    return True
+
+
+def _moves_only(n: Node) -> bool:
+    """Whether node ``n`` only moves elements (:data:`INDEX_ONLY`, or a Gather at constant indices)."""
+    return n.op in INDEX_ONLY or n.op == "Gather" and n.inputs[1].is_const and not n.inputs[1].is_shape_const
 
 
 def inline_index(graph: Graph, groups: list[Group], max_inputs: int = 7) -> list[Group]:

@@ -70,6 +70,10 @@ class WebGPUTarget(Target):
             return _row_kernel
         return None
 
+    def matmul_prologues(self, device_class: str, precision: str, training: Any) -> bool:
+        """True for gpu schedules of fp32 inference (a GPU's arithmetic is cheap beside the weights it reads)."""
+        return device_class == "gpu" and precision == "fp32" and training is None
+
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """WGSL kernels and the dispatch plan of ``program`` (a nested plan when it has run-time If/Loop)."""
         fallback = functools.partial(self.default_schedule, device_class=program.device_class)
