@@ -18,7 +18,9 @@ batch 32 x seq 128. Contestants:
   (``session.upload``), the outputs kept on the GPU (``run(feeds, output="gpu")``); a timed run is
   the run plus a device sync (``session.sync()``), like the torch rows whose input is on the GPU;
 - ``ort-webgpu``: onnxruntime's WebGPU execution provider (``onnxruntime-webgpu``, Dawn), host copies included;
-- ``torch-eager`` and ``torch-compile``: PyTorch CUDA, strict fp32 (TF32 off), input already on the GPU, synchronised.
+- ``torch-eager`` and ``torch-compile``: PyTorch CUDA, strict fp32 (TF32 off), input already on the GPU, synchronised;
+- ``torch-cudagraphs``: ``torch.compile(mode="reduce-overhead")``, Inductor's kernels replayed as one CUDA graph, the
+  native reference of issue 16 (with ``--precision`` other than fp32 also ``torch-cudagraphs-fp16``, autocast).
 
 With ``--precision fp32,fp16`` (or ``fp16-acc16``) Kiln also runs packages compiled with ``--precision fp16``
 (f16 storage and arithmetic, f32 accumulation; the device needs ``shader-f16``) as ``kiln-native-fp16`` rows,
@@ -113,7 +115,7 @@ def MiniLM():
 
 
 #: every contestant, in the order they run
-CONTESTANTS = ("kiln-native", "kiln-gpu-io", "ort-webgpu", "torch-eager", "torch-compile")
+CONTESTANTS = ("kiln-native", "kiln-gpu-io", "ort-webgpu", "torch-eager", "torch-compile", "torch-cudagraphs")
 
 #: model -> (batch, seq) of the MiniLM rows
 MINILM_SHAPES = {"minilm_b1": (1, 128), "minilm_b32": (32, 128)}
@@ -219,7 +221,7 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row,
                 "providers": s.get_providers(), "device": "Dawn"}
 
-    def run_torch(compiled: bool, half: bool = False):
+    def run_torch(compiled: bool, half: bool = False, mode: str | None = None):
         def go():
             import torch
 
@@ -227,7 +229,7 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             torch.backends.cudnn.allow_tf32 = False
             m = module.cuda()
             xs = [torch.from_numpy(v).cuda() for v in feeds.values()]
-            fn = torch.compile(m) if compiled else m
+            fn = (torch.compile(m, mode=mode) if mode else torch.compile(m)) if compiled else m
             torch.cuda.reset_peak_memory_stats()
             with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=half):
                 cold, times = time_runs(lambda: fn(*xs), args.repeat, args.warmup, sync=torch.cuda.synchronize)
@@ -277,6 +279,10 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             attempt("torch-eager-fp16", run_torch(False, half=True))
     if "torch-compile" in chosen and not args.no_compile:
         attempt("torch-compile", run_torch(True))
+    if "torch-cudagraphs" in chosen and not args.no_compile:
+        attempt("torch-cudagraphs", run_torch(True, mode="reduce-overhead"))
+        if any(p != "fp32" for p in args.precision.split(",")):
+            attempt("torch-cudagraphs-fp16", run_torch(True, half=True, mode="reduce-overhead"))
     if "kiln-native" not in chosen:
         rows.pop("kiln-native", None)
     return rows

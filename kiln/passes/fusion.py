@@ -135,7 +135,7 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7, p
 
     A group (elementwise nodes, and index-only ones :func:`inline_index` put there) is inlined when its output is
     not a graph output and each consumer group reads every element of it at most once per element it computes
-    (:func:`_reads_once`), or, with ``prologues``, takes it as the activation of a ``MatMulNBits`` (a prologue:
+    (:func:`_reads_once`), or, with ``prologues``, takes it as the activation of a matmul (a prologue:
     the few operations are redone per output column, which on a GPU costs nothing beside reading the weights; a
     decoder's SwiGLU product then feeds the down projection, and RMSNorm's scaling the projections after it,
     from registers); and every consumer group stays within ``max_inputs``
@@ -162,7 +162,7 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7, p
             targets = list({id(g): g for r in readers for g in group_of[id(r)]}.values())
             merged = []
             for t in targets:
-                if t is p or t.alias or not _reads_once(t, p.output, len(p.nodes) if prologues else None):
+                if t is p or t.alias or not _reads_once(t, p, prologues):
                     break
                 inputs = list(dict.fromkeys([*p.inputs, *(v for v in t.inputs if v is not p.output)]))
                 if _buffers(inputs) > max_inputs or len(p.nodes) + len(t.nodes) > MAX_INLINED_NODES:
@@ -178,21 +178,29 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7, p
     return groups
 
 
-#: most nodes of an elementwise group inlined as a ``MatMulNBits`` prologue (redone per output column)
-MAX_PROLOGUE_NODES = 6
+#: most nodes of an elementwise group inlined as a matmul prologue (redone per output column)
+MAX_PROLOGUE_NODES = 8
+#: ops that keep an elementwise group out of ``MatMul`` prologues (costly when redone per output column)
+TRANSCENDENTAL = ("Exp", "Log", "Erf", "Tanh", "Sigmoid", "Sin", "Cos", "Pow", "Sqrt", "Reciprocal", "Div",
+                  "Softplus", "Gelu", "HardSigmoid", "Atan", "Asin", "Acos")
 
 
-def _reads_once(t: Group, v: Value, size: int | None) -> bool:
-    """Whether group ``t`` may take ``v`` (made by an inlinable group of ``size`` nodes) inlined: every node of ``t``
-    that ``v`` reaches reads each element once per element it computes (elementwise and reductions, index-only
-    nodes, TensorScatter's update), or ``v`` reaches only the activation of a ``MatMulNBits`` (through such nodes)
-    and ``size`` is at most :data:`MAX_PROLOGUE_NODES` (``None``: no prologues)."""
-    reached = {id(v)}
+def _reads_once(t: Group, p: Group, prologues: bool) -> bool:
+    """Whether group ``t`` may take ``p``'s output inlined: every node of ``t`` that it reaches reads each element
+    once per element it computes (elementwise and reductions, index-only nodes, TensorScatter's update), or, with
+    ``prologues``, it reaches (through such nodes) only the first operand of a ``MatMulNBits``, or of a ``MatMul``
+    when ``p`` has no transcendental function and reads no reduction (a decoder's rotary embedding of the queries:
+    a few multiplies redone per key; a LayerNorm's normalisation stays for its row kernel), and ``p`` has at most
+    :data:`MAX_PROLOGUE_NODES` nodes."""
+    size = len(p.nodes) if prologues and len(p.nodes) <= MAX_PROLOGUE_NODES else None
+    plain = size is not None and not any(n.op in TRANSCENDENTAL for n in p.nodes) and \
+        not any(v.producer is not None and ops.kind(v.producer.op) == "reduce" for v in p.inputs)
+    reached = {id(p.output)}
     for n in t.nodes:
         hit = [i for i, x in enumerate(n.inputs) if id(x) in reached]
         if not hit:
             continue
-        if n.op == "MatMulNBits" and hit == [0] and size is not None and size <= MAX_PROLOGUE_NODES:
+        if hit == [0] and (n.op == "MatMulNBits" and size is not None or n.op == "MatMul" and plain):
             continue  # its result does not carry v's elements one to one: what follows may read it freely
         if not (ops.kind(n.op) in INLINE_INTO or _moves_only(n) or n.op in ("TensorScatter", "Gather") and hit == [1 if
                 n.op == "TensorScatter" else 0]):

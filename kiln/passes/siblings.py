@@ -26,17 +26,20 @@ def _weights(node: Node) -> list[Value] | None:
     return None
 
 
-def _bias(node: Node, uses: dict, outputs: set[int]) -> Node | None:
-    """The ``Add`` of a constant ``[N]`` bias that alone reads ``node``'s output, or ``None``."""
+def _bias(node: Node, uses: dict, outputs: set[int]) -> Value | None:
+    """The constant ``[N]`` bias of the ``Add`` (either operand order) that alone reads ``node``'s output, or
+    ``None``."""
     out = node.outputs[0]
     readers = uses.get(id(out), [])
     if len(readers) != 1 or id(out) in outputs:
         return None
     add = readers[0]
-    if add.op != "Add" or add.inputs[0] is not out or not add.inputs[1].is_const or add.inputs[1].is_shape_const \
-            or add.inputs[1].shape != (out.shape[-1],) or add.outputs[0].shape != out.shape:
+    if add.op != "Add" or out not in add.inputs or add.outputs[0].shape != out.shape:
         return None
-    return add
+    bias = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
+    if bias is out or not bias.is_const or bias.is_shape_const or bias.shape != (out.shape[-1],):
+        return None
+    return bias
 
 
 def _key(node: Node) -> tuple:
@@ -69,7 +72,8 @@ def merge_sibling_matmuls(graph: Graph) -> bool:
         biases = [_bias(n, uses, outputs) for n in siblings]
         if any(b is None for b in biases) and not all(b is None for b in biases):
             continue
-        _merge(graph, siblings, biases if biases[0] is not None else None, position)
+        adds = [uses[id(n.outputs[0])][0] for n in siblings] if biases[0] is not None else None
+        _merge(graph, siblings, adds, position)
         position = {id(n): i for i, n in enumerate(graph.nodes)}
         changed = True
     return changed
@@ -91,8 +95,8 @@ def _merge(graph: Graph, siblings: list[Node], biases: list[Node] | None, positi
     attrs = {**first.attrs, "N": sum(widths)} if nbits else {}
     y = b.op(first.op, [x, *merged_ws], name=name, **attrs)
     if biases is not None:
-        y = b.op("Add", [y, b.const(np.concatenate([a.inputs[1].const for a in biases]), name=f"{name}.bias")],
-                 name=f"{name}.bias_add")
+        vec = [(a.inputs[1] if a.inputs[0] is n.outputs[0] else a.inputs[0]).const for a, n in zip(biases, siblings)]
+        y = b.op("Add", [y, b.const(np.concatenate(vec), name=f"{name}.bias")], name=f"{name}.bias_add")
     lead = tuple(y.shape[:-1])
     offset = 0
     replaced = biases or siblings

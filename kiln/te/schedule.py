@@ -221,7 +221,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     unroll up to 9 innermost reduction iterations (a 3x3 window). Large GEMMs, which still have
     ``16 * min_invocations`` tiles of 8 x 8, get 8 x 8 tiles unrolled by 16 (the best of
     ``bench.micro``'s sweep on an H100: 49% of cuBLAS fp32). For ``device_class="gpu"``, when there are still fewer
-    than ``target_invocations`` invocations, up to 64 ``reduce_lanes`` share each tile's
+    than ``target_invocations`` invocations, up to 64 ``reduce_lanes`` (256 for at most 16 tiles: the arg max
+    over a language model's vocabulary went from 156 to ... us on an H100) share each tile's
     reduction (each lane keeping at least 4 iterations of the outermost axis), in workgroups
     whose partial sums fit ``shared_bytes`` of workgroup memory (the WebGPU default limit).
     ``device_class="cpu"`` (WebGPU on a CPU: SwiftShader, lavapipe) has few cores and slow
@@ -262,7 +263,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
         tiles *= -(-d // factors.get(a, 1))
     outer = min(at_opt(r.axes[0].extent) for r in reds)
     lanes = 1
-    while lanes < 64 and tiles * lanes < target_invocations and lanes * 2 * 4 <= outer:
+    most = 256 if tiles <= 16 else 64  # a lone long reduction (a vocabulary's arg max) takes a whole workgroup
+    while lanes < most and tiles * lanes < target_invocations and lanes * 2 * 4 <= outer:
         lanes *= 2
     if device_class == "cpu":
         return Schedule(splits=splits)
