@@ -126,12 +126,15 @@ def test_smollm2_teacher_forced_logits_native(smollm2, name):
 
 
 @needs_model
-def test_smollm2_teacher_forced_logits_gpu_schedules(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_smollm2_teacher_forced_logits_gpu_schedules(tmp_path, precision):
     """The capital sequence again, compiled with the schedules and fusions for GPUs (what a real GPU runs: matmul
-    prologues, shared tiles, reduce lanes, row kernels; slow on lavapipe, so one sequence): the same bounds."""
+    prologues, shared tiles, reduce lanes, row kernels; slow on lavapipe, so one sequence): fp32 within the same
+    bounds; ``--precision fp16`` (f16 activations and KV cache) with the same top-1 token everywhere and its logits
+    within 0.25 (measured: 0.12 at most, 0.014 on average)."""
     ref = np.load(REFERENCE)
     dg = import_gguf(SMOLLM2, max_context=128)
-    compiled = compile_graph(dg.graph, "webgpu", device_class="gpu", validate=False)
+    compiled = compile_graph(dg.graph, "webgpu", device_class="gpu", validate=False, precision=precision)
     names = [k.name for k in compiled.kernels]
     assert any("sigmoid" in n and "matmulnbits" in n for n in names), names  # SwiGLU's product as a prologue
     session = kiln.load(write_package(compiled, tmp_path / "pkg"), poison=True)
@@ -139,7 +142,9 @@ def test_smollm2_teacher_forced_logits_gpu_schedules(tmp_path):
     ids = np.concatenate([ref["capital_prompt_ids"], ref["capital_generated_ids"]])[:rows]
     got = session.run(_feeds(ids))["logits"][0]
     want = ref["capital_logits"].astype(np.float32)
-    assert np.abs(got - want).max() < 3e-2
+    assert np.abs(got - want).max() < (3e-2 if precision == "fp32" else 0.25)
+    if precision == "fp16":
+        assert np.abs(got - want).mean() < 3e-2
     np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
 
 

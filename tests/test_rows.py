@@ -43,6 +43,7 @@ def test_row_fusion_makes_one_kernel_per_op(rng):
         gpu = compile_graph(import_model(model))
         assert len(gpu.kernels) == 1, [k.ops for k in gpu.kernels]
         assert gpu.kernels[0].schedule.get("rows") and gpu.groups[-1].rows
+        assert len(_kernels(model, precision="fp16")) == 1  # f16 storage and arithmetic: row kernels too
         assert len(_kernels(model, device_class="cpu")) == 3
         assert len(_kernels(model, target="webgpu,wasm")) == 3
     # a reduction whose result is also a graph output is not fused away

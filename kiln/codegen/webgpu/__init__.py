@@ -64,15 +64,15 @@ class WebGPUTarget(Target):
                             "(If/Loop); bind them statically with --dim NAME=SIZE")
 
     def row_kernels(self, device_class: str, precision: str, training: Any) -> Callable[[Group], bool] | None:
-        """The predicate :func:`kiln.passes.fusion.fuse` fuses row reductions with: gpu schedules, fp32 inference
-        only (cpu schedules would compute the fused reductions once per element)."""
-        if device_class == "gpu" and precision == "fp32" and training is None:
+        """The predicate :func:`kiln.passes.fusion.fuse` fuses row reductions with: gpu schedules, inference only
+        (cpu schedules would compute the fused reductions once per element)."""
+        if device_class == "gpu" and training is None:
             return _row_kernel
         return None
 
     def matmul_prologues(self, device_class: str, precision: str, training: Any) -> bool:
-        """True for gpu schedules of fp32 inference (a GPU's arithmetic is cheap beside the weights it reads)."""
-        return device_class == "gpu" and precision == "fp32" and training is None
+        """True for gpu schedules of inference (a GPU's arithmetic is cheap beside the weights it reads)."""
+        return device_class == "gpu" and training is None
 
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """WGSL kernels and the dispatch plan of ``program`` (a nested plan when it has run-time If/Loop)."""
