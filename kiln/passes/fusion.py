@@ -40,6 +40,8 @@ INLINE_INTO = FUSIBLE + ("reduce",)
 #: ops whose every output element is one input element, moved (no arithmetic): inlined into any consumer
 #: (a Reshape in a kernel of its own is a copy; one that aliases its input's buffer is a view, inlined with them)
 INDEX_ONLY = ("Transpose", "Slice", "Reshape")
+#: kinds of nodes whose operands are read many times per element (a reshape's index arithmetic repeats with them)
+CONTRACTIONS = ("matmul", "matmul_nbits", "conv")
 #: most nodes a group may reach by inlining (duplicated producers must not grow kernels without bound)
 MAX_INLINED_NODES = 24
 #: most nodes a row group (:func:`fuse_rows`) may reach
@@ -82,8 +84,9 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
             ``maxStorageBuffersPerShaderStage`` is 8, one of which is the output).
         rows: if given, also fuse row reductions into their elementwise consumers (:func:`fuse_rows`)
             where ``rows(candidate group)`` says the target lowers the result as a row kernel.
-        prologues: also inline small elementwise groups into the ``MatMulNBits`` that take them as activation
-            (:func:`inline_elementwise`; for GPUs, whose arithmetic is cheap beside the weights' bytes).
+        prologues: also inline small elementwise groups into the matmuls that take them as activation
+            (:func:`inline_elementwise`), and reshapes into matmuls (:func:`inline_index`): for GPUs, whose
+            arithmetic is cheap beside the bytes they move.
     """
     uses = graph.consumers()
     outputs = {id(v) for v in graph.outputs}
@@ -121,7 +124,8 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
             assigned.add(id(nxt))
         groups.append((position[id(chain[-1])], Group(chain, external)))
     groups.sort(key=lambda g: g[0])
-    fused = inline_elementwise(graph, inline_index(graph, [g for _, g in groups], max_inputs), max_inputs, prologues)
+    fused = inline_elementwise(graph, inline_index(graph, [g for _, g in groups], max_inputs, prologues), max_inputs,
+                               prologues)
     return fuse_rows(graph, fused, rows, max_inputs) if rows is not None else fused
 
 
@@ -214,7 +218,7 @@ def _moves_only(n: Node) -> bool:
     return n.op in INDEX_ONLY or n.op == "Gather" and n.inputs[1].is_const and not n.inputs[1].is_shape_const
 
 
-def inline_index(graph: Graph, groups: list[Group], max_inputs: int = 7) -> list[Group]:
+def inline_index(graph: Graph, groups: list[Group], max_inputs: int = 7, reshapes: bool = True) -> list[Group]:
     """Inline groups of index-only nodes (:data:`INDEX_ONLY`: Transpose, Slice) into every group that reads them.
 
     Such a node computes nothing: its kernel only copies elements to new places, and a consumer can as
@@ -227,7 +231,10 @@ def inline_index(graph: Graph, groups: list[Group], max_inputs: int = 7) -> list
     group reading it, directly or through views (alias groups, which are inlined with it), is a kernel
     (not a view or a control step) that stays within ``max_inputs`` buffers and
     :data:`MAX_INLINED_NODES` nodes. Repeats until nothing changes, so chains (Slice, then Transpose)
-    collapse into their consumers.
+    collapse into their consumers. Without ``reshapes``, a Reshape (in the group or a view after it) is not inlined
+    into a matmul or convolution: its index arithmetic (a division by a run-time dim, per operand load) costs a
+    CPU's inner loop more than the copy it saves (SmolLM2's prefill on wasm: 4.2 s against 3.1 s); a GPU's loads
+    wait on memory either way.
     """
     uses = graph.consumers()
     outputs = {id(v) for v in graph.outputs}
@@ -245,6 +252,9 @@ def inline_index(graph: Graph, groups: list[Group], max_inputs: int = 7) -> list
             if plan is None:
                 continue
             views, targets = plan
+            if not reshapes and (views or any(n.op == "Reshape" for n in p.nodes)) and \
+                    any(ops.kind(n.op) in CONTRACTIONS for t in targets for n in t.nodes):
+                continue
             merged = []
             for t in targets:
                 read = [a for a in views if any(id(r) in {id(n) for n in t.nodes}
