@@ -3,6 +3,7 @@
 from kiln.frontend.onnx.ops import (  # noqa: F401
     attention,
     contrib_attention,
+    contrib_bert,
     contrib_decoder,
     contrib_quant,
     control,

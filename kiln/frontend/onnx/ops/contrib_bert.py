@@ -1,0 +1,196 @@
+"""onnxruntime's encoder contrib operators (domain ``com.microsoft``), as its transformer optimizer
+(``onnxruntime.transformers.optimizer.optimize_model``) writes them into the BERT-style models people publish:
+``Gelu``, ``FastGelu``, ``BiasGelu``, ``QuickGelu``, ``BiasAdd``, ``SkipLayerNormalization``, ``FusedMatMul`` and
+``Attention``, each decomposed into Kiln's primitives.
+
+Semantics from onnxruntime's ContribOperators.md and its CPU kernels (``contrib_ops/cpu/bert``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from kiln.errors import KilnError, ShapeError
+from kiln.frontend.onnx.ops.norm import layer_norm
+from kiln.frontend.onnx.registry import onnx_op
+from kiln.frontend.shapes import reshape, transpose
+from kiln.ir.graph import Builder, Value
+
+MS = "com.microsoft"
+
+
+def _scalar(b: Builder, value: float, like: Value) -> Value:
+    return b.const(np.array(value), dtype=like.dtype)
+
+
+@onnx_op("Gelu", since=1, domain=MS)
+def ms_gelu(b: Builder, x: Value) -> Value:
+    """com.microsoft Gelu-1: ``0.5 x (1 + erf(x / sqrt 2))``."""
+    return b.op("Gelu", [x], approximate="none")
+
+
+@onnx_op("BiasGelu", since=1, domain=MS)
+def bias_gelu(b: Builder, a: Value, bias: Value) -> Value:
+    """com.microsoft BiasGelu-1: ``Gelu(A + B)`` (erf form), B ``[hidden]``."""
+    return b.op("Gelu", [b.op("Add", [a, bias])], approximate="none")
+
+
+@onnx_op("FastGelu", since=1, domain=MS)
+def fast_gelu(b: Builder, x: Value, bias: Value | None = None) -> Value:
+    """com.microsoft FastGelu-1: ``0.5 x (1 + tanh(0.797885 x + 0.035677 x^3))`` of ``X (+ bias)``: ONNX Gelu-20's
+    tanh approximation (``sqrt(2 / pi) (x + 0.044715 x^3)``)."""
+    if bias is not None:
+        x = b.op("Add", [x, bias])
+    return b.op("Gelu", [x], approximate="tanh")
+
+
+@onnx_op("QuickGelu", since=1, domain=MS)
+def quick_gelu(b: Builder, x: Value, *, alpha: float = 1.702) -> Value:
+    """com.microsoft QuickGelu-1: ``x * sigmoid(alpha x)``."""
+    return b.op("Mul", [x, b.op("Sigmoid", [b.op("Mul", [x, _scalar(b, alpha, x)])])])
+
+
+@onnx_op("BiasAdd", since=1, domain=MS)
+def bias_add(b: Builder, x: Value, bias: Value, skip: Value) -> Value:
+    """com.microsoft BiasAdd-1: ``X + bias + skip`` (X, skip ``[N, S, C]``, bias ``[C]``)."""
+    return b.op("Add", [b.op("Add", [x, bias]), skip])
+
+
+@onnx_op("SkipLayerNormalization", since=1, domain=MS)
+def skip_layer_norm(b: Builder, x: Value, skip: Value, gamma: Value, beta: Value | None = None,
+                    bias: Value | None = None, *, epsilon: float = 1e-12, _nout: int = 1) -> list[Value]:
+    """com.microsoft SkipLayerNormalization-1: LayerNormalization over the last axis of ``s = input + skip (+ bias)``,
+    ``(s - mean) / sqrt(var + eps) * gamma (+ beta)``.
+
+    input ``[B, S, hidden]`` (or ``[tokens, hidden]``), skip the same or broadcastable, gamma, beta and bias
+    ``[hidden]``. Outputs: output; mean and inv_std_var (``[..., 1]``); input_skip_bias_sum ``s``.
+    """
+    s = b.op("Add", [x, skip])
+    if bias is not None:
+        s = b.op("Add", [s, bias])
+    y, mean, inv = layer_norm(b, s, gamma, beta, axis=-1, epsilon=epsilon, _nout=3)
+    return [y, mean, inv, s][:max(_nout, 1)]
+
+
+@onnx_op("FusedMatMul", since=1, domain=MS)
+def fused_matmul(b: Builder, a: Value, w: Value, *, alpha: float = 1.0, transA: int = 0, transB: int = 0,
+                 transBatchA: int = 0, transBatchB: int = 0) -> Value:
+    """com.microsoft FusedMatMul-1: ``alpha * op(A) @ op(B)``, ``op`` transposing the last two axes when asked.
+
+    Raises:
+        KilnError: ``transBatchA`` or ``transBatchB`` (batch axes moved; not supported yet).
+    """
+    if transBatchA or transBatchB:
+        raise KilnError("FusedMatMul: transBatchA / transBatchB are not supported yet")
+
+    def last_two(t: Value, flag: int) -> Value:
+        if not flag:
+            return t
+        if len(t.shape) < 2:
+            raise ShapeError(f"FusedMatMul: a transposed operand needs rank >= 2, got {list(t.shape)}")
+        perm = list(range(len(t.shape)))
+        perm[-2], perm[-1] = perm[-1], perm[-2]
+        return transpose(b, t, perm)
+
+    y = b.op("MatMul", [last_two(a, transA), last_two(w, transB)])
+    return y if alpha == 1.0 else b.op("Mul", [y, _scalar(b, alpha, y)])
+
+
+def _key_mask(b: Builder, mask: Value, batch, seq, total, dtype: str, fill: float) -> Value:
+    """The additive mask of ``mask_index`` (0 where a key is seen, ``fill`` where not), broadcastable to
+    ``[B, heads, S, total]``: int32 ``[B]`` key lengths (right padding), ``[2B]`` ends then starts, ``[B, total]`` or
+    ``[B, S, total]`` raw masks (a key is seen where the mask is > 0)."""
+    zero, filled = b.const(np.array(0.0), dtype=dtype), b.const(np.array(fill), dtype=dtype)
+    if mask.dtype != "int32":
+        mask = b.op("Cast", [mask], to="int32")
+    shape = tuple(mask.shape)
+    if len(shape) == 1:
+        j = reshape(b, b.const(np.arange(total, dtype=np.int32)) if isinstance(total, int) else
+                    b.op("Iota", [], shape=(total,), start=0, delta=1, dtype="int32"), (1, total))
+        if shape[0] == batch:
+            seen = b.op("Less", [j, reshape(b, mask, (batch, 1))])
+        elif shape[0] == 2 * batch:
+            end = b.op("Slice", [mask], starts=(0,), ends=(batch,), steps=(1,))
+            start = b.op("Slice", [mask], starts=(batch,), ends=(2 * batch,), steps=(1,))
+            seen = b.op("And", [b.op("Less", [j, reshape(b, end, (batch, 1))]),
+                                b.op("GreaterOrEqual", [j, reshape(b, start, (batch, 1))])])
+        else:
+            raise ShapeError(f"Attention: mask_index {list(shape)} must be [B] or [2B] (B = {batch})")
+        return reshape(b, b.op("Where", [seen, zero, filled]), (batch, 1, 1, total))
+    seen = b.op("Greater", [mask, b.const(np.array(0), dtype="int32")])
+    if len(shape) == 2 and shape == (batch, total):
+        return reshape(b, b.op("Where", [seen, zero, filled]), (batch, 1, 1, total))
+    if len(shape) == 3 and shape == (batch, seq, total):
+        return reshape(b, b.op("Where", [seen, zero, filled]), (batch, 1, seq, total))
+    raise ShapeError(f"Attention: mask_index {list(shape)} must be [B], [2B], [B, {total}] or [B, S, {total}] "
+                     "(4-D masks are not supported yet)")
+
+
+@onnx_op("Attention", since=1, domain=MS)
+def ms_attention(b: Builder, x: Value, weights: Value, bias: Value | None = None, mask_index: Value | None = None,
+                 past: Value | None = None, attention_bias: Value | None = None,
+                 past_sequence_length: Value | None = None, *, num_heads: int, qkv_hidden_sizes=None,
+                 unidirectional: int = 0, scale: float = 0.0, mask_filter_value: float = -10000.0,
+                 do_rotary: int = 0, past_present_share_buffer: int = 0, rotary_embedding_dim: int = 0,
+                 _nout: int = 1) -> list[Value]:
+    """com.microsoft Attention-1: multi-head self-attention with the Q/K/V projections packed in one weight.
+
+    ``input [B, S, D] @ weights [D, Dq + Dk + Dv] (+ bias)`` gives Q, K and V (``qkv_hidden_sizes``, default three
+    equal parts), each split into ``num_heads`` heads; ``scores = scale * Q K^T`` (``scale`` 0: ``1 / sqrt(head
+    size)``) plus ``mask_filter_value`` where ``mask_index`` hides a key (:func:`_key_mask`) and, with
+    ``unidirectional``, where a key comes after the query, plus ``attention_bias`` ``[B or 1, heads or 1, S, S]``;
+    softmax over the keys, times V, the heads joined again: output ``[B, S, Dv]``. The second output, present, is
+    ``[2, B, heads, S, head size]`` (keys, values).
+
+    Raises:
+        KilnError: a ``past`` cache, ``do_rotary`` or a shared past/present buffer (not supported yet);
+        ShapeError: weights or masks that do not fit.
+    """
+    if past is not None or past_sequence_length is not None or past_present_share_buffer:
+        raise KilnError("Attention (com.microsoft): a past key/value cache is not supported yet")
+    if do_rotary:
+        raise KilnError("Attention (com.microsoft): do_rotary is not supported yet")
+    if len(x.shape) != 3 or len(weights.shape) != 2 or weights.shape[0] != x.shape[2]:
+        raise ShapeError(f"Attention: input {list(x.shape)} and weights {list(weights.shape)} must be [B, S, D] and "
+                         "[D, Dq + Dk + Dv]")
+    batch, seq, _ = x.shape
+    sizes = [int(v) for v in qkv_hidden_sizes] if qkv_hidden_sizes else [weights.shape[1] // 3] * 3
+    if sum(sizes) != weights.shape[1] or sizes[0] != sizes[1] or any(v % num_heads for v in sizes):
+        raise ShapeError(f"Attention: qkv sizes {sizes} do not fit weights {list(weights.shape)} and num_heads "
+                         f"{num_heads}")
+    qkv = b.op("MatMul", [x, weights])
+    if bias is not None:
+        qkv = b.op("Add", [qkv, bias])
+    bounds = np.cumsum([0, *sizes])
+    heads = []
+    for lo, hi in itertools.pairwise(bounds):
+        part = b.op("Slice", [qkv], starts=(0, 0, int(lo)), ends=(batch, seq, int(hi)), steps=(1, 1, 1))
+        heads.append(transpose(b, reshape(b, part, (batch, seq, num_heads, int(hi - lo) // num_heads)), (0, 2, 1, 3)))
+    q, k, v = heads
+    head = sizes[0] // num_heads
+    s = b.const(np.array(scale or 1.0 / math.sqrt(head)), dtype=x.dtype)
+    scores = b.op("Mul", [b.op("MatMul", [q, transpose(b, k, (0, 1, 3, 2))]), s])  # [B, heads, S, S]
+    if mask_index is not None:
+        scores = b.op("Add", [scores, _key_mask(b, mask_index, batch, seq, seq, x.dtype, mask_filter_value)])
+    if unidirectional:
+        later = np.triu(np.ones((seq, seq), bool), k=1) if isinstance(seq, int) else None
+        if later is None:
+            raise KilnError("Attention: unidirectional needs a static sequence length")
+        scores = b.op("Add", [scores, b.const(np.where(later, mask_filter_value, 0.0).astype(np.float32),
+                                              dtype=x.dtype)])
+    if attention_bias is not None:
+        scores = b.op("Add", [scores, attention_bias])
+    m = b.op("ReduceMax", [scores], axes=(3,), keepdims=1)
+    e = b.op("Exp", [b.op("Sub", [scores, m])])
+    p = b.op("Div", [e, b.op("ReduceSum", [e], axes=(3,), keepdims=1)])
+    ctx = transpose(b, b.op("MatMul", [p, v]), (0, 2, 1, 3))
+    out = reshape(b, ctx, (batch, seq, sizes[2]))
+    if _nout <= 1:
+        return [out]
+    if sizes[1] != sizes[2]:
+        raise KilnError("Attention: present needs keys and values of one size")
+    present = b.op("Concat", [reshape(b, k, (1, *k.shape)), reshape(b, v, (1, *v.shape))], axis=0)
+    return [out, present]

@@ -1,0 +1,164 @@
+"""onnxruntime's encoder contrib operators (kiln/frontend/onnx/ops/contrib_bert.py) against onnxruntime's CPU
+kernels, one node at a time and in MiniLM as onnxruntime's own transformer optimizer fuses it (Attention,
+SkipLayerNormalization, BiasGelu), natively on webgpu and wasm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from opcheck import check_op
+
+import kiln
+from kiln.errors import KilnError
+
+MS = "com.microsoft"
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("op, inputs, attrs", [
+    ("Gelu", lambda r: {"x": f32(r, 2, 5, 8, scale=2)}, {}),
+    ("BiasGelu", lambda r: {"a": f32(r, 2, 5, 8, scale=2), "b": f32(r, 8)}, {}),
+    ("FastGelu", lambda r: {"x": f32(r, 2, 5, 8, scale=2)}, {}),
+    ("FastGelu", lambda r: {"x": f32(r, 2, 5, 8, scale=2), "bias": f32(r, 8)}, {}),
+    ("QuickGelu", lambda r: {"x": f32(r, 3, 7, scale=3)}, {"alpha": 1.5}),
+])
+def test_activations(rng, op, inputs, attrs):
+    check_op(op, inputs(rng), attrs, domain=MS, **TOL)
+
+
+def test_bias_add(rng, tmp_path):
+    """com.microsoft BiasAdd (onnxruntime has only a CUDA kernel for it): ``X + bias + skip`` by its documented
+    semantics, on webgpu and wasm with poisoned buffers."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x, skip, bias = f32(rng, 2, 3, 8), f32(rng, 2, 3, 8), f32(rng, 8)
+    node = helper.make_node("BiasAdd", ["x", "bias", "skip"], ["y"], domain=MS)
+    graph = helper.make_graph([node], "bias_add", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, 8])
+                                                   for n in ("x", "skip")],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 8])],
+                              [numpy_helper.from_array(bias, "bias")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", target="webgpu,wasm", wasm_threads=False)
+    for target in ("webgpu", "wasm"):
+        got = kiln.load(pkg, target=target, poison=True).run({"x": x, "skip": skip})["y"]
+        np.testing.assert_allclose(got, x + bias + skip, rtol=1e-6, atol=1e-6, err_msg=target)
+
+
+@pytest.mark.parametrize("extras", ["none", "beta", "beta_bias"])
+def test_skip_layer_normalization(rng, extras):
+    """All four outputs (output, mean, inv_std_var, input_skip_bias_sum), with and without beta and bias."""
+    hidden = 24
+    inits = {"gamma": f32(rng, hidden)}
+    order = ["x", "skip", "gamma"]
+    if extras != "none":
+        inits["beta"] = f32(rng, hidden)
+        order.append("beta")
+    if extras == "beta_bias":
+        inits["bias"] = f32(rng, hidden)
+        order.append("bias")
+    check_op("SkipLayerNormalization", {"x": f32(rng, 2, 5, hidden, scale=3), "skip": f32(rng, 2, 5, hidden)},
+             {"epsilon": 1e-5}, inits, input_order=order, n_outputs=4, domain=MS, **TOL)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"alpha": 0.125, "transB": 1}, {"transA": 1, "alpha": -2.0}])
+def test_fused_matmul(rng, attrs):
+    a = f32(rng, 2, 6, 5) if attrs.get("transA") else f32(rng, 2, 5, 6)
+    w = f32(rng, 7, 6) if attrs.get("transB") else f32(rng, 6, 7)
+    check_op("FusedMatMul", {"a": a, "w": w}, attrs, domain=MS, **TOL)
+
+
+def _attention_inputs(rng, batch=2, seq=6, hidden=16, sizes=None):
+    total = sum(sizes) if sizes else 3 * hidden
+    return {"x": f32(rng, batch, seq, hidden)}, {"w": f32(rng, hidden, total, scale=0.3), "bias": f32(rng, total)}
+
+
+@pytest.mark.parametrize("mask", ["none", "lengths", "ends_starts", "raw", "raw3d"])
+def test_attention_masks(rng, mask):
+    """com.microsoft Attention with each mask_index form onnxruntime takes (int32), and the present output."""
+    batch, seq = 2, 6
+    inputs, inits = _attention_inputs(rng, batch, seq)
+    order = ["x", "w", "bias"]
+    if mask == "lengths":
+        inputs["mask"] = np.array([6, 4], np.int32)
+    elif mask == "ends_starts":
+        inputs["mask"] = np.array([6, 5, 0, 2], np.int32)
+    elif mask == "raw":
+        inputs["mask"] = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 0]], np.int32)
+    elif mask == "raw3d":
+        inputs["mask"] = (rng.uniform(size=(batch, seq, seq)) > 0.3).astype(np.int32)
+        inputs["mask"][..., 0] = 1
+    if mask != "none":
+        order.append("mask")
+    check_op("Attention", inputs, {"num_heads": 2}, inits, input_order=order, n_outputs=2, domain=MS, **TOL)
+
+
+def test_attention_causal_bias_and_sizes(rng):
+    """unidirectional, an attention_bias, a scale, a mask_filter_value and unequal value size (qkv_hidden_sizes)."""
+    batch, seq, heads = 2, 5, 2
+    inputs, inits = _attention_inputs(rng, batch, seq, sizes=[8, 8, 12])
+    inputs["mask"] = np.array([5, 3], np.int32)
+    inputs["attn_bias"] = f32(rng, 1, heads, seq, seq)
+    check_op("Attention", inputs, {"num_heads": heads, "qkv_hidden_sizes": [8, 8, 12], "unidirectional": 1,
+                                   "scale": 0.3, "mask_filter_value": -1000.0}, inits,
+             input_order=["x", "w", "bias", "mask", "", "attn_bias"], domain=MS, **TOL)
+
+
+def test_attention_refuses_a_past_cache(rng):
+    from opcheck import make_model
+
+    from kiln.frontend.onnx.importer import import_model
+
+    inputs, inits = _attention_inputs(rng, 1, 4)
+    inputs["past"] = f32(rng, 2, 1, 2, 3, 8)
+    model = make_model("Attention", inputs, {"num_heads": 2}, inits, input_order=["x", "w", "bias", "", "past"],
+                       n_outputs=2, domain=MS)
+    with pytest.raises(KilnError, match="past key/value cache"):
+        import_model(model)
+
+
+def test_minilm_fused_by_onnxruntime_optimizer(rng, tmp_path):
+    """MiniLM (all-MiniLM-L6-v2's architecture, random weights, exported from PyTorch here) after
+    ``onnxruntime.transformers.optimizer.optimize_model`` (model_type bert): its Attention (key lengths from the
+    attention mask), SkipLayerNormalization and BiasGelu nodes run on webgpu and wasm, NaN-poisoned, within 1e-4 of
+    onnxruntime running the same optimised file, on a batch with a padded sentence."""
+    import sys
+    from collections import Counter
+    from pathlib import Path
+
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.gpu import MiniLM, export_onnx
+
+    src = export_onnx(MiniLM().eval(), "minilm_b1", tmp_path / "minilm.onnx")
+    optimized = optimize_model(str(src), model_type="bert", num_heads=12, hidden_size=384)
+    ops = Counter((n.domain, n.op_type) for n in optimized.model.graph.node)
+    assert ops[(MS, "Attention")] == 6 and ops[(MS, "SkipLayerNormalization")] >= 12 and ops[(MS, "BiasGelu")] == 6
+    path = tmp_path / "minilm_opt.onnx"
+    onnx.save(optimized.model, path)
+    batch, seq = 2, 12
+    mask = np.ones((batch, seq), np.int64)
+    mask[1, 8:] = 0
+    feeds = {"input_ids": rng.integers(0, 30522, (batch, seq)).astype(np.int64), "attention_mask": mask,
+             "token_type_ids": np.zeros((batch, seq), np.int64)}
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    pkg = kiln.compile(path, tmp_path / "pkg", dims={"batch": batch, "seq": seq}, target="webgpu,wasm",
+                       wasm_threads=False)
+    for target in ("webgpu", "wasm"):
+        (got,) = kiln.load(pkg, target=target, poison=True).run(feeds).values()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=target)
+    from opcheck import run_in_browser
+
+    browser = run_in_browser(optimized.model, feeds, ("browser:webgpu", "browser:wasm"), name="minilm_opt",
+                             dims={"batch": batch, "seq": seq})
+    for target, outs in browser.items():
+        np.testing.assert_allclose(outs["last_hidden_state"], want, rtol=1e-4, atol=1e-4, err_msg=target)
