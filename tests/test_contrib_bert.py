@@ -127,7 +127,8 @@ def test_minilm_fused_by_onnxruntime_optimizer(rng, tmp_path):
     """MiniLM (all-MiniLM-L6-v2's architecture, random weights, exported from PyTorch here) after
     ``onnxruntime.transformers.optimizer.optimize_model`` (model_type bert): its Attention (key lengths from the
     attention mask), SkipLayerNormalization and BiasGelu nodes run on webgpu and wasm, NaN-poisoned, within 1e-4 of
-    onnxruntime running the same optimised file, on a batch with a padded sentence."""
+    onnxruntime running the same optimised file, on a batch with a padded sentence; then, quantized by
+    ``quantize_dynamic`` (QAttention, MatMulInteger), within the bounds of tests/test_quant_models.py."""
     import sys
     from collections import Counter
     from pathlib import Path
@@ -162,3 +163,138 @@ def test_minilm_fused_by_onnxruntime_optimizer(rng, tmp_path):
                              dims={"batch": batch, "seq": seq})
     for target, outs in browser.items():
         np.testing.assert_allclose(outs["last_hidden_state"], want, rtol=1e-4, atol=1e-4, err_msg=target)
+    # then dynamically quantized as onnxruntime's tool does it: Attention becomes QAttention (8-bit projections)
+    from onnxruntime.quantization import quantize_dynamic
+
+    qpath = tmp_path / "minilm_opt_int8.onnx"
+    quantize_dynamic(str(path), str(qpath), extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    assert Counter((n.domain, n.op_type) for n in onnx.load(qpath).graph.node)[(MS, "QAttention")] == 6
+    (qwant,) = ort.InferenceSession(str(qpath), providers=["CPUExecutionProvider"]).run(None, feeds)
+    qpkg = kiln.compile(qpath, tmp_path / "qpkg", dims={"batch": batch, "seq": seq})
+    (qgot,) = kiln.load(qpkg, poison=True).run(feeds).values()
+    err = np.abs(qgot - qwant)  # the bounds of tests/test_quant_models.py (a rounding tie may quantize apart)
+    assert err.max() <= 0.15 and np.percentile(err, 99) <= 0.05, f"max {err.max():.3f}, p99 {np.percentile(err, 99):.3f}"
+
+
+@pytest.mark.parametrize("mask", ["none", "lengths", "raw"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_multi_head_attention(rng, mask, bias):
+    """com.microsoft MultiHeadAttention: cross attention (S != L) with separate query, key and value, their bias,
+    a key padding mask ([B] lengths or [B, L] raw) and the present key and value outputs."""
+    batch, s, L, d, heads = 2, 3, 5, 8, 2
+    inputs = {"q": f32(rng, batch, s, d), "k": f32(rng, batch, L, d), "v": f32(rng, batch, L, d)}
+    inits = {}
+    order = ["q", "k", "v"]
+    if bias:
+        inits["bias"] = f32(rng, 3 * d)
+        order.append("bias")
+    if mask != "none":
+        order += [""] * (4 - len(order)) + ["mask"]
+        inputs["mask"] = np.array([5, 2], np.int32) if mask == "lengths" else \
+            np.array([[1, 1, 0, 1, 1], [1, 0, 1, 1, 0]], np.int32)
+    check_op("MultiHeadAttention", inputs, {"num_heads": heads}, inits, input_order=order, n_outputs=3, domain=MS,
+             **TOL)
+
+
+def test_multi_head_attention_causal_with_bias(rng):
+    batch, s, d, heads = 1, 4, 8, 2
+    inputs = {"q": f32(rng, batch, s, d), "k": f32(rng, batch, s, d), "v": f32(rng, batch, s, d),
+              "ab": f32(rng, batch, heads, s, s)}
+    check_op("MultiHeadAttention", inputs, {"num_heads": heads, "unidirectional": 1, "scale": 0.5},
+             input_order=["q", "k", "v", "", "", "ab"], domain=MS, **TOL)
+
+
+@pytest.mark.parametrize("parts", ["word_pos", "segments_mask", "position_ids"])
+def test_embed_layer_normalization(rng, tmp_path, parts):
+    """com.microsoft EmbedLayerNormalization: all three outputs (output, int32 mask_index, embedding_sum), on webgpu
+    and wasm with poisoned buffers, against onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    batch, seq, hidden, vocab = 2, 5, 16, 30
+    inputs = {"ids": rng.integers(0, vocab, (batch, seq)).astype(np.int32)}
+    inits = {"word": f32(rng, vocab, hidden), "pos": f32(rng, 8, hidden)}
+    order = ["ids", "", "word", "pos", "", "gamma", "beta"]
+    if parts == "segments_mask":
+        inputs["seg_ids"] = rng.integers(0, 2, (batch, seq)).astype(np.int32)
+        inits["seg"] = f32(rng, 2, hidden)
+        inputs["mask"] = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int32)
+        order = ["ids", "seg_ids", "word", "pos", "seg", "gamma", "beta", "mask"]
+    elif parts == "position_ids":
+        inputs["position_ids"] = rng.integers(0, 8, (batch, seq)).astype(np.int32)
+        order += ["", "position_ids"]
+    inits["gamma"], inits["beta"] = f32(rng, hidden), f32(rng, hidden)
+    node = helper.make_node("EmbedLayerNormalization", order, ["y", "mask_index", "sum"], domain=MS, epsilon=1e-5)
+    graph = helper.make_graph(
+        [node], "embed", [helper.make_tensor_value_info(k, TensorProto.INT32, list(v.shape)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, hidden]),
+         helper.make_tensor_value_info("mask_index", TensorProto.INT32, [batch]),
+         helper.make_tensor_value_info("sum", TensorProto.FLOAT, [batch, seq, hidden])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    want = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, inputs)
+    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", target="webgpu,wasm", wasm_threads=False)
+    for target in ("webgpu", "wasm"):
+        got = kiln.load(pkg, target=target, poison=True).run(inputs)
+        np.testing.assert_allclose(got["y"], want[0], **TOL, err_msg=target)
+        np.testing.assert_array_equal(got["mask_index"], want[1], err_msg=target)
+        np.testing.assert_allclose(got["sum"], want[2], **TOL, err_msg=target)
+
+
+@pytest.mark.parametrize("activation, params, residual", [("Relu", None, False), ("LeakyRelu", [0.2], True),
+                                                          ("Clip", [-0.5, 0.7], False), ("", None, True)])
+def test_fused_conv(rng, activation, params, residual):
+    """com.microsoft FusedConv: Conv (+ bias) (+ Z) then the activation with its parameters."""
+    inputs = {"x": f32(rng, 1, 3, 7, 7)}
+    inits = {"w": f32(rng, 4, 3, 3, 3, scale=0.3), "bias": f32(rng, 4)}
+    order = ["x", "w", "bias"]
+    if residual:
+        inputs["z"] = f32(rng, 1, 4, 7, 7)
+        order.append("z")
+    attrs = {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
+    if activation:
+        attrs["activation"] = activation
+    if params:
+        attrs["activation_params"] = params
+    check_op("FusedConv", inputs, attrs, inits, input_order=order, domain=MS, **TOL)
+
+
+@pytest.mark.parametrize("b_dtype, per_column, zero_points", [(np.int8, False, False), (np.uint8, True, True),
+                                                              (np.int8, True, True)])
+def test_matmul_integer_to_float_and_dynamic_quantize_matmul(rng, b_dtype, per_column, zero_points):
+    """com.microsoft MatMulIntegerToFloat (uint8 A) and DynamicQuantizeMatMul (float A quantized on the fly), B int8 or
+    uint8, scales and zero points per tensor or per column, with a bias."""
+    k, n = 16, 6
+    info = np.iinfo(b_dtype)
+    wq = rng.integers(info.min, info.max + 1, (k, n)).astype(b_dtype)
+    b_scale = rng.uniform(0.01, 0.05, n if per_column else ()).astype(np.float32)
+    inits = {"B": wq, "b_scale": np.array(b_scale, np.float32)}
+    if zero_points:
+        inits["b_zp"] = rng.integers(info.min // 4, info.max // 4, n if per_column else ()).astype(b_dtype)
+    inits["bias"] = f32(rng, n)
+    a = rng.integers(0, 256, (2, 3, k)).astype(np.uint8)
+    order = ["A", "B", "a_scale", "b_scale", "a_zp", "b_zp" if zero_points else "", "bias"]
+    check_op("MatMulIntegerToFloat", {"A": a}, {}, {**inits, "a_scale": np.array(0.02, np.float32),
+                                                   "a_zp": np.array(120, np.uint8)},
+             input_order=order, domain=MS, **TOL)
+    check_op("DynamicQuantizeMatMul", {"A": f32(rng, 2, 3, k)}, {}, inits,
+             input_order=["A", "B", "b_scale", "b_zp" if zero_points else "", "bias"], domain=MS, rtol=1e-4,
+             atol=1e-4)
+
+
+@pytest.mark.parametrize("w_dtype", [np.int8, np.uint8])
+def test_q_attention(rng, w_dtype):
+    """com.microsoft QAttention: uint8 input, 8-bit weights with scale and zero point, key lengths, against
+    onnxruntime."""
+    batch, seq, d, heads = 2, 4, 8, 2
+    info = np.iinfo(w_dtype)
+    inputs = {"x": rng.integers(0, 256, (batch, seq, d)).astype(np.uint8), "mask": np.array([4, 3], np.int32)}
+    inits = {"w": rng.integers(info.min, info.max + 1, (d, 3 * d)).astype(w_dtype), "bias": f32(rng, 3 * d),
+             "x_scale": np.array(0.01, np.float32), "w_scale": np.array(0.02, np.float32),
+             "x_zp": np.array(128, np.uint8), "w_zp": np.array(3, w_dtype)}
+    check_op("QAttention", inputs, {"num_heads": heads}, inits,
+             input_order=["x", "w", "bias", "x_scale", "w_scale", "mask", "x_zp", "w_zp"], domain=MS, rtol=1e-4,
+             atol=1e-4)

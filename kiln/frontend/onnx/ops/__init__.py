@@ -5,6 +5,7 @@ from kiln.frontend.onnx.ops import (  # noqa: F401
     contrib_attention,
     contrib_bert,
     contrib_decoder,
+    contrib_nn,
     contrib_quant,
     control,
     einsum,

@@ -1,5 +1,6 @@
 """onnxruntime's quantized contrib operators (domain ``com.microsoft``) that ``onnxruntime.quantization``
-writes in QOperator format: QLinearAdd, QLinearGlobalAveragePool, QGemm.
+writes in QOperator format: QLinearAdd, QLinearGlobalAveragePool, QGemm; and the dynamically quantized products
+MatMulIntegerToFloat and DynamicQuantizeMatMul.
 
 Semantics from onnxruntime's ContribOperators.md and its CPU kernels (MLAS): integer parts exact in
 int32, requantization in float32 with round-half-to-even and saturation to the output's type.
@@ -12,7 +13,7 @@ import numpy as np
 from kiln.errors import ShapeError
 from kiln.frontend.onnx.ops.nn import transpose
 from kiln.frontend.onnx.ops.qlinear import _centred, _col_param, _f32, _i32, _requantize, _row_param
-from kiln.frontend.onnx.ops.quant import _saturate_cast
+from kiln.frontend.onnx.ops.quant import _saturate_cast, dynamic_quantize_linear
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
 
@@ -85,3 +86,32 @@ def qgemm(b: Builder, a: Value, a_scale: Value, a_zero_point: Value | None, c: V
     mult = b.op("Div", [scale, _f32(b, _scalar(b, y_scale))])
     out = y_zero_point.dtype if y_zero_point is not None else a.dtype
     return _requantize(b, acc, mult, None if y_zero_point is None else _scalar(b, y_zero_point), out)
+
+
+@onnx_op("MatMulIntegerToFloat", since=1, domain=MS)
+def matmul_integer_to_float(b: Builder, a: Value, c: Value, a_scale: Value, b_scale: Value,
+                            a_zero_point: Value | None = None, b_zero_point: Value | None = None,
+                            bias: Value | None = None) -> Value:
+    """com.microsoft MatMulIntegerToFloat-1: ``float32((A - a_zp) @ (B - b_zp)) * (a_scale * b_scale) (+ bias)``,
+    the product exact in int32; A's scale and zero point per tensor, B's per tensor or per column ``[N]``.
+
+    Raises:
+        ShapeError: a per-element scale or zero point of A (onnxruntime's kernels take them per tensor).
+    """
+    if a_scale.size != 1 or (a_zero_point is not None and a_zero_point.size != 1):
+        raise ShapeError("MatMulIntegerToFloat: a_scale and a_zero_point must be scalars")
+    ac = _centred(b, a, None if a_zero_point is None else _scalar(b, a_zero_point))
+    cc = _centred(b, c, None if b_zero_point is None else _col_param(b, b_zero_point))
+    scale = b.op("Mul", [_f32(b, _scalar(b, a_scale)), _f32(b, _col_param(b, b_scale))])
+    y = b.op("Mul", [_f32(b, b.op("MatMul", [ac, cc])), scale])
+    return y if bias is None else b.op("Add", [y, bias])
+
+
+@onnx_op("DynamicQuantizeMatMul", since=1, domain=MS)
+def dynamic_quantize_matmul(b: Builder, a: Value, c: Value, b_scale: Value, b_zero_point: Value | None = None,
+                            bias: Value | None = None) -> Value:
+    """com.microsoft DynamicQuantizeMatMul-1: A (float32) quantized to uint8 as ONNX DynamicQuantizeLinear does (its
+    range with 0, scale ``range / 255``, zero point rounded half to even), then :func:`matmul_integer_to_float` with
+    B (int8 or uint8), its scale and zero point (per tensor or per column), and the bias."""
+    qa, a_scale, a_zp = dynamic_quantize_linear(b, a)
+    return matmul_integer_to_float(b, qa, c, a_scale, b_scale, a_zp, b_zero_point, bias)
