@@ -405,6 +405,14 @@ _OPT_OVERRIDE: contextvars.ContextVar[dict[str, int] | None] = contextvars.Conte
                                                                                      default=None)
 
 
+def at_variant_top(d: Dim) -> int:
+    """``d`` with the dims an enclosing :func:`opt_values` names at their upper bound and the others at their
+    ``opt``: the largest size a plan step's variant runs at (its schedule is chosen at :func:`at_opt`, but a
+    choice that pays only for large sizes, such as shared tiles, may look here)."""
+    over = _OPT_OVERRIDE.get() or {}
+    return int(evaluate(d, {s.name: s.hi if s.name in over else s.opt for s in symbols(d)}))
+
+
 def at_opt(d: Dim) -> int:
     """``d`` evaluated at every symbol's ``opt`` value (what default schedules are chosen for), or at the values
     an enclosing :func:`opt_values` gives."""

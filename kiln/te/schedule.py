@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kiln.arith.expr import Load, Reduce, free_vars, transform
-from kiln.arith.symbolic import at_opt
+from kiln.arith.symbolic import at_opt, at_variant_top
 from kiln.te.compute import Tensor
 from kiln.te.rows import analyse_rows
 from kiln.te.tiles import analyse, threads
@@ -306,6 +306,9 @@ def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, sha
         factor, wg, kc, cols_contiguous, width, prefetch = SHARED_MEDIUM
         tx, ty = threads(wg)
         blocks = {axes[0]: ty * factor, axes[1]: tx * factor}
+        # a plan step's variant serves up to its dims' bounds: a prefill's QK^T (tokens x tokens) fills the GPU at
+        # 512 prompt tokens though not at the 64 its schedule is chosen for
+        shape = [max(d, at_variant_top(e)) for d, e in zip(shape, t.shape)]
         groups = _prod(-(-d // blocks[a]) if a in blocks else d for a, d in enumerate(shape))
         if groups < MEDIUM_GROUPS or any(shape[a] < b for a, b in blocks.items()):
             return None
