@@ -74,6 +74,11 @@ def test_fused_matmul(rng, attrs):
     check_op("FusedMatMul", {"a": a, "w": w}, attrs, domain=MS, **TOL)
 
 
+def test_fused_matmul_vector(rng):
+    """A 1-D operand, as numpy.matmul takes it."""
+    check_op("FusedMatMul", {"a": f32(rng, 6), "w": f32(rng, 2, 6, 3)}, {"alpha": 0.5}, domain=MS, **TOL)
+
+
 def _attention_inputs(rng, batch=2, seq=6, hidden=16, sizes=None):
     total = sum(sizes) if sizes else 3 * hidden
     return {"x": f32(rng, batch, seq, hidden)}, {"w": f32(rng, hidden, total, scale=0.3), "bias": f32(rng, total)}
@@ -97,6 +102,15 @@ def test_attention_masks(rng, mask):
     if mask != "none":
         order.append("mask")
     check_op("Attention", inputs, {"num_heads": 2}, inits, input_order=order, n_outputs=2, domain=MS, **TOL)
+
+
+def test_attention_causal_with_start_end_mask(rng):
+    """unidirectional with key ends and starts, where a query row sees no key at all (onnxruntime then gives every
+    later key the lowest float, which Kiln copies)."""
+    inputs, inits = _attention_inputs(rng, 2, 5)
+    inputs["mask"] = np.array([5, 4, 0, 2], np.int32)
+    check_op("Attention", inputs, {"num_heads": 2, "unidirectional": 1}, inits, input_order=["x", "w", "bias", "mask"],
+             domain=MS, **TOL)
 
 
 def test_attention_causal_bias_and_sizes(rng):
@@ -196,6 +210,17 @@ def test_multi_head_attention(rng, mask, bias):
              **TOL)
 
 
+def test_multi_head_attention_refuses_causal_cross_attention(rng):
+    from opcheck import make_model
+
+    from kiln.frontend.onnx.importer import import_model
+
+    inputs = {"q": f32(rng, 1, 3, 8), "k": f32(rng, 1, 5, 8), "v": f32(rng, 1, 5, 8)}
+    model = make_model("MultiHeadAttention", inputs, {"num_heads": 2, "unidirectional": 1}, domain=MS)
+    with pytest.raises(KilnError, match="different lengths"):
+        import_model(model)
+
+
 def test_multi_head_attention_causal_with_bias(rng):
     batch, s, d, heads = 1, 4, 8, 2
     inputs = {"q": f32(rng, batch, s, d), "k": f32(rng, batch, s, d), "v": f32(rng, batch, s, d),
@@ -219,7 +244,7 @@ def test_embed_layer_normalization(rng, tmp_path, parts):
     if parts == "segments_mask":
         inputs["seg_ids"] = rng.integers(0, 2, (batch, seq)).astype(np.int32)
         inits["seg"] = f32(rng, 2, hidden)
-        inputs["mask"] = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int32)
+        inputs["mask"] = np.array([[1, 1, 1, 1, 1], [1, 2, 1, 0, 0]], np.int32)  # onnxruntime counts the ones
         order = ["ids", "seg_ids", "word", "pos", "seg", "gamma", "beta", "mask"]
     elif parts == "position_ids":
         inputs["position_ids"] = rng.integers(0, 8, (batch, seq)).astype(np.int32)

@@ -297,7 +297,7 @@ def _index_readers(p: Group, uses: dict, group_of: dict, outputs: set[int]) -> t
                     if g2.alias or any(ops.kind(n.op) == "control" for n in g2.nodes):
                         return None
                     targets[id(g2)] = g2
-    return views, list(targets.values()) if targets else None
+    return (views, list(targets.values())) if targets else None
 
 
 def fuse_rows(graph: Graph, groups: list[Group], supported: Callable[[Group], bool], max_inputs: int = 7) -> list[Group]:
@@ -323,13 +323,13 @@ def fuse_rows(graph: Graph, groups: list[Group], supported: Callable[[Group], bo
                 holders.setdefault(id(n), set()).add(id(g))
         for i, c in enumerate(groups):
             if c.alias or ops.kind(c.nodes[-1].op) not in FUSIBLE or \
-                    any(ops.kind(n.op) not in INLINE_INTO for n in c.nodes):
+                    any(ops.kind(n.op) not in INLINE_INTO and not _moves_only(n) for n in c.nodes):
                 continue
             mine = {id(n) for n in c.nodes}
             for v in c.inputs:
                 p = producer.get(id(v))
                 if p is None or p is c or id(v) in outputs or all(ops.kind(n.op) != "reduce" for n in p.nodes) or \
-                        any(ops.kind(n.op) not in INLINE_INTO for n in p.nodes):
+                        any(ops.kind(n.op) not in INLINE_INTO and not _moves_only(n) for n in p.nodes):
                     continue
                 if any(id(r) not in mine or holders[id(r)] != {id(c)} for r in uses.get(id(v), [])):
                     continue

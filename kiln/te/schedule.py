@@ -222,7 +222,7 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     ``16 * min_invocations`` tiles of 8 x 8, get 8 x 8 tiles unrolled by 16 (the best of
     ``bench.micro``'s sweep on an H100: 49% of cuBLAS fp32). For ``device_class="gpu"``, when there are still fewer
     than ``target_invocations`` invocations, up to 64 ``reduce_lanes`` (256 for at most 16 tiles: the arg max
-    over a language model's vocabulary went from 156 to ... us on an H100) share each tile's
+    over a language model's vocabulary went from 156 to 85 us on an H100) share each tile's
     reduction (each lane keeping at least 4 iterations of the outermost axis), in workgroups
     whose partial sums fit ``shared_bytes`` of workgroup memory (the WebGPU default limit).
     ``device_class="cpu"`` (WebGPU on a CPU: SwiftShader, lavapipe) has few cores and slow

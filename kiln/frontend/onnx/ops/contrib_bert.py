@@ -16,6 +16,7 @@ import numpy as np
 
 from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.ops.contrib_quant import matmul_integer_to_float
+from kiln.frontend.onnx.ops.nn import _matmul as matmul
 from kiln.frontend.onnx.ops.norm import layer_norm
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.frontend.shapes import reshape, transpose
@@ -97,7 +98,7 @@ def fused_matmul(b: Builder, a: Value, w: Value, *, alpha: float = 1.0, transA: 
         perm[-2], perm[-1] = perm[-1], perm[-2]
         return transpose(b, t, perm)
 
-    y = b.op("MatMul", [last_two(a, transA), last_two(w, transB)])
+    y = matmul(b, last_two(a, transA), last_two(w, transB))
     return y if alpha == 1.0 else b.op("Mul", [y, _scalar(b, alpha, y)])
 
 
@@ -142,13 +143,14 @@ def _attend(b: Builder, q: Value, k: Value, v: Value, *, scale: float, mask: Val
     scores = b.op("Mul", [b.op("MatMul", [q, transpose(b, k, (0, 1, 3, 2))]), s])  # [B, N, S, L]
     if mask is not None:
         scores = b.op("Add", [scores, _key_mask(b, mask, batch, seq, total, q.dtype, fill)])
-    if causal:
+    if attention_bias is not None:
+        scores = b.op("Add", [scores, attention_bias])
+    if causal:  # onnxruntime's PrepareMask: a later key's score is the lowest float, whatever the other masks say
         if not (isinstance(seq, int) and isinstance(total, int)):
             raise KilnError("Attention: unidirectional needs static sequence lengths")
         later = np.arange(total)[None, :] > np.arange(seq)[:, None] + (total - seq)
-        scores = b.op("Add", [scores, b.const(np.where(later, fill, 0.0).astype(np.float32), dtype=q.dtype)])
-    if attention_bias is not None:
-        scores = b.op("Add", [scores, attention_bias])
+        lowest = b.const(np.array(np.finfo(np.float32).min), dtype=q.dtype)
+        scores = b.op("Where", [b.const(later), lowest, scores])
     m = b.op("ReduceMax", [scores], axes=(3,), keepdims=1)
     e = b.op("Exp", [b.op("Sub", [scores, m])])
     p = b.op("Div", [e, b.op("ReduceSum", [e], axes=(3,), keepdims=1)])
@@ -268,7 +270,8 @@ def multi_head_attention(b: Builder, query: Value, key: Value | None = None, val
     value ``[B, N, L, H]``.
 
     Raises:
-        KilnError: packed query/key/value, a past cache or beam-search cache indirection (not supported yet);
+        KilnError: packed query/key/value, a past cache or beam-search cache indirection, unidirectional cross
+            attention (not supported yet);
         ShapeError: inputs that do not fit.
     """
     if key is None or value is None or len(query.shape) != 3:
@@ -286,6 +289,9 @@ def multi_head_attention(b: Builder, query: Value, key: Value | None = None, val
                  for lo, hi in ((0, dq), (dq, dq + dk), (dq + dk, dq + dk + dv))]
         query, key, value = (b.op("Add", [t, p]) for t, p in zip((query, key, value), parts))
     q, k, v = (_heads(b, t, num_heads, w) for t, w in ((query, "query"), (key, "key"), (value, "value")))
+    if unidirectional and q.shape[2] != k.shape[2]:
+        raise KilnError("MultiHeadAttention: unidirectional with queries and keys of different lengths is not "
+                        "supported (onnxruntime's CPU kernel masks them unaligned)")
     out = _attend(b, q, k, v, scale=scale, mask=key_padding_mask, fill=mask_filter_value,
                   causal=bool(unidirectional), attention_bias=attention_bias)
     return [out, k, v][:max(_nout, 1)]
@@ -299,7 +305,7 @@ def embed_layer_norm(b: Builder, input_ids: Value, segment_ids: Value | None, wo
     """com.microsoft EmbedLayerNormalization-1: BERT's embeddings, ``LayerNorm(word[input_ids] + position[position_ids]
     (+ segment[segment_ids]))`` over the hidden axis (positions ``0 .. S - 1`` without position_ids).
 
-    Outputs: output ``[B, S, H]``; mask_index int32 ``[B]``, the sum of each row of ``mask`` (the key lengths
+    Outputs: output ``[B, S, H]``; mask_index int32 ``[B]``, the count of ones in each row of ``mask`` (the key lengths
     com.microsoft Attention takes; zeros without a mask); embedding_sum, the sum before the normalisation.
 
     Raises:
@@ -322,9 +328,9 @@ def embed_layer_norm(b: Builder, input_ids: Value, segment_ids: Value | None, wo
     y = layer_norm(b, x, gamma, beta, axis=-1, epsilon=epsilon)[0]
     if _nout <= 1:
         return [y]
-    if mask is not None:
-        m = mask if mask.dtype == "int32" else b.op("Cast", [mask], to="int32")
-        mask_index = b.op("ReduceSum", [m], axes=(1,), keepdims=0)
+    if mask is not None:  # onnxruntime counts the entries equal to 1
+        ones = b.op("Equal", [mask, b.const(np.array(1), dtype=mask.dtype)])
+        mask_index = b.op("ReduceSum", [b.op("Cast", [ones], to="int32")], axes=(1,), keepdims=0)
     else:
         mask_index = b.const(np.zeros(batch, np.int32)) if isinstance(batch, int) else \
             b.op("Mul", [b.op("ReduceSum", [input_ids], axes=(1,), keepdims=0), b.const(np.array(0, np.int32))])

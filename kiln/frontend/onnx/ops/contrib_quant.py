@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.errors import ShapeError
-from kiln.frontend.onnx.ops.nn import transpose
+from kiln.frontend.onnx.ops.nn import _matmul, transpose
 from kiln.frontend.onnx.ops.qlinear import _centred, _col_param, _f32, _i32, _requantize, _row_param
 from kiln.frontend.onnx.ops.quant import _saturate_cast, dynamic_quantize_linear
 from kiln.frontend.onnx.registry import onnx_op
@@ -103,7 +103,7 @@ def matmul_integer_to_float(b: Builder, a: Value, c: Value, a_scale: Value, b_sc
     ac = _centred(b, a, None if a_zero_point is None else _scalar(b, a_zero_point))
     cc = _centred(b, c, None if b_zero_point is None else _col_param(b, b_zero_point))
     scale = b.op("Mul", [_f32(b, _scalar(b, a_scale)), _f32(b, _col_param(b, b_scale))])
-    y = b.op("Mul", [_f32(b, b.op("MatMul", [ac, cc])), scale])
+    y = b.op("Mul", [_f32(b, _matmul(b, ac, cc)), scale])
     return y if bias is None else b.op("Add", [y, bias])
 
 
