@@ -8,13 +8,19 @@ one tensor expression, so intermediate values never reach memory.
 
 Then purely elementwise groups are *inlined into their consumers* when every
 consumer reads each of their elements once per element it computes (elementwise
-chains and reductions; never a convolution or matmul, which would recompute the
-producer for every reduction step): the producer's nodes are prepended to each
+chains and reductions; not a convolution or matmul, which would recompute the
+producer for every reduction step, but for the GPU prologues below): the producer's nodes are prepended to each
 consumer's group, duplicated when there are several, and the producer's result
 never reaches memory (TVM's rule of fusing injective operators into their
 consumers). LayerNormalization (mean, centre, square, mean, rsqrt, scale) thus
 becomes two reductions and one elementwise kernel instead of five kernels, and
 Softmax (max, exp-sum, divide) three instead of four, with no full-size temporaries.
+
+Before that, groups that only move elements (Transpose, Slice, and the views behind them) are inlined into every
+kernel that reads them, matmuls included (:func:`inline_index`): the loads do the index arithmetic. Elementwise
+producers are also inlined into consumers that read each element once through such moves (a TensorScatter's
+update), and, for GPUs, small ones into the matmul that takes them as its activation (a *prologue*, redone per
+output column).
 
 Optionally (:func:`fuse_rows`, for targets whose lowering has row kernels) a row reduction whose
 result is read only by the elementwise group over the same rows is then fused into that group too:
