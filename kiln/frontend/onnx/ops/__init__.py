@@ -19,6 +19,7 @@ from kiln.frontend.onnx.ops import (  # noqa: F401
     norm,
     qlinear,
     quant,
+    random,
     reduce,
     resample,
     rnn,

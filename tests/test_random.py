@@ -1,0 +1,129 @@
+"""ONNX random operators (kiln/frontend/onnx/ops/random.py): statistical tests of the draws (moments and
+Kolmogorov-Smirnov against the exact distribution), Bernoulli and Multinomial frequencies on webgpu, wasm and cpu,
+reproducibility by seed, and a model whose random term is multiplied by zero against onnxruntime exactly."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import kiln
+from kiln.errors import KilnError
+
+#: Kolmogorov-Smirnov critical value at significance 0.001, times sqrt(n)
+KS_001 = 1.95
+
+
+def _model(nodes, inputs, outputs, opset=17):
+    graph = helper.make_graph(nodes, "random", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _run(tmp_path, model, feeds, target="webgpu", **compile_kw):
+    onnx.save(model, tmp_path / "m.onnx")
+    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / f"pkg_{target}", target=target, force=True,
+                       **({"wasm_threads": False} if target == "wasm" else {}), **compile_kw)
+    return kiln.load(pkg, target=target, poison=True).run(feeds)
+
+
+def _ks(sample: np.ndarray, cdf) -> float:
+    x = np.sort(sample.astype(np.float64))
+    f = cdf(x)
+    n = len(x)
+    return float(max(np.max(np.arange(1, n + 1) / n - f), np.max(f - np.arange(n) / n)))
+
+
+def test_uniform_and_normal_draws(tmp_path):
+    """RandomUniform in [low, high) and RandomNormal with mean and scale: moments and a KS test on 100k draws;
+    the Like forms take the input's shape and dtype."""
+    n = 100_000
+    out = [helper.make_tensor_value_info(k, TensorProto.FLOAT, [n]) for k in ("u", "z", "ul", "zl")]
+    nodes = [helper.make_node("RandomUniform", [], ["u"], shape=[n], low=-2.0, high=3.0, seed=1.0),
+             helper.make_node("RandomNormal", [], ["z"], shape=[n], mean=1.5, scale=0.5, seed=2.0),
+             helper.make_node("RandomUniformLike", ["x"], ["ul"], seed=3.0),
+             helper.make_node("RandomNormalLike", ["x"], ["zl"], seed=4.0)]
+    got = _run(tmp_path, _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])], out),
+               {"x": np.zeros(n, np.float32)})
+    u, z, ul, zl = got["u"], got["z"], got["ul"], got["zl"]
+    assert u.min() >= -2.0 and u.max() < 3.0 and ul.min() >= 0.0 and ul.max() < 1.0
+    assert _ks(u, lambda x: (x + 2.0) / 5.0) < KS_001 / math.sqrt(n)
+    assert _ks(ul, lambda x: x) < KS_001 / math.sqrt(n)
+    phi = np.vectorize(lambda t: 0.5 * (1.0 + math.erf(t / math.sqrt(2.0))))
+    assert _ks(z, lambda x: phi((x - 1.5) / 0.5)) < KS_001 / math.sqrt(n)
+    assert _ks(zl, phi) < KS_001 / math.sqrt(n)
+    assert abs(z.mean() - 1.5) < 5 * 0.5 / math.sqrt(n) and abs(z.std() - 0.5) < 0.01
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 5 / math.sqrt(n)  # neighbouring counters are independent
+    assert not np.array_equal(ul, (u + 2.0) / 5.0)  # other seeds, other draws
+
+
+def test_draws_are_reproducible_by_seed(tmp_path):
+    """The same seed gives the same values (compiled twice), another seed other values."""
+    def draw(seed, where):
+        node = helper.make_node("RandomNormal", [], ["z"], shape=[64], seed=seed)
+        (where).mkdir()
+        return _run(where, _model([node], [], [helper.make_tensor_value_info("z", TensorProto.FLOAT, [64])]), {})["z"]
+
+    a, b, c = draw(7.0, tmp_path / "a"), draw(7.0, tmp_path / "b"), draw(8.0, tmp_path / "c")
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a - c).max() > 0.1
+
+
+@pytest.mark.parametrize("target", ["webgpu", "wasm", "cpu"])
+def test_bernoulli_frequencies(tmp_path, rng, target):
+    """Bernoulli of per-column probabilities: each column's frequency within 5 standard deviations of its p."""
+    rows, cols = 4000, 6
+    p = np.broadcast_to(np.array([0.0, 0.05, 0.3, 0.5, 0.9, 1.0], np.float32), (rows, cols)).copy()
+    node = helper.make_node("Bernoulli", ["p"], ["y"], seed=5.0)
+    model = _model([node], [helper.make_tensor_value_info("p", TensorProto.FLOAT, [rows, cols])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, cols])], opset=15)
+    y = _run(tmp_path, model, {"p": p}, target)["y"]
+    assert set(np.unique(y)) <= {0.0, 1.0}
+    freq = y.mean(0)
+    sigma = np.sqrt(p[0] * (1 - p[0]) / rows)
+    assert np.all(np.abs(freq - p[0]) <= 5 * sigma + 1e-9), (freq, p[0])
+
+
+@pytest.mark.parametrize("target", ["webgpu", "wasm", "cpu"])
+def test_multinomial_frequencies(tmp_path, target):
+    """Multinomial (Gumbel-max) from unnormalised log probabilities: each class's frequency over 4000 samples
+    within 5 standard deviations of its softmax probability; int32 and int64 outputs."""
+    logits = np.log(np.array([[0.1, 0.2, 0.3, 0.4, 0.0001], [5.0, 1.0, 1.0, 1.0, 2.0]], np.float32))
+    samples = 4000
+    node = helper.make_node("Multinomial", ["x"], ["y"], sample_size=samples, seed=9.0, dtype=TensorProto.INT32)
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+                   [helper.make_tensor_value_info("y", TensorProto.INT32, [2, samples])])
+    y = _run(tmp_path, model, {"x": logits}, target)["y"]
+    assert y.dtype == np.int32 and y.shape == (2, samples) and y.min() >= 0 and y.max() < 5
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    for row in range(2):
+        freq = np.bincount(y[row], minlength=5) / samples
+        sigma = np.sqrt(probs[row] * (1 - probs[row]) / samples)
+        assert np.all(np.abs(freq - probs[row]) <= 5 * sigma + 2e-3), (row, freq, probs[row])
+
+
+def test_random_term_times_zero_matches_onnxruntime(tmp_path, rng):
+    """``x + RandomNormalLike(x) * 0``: the model's output is exactly onnxruntime's."""
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    nodes = [helper.make_node("RandomNormalLike", ["x"], ["n"]),
+             helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])),
+             helper.make_node("Mul", ["n", "zero"], ["nz"]), helper.make_node("Add", ["x", "nz"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 8])])
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for target in ("webgpu", "wasm"):
+        np.testing.assert_array_equal(_run(tmp_path, model, {"x": x}, target)["y"], want)
+
+
+def test_random_ops_refuse_integer_dtypes(tmp_path):
+    node = helper.make_node("RandomUniform", [], ["y"], shape=[4], dtype=TensorProto.INT32)
+    model = _model([node], [], [helper.make_tensor_value_info("y", TensorProto.INT32, [4])])
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(KilnError, match="dtype int32 is not supported"):
+        kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg")
