@@ -323,3 +323,37 @@ def test_q_attention(rng, w_dtype):
     check_op("QAttention", inputs, {"num_heads": heads}, inits,
              input_order=["x", "w", "bias", "x_scale", "w_scale", "mask", "x_zp", "w_zp"], domain=MS, rtol=1e-4,
              atol=1e-4)
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_dynamic_quantize_lstm(rng, tmp_path, direction):
+    """An LSTM model after ``onnxruntime.quantization.quantize_dynamic`` (DynamicQuantizeLSTM: 8-bit weights with
+    per-direction scales) on webgpu and wasm: Kiln computes with the dequantized weights in float, onnxruntime also
+    rounds the activations to uint8, so the outputs agree to that rounding (max 0.05 on outputs in [-1, 1])."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import quantize_dynamic
+
+    seq, batch, inp, hidden = 5, 2, 8, 6
+    dirs = 2 if direction == "bidirectional" else 1
+    inits = [numpy_helper.from_array(f32(rng, dirs, 4 * hidden, inp, scale=0.4), "W"),
+             numpy_helper.from_array(f32(rng, dirs, 4 * hidden, hidden, scale=0.4), "R"),
+             numpy_helper.from_array(f32(rng, dirs, 8 * hidden, scale=0.1), "B")]
+    node = helper.make_node("LSTM", ["x", "W", "R", "B"], ["y", "yh", "yc"], hidden_size=hidden, direction=direction)
+    graph = helper.make_graph([node], "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, batch, inp])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [seq, dirs, batch, hidden]),
+                               helper.make_tensor_value_info("yh", TensorProto.FLOAT, [dirs, batch, hidden]),
+                               helper.make_tensor_value_info("yc", TensorProto.FLOAT, [dirs, batch, hidden])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "lstm.onnx")
+    quantize_dynamic(str(tmp_path / "lstm.onnx"), str(tmp_path / "q.onnx"), op_types_to_quantize=["LSTM"])
+    assert [n.op_type for n in onnx.load(tmp_path / "q.onnx").graph.node] == ["DynamicQuantizeLSTM"]
+    x = f32(rng, seq, batch, inp)
+    want = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    pkg = kiln.compile(tmp_path / "q.onnx", tmp_path / "pkg", target="webgpu,wasm", wasm_threads=False)
+    for target in ("webgpu", "wasm"):
+        got = kiln.load(pkg, target=target, poison=True).run({"x": x})
+        for name, exp in zip(("y", "yh", "yc"), want):
+            np.testing.assert_allclose(got[name], exp, atol=0.05, err_msg=f"{target} {name}")

@@ -1,6 +1,6 @@
 """onnxruntime's quantized contrib operators (domain ``com.microsoft``) that ``onnxruntime.quantization``
 writes in QOperator format: QLinearAdd, QLinearGlobalAveragePool, QGemm; and the dynamically quantized products
-MatMulIntegerToFloat and DynamicQuantizeMatMul.
+MatMulIntegerToFloat, DynamicQuantizeMatMul and DynamicQuantizeLSTM.
 
 Semantics from onnxruntime's ContribOperators.md and its CPU kernels (MLAS): integer parts exact in
 int32, requantization in float32 with round-half-to-even and saturation to the output's type.
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.errors import ShapeError
+from kiln.errors import KilnError, ShapeError
+from kiln.frontend.onnx.ops.common import const_value
 from kiln.frontend.onnx.ops.nn import _matmul, transpose
 from kiln.frontend.onnx.ops.qlinear import _centred, _col_param, _f32, _i32, _requantize, _row_param
 from kiln.frontend.onnx.ops.quant import _saturate_cast, dynamic_quantize_linear
+from kiln.frontend.onnx.ops.rnn import lstm_like
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
 
@@ -115,3 +117,41 @@ def dynamic_quantize_matmul(b: Builder, a: Value, c: Value, b_scale: Value, b_ze
     B (int8 or uint8), its scale and zero point (per tensor or per column), and the bias."""
     qa, a_scale, a_zp = dynamic_quantize_linear(b, a)
     return matmul_integer_to_float(b, qa, c, a_scale, b_scale, a_zp, b_zero_point, bias)
+
+
+def _dequantized(v: Value, scale: Value, zero_point: Value | None, what: str) -> np.ndarray:
+    """DynamicQuantizeLSTM's 8-bit weights ``[dirs, K, 4 * hidden]`` as float32 ``[dirs, 4 * hidden, K]`` (ONNX LSTM's
+    layout), scale and zero point per direction ``[dirs]`` or per column ``[dirs, 4 * hidden]``.
+
+    Raises:
+        ConstantInputError: weights, scales or zero points computed at run time.
+    """
+    w = const_value(v, what).astype(np.float32)
+    s = const_value(scale, what + "_scale").astype(np.float32)
+    z = np.zeros_like(s) if zero_point is None else const_value(zero_point, what + "_zero_point").astype(np.float32)
+    if s.ndim == 1:
+        s, z = s[:, None], z[:, None]
+    return np.ascontiguousarray(np.transpose((w - z[:, None, :]) * s[:, None, :], (0, 2, 1)))
+
+
+@onnx_op("DynamicQuantizeLSTM", since=1, domain=MS)
+def dynamic_quantize_lstm(b: Builder, x: Value, w: Value, r: Value, bias: Value | None = None,
+                          seq_lens: Value | None = None, h0: Value | None = None, c0: Value | None = None,
+                          p: Value | None = None, w_scale: Value | None = None, w_zero_point: Value | None = None,
+                          r_scale: Value | None = None, r_zero_point: Value | None = None, *, _nout: int = 1,
+                          **attrs) -> list[Value]:
+    """com.microsoft DynamicQuantizeLSTM-1 (what ``quantize_dynamic`` makes of LSTM): ONNX LSTM with 8-bit weights
+    ``W [dirs, input, 4 * hidden]`` and ``R [dirs, hidden, 4 * hidden]`` (note the transposed layout) and their
+    scales and zero points per direction or per gate column. Kiln dequantizes the weights when compiling and runs
+    the float LSTM (:mod:`kiln.frontend.onnx.ops.rnn`); onnxruntime also quantizes the activations (X and each
+    step's hidden state, per tensor, to uint8), so results differ by that rounding (about 1e-2 on unit-scale
+    activations).
+
+    Raises:
+        KilnError: missing scales; ConstantInputError: run-time weights; as ONNX LSTM otherwise.
+    """
+    if w_scale is None or r_scale is None:
+        raise KilnError("DynamicQuantizeLSTM: W_scale and R_scale are required")
+    wf = b.const(_dequantized(w, w_scale, w_zero_point, "W"), name=w.name + "_dequantized")
+    rf = b.const(_dequantized(r, r_scale, r_zero_point, "R"), name=r.name + "_dequantized")
+    return lstm_like(b, x, wf, rf, bias, seq_lens, h0, c0, p, _nout=_nout, **attrs)

@@ -194,3 +194,6 @@ def _convert(kind: str):
 
 for _kind in ("RNN", "GRU", "LSTM"):
     onnx_op(_kind, since=7)(_convert(_kind))
+
+#: ONNX LSTM's converter, for the operators that reduce to it (onnxruntime's DynamicQuantizeLSTM)
+lstm_like = _convert("LSTM")
