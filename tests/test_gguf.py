@@ -309,7 +309,7 @@ def test_greedy_generation_reproduces_reference_answers(chat_package, target):
         assert "".join(c.text for c in chunks) == str(ref[f"{name}_generated_text"])
         stats = session.generator.stats
         assert stats.prompt_tokens == len(ref[f"{name}_prompt_ids"])
-        assert stats.stop_reason == ("stop token" if ended else "max_new_tokens")
+        assert stats.stop_reason == ("stop" if ended else "length")
 
 
 @needs_model
@@ -347,7 +347,7 @@ def test_stop_strings_end_the_answer(chat_package):
     question = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
     chunks = list(session.generate(question, stop=["Paris", "London"]))
     assert "".join(c.text for c in chunks) == "The capital of France is "
-    assert session.generator.stats.stop_reason == "stop string"
+    assert session.generator.stats.stop_reason == "stop"
 
 
 def test_text_stream_is_the_decoded_answer(rng):

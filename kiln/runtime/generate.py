@@ -100,6 +100,8 @@ class GenerationStats:
     new_tokens: int = 0
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
+    #: why the answer ended, as OpenAI's ``finish_reason`` and kiln.js's ``stopReason``: ``stop`` (a stop token or a
+    #: stop string) or ``length`` (``max_new_tokens``)
     stop_reason: str = ""
 
     @property
@@ -329,7 +331,7 @@ class Generator:
                 else:
                     stats.decode_ms = (now - t1) * 1e3
                 if token in self.eos:
-                    stats.stop_reason = "stop token"
+                    stats.stop_reason = "stop"
                     break
                 stats.new_tokens += 1
                 seen.append(token)
@@ -337,7 +339,7 @@ class Generator:
                 at = _first_stop(text, stops)
                 if at >= 0:
                     text = text[:at]
-                    stats.stop_reason = "stop string"
+                    stats.stop_reason = "stop"
                 safe = len(text) if at >= 0 else len(text) - _held_back(text, stops)
                 yield Chunk(token, text[shown:max(shown, safe)], stats)
                 shown = max(shown, safe)
@@ -346,7 +348,7 @@ class Generator:
                 if n + 1 < max_new_tokens:
                     out = self._step([token], len(ids) + n)
             else:
-                stats.stop_reason = "max_new_tokens"
+                stats.stop_reason = "length"
         finally:
             _release(out.values())
             self._busy = False
