@@ -199,9 +199,9 @@ class Target:
         return None
 
     def matmul_prologues(self, device_class: str, precision: str, training: Any) -> bool:
-        """Whether fusion may inline small elementwise producers into the ``MatMulNBits`` reading them
-        (:func:`kiln.passes.fusion.fuse`'s ``prologues``: redone per output column, cheap only where arithmetic is
-        cheap beside memory); False by default."""
+        """Whether fusion may inline small elementwise producers into the matmuls reading them, and reshapes into
+        matmul loads (:func:`kiln.passes.fusion.fuse`'s ``prologues``: redone per output column or load, cheap only
+        where arithmetic is cheap beside memory); False by default."""
         return False
 
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:

@@ -79,8 +79,8 @@ def merge_sibling_matmuls(graph: Graph) -> bool:
     return changed
 
 
-def _merge(graph: Graph, siblings: list[Node], biases: list[Node] | None, position: dict[int, int]) -> None:
-    """Replace ``siblings`` (and their ``biases``) by one merged node and slices of its result (see
+def _merge(graph: Graph, siblings: list[Node], adds: list[Node] | None, position: dict[int, int]) -> None:
+    """Replace ``siblings`` (and the bias ``adds`` after them) by one merged node and slices of its result (see
     :func:`merge_sibling_matmuls`)."""
     first = siblings[0]
     x = first.inputs[0]
@@ -94,18 +94,18 @@ def _merge(graph: Graph, siblings: list[Node], biases: list[Node] | None, positi
                  for i in range(len(ws[0]))]
     attrs = {**first.attrs, "N": sum(widths)} if nbits else {}
     y = b.op(first.op, [x, *merged_ws], name=name, **attrs)
-    if biases is not None:
-        vec = [(a.inputs[1] if a.inputs[0] is n.outputs[0] else a.inputs[0]).const for a, n in zip(biases, siblings)]
+    if adds is not None:
+        vec = [(a.inputs[1] if a.inputs[0] is n.outputs[0] else a.inputs[0]).const for a, n in zip(adds, siblings)]
         y = b.op("Add", [y, b.const(np.concatenate(vec), name=f"{name}.bias")], name=f"{name}.bias_add")
     lead = tuple(y.shape[:-1])
     offset = 0
-    replaced = biases or siblings
+    replaced = adds or siblings
     for node, width in zip(replaced, widths):
         part = b.op("Slice", [y], name=f"{node.name}.slice", starts=(0,) * len(lead) + (offset,),
                     ends=tuple(symbolic.simplify(d) for d in lead) + (offset + width,), steps=(1,) * (len(lead) + 1))
         graph.replace_uses(node.outputs[0], part)
         offset += width
-    gone = {id(n) for n in siblings} | {id(a) for a in biases or ()}
+    gone = {id(n) for n in siblings} | {id(a) for a in adds or ()}
     at = min(position[id(n)] for n in siblings)
     kept = [n for n in graph.nodes if id(n) not in gone]
     where = sum(1 for n in graph.nodes[:at] if id(n) not in gone)

@@ -3,7 +3,7 @@
 :func:`bind_dims` reads each dim's value from the fed input shapes (every input must agree, and each
 value must lie within the dim's bounds) or from an integer input's value (``value_dim``, format 1.7);
 :func:`dims_words` packs the values into the dims uniform;
-:func:`dispatches` evaluates every step's workgroup count (the manifest's size expressions) and
+:class:`StepSizes` evaluates every step's workgroup count or tiles (the manifest's size expressions) and
 :func:`output_shapes` the outputs' shapes. The runtime never imports the compiler: expressions are
 evaluated by :func:`eval_json`'s small interpreter, or compiled into closures by :func:`compile_json` (never
 ``eval``); neither depends on anything else.
@@ -25,31 +25,19 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
 
 def eval_json(j: Any, env: dict[str, int]) -> int:
     """Evaluate a manifest size expression (an int, a dim name, or ``[op, a, b]`` with ``op`` one of
-    ``+ - * // % max min``; ``//`` floors) with dim values ``env``.
+    ``+ - * // % max min``; ``//`` floors) with dim values ``env`` (:func:`compile_json` once, for expressions
+    evaluated at every run).
 
     Raises:
         PackageError: a malformed expression, an unknown dim, or a division by zero.
     """
-    if isinstance(j, bool):
-        raise PackageError(f"malformed size expression {j!r}")
-    if isinstance(j, int):
-        return j
-    if isinstance(j, str):
-        if j not in env:
-            raise PackageError(f"size expression names unknown dim {j!r}")
-        return int(env[j])
-    if isinstance(j, list) and len(j) == 3 and j[0] in _OPS:
-        a, b = eval_json(j[1], env), eval_json(j[2], env)
-        if j[0] in ("//", "%") and b == 0:
-            raise PackageError("size expression divides by zero")
-        return int(_OPS[j[0]](a, b))
-    raise PackageError(f"malformed size expression {j!r}")
+    return compile_json(j)(env)
 
 
 def compile_json(j: Any) -> Callable[[dict[str, int]], int]:
     """A manifest size expression (as for :func:`eval_json`) checked once and made a function of the dim values:
-    nested closures, no ``eval``; about ten times faster than :func:`eval_json` for an expression evaluated at
-    every run (a decoder's dispatches change with every token).
+    nested closures, no ``eval``; a plan's expressions are compiled once and evaluated at every run (a decoder's
+    dispatches change with every token).
 
     Raises:
         PackageError: a malformed expression (at once); the function raises it for an unknown dim or a division
@@ -124,7 +112,8 @@ class StepSizes:
                 [v if isinstance(v, int) else None for v in (kinds[k][1] for k in self._step_kind)])
 
     def dispatches(self, env: dict[str, int], max_x: int = 65535) -> tuple[tuple[int, ...], list[tuple[int, int, int]]]:
-        """``(choice, workgroup counts)`` for dims ``env`` (``key`` ``groups``), as :func:`dispatches`."""
+        """``(choice, workgroup counts)`` for dims ``env`` (``key`` ``groups``): ``(0, 0, 0)`` for a step with nothing
+        to do (the runtime skips it); counts above ``max_x`` wrap into y, as the kernels expect."""
         kinds = [(c, v if not isinstance(v, int) else (0, 0, 0) if v <= 0 else (v, 1, 1) if v <= max_x
                   else (max_x, -(-v // max_x), 1)) for c, v in self._per_kind(env)]
         return tuple(kinds[k][0] for k in self._step_kind), [kinds[k][1] for k in self._step_kind]
@@ -211,13 +200,6 @@ def dims_words(manifest: dict[str, Any], env: dict[str, int]) -> bytes:
     for d in dims:
         words[d["index"]] = env[d["name"]]
     return words.tobytes()
-
-
-def dispatches(plan: list[dict[str, Any]], env: dict[str, int], max_x: int = 65535) -> list[tuple[int, int, int]]:
-    """Workgroup counts ``(x, y, z)`` of every step (its kernel for ``env``, as :class:`StepSizes` chooses) for dims
-    ``env``; ``(0, 0, 0)`` for a step with nothing to do (the runtime skips it). Counts above ``max_x`` wrap into y,
-    as the kernels expect."""
-    return StepSizes(plan, "groups").dispatches(env, max_x)[1]
 
 
 def output_shapes(manifest: dict[str, Any], env: dict[str, int]) -> dict[str, list[int]]:
