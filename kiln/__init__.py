@@ -87,10 +87,15 @@ def load(package, target: str = "webgpu", **options):
     """Load a package for native execution of its ``target``: ``webgpu`` (wgpu-py; see
     :class:`kiln.runtime.native.Session`), ``wasm`` (wasmtime; see :class:`kiln.runtime.wasm.WasmSession`) or
     ``cpu`` (the C kernels built for this machine; see :class:`kiln.runtime.cpu.CpuSession`, option ``threads``).
-    The sessions have the same API (``run``, ``inputs``, ``outputs``, ``benchmark``, ``profile``)."""
+    The sessions have the same API (``run``, ``inputs``, ``outputs``, ``benchmark``, ``profile``). A speech package
+    (``speech.json``) loads as a :class:`kiln.runtime.speech.SpeechSession` (``transcribe``)."""
     if target not in ("webgpu", "wasm", "cpu"):
         raise KilnError(f"the native runtime runs the webgpu, wasm and cpu targets, not {target!r}"
                         + (" (WebGL2 runs in browsers: kiln serve PACKAGE, or kiln.js)" if target == "webgl2" else ""))
+    from kiln.runtime.speech import SpeechSession, is_speech_package
+
+    if is_speech_package(package):
+        return SpeechSession(package, target=target, **options)
     if target == "wasm":
         from kiln.runtime.wasm import WasmSession
 

@@ -96,7 +96,7 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     import time
 
     from kiln.compiler import compile_model, parse_targets
-    from kiln.package.format import kernel_steps, read_manifest
+    from kiln.package.format import read_manifest
 
     targets = parse_targets(target)
     train_options = None
@@ -112,7 +112,23 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
                          device_class=device_class, schedule=schedule, train=train_options, precision=precision,
                          max_context=max_context)
-    m = read_manifest(path)
+    if (path / "speech.json").is_file():  # a speech package: one line per part
+        for part in ("log_mel", "encoder", "decoder"):
+            _summary(read_manifest(path / part), f"{model} ({part})", path / part, targets, tuning_db, precision,
+                     None)
+        click.echo(f"speech package {path} ({time.perf_counter() - t0:.1f} s); kiln transcribe {path} AUDIO")
+        return
+    _summary(read_manifest(path), model, path, targets, tuning_db, precision, t0)
+    if print_ir:
+        click.echo((path / "graph.txt").read_text())
+
+
+def _summary(m: dict, model, path: Path, targets: list[str], tuning_db, precision: str, t0: float | None) -> None:
+    """One line: what ``kiln compile`` made of ``model``."""
+    import time
+
+    from kiln.package.format import kernel_steps
+
     parts = []
     for name in targets:
         tgt = m["targets"][name]
@@ -125,10 +141,9 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
                          f"trainable tensors, {m['training']['optimizer']['name']}")
     if precision != "fp32":
         parts.append(f"precision {precision}")
-    click.echo(f"compiled {model} -> {path} ({'; '.join(parts)}; {m['memory']['weight_bytes'] / 1e6:.1f} MB weights, "
-               f"{time.perf_counter() - t0:.1f} s)")
-    if print_ir:
-        click.echo((path / "graph.txt").read_text())
+    took = "" if t0 is None else f", {time.perf_counter() - t0:.1f} s"
+    click.echo(f"compiled {model} -> {path} ({'; '.join(parts)}; {m['memory']['weight_bytes'] / 1e6:.1f} MB weights"
+               f"{took})")
 
 
 def _tuned_scheduler(tuning_db: Path | None, adapter: str | None, device_class: str):
@@ -330,12 +345,13 @@ from kiln.tune.cli import tune_cmd  # the command lives with the tuner
 
 main.add_command(tune_cmd)
 
-from kiln.cli_generate import chat_cmd, generate_cmd
+from kiln.cli_generate import chat_cmd, generate_cmd, transcribe_cmd
 from kiln.zoo.cli import zoo_cmd  # the command lives with the zoo
 
 main.add_command(zoo_cmd)
 main.add_command(generate_cmd)
 main.add_command(chat_cmd)
+main.add_command(transcribe_cmd)
 
 
 def _fmt_bytes(n: int) -> str:

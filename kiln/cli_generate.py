@@ -1,4 +1,5 @@
-"""``kiln generate`` and ``kiln chat``: a language-model package's answers streamed to the terminal."""
+"""``kiln generate`` and ``kiln chat``: a language-model package's answers streamed to the terminal; ``kiln transcribe``:
+a speech package's transcript."""
 
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ _RUNTIME = [
 
 def _sampling(f):
     for option in reversed(_RUNTIME + _SAMPLING):
+        f = option(f)
+    return f
+
+
+def _runtime(f):
+    for option in reversed(_RUNTIME):
         f = option(f)
     return f
 
@@ -112,3 +119,38 @@ def chat_cmd(package: Path, system: str | None, max_new_tokens: int | None, targ
             continue
         messages.append({"role": "assistant", "content": answer})
         click.echo(_stats_line(session), err=True)
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(seconds, 60.0)
+    h, m = divmod(int(m), 60)
+    return (f"{h}:" if h else "") + f"{m:02d}:{s:06.3f}"
+
+
+@click.command("transcribe")
+@click.argument("package", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("audio", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--timestamps", is_flag=True, help="Segment timestamps from the model's timestamp tokens.")
+@click.option("--language", default=None, help="The spoken language's code (multilingual models; default en).")
+@click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True,
+              help="translate: to English (multilingual models).")
+@click.option("--no-condition", is_flag=True, help="Do not prompt each 30-s window with the text before it.")
+@_runtime
+def transcribe_cmd(package: Path, audio: Path, timestamps: bool, language: str | None, task: str, no_condition: bool,
+                   target: str, threads: int | None) -> None:
+    """Transcribe AUDIO (WAV, FLAC, OGG, MP3) with a speech PACKAGE (kiln compile WHISPER_FOLDER makes one), printing
+    segments as they are decoded; the real-time factor goes to stderr."""
+    session = _load(package, target, threads)
+    if not hasattr(session, "transcribe"):
+        raise click.UsageError(f"{package} is not a speech package (no speech.json)")
+
+    def show(seg) -> None:
+        click.echo(f"[{_clock(seg.start)} --> {_clock(seg.end)}] {seg.text.strip()}" if timestamps else seg.text.strip())
+        sys.stdout.flush()
+
+    result = session.transcribe(audio, timestamps=timestamps, language=language, task=task,
+                                condition_on_previous_text=not no_condition, on_segment=show)
+    s = result.stats
+    click.echo(f"[{s.audio_s:.1f} s of audio in {s.total_ms / 1e3:.2f} s: real-time factor {s.real_time_factor:.3f}; "
+               f"{s.windows} windows, encoder {s.encode_ms:.0f} ms; {s.tokens} tokens at {s.ms_per_token:.1f} "
+               "ms/token]", err=True)

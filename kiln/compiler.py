@@ -171,9 +171,10 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     """Compile an ONNX model, or a GGUF language model, into a package directory.
 
     Args:
-        model: path of an ``.onnx`` file, or of a ``.gguf`` language model (Llama family,
+        model: path of an ``.onnx`` file, of a ``.gguf`` language model (Llama family,
             :mod:`kiln.frontend.gguf`): its decoder step with a KV cache, tokenizer and chat template
-            (the manifest's ``generation`` section).
+            (the manifest's ``generation`` section), or of a CTranslate2 Whisper model folder (or its
+            ``model.bin``): a speech package (:func:`compile_whisper`).
         out: package directory to create.
         target: code generation target(s): ``webgpu``, ``webgl2``, ``wasm`` or a comma list (``webgpu,webgl2``).
         dims: values of symbolic dims (``{"N": 1}``; unbound named dims default to 1).
@@ -206,6 +207,11 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         ModelFormatError, UnsupportedOpError (all missing ops at once, before other work),
         ShapeError, PackageError (``out`` exists and ``force`` is not set), KilnError.
     """
+    if is_whisper_folder(model):
+        if train is not None:
+            raise KilnError("--train takes ONNX models; a Whisper model compiles for inference")
+        return compile_whisper(model, out, target=target, force=force, validate=validate, progress=progress,
+                               device_class=device_class, wasm_threads=wasm_threads, precision=precision)
     check_destination(out, force)
     check_precision(precision, train)
     parse_targets(target)
@@ -235,3 +241,41 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
     compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
                              wasm_threads=wasm_threads, schedule=schedule, training=training, precision=precision)
     return write_package(compiled, out, force=force, preset=preset, labels=labels, source=Path(model).name)
+
+
+def is_whisper_folder(model: str | os.PathLike) -> bool:
+    """Whether ``model`` is a CTranslate2 model folder or its ``model.bin`` (a Whisper model is checked when read)."""
+    p = Path(model)
+    return (p.is_dir() and (p / "model.bin").is_file()) or (p.is_file() and p.name == "model.bin")
+
+
+def compile_whisper(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",
+                    force: bool = False, validate: bool = True, progress: bool = False, device_class: str = "gpu",
+                    wasm_threads: bool = True, precision: str = "fp32") -> Path:
+    """Compile a CTranslate2 Whisper model folder (``model.bin``, ``config.json``, ``tokenizer.json``) into a speech
+    package (docs/speech.md): its log-mel front end, encoder and decoder step (:mod:`kiln.frontend.whisper`), each
+    a package, and ``speech.json``. The arguments are :func:`compile_model`'s.
+
+    Raises:
+        ModelFormatError: not a Whisper model (another CTranslate2 model type is named), no tokenizer.json;
+        PackageError: ``out`` exists and ``force`` is not set; KilnError: a bad target or precision.
+    """
+    from kiln.frontend import whisper
+    from kiln.package.speech import check_speech_destination, write_speech_package
+
+    check_speech_destination(out, force)
+    check_precision(precision, None)
+    parse_targets(target)
+    if device_class not in DEVICE_CLASSES:
+        raise KilnError(f"device class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
+    m = whisper.read_whisper(model)
+    spec = whisper.speech_manifest(m)  # a missing tokenizer fails before the long compile
+    graphs = {"log_mel": whisper.log_mel_graph(m.config.n_mels), "encoder": whisper.encoder_graph(m),
+              "decoder": whisper.decoder_graph(m)}
+    parts = {}
+    for name, graph in graphs.items():
+        # the front end stays fp32: log10 of powers spanning 1e-10..1e4 and the STFT's sums need its range
+        parts[name] = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
+                                    wasm_threads=wasm_threads, precision="fp32" if name == "log_mel" else precision)
+    return write_speech_package(parts, out, spec=spec, files={"tokenizer.json": m.folder / "tokenizer.json"},
+                                force=force, source=m.folder.name)

@@ -141,3 +141,27 @@ def test_cpu_device_class_uses_full_tiles_and_no_lanes():
     assert s.reduce_lanes == 1 and [sp.factor for sp in s.splits] == [4]
     with pytest.raises(ValueError, match="device_class"):
         default_schedule(fc, device_class="tpu")
+
+
+@pytest.mark.parametrize("shape", [(240000,), (1, 80, 3000)])
+def test_cpu_schedule_splits_reductions_lavapipe_would_cut(shape, tmp_path, rng):
+    """lavapipe ends an invocation's loops after 65535 iterations in all, silently: a whole-tensor ReduceMax over
+    240000 elements in one invocation saw only the first 65535. The ``cpu`` default schedule gives such a
+    reduction lanes; the maximum is found wherever it lies."""
+    import kiln
+    from kiln.compiler import compile_graph
+    from kiln.ir.graph import Builder, Graph, Value
+    from kiln.package.writer import write_package
+
+    g = Graph(name="longmax")
+    x = Value("x", "float32", shape)
+    g.inputs.append(x)
+    y = Builder(g).op("ReduceMax", [x], axes=tuple(range(len(shape))), keepdims=0)
+    y.name = "y"
+    g.outputs = [y]
+    session = kiln.load(write_package(compile_graph(g, "webgpu", device_class="cpu"), tmp_path / "pkg"))
+    a = rng.standard_normal(shape).astype(np.float32)
+    for at in (0, a.size // 2, a.size - 1):
+        b = a.copy().reshape(-1)
+        b[at] = 100.0
+        assert float(session.run({"x": b.reshape(shape)})["y"]) == 100.0

@@ -36,6 +36,19 @@ def rms_norm(b: Builder, x: Value, weight: Value, eps: float, axes: tuple[int, .
     return b.op("Mul", [b.op("Mul", [x, inv]), weight])
 
 
+def layer_norm(b: Builder, x: Value, gamma: Value, beta: Value | None, eps: float,
+               axes: tuple[int, ...] | None = None) -> Value:
+    """``(x - mean) / sqrt(var + eps) * gamma + beta`` over ``axes`` (default the last; Ba et al. 2016, ONNX
+    LayerNormalization-17), the variance as ``mean((x - mean)^2)``."""
+    axes = axes if axes is not None else (len(x.shape) - 1,)
+    mean = b.op("ReduceMean", [x], axes=axes, keepdims=1)
+    d = b.op("Sub", [x, mean])
+    var = b.op("ReduceMean", [b.op("Mul", [d, d])], axes=axes, keepdims=1)
+    inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [var, b.const(np.array(eps), dtype=var.dtype)])])])
+    y = b.op("Mul", [b.op("Mul", [d, inv]), gamma])
+    return y if beta is None else b.op("Add", [y, beta])
+
+
 @dataclass(frozen=True)
 class Packed:
     """A block-quantized weight ``W [N, K]`` (:mod:`kiln.ir.ops_quant`): its constants and attributes."""
@@ -192,6 +205,27 @@ def causal_attention(b: Builder, q: Value, k: Value, v: Value, past_k: Value, pa
     ctx = b.op("MatMul", [p, values])  # [B, KV, G*T, hd]
     ctx = transpose(b, reshape(b, ctx, (bsz, h, t, hd)), (0, 2, 1, 3))
     return reshape(b, ctx, (bsz, t, h * hd)), present_k, present_v
+
+
+def attention(b: Builder, q: Value, k: Value, v: Value, scale: float) -> Value:
+    """Bidirectional multi-head attention, ``softmax(scale * q k^T) v`` with no mask (Vaswani et al. 2017): the
+    encoder's self-attention and a decoder's cross-attention.
+
+    Args:
+        q: ``[B, H, S, hd]`` queries; k, v: ``[B, H, L, hd]`` keys and values (head-major).
+        scale: the scores' factor (``1 / sqrt(hd)``).
+
+    Returns:
+        ``[B, S, H * hd]``, the heads joined again.
+    """
+    bsz, h, s, _ = q.shape
+    scores = b.op("Mul", [b.op("MatMul", [q, transpose(b, k, (0, 1, 3, 2))]),
+                          b.const(np.array(scale), dtype=q.dtype)])  # [B, H, S, L]
+    m = b.op("ReduceMax", [scores], axes=(3,), keepdims=1)
+    e = b.op("Exp", [b.op("Sub", [scores, m])])
+    p = b.op("Div", [e, b.op("ReduceSum", [e], axes=(3,), keepdims=1)])
+    ctx = transpose(b, b.op("MatMul", [p, v]), (0, 2, 1, 3))  # [B, S, H, hd]
+    return reshape(b, ctx, (bsz, s, h * v.shape[3]))
 
 
 def dim_value(b: Builder, d) -> Value:

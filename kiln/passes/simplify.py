@@ -12,19 +12,31 @@ import numpy as np
 from kiln.ir import interp, ops
 from kiln.ir.graph import Graph, Node, Value
 
+#: a constant at least this large (bytes) that several nodes read is not copied transposed by :func:`const_fold`
+SHARED_WEIGHT_BYTES = 1 << 20
+
 
 def const_fold(graph: Graph) -> bool:
     """Evaluate every node whose inputs are all constants; its outputs become constants.
 
-    Nodes defining graph outputs stay, so every output is written by a kernel.
+    Nodes defining graph outputs stay, so every output is written by a kernel. So does a Transpose of a large
+    constant that other nodes read too (a tied embedding, read by a Gather and, transposed, by the output
+    projection's MatMul): folding it would store the weight twice; the transpose is read through instead
+    (:func:`kiln.passes.fusion.inline_index`).
 
     Returns True if anything changed.
     """
     changed = False
     keep: list[Node] = []
     outputs = {id(v) for v in graph.outputs}
+    readers: dict[int, int] = {}
     for node in graph.nodes:
-        if node.inputs and all(v.is_const and not v.is_shape_const for v in node.inputs) \
+        for v in node.inputs:
+            readers[id(v)] = readers.get(id(v), 0) + 1
+    for node in graph.nodes:
+        shared = node.op == "Transpose" and readers.get(id(node.inputs[0]), 0) > 1 \
+            and node.inputs[0].is_const and node.inputs[0].const.nbytes >= SHARED_WEIGHT_BYTES
+        if node.inputs and not shared and all(v.is_const and not v.is_shape_const for v in node.inputs) \
                 and all(o.is_static for o in node.outputs) and not any(id(o) in outputs for o in node.outputs):
             outs = interp.eval_node(node, [v.const for v in node.inputs])
             for v, a in zip(node.outputs, outs):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from kiln.arith import symbolic
 from kiln.arith.expr import Load, Reduce, free_vars, transform
 from kiln.arith.symbolic import at_opt, at_variant_top
 from kiln.te.compute import Tensor
@@ -267,7 +268,7 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     while lanes < most and tiles * lanes < target_invocations and lanes * 2 * 4 <= outer:
         lanes *= 2
     if device_class == "cpu":
-        return Schedule(splits=splits)
+        return _cpu_lanes(t, reds, factors, splits, shared_bytes)
     shared = _shared_default(t, axes, shape, big, shared_bytes)
     if shared:
         return shared
@@ -280,6 +281,26 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     if width * accs * 4 > shared_bytes:
         return Schedule(splits=splits, unroll=9)
     return Schedule(workgroup_size=width, splits=splits, unroll=9, reduce_lanes=lanes)
+
+
+#: the most reduction iterations one invocation runs in a ``device_class="cpu"`` schedule. lavapipe (Mesa's
+#: llvmpipe) silently ends an invocation's loops after 65535 iterations in all (its guard against endless loops;
+#: a single-invocation ReduceMax over 240000 elements saw the first 65535): longer reductions get lanes
+CPU_SERIAL_TRIPS = 16384
+
+
+def _cpu_lanes(t: Tensor, reds: list[Reduce], factors: dict[int, int], splits: tuple, shared_bytes: int) -> Schedule:
+    """The ``cpu`` schedule: whole tiles, no lanes, unless a reduction (at its dims' upper bounds) is longer than
+    :data:`CPU_SERIAL_TRIPS` iterations: then the fewest ``reduce_lanes`` (up to 256, over the outermost reduction
+    axis) that bring each invocation's share under it."""
+    serial = max(_prod(symbolic.bounds(ax.extent)[1] for ax in r.axes) for r in reds)
+    outer = min(symbolic.bounds(r.axes[0].extent)[0] for r in reds)
+    lanes = 1
+    while serial > CPU_SERIAL_TRIPS * lanes and lanes < 256 and lanes * 2 <= outer:
+        lanes *= 2
+    if lanes == 1 or lanes * _prod(factors.values()) * len(reds) * 4 > shared_bytes:
+        return Schedule(splits=splits)
+    return Schedule(workgroup_size=lanes, splits=splits, reduce_lanes=lanes)
 
 
 def row_schedule(t: Tensor) -> Schedule:

