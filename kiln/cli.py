@@ -113,7 +113,7 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
                          device_class=device_class, schedule=schedule, train=train_options, precision=precision,
                          max_context=max_context)
     if (path / "speech.json").is_file():  # a speech package: one line per part
-        for part in ("log_mel", "encoder", "decoder"):
+        for part in ("resample", "log_mel", "encoder", "decoder"):
             _summary(read_manifest(path / part), f"{model} ({part})", path / part, targets, tuning_db, precision,
                      None)
         click.echo(f"speech package {path} ({time.perf_counter() - t0:.1f} s); kiln transcribe {path} AUDIO")

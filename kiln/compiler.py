@@ -253,14 +253,15 @@ def compile_whisper(model: str | os.PathLike, out: str | os.PathLike, *, target:
                     force: bool = False, validate: bool = True, progress: bool = False, device_class: str = "gpu",
                     wasm_threads: bool = True, precision: str = "fp32") -> Path:
     """Compile a CTranslate2 Whisper model folder (``model.bin``, ``config.json``, ``tokenizer.json``) into a speech
-    package (docs/speech.md): its log-mel front end, encoder and decoder step (:mod:`kiln.frontend.whisper`), each
-    a package, and ``speech.json``. The arguments are :func:`compile_model`'s.
+    package (docs/speech.md): a resampler (:mod:`kiln.frontend.audio`), its log-mel front end, encoder and decoder
+    step (:mod:`kiln.frontend.whisper`), each a package, and ``speech.json``. The arguments are :func:`compile_model`'s.
 
     Raises:
         ModelFormatError: not a Whisper model (another CTranslate2 model type is named), no tokenizer.json;
         PackageError: ``out`` exists and ``force`` is not set; KilnError: a bad target or precision.
     """
     from kiln.frontend import whisper
+    from kiln.frontend.audio import resample_graph
     from kiln.package.speech import check_speech_destination, write_speech_package
 
     check_speech_destination(out, force)
@@ -270,12 +271,13 @@ def compile_whisper(model: str | os.PathLike, out: str | os.PathLike, *, target:
         raise KilnError(f"device class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
     m = whisper.read_whisper(model)
     spec = whisper.speech_manifest(m)  # a missing tokenizer fails before the long compile
-    graphs = {"log_mel": whisper.log_mel_graph(m.config.n_mels), "encoder": whisper.encoder_graph(m),
-              "decoder": whisper.decoder_graph(m)}
+    graphs = {"resample": resample_graph(), "log_mel": whisper.log_mel_graph(m.config.n_mels),
+              "encoder": whisper.encoder_graph(m), "decoder": whisper.decoder_graph(m)}
     parts = {}
     for name, graph in graphs.items():
         # the front end stays fp32: log10 of powers spanning 1e-10..1e4 and the STFT's sums need its range
+        front = name in ("resample", "log_mel")
         parts[name] = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
-                                    wasm_threads=wasm_threads, precision="fp32" if name == "log_mel" else precision)
+                                    wasm_threads=wasm_threads, precision="fp32" if front else precision)
     return write_speech_package(parts, out, spec=spec, files={"tokenizer.json": m.folder / "tokenizer.json"},
                                 force=force, source=m.folder.name)

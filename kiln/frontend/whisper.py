@@ -399,8 +399,13 @@ def speech_manifest(m: WhisperModel) -> dict:
             break
     by_id = {i: t for t, i in added.items()}
     languages = {by_id[i][2:-2]: i for i in c.lang_ids if i in by_id} if c.multilingual else {}
+    from kiln.frontend import audio
+
+    resample = {"taps": 2 * audio.HALF_TAPS, "max_outputs": audio.MAX_OUTPUTS, "rolloff": audio.ROLLOFF,
+                "zero_crossings": audio.ZERO_CROSSINGS, "min_rate": 4000, "max_rate": SAMPLE_RATE * audio.MAX_RATIO}
     return {"format": "1.0", "kind": "speech-to-text", "architecture": "whisper",
-            "parts": {"log_mel": "log_mel", "encoder": "encoder", "decoder": "decoder"},
+            "parts": {"resample": "resample", "log_mel": "log_mel", "encoder": "encoder", "decoder": "decoder"},
+            "resample": resample,
             "tokenizer": "tokenizer.json", "sample_rate": SAMPLE_RATE, "n_fft": N_FFT, "hop": HOP,
             "frames": N_FRAMES, "chunk_samples": CHUNK_SAMPLES, "n_mels": c.n_mels, "width": c.width,
             "vocab": c.vocab, "max_context": c.text_ctx, "time_precision": 0.02, "input_stride": 2,

@@ -1,7 +1,7 @@
 """Speech to text over a speech package (``speech.json``, docs/speech.md): Whisper's long-form transcription.
 
-A speech package holds three packages run on one device: ``log_mel`` (a 30-s chunk of 16 kHz samples to its
-log-mel spectrogram), ``encoder`` (a window's spectrogram to the encoder's states) and ``decoder`` (one decoder
+A speech package holds four packages run on one device: ``resample`` (a recording at another rate to 16 kHz),
+``log_mel`` (a 30-s chunk of 16 kHz samples to its log-mel spectrogram), ``encoder`` (a window's spectrogram to the encoder's states) and ``decoder`` (one decoder
 step with the self- and cross-attention caches as state). :class:`SpeechSession` drives them as the reference
 implementations do (openai-whisper's ``transcribe``, faster-whisper's ``generate_segments`` over CTranslate2):
 
@@ -26,6 +26,7 @@ detection, word timestamps.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -59,13 +60,14 @@ class TranscriptionStats:
 
     Attributes:
         audio_s: the recording's length, seconds.
-        features_ms, encode_ms, decode_ms: time in the log-mel front end, the encoder (all windows) and the
-            decoder steps, milliseconds.
+        resample_ms, features_ms, encode_ms, decode_ms: time resampling to 16 kHz (0 for 16 kHz audio), in the
+            log-mel front end, the encoder (all windows) and the decoder steps, milliseconds.
         windows: 30-s windows encoded; tokens: tokens decoded (prompts excluded).
         total_ms: the whole transcription, milliseconds.
     """
 
     audio_s: float = 0.0
+    resample_ms: float = 0.0
     features_ms: float = 0.0
     encode_ms: float = 0.0
     decode_ms: float = 0.0
@@ -182,6 +184,21 @@ def chunk_audio(audio: np.ndarray, n_fft: int, hop: int, frames_per_chunk: int) 
     return out, frames
 
 
+def resample_spans(n_in: int, num: int, den: int, taps: int, most: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """The runs that resample ``n_in`` samples by ``num / den`` (input rate over output rate, reduced) with the
+    resample part (:func:`kiln.frontend.audio.resample_graph`, ``taps = 2H``): ``ceil(n_in den / num)`` outputs in
+    chunks of at most ``most``, each ``(first output, outputs, phase, first input, inputs)``. Positions are exact
+    integers here (Python's) and per chunk in int32 (``phase + outputs * num < 2^31``); the inputs index the signal
+    with ``taps / 2 - 1`` zeros before it (and zeros after)."""
+    total = -(-n_in * den // num)
+    step = max(1, min(most, (2**31 - 1 - den) // num))
+    for first in range(0, total, step):
+        count = min(step, total - first)
+        base, phase = divmod(first * num, den)
+        need = (phase + (count - 1) * num) // den + taps
+        yield first, count, phase, base, need
+
+
 def _open(path: Path, target: str, options: dict[str, Any]):
     if target == "wasm":
         from kiln.runtime.wasm import WasmSession
@@ -225,6 +242,7 @@ class SpeechSession:
         self.spec = read_speech_manifest(self.path)
         self.target = target
         parts = self.spec["parts"]
+        self.resampler = _open(self.path / parts["resample"], target, options)
         self.log_mel = _open(self.path / parts["log_mel"], target, options)
         self.encoder = _open(self.path / parts["encoder"], target, options)
         self.decoder = _open(self.path / parts["decoder"], target, options)
@@ -233,7 +251,39 @@ class SpeechSession:
         self._gpu = hasattr(self.decoder, "upload")
         self._busy = False
 
-    # ------------------------------------------------------------------------------------------- features
+    # ------------------------------------------------------------------------------------------- front end
+    def resample(self, audio: np.ndarray, rate: int) -> np.ndarray:
+        """``audio`` at ``rate`` Hz resampled to the package's rate (16 kHz) on the device: windowed-sinc
+        interpolation (:mod:`kiln.frontend.audio`), ``ceil(len * 16000 / rate)`` samples.
+
+        Raises:
+            KilnError: a rate outside what the filter has taps for (``resample.min_rate`` .. ``max_rate``).
+        """
+        r = self.spec["resample"]
+        if not r["min_rate"] <= rate <= r["max_rate"]:
+            raise KilnError(f"cannot resample audio at {rate} Hz: rates from {r['min_rate']} to {r['max_rate']} Hz "
+                            "are resampled to 16 kHz")
+        out_rate = self.spec["sample_rate"]
+        if rate == out_rate:
+            return np.asarray(audio, np.float32)
+        g = math.gcd(rate, out_rate)
+        num, den = rate // g, out_rate // g
+        c = r["rolloff"] * min(1.0, den / num)
+        filt = np.array([math.pi * c, c, math.pi * c / (2 * r["zero_crossings"])], np.float32)
+        taps = r["taps"]
+        lead = np.zeros(taps // 2 - 1, np.float32)
+        x = np.concatenate([lead, np.asarray(audio, np.float32)])
+        parts = []
+        for _, count, phase, base, need in resample_spans(len(audio), num, den, taps, r["max_outputs"]):
+            span = np.zeros((1, need), np.float32)
+            got = x[base:base + need]
+            span[0, :len(got)] = got
+            out = self.resampler.run({"audio": span, "samples": np.asarray([count], np.int64),
+                                      "ratio": np.asarray([num, den], np.int32),
+                                      "phase": np.asarray([phase], np.int32), "filter": filt})
+            parts.append(out["resampled"][0])
+        return np.concatenate(parts)
+
     def features(self, audio: np.ndarray) -> tuple[np.ndarray, float]:
         """The log-mel spectrogram of 16 kHz ``audio``, computed on the device.
 
@@ -351,9 +401,6 @@ class SpeechSession:
             known = ", ".join(sorted(self.spec["languages"])) if self.spec["multilingual"] else "none: English only"
             raise KilnError(f"language {language!r} is not one of the model's ({known})")
         samples, rate = load_audio(audio, sample_rate)
-        if rate != self.spec["sample_rate"]:
-            raise KilnError(f"the audio is at {rate} Hz; this package transcribes {self.spec['sample_rate']} Hz "
-                            "(resample it first)")
         seconds = len(samples) / rate
         if seconds > MAX_AUDIO_S:
             raise KilnError(f"the audio is {seconds:.0f} s long; at most {MAX_AUDIO_S} s is transcribed at once "
@@ -362,16 +409,19 @@ class SpeechSession:
         stats.audio_s = seconds
         self._busy = True
         try:
+            t0 = time.perf_counter()
+            samples = self.resample(samples, rate)
+            stats.resample_ms = (time.perf_counter() - t0) * 1e3
             yield from self._segments(samples, timestamps, language, task, condition_on_previous_text,
-                                      max_initial_timestamp, stats)
+                                      max_initial_timestamp, stats, t0)
         finally:
             self._busy = False
 
-    def _segments(self, samples, timestamps, language, task, condition, max_initial_timestamp, stats):
+    def _segments(self, samples, timestamps, language, task, condition, max_initial_timestamp, stats, t_start):
         s, tk = self.spec, self.tokens
-        t_start = time.perf_counter()
+        t0 = time.perf_counter()
         raw, top = self.features(samples)
-        stats.features_ms = (time.perf_counter() - t_start) * 1e3
+        stats.features_ms = (time.perf_counter() - t0) * 1e3
         n_frames, per_s = s["frames"], s["sample_rate"] / s["hop"]  # 3000 frames, 100 a second
         content = raw.shape[1] - 1
         precision = s["time_precision"]
@@ -418,7 +468,8 @@ class SpeechSession:
 
         Args:
             audio: a sound file (WAV, FLAC, OGG, MP3) or float32 samples (with ``sample_rate``).
-            sample_rate: the samples' rate in Hz (arrays only); the package's rate (16000) is required for now.
+            sample_rate: the samples' rate in Hz (arrays only); other rates than 16 kHz are resampled on the
+                device (:meth:`resample`).
             timestamps: segment timestamps from the model's timestamp tokens (else one segment per 30-s window).
             language: the spoken language's code (multilingual models; default ``en``).
             task: ``transcribe``, or ``translate`` (to English; multilingual models).
@@ -430,8 +481,8 @@ class SpeechSession:
             :class:`Transcript`: segments, text and :class:`TranscriptionStats`.
 
         Raises:
-            KilnError: unreadable or empty audio, another sample rate, audio over :data:`MAX_AUDIO_S`, an unknown
-                language or task, or a transcription already running on this session.
+            KilnError: unreadable or empty audio, a sample rate it cannot resample, audio over :data:`MAX_AUDIO_S`,
+                an unknown language or task, or a transcription already running on this session.
         """
         result = Transcript()
         for seg in self.segments(audio, sample_rate=sample_rate, timestamps=timestamps, language=language,
