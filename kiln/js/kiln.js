@@ -25,6 +25,10 @@
 // and `load(url, {onProgress})` reports the weights' download; they are kept in the browser's Cache API
 // (`cache`, default on), so a second visit reads them from there.
 //
+// Speech packages (`kiln compile WHISPER_FOLDER`, docs/speech.md) transcribe (speech.js):
+//   const speech = await kiln.loadSpeech('./');
+//   const {text, segments} = await speech.transcribe(samples, {sampleRate: 48000, onSegment});
+//
 // `loadFiles` loads a package from memory ({path: ArrayBuffer}) instead of a URL (the RPC
 // runtime, rpc.js, uses it), and `Session.time` measures runs on the device.
 //
@@ -123,6 +127,19 @@ export async function load(url, options = {}) {
   const root = new URL(url, globalThis.location?.href);
   if (!root.pathname.endsWith('/')) root.pathname += '/';
   return loadFrom(urlSource(root, {cache: options.cache ?? true, onProgress: options.onProgress}), options);
+}
+
+/**
+ * Load a speech package (`speech.json`: a Whisper model compiled by `kiln compile WHISPER_FOLDER`), its four
+ * parts on one device; the session transcribes (speech.js, loaded on first use).
+ * @param {string | URL} url the package directory.
+ * @param {LoadOptions} [options] as for {@link load}, for each part.
+ * @returns {Promise<import('./speech.js').SpeechSession>}
+ * @throws {PackageError} not a speech package; what {@link load} throws.
+ */
+export async function loadSpeech(url, options = {}) {
+  const speech = await import('./speech.js');
+  return speech.loadSpeech(url, options);
 }
 
 /**

@@ -12,11 +12,12 @@ import json
 import os
 import shutil
 import tempfile
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from kiln.errors import PackageError
-from kiln.package.writer import MANIFEST, write_package
+from kiln.package.writer import MANIFEST, RUNTIME_FILES, SPEECH_FILES, write_package
 
 SPEECH = "speech.json"
 
@@ -39,7 +40,8 @@ def check_speech_destination(out: str | os.PathLike, force: bool) -> None:
 def write_speech_package(parts: dict[str, Any], out: str | os.PathLike, *, spec: dict[str, Any],
                          files: dict[str, Path], force: bool = False, source: str = "") -> Path:
     """Write a speech package: each compiled part (:class:`kiln.compiler.Compiled`) as a package in folder
-    ``spec["parts"][name]``, ``speech.json`` (``spec``) and ``files`` (name -> a file to copy, the tokenizer).
+    ``spec["parts"][name]``, ``speech.json`` (``spec``), ``files`` (name -> a file to copy, the tokenizer) and the
+    browser runtime with ``speech.js`` and ``transcribe.html``.
     Everything is written in a temporary directory first, so a failure leaves ``out`` as it was.
 
     Raises:
@@ -54,6 +56,11 @@ def write_speech_package(parts: dict[str, Any], out: str | os.PathLike, *, spec:
             write_package(compiled, tmp / spec["parts"][name], preset="none", source=source)
         for name, src in files.items():
             shutil.copyfile(src, tmp / name)
+        js = resources.files("kiln") / "js"
+        for name in (*(f for f in RUNTIME_FILES if f != "index.html"), *SPEECH_FILES):
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            with resources.as_file(js.joinpath(*name.split("/"))) as f:
+                shutil.copyfile(f, tmp / name)
         (tmp / SPEECH).write_text(json.dumps(spec, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)

@@ -43,6 +43,10 @@ TRAINING_FILES = ("train.html",)
 GENERATION_FILES = ("generate.js", "chat.html", "vendor/tokenizers.mjs", "vendor/LICENSE.tokenizers",
                     "vendor/jinja.mjs", "vendor/LICENSE.jinja")
 
+#: copied into a speech package's folder (kiln/package/speech.py): the runtime, the speech module, its page and the
+#: tokenizer library speech.js imports
+SPEECH_FILES = ("speech.js", "transcribe.html", "vendor/tokenizers.mjs", "vendor/LICENSE.tokenizers")
+
 IMAGENET = {
     "preprocess": {"type": "image", "input": None, "resize": 256, "crop": 224, "scale": 1 / 255,
                    "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "layout": "NCHW"},

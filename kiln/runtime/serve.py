@@ -92,7 +92,8 @@ def make_server(package_dir: str | os.PathLike, host: str = "127.0.0.1", port: i
         OSError: the address cannot be bound (for example, the port is in use).
     """
     root = Path(package_dir).resolve()
-    read_manifest(root)
+    if not (root / "speech.json").is_file():  # a speech package's parts are packages (kiln/package/speech.py)
+        read_manifest(root)
     handler = functools.partial(PackageRequestHandler, directory=str(root))
     return ThreadingHTTPServer((host, port), handler)
 
@@ -123,7 +124,10 @@ def serve(package_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 8
     if (Path(package_dir) / "chat.html").is_file():  # a language model: its chat page is the demo
         url += "chat.html"
         print(f"chat with the model at {url}", flush=True)
-    if not (Path(package_dir) / "index.html").is_file():
+    elif (Path(package_dir) / "transcribe.html").is_file():  # a speech package
+        url += "transcribe.html"
+        print(f"transcribe audio at {url}", flush=True)
+    elif not (Path(package_dir) / "index.html").is_file():
         print("note: this package has no demo page (index.html); recompile it with this version of Kiln",
               file=sys.stderr, flush=True)
     if open_browser:

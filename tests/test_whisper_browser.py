@@ -1,0 +1,147 @@
+"""Whisper in headless Chromium (issue 17): kiln.js's speech.js transcribes the espeak-ng clips (tests/speech_clips.py)
+as CTranslate2 does, on wasm and on WebGPU (SwiftShader), and transcribe.html transcribes a dropped WAV file.
+
+SwiftShader's WebGPU decodes about a token a second here, so WebGPU runs one clip (with timestamps) and the rest
+only with ``pytest --extended``.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.browser import ConsoleLog, launch_chromium, serving
+from tests.speech_clips import CLIPS, espeak_available, make_clip
+from tests.test_whisper import MODEL, _reference_segments
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.skipif(not (MODEL / "model.bin").exists(), reason="run setup.sh (kiln zoo get whisper_tiny_en)"),
+              pytest.mark.skipif(not espeak_available(), reason="run setup.sh (apt: espeak-ng)")]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The speech package (webgpu, wasm) with the clips beside it: each clip's 16 kHz samples as raw float32
+    (``NAME.f32``) and espeak-ng's own 22050 Hz WAV file; the reference's segments; and Chromium."""
+    from faster_whisper import WhisperModel
+    from playwright.sync_api import sync_playwright
+
+    from kiln.compiler import compile_whisper
+
+    root = tmp_path_factory.mktemp("speech_browser")
+    pkg = compile_whisper(MODEL, root / "pkg", target="webgpu,wasm", device_class="cpu", validate=False)
+    reference = WhisperModel(str(MODEL), device="cpu", compute_type="float32", cpu_threads=2)
+    refs = {}
+    for clip in CLIPS:
+        path, samples = make_clip(clip, root)
+        samples.astype("<f4").tofile(pkg / f"{clip.name}.f32")
+        shutil.copyfile(path.with_name(f"{clip.name}_22k.wav"), pkg / f"{clip.name}_22k.wav")
+        refs[clip.name] = {ts: _reference_segments(reference, samples, ts) for ts in (False, True)}
+    (pkg / "junk.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEjunkjunkjunkjunk")
+    with serving(pkg) as url, sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        yield url, browser, refs
+        browser.close()
+
+
+TRANSCRIBE = """async ({target, clips, timestamps}) => {
+  const kiln = await import('./kiln.js');
+  const speech = await kiln.loadSpeech('./', {target});
+  const out = {target: speech.target};
+  for (const name of clips) {
+    const samples = new Float32Array(await (await fetch(`./${name}.f32`)).arrayBuffer());
+    const streamed = [];
+    const r = await speech.transcribe(samples, {timestamps, onSegment: (s) => streamed.push(s.text)});
+    out[name] = {segments: r.segments.map((s) => [s.start, s.end, s.text]), streamed, text: r.text,
+                 windows: r.stats.windows, rtf: r.stats.realTimeFactor};
+  }
+  let error = '';
+  try { await speech.transcribe(new Float32Array(0)); } catch (e) { error = `${e.name}: ${e.message}`; }
+  out.empty = error;
+  try { await speech.transcribe(new Float32Array(100), {sampleRate: 1000}); } catch (e) { error = `${e.name}: ${e.message}`; }
+  out.rate = error;
+  return out;
+}"""
+
+
+def _run(served, target: str, clips: list[str], timestamps: bool) -> dict:
+    url, browser, _ = served
+    page = browser.new_context().new_page()
+    log = ConsoleLog(page)
+    page.goto(url + "transcribe.html?target=" + target)
+    log.wait_for("body[data-ready]", timeout=300_000)
+    out = log.evaluate(TRANSCRIBE, {"target": target, "clips": clips, "timestamps": timestamps})
+    page.context.close()
+    assert out["target"] == target
+    assert out["empty"] == "KilnError: the audio is empty (no samples)"
+    assert out["rate"].startswith("KilnError: cannot resample audio at 1000 Hz")
+    return out
+
+
+def _check(out: dict, refs: dict, clips: list[str], timestamps: bool) -> None:
+    for name in clips:
+        got = [(round(a, 3), round(b, 3), t) for a, b, t in out[name]["segments"]]
+        assert got == refs[name][timestamps], name
+        assert out[name]["streamed"] == [t for _, _, t in got]
+        assert out[name]["rtf"] > 0
+
+
+def test_wasm_transcripts_equal_ctranslate2(served):
+    """Every clip's greedy transcript in Chromium on wasm equals CTranslate2's, segment for segment."""
+    names = [c.name for c in CLIPS]
+    _check(_run(served, "wasm", names, False), served[2], names, False)
+
+
+def test_webgpu_transcript_equals_ctranslate2(served):
+    """On WebGPU (SwiftShader), with timestamps: the transcript and its segment times equal CTranslate2's."""
+    _check(_run(served, "webgpu", ["fox_us"], True), served[2], ["fox_us"], True)
+
+
+@pytest.mark.extended
+def test_webgpu_transcripts_equal_ctranslate2_all_clips(served):
+    names = [c.name for c in CLIPS]
+    _check(_run(served, "webgpu", names, False), served[2], names, False)
+
+
+def test_transcribe_page_takes_a_dropped_wav(served):
+    """transcribe.html, as a person uses it: a WAV file dropped onto the page (espeak-ng's 22050 Hz file, resampled
+    on the device) streams the expected text and shows the real-time factor; a file that is no audio gets a clear
+    error."""
+    url, browser, refs = served
+    page = browser.new_context().new_page()
+    log = ConsoleLog(page)
+    page.goto(url + "transcribe.html?target=wasm")
+    log.wait_for("body[data-ready]", timeout=300_000)
+
+    def drop(name: str) -> None:
+        page.evaluate("""async (name) => {
+          const bytes = await (await fetch(`./${name}`)).arrayBuffer();
+          const data = new DataTransfer();
+          data.items.add(new File([bytes], name, {type: 'audio/wav'}));
+          delete document.body.dataset.done;
+          document.getElementById('drop').dispatchEvent(new DragEvent('drop', {dataTransfer: data, bubbles: true}));
+        }""", name)
+        log.wait_for("body[data-done]", timeout=600_000)
+
+    drop("fox_us_22k.wav")
+    expected = "".join(t for _, _, t in refs["fox_us"][False]).strip()
+    assert page.evaluate("document.body.dataset.text") == expected
+    shown = " ".join(page.locator(".segment").all_text_contents())
+    assert "[00:00.00" in shown and "real-time factor" in page.text_content("#speed")
+    drop("junk.wav")
+    assert "cannot decode the audio file" in page.text_content("#status")
+    assert page.evaluate("document.getElementById('status').classList.contains('error')")
+    page.context.close()
+
+
+def test_speech_js_loads_only_speech_packages(served):
+    url, browser, _ = served
+    page = browser.new_context().new_page()
+    page.goto(url + "transcribe.html?target=wasm")
+    error = page.evaluate("""async () => {
+      const kiln = await import('./kiln.js');
+      try { await kiln.loadSpeech('./decoder/'); return 'loaded'; } catch (e) { return `${e.name}: ${e.message}`; }
+    }""")
+    assert error.startswith("PackageError") and "not a speech package" in error
+    page.context.close()
