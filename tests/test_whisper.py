@@ -273,3 +273,30 @@ def test_speech_package_refuses_overwrite(package, tmp_path):
         from kiln.runtime.speech import SpeechSession
 
         SpeechSession(package / "decoder")
+
+
+@needs_espeak
+def test_torch_and_onnx_peers_match_ctranslate2(clips, tmp_path):
+    """bench/asr.py's peers run the same weights: the PyTorch modules' encoder within 1e-3 of CTranslate2's, and the
+    ONNX export (optimum's layout: encoder, first step, step with past) under onnxruntime transcribes a two-window
+    clip as CTranslate2 does."""
+    import torch
+
+    from bench.asr import Greedy, ort_pair
+    from kiln.zoo.whisper_export import export_onnx, whisper_modules
+
+    greedy = Greedy(MODEL)
+    features = greedy.extract(clips["story_long"][1])
+    window = np.ascontiguousarray(features[None, :, :3000])
+    encoder, _, _ = whisper_modules(MODEL)
+    with torch.no_grad():
+        ours = encoder(torch.tensor(window)).numpy()
+    ref_model = ct2.models.Whisper(str(MODEL), device="cpu", compute_type="float32")
+    ref = np.array(ref_model.encode(ct2.StorageView.from_array(window), to_cpu=True))
+    np.testing.assert_allclose(ours, ref, atol=1e-3, rtol=0)
+    encode, step, _ = ort_pair(export_onnx(MODEL, tmp_path / "onnx"), "cpu")
+    text = greedy.transcribe(clips["story_long"][1], encode, step, {})
+    from faster_whisper import WhisperModel
+
+    reference = WhisperModel(str(MODEL), device="cpu", compute_type="float32", cpu_threads=2)
+    assert text == "".join(s[2] for s in _reference_segments(reference, clips["story_long"][1], False)).strip()

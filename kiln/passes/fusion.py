@@ -203,7 +203,7 @@ def _reads_once(t: Group, p: Group, prologues: bool) -> bool:
     a few multiplies redone per key; a LayerNorm's normalisation stays for its row kernel), and ``p`` has at most
     :data:`MAX_PROLOGUE_NODES` nodes."""
     size = len(p.nodes) if prologues and len(p.nodes) <= MAX_PROLOGUE_NODES else None
-    plain = size is not None and not any(n.op in TRANSCENDENTAL or _gathers(n) for n in p.nodes) and \
+    plain = size is not None and not any(n.op in TRANSCENDENTAL for n in p.nodes) and \
         not any(v.producer is not None and ops.kind(v.producer.op) == "reduce" for v in p.inputs)
     reached = {id(p.output)}
     for n in t.nodes:
@@ -212,25 +212,16 @@ def _reads_once(t: Group, p: Group, prologues: bool) -> bool:
             continue
         if hit == [0] and (n.op == "MatMulNBits" and size is not None or n.op == "MatMul" and plain):
             continue  # its result does not carry v's elements one to one: what follows may read it freely
-        # a TensorScatter reads each update element once; a Gather reads each index once (and data elements where
-        # the indices say)
-        if not (ops.kind(n.op) in INLINE_INTO or _moves_only(n) or n.op == "TensorScatter" and hit == [1]
-                or n.op == "Gather" and hit in ([0], [1])):
+        if not (ops.kind(n.op) in INLINE_INTO or _moves_only(n) or n.op in ("TensorScatter", "Gather") and hit == [1 if
+                n.op == "TensorScatter" else 0]):
             return False
         reached.update(id(o) for o in n.outputs)
     return True
 
 
 def _moves_only(n: Node) -> bool:
-    """Whether node ``n`` only moves elements (:data:`INDEX_ONLY`, or a Gather: at constant indices, or at indices
-    computed in the same group, which a consumer recomputes as it reads; a resampler's windowed reads
-    ``x[floor(t_j) + k]`` then load the signal inside the filter's reduction instead of storing every window)."""
-    return n.op in INDEX_ONLY or n.op == "Gather" and not n.inputs[1].is_shape_const
-
-
-def _gathers(n: Node) -> bool:
-    """A Gather at indices known only at run time (kept out of matmul prologues: redone per output column)."""
-    return n.op == "Gather" and not n.inputs[1].is_const
+    """Whether node ``n`` only moves elements (:data:`INDEX_ONLY`, or a Gather at constant indices)."""
+    return n.op in INDEX_ONLY or n.op == "Gather" and n.inputs[1].is_const and not n.inputs[1].is_shape_const
 
 
 def inline_index(graph: Graph, groups: list[Group], max_inputs: int = 7, reshapes: bool = True) -> list[Group]:
