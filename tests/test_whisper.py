@@ -217,10 +217,10 @@ def test_encoder_matches_ctranslate2(target, model, clips, tmp_path, rng):
 @pytest.mark.parametrize("target", ["webgpu", "wasm"])
 def test_transcripts_equal_ctranslate2(target, package, clips, reference):
     """Every clip's greedy transcript equals CTranslate2's segment for segment (text and times), without timestamps
-    and (on webgpu; the decoding is the same host code on both) with them; the word error rate against the spoken
-    sentences is the reference's too."""
+    and with them; the word error rate against the spoken sentences is the reference's too. On wasm (its kernels
+    are checked on every clip in Chromium, tests/test_whisper_browser.py) the clip of two windows, without."""
     session = kiln.load(package, target=target)
-    for clip in CLIPS:
+    for clip in CLIPS if target == "webgpu" else [c for c in CLIPS if c.name == "story_long"]:
         path, samples = clips[clip.name]
         for timestamps in (False, True) if target == "webgpu" else (False,):
             ours = session.transcribe(path, timestamps=timestamps)
@@ -230,6 +230,8 @@ def test_transcripts_equal_ctranslate2(target, package, clips, reference):
             text = "".join(s[2] for s in ref)
             assert word_error_rate(clip.text, ours.text) == word_error_rate(clip.text, text)
             assert ours.stats.tokens > 0 and ours.stats.windows == (2 if clip.name == "story_long" else 1)
+    if target != "webgpu":
+        return
     # espeak-ng's own 22050 Hz file, resampled on the device (PyAV's filter gave the reference its samples)
     ours = session.transcribe(clips["fox_us"][0].with_name("fox_us_22k.wav"))
     assert ours.text == "".join(s[2] for s in _reference_segments(reference, clips["fox_us"][1], False)).strip()

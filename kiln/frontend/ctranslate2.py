@@ -22,6 +22,7 @@ reader is checked against CTranslate2 running the same file (tests/test_whisper.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass, field
@@ -53,16 +54,20 @@ class CT2Model:
     variables: dict[str, np.ndarray] = field(default_factory=dict)
 
     def scalar(self, name: str, default: int | None = None) -> int:
-        """A rank-0 integer variable (``encoder/num_heads``), or ``default`` when absent.
+        """A one-element integer variable (``encoder/num_heads``), or ``default`` when absent.
 
         Raises:
-            ModelFormatError: absent with no default.
+            ModelFormatError: absent with no default, or not one integer.
         """
         if name not in self.variables:
             if default is None:
                 raise ModelFormatError(f"the CTranslate2 {self.spec} file has no {name}")
             return default
-        return int(np.asarray(self.variables[name]).reshape(-1)[0])
+        value = np.asarray(self.variables[name])
+        if value.size != 1 or value.dtype.kind not in "iu":
+            raise ModelFormatError(f"the CTranslate2 {self.spec} file's {name} is not one integer "
+                                   f"({value.dtype}, {list(value.shape)})")
+        return int(value.reshape(-1)[0])
 
 
 def read_ctranslate2(path: str | os.PathLike) -> CT2Model:
@@ -129,7 +134,7 @@ def read_ctranslate2(path: str | os.PathLike) -> CT2Model:
             raise ModelFormatError(f"{p}: variable {name} has an unknown dtype id {type_id}")
         dtype = _DTYPES[type_id]
         item = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-        if nbytes != item * int(np.prod(shape, dtype=np.int64)) or pos + nbytes > len(data):
+        if nbytes != item * math.prod(shape) or pos + nbytes > len(data):  # (Python ints: no overflow)
             raise ModelFormatError(f"{p}: variable {name} {list(shape)} {dtype} has {nbytes} bytes "
                                    f"(or the file ends first)")
         buf = data[pos:pos + nbytes]
@@ -159,7 +164,10 @@ def _dequantize(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if w is None or w.dtype.kind != "i":
             continue
         s = np.asarray(scale, np.float32)
+        if s.size not in (1, w.shape[0] if w.ndim else 1):
+            raise ModelFormatError(f"{name}: {s.size} scales for a weight of {list(w.shape)} (one per row, or one)")
         s = s.reshape((-1,) + (1,) * (w.ndim - 1)) if s.size > 1 else s.reshape(())
-        out[wname] = (w.astype(np.float32) / s).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[wname] = (w.astype(np.float32) / s).astype(np.float32)
         del out[name]
     return out

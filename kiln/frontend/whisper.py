@@ -141,6 +141,8 @@ def read_whisper(folder: str | os.PathLike) -> WhisperModel:
             meta = json.loads((root / "config.json").read_text())
         except (OSError, ValueError) as e:
             raise ModelFormatError(f"{root / 'config.json'} is not readable JSON: {e}") from None
+        if not isinstance(meta, dict):
+            raise ModelFormatError(f"{root / 'config.json'} is not a JSON object")
     v = ct2.variables
     try:
         conv1 = v["encoder/conv1/weight"]
@@ -157,13 +159,40 @@ def read_whisper(folder: str | os.PathLike) -> WhisperModel:
             alignment_heads=tuple((int(a), int(b)) for a, b in meta.get("alignment_heads", [])))
     except KeyError as e:
         raise ModelFormatError(f"{root / 'model.bin'}: a WhisperSpec without {e.args[0]}") from None
-    if cfg.width % cfg.encoder_heads or cfg.width % cfg.decoder_heads or not cfg.encoder_layers:
+    except (IndexError, TypeError, ValueError) as e:  # a variable of the wrong rank, config.json of the wrong types
+        raise ModelFormatError(f"{root}: not a Whisper model Kiln reads ({type(e).__name__}: {e})") from None
+    if min(cfg.encoder_heads, cfg.decoder_heads, cfg.encoder_layers, cfg.decoder_layers, cfg.width) < 1 or \
+            cfg.width % cfg.encoder_heads or cfg.width % cfg.decoder_heads:
         raise ModelFormatError(f"{root / 'model.bin'}: width {cfg.width} does not split into "
-                               f"{cfg.encoder_heads}/{cfg.decoder_heads} heads")
+                               f"{cfg.encoder_heads}/{cfg.decoder_heads} heads (or no layers)")
+    _check_shapes(v, cfg, root)
     if cfg.audio_ctx * 2 != N_FRAMES:
         raise ModelFormatError(f"{root / 'model.bin'}: {cfg.audio_ctx} encoder positions; Whisper has "
                                f"{N_FRAMES // 2} (30-s windows)")
     return WhisperModel(v, cfg, root)
+
+
+def _check_shapes(v: dict[str, np.ndarray], c: WhisperConfig, root: Path) -> None:
+    """Every variable the graphs read, with the shape they need (a corrupt or foreign file fails here, by name)."""
+    d, ff = c.width, None
+    want = {"encoder/conv1/weight": (d, c.n_mels, 3), "encoder/conv2/weight": (d, d, 3),
+            "encoder/position_encodings/encodings": (c.audio_ctx, d), "decoder/embeddings/weight": (c.vocab, d),
+            "decoder/position_encodings/encodings": (c.text_ctx, d)}
+    for side, layers in (("encoder", c.encoder_layers), ("decoder", c.decoder_layers)):
+        for i in range(layers):
+            p = f"{side}/layer_{i}/"
+            ff = ff or (v[p + "ffn/linear_0/weight"].shape[0] if p + "ffn/linear_0/weight" in v else None)
+            want |= {p + "self_attention/linear_0/weight": (3 * d, d), p + "self_attention/linear_1/weight": (d, d),
+                     p + "ffn/linear_0/weight": (ff, d), p + "ffn/linear_1/weight": (d, ff)}
+            if side == "decoder":
+                want |= {p + "attention/linear_0/weight": (d, d), p + "attention/linear_1/weight": (2 * d, d),
+                         p + "attention/linear_2/weight": (d, d)}
+    for name, shape in want.items():
+        got = v.get(name)
+        if got is None or tuple(got.shape) != shape or got.dtype.kind != "f":
+            what = "missing" if got is None else f"{got.dtype} {list(got.shape)}"
+            raise ModelFormatError(f"{root / 'model.bin'}: {name} is {what}; a Whisper model of width {d} has "
+                                   f"{list(shape)} floats")
 
 
 # ----------------------------------------------------------------------------------------------- audio front end
@@ -383,8 +412,8 @@ def speech_manifest(m: WhisperModel) -> dict:
     path = m.folder / "tokenizer.json"
     try:
         added = {t["content"]: int(t["id"]) for t in json.loads(path.read_text()).get("added_tokens", [])}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ModelFormatError(f"{path}: not a readable tokenizer.json ({e})") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ModelFormatError(f"{path}: not a readable tokenizer.json ({type(e).__name__}: {e})") from None
     names = {"eot": "<|endoftext|>", "sot": "<|startoftranscript|>", "sot_prev": "<|startofprev|>",
              "no_timestamps": "<|notimestamps|>", "transcribe": "<|transcribe|>",
              "translate": "<|translate|>"}
