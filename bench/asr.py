@@ -116,17 +116,28 @@ class Greedy:
         self.suppress = np.array(self.spec["suppress_ids"])
         self.begin = np.array(self.spec["suppress_ids_begin"])
 
-    def transcribe(self, audio: np.ndarray, encode, step, stats: dict) -> str:
-        tk = self.spec["tokens"]
+    def windows(self, audio: np.ndarray):
+        """The features' 30-s windows, ``[1, 80, 3000]`` each (zeros past the audio), without timestamps: one after
+        the other."""
         features = self.extract(audio)
         content = features.shape[1] - 1
-        seek, history, text = 0, [], []
-        while seek < content:
+        for seek in range(0, content, 3000):
             size = min(3000, content - seek)
             window = np.zeros((1, 80, 3000), np.float32)
             window[0, :, :size] = features[:, seek:seek + size]
+            yield window
+
+    def prompt(self, history: list[int]) -> list[int]:
+        """The text so far (its last 223 tokens), then ``<|startoftranscript|><|notimestamps|>``."""
+        tk = self.spec["tokens"]
+        return ([tk["sot_prev"], *history[-223:]] if history else []) + [tk["sot"], tk["no_timestamps"]]
+
+    def transcribe(self, audio: np.ndarray, encode, step, stats: dict) -> str:
+        tk = self.spec["tokens"]
+        history, text = [], []
+        for window in self.windows(audio):
             state = encode(window)
-            prompt = ([tk["sot_prev"], *history[-223:]] if history else []) + [tk["sot"], tk["no_timestamps"]]
+            prompt = self.prompt(history)
             ids, tokens = prompt, []
             t0 = time.perf_counter()
             while len(tokens) < min(224, 448 - len(prompt) + 1):
@@ -143,7 +154,6 @@ class Greedy:
             stats["tokens"] = stats.get("tokens", 0) + len(tokens)
             history += tokens
             text.append(self.tokenizer.decode(tokens))
-            seek += size
         return "".join(text).strip()
 
 
@@ -167,7 +177,8 @@ def ort_pair(folder: Path, provider: str):
     """onnxruntime sessions of the export and the greedy loop's ``encode``/``step``."""
     import onnxruntime as ort
 
-    providers = {"cpu": ["CPUExecutionProvider"], "webgpu": ["WebGpuExecutionProvider", "CPUExecutionProvider"]}[provider]
+    providers = {"cpu": ["CPUExecutionProvider"],
+                 "webgpu": ["WebGpuExecutionProvider", "CPUExecutionProvider"]}[provider]
     enc, first, rest = (ort.InferenceSession(str(folder / f), providers=providers)
                         for f in ("encoder.onnx", "decoder.onnx", "decoder_with_past.onnx"))
     layers = sum(1 for o in first.get_outputs() if o.name.startswith("cross.")) // 2
@@ -224,29 +235,22 @@ def ct2_contestant(model: Path, greedy: Greedy, clips: dict, repeat: int, device
     import ctranslate2
 
     ref = ctranslate2.models.Whisper(str(model), device=device, compute_type="float32")
-    tk = greedy.spec["tokens"]
     rec = {"device": device, "clips": {}}
     for clip, audio in clips.items():
         stats: dict = {}
 
         def run(audio=audio, stats=stats):
             stats.clear()
-            features = greedy.extract(audio)
-            content = features.shape[1] - 1
-            seek, history, text = 0, [], []
-            while seek < content:
-                size = min(3000, content - seek)
-                window = np.zeros((1, 80, 3000), np.float32)
-                window[0, :, :size] = features[:, seek:seek + size]
+            history, text = [], []
+            for window in greedy.windows(audio):
                 encoded = ref.encode(ctranslate2.StorageView.from_array(window), to_cpu=device == "cpu")
-                prompt = ([tk["sot_prev"], *history[-223:]] if history else []) + [tk["sot"], tk["no_timestamps"]]
                 t0 = time.perf_counter()
-                tokens = ref.generate(encoded, [prompt], beam_size=1, max_length=448)[0].sequences_ids[0]
+                result = ref.generate(encoded, [greedy.prompt(history)], beam_size=1, max_length=448)[0]
+                tokens = result.sequences_ids[0]
                 stats["decode_s"] = stats.get("decode_s", 0.0) + time.perf_counter() - t0
                 stats["tokens"] = stats.get("tokens", 0) + len(tokens)
                 history += tokens
                 text.append(greedy.tokenizer.decode(tokens))
-                seek += size
             return "".join(text).strip()
         seconds, text = _timed(run, repeat)
         rec["clips"][clip] = {"audio_s": len(audio) / 16000, "wall_s": seconds, "tokens": stats["tokens"],

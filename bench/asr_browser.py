@@ -149,15 +149,9 @@ def main(argv: list[str] | None = None) -> dict:
     windows = {}
     for name, audio in clips.items():
         audio.astype("<f4").tofile(root / "clips" / f"{name}.f32")
-        features = greedy.extract(audio)
-        content = features.shape[1] - 1
-        starts = list(range(0, content, 3000))
-        windows[name] = len(starts)
-        for w, seek in enumerate(starts):
-            window = np.zeros((80, 3000), np.float32)
-            size = min(3000, content - seek)
-            window[:, :size] = features[:, seek:seek + size]
+        for w, window in enumerate(greedy.windows(audio)):
             window.astype("<f4").tofile(root / "clips" / f"{name}.{w}.f32")
+            windows[name] = w + 1
     for target in targets:
         (root / f"{target}.html").write_text(PAGE.replace("ORT_BUNDLE", BUNDLES[target]))
     server, url = serve_root(root)

@@ -1,5 +1,5 @@
-"""``kiln generate`` and ``kiln chat``: a language-model package's answers streamed to the terminal; ``kiln transcribe``:
-a speech package's transcript."""
+"""``kiln generate`` and ``kiln chat``: a language-model package's answers streamed to the terminal;
+``kiln transcribe``: a speech package's transcript."""
 
 from __future__ import annotations
 
@@ -145,7 +145,8 @@ def transcribe_cmd(package: Path, audio: Path, timestamps: bool, language: str |
         raise click.UsageError(f"{package} is not a speech package (no speech.json)")
 
     def show(seg) -> None:
-        click.echo(f"[{_clock(seg.start)} --> {_clock(seg.end)}] {seg.text.strip()}" if timestamps else seg.text.strip())
+        text = seg.text.strip()
+        click.echo(f"[{_clock(seg.start)} --> {_clock(seg.end)}] {text}" if timestamps else text)
         sys.stdout.flush()
 
     result = session.transcribe(audio, timestamps=timestamps, language=language, task=task,

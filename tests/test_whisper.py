@@ -72,7 +72,8 @@ def _reference_segments(ref, samples: np.ndarray, timestamps: bool) -> list[tupl
 # ------------------------------------------------------------------------------------------------ the reader
 def test_reader_reads_the_whisper_file(model):
     c = model.config
-    assert (c.n_mels, c.width, c.encoder_layers, c.decoder_layers, c.encoder_heads, c.vocab) == (80, 384, 4, 4, 6, 51864)
+    sizes = (c.n_mels, c.width, c.encoder_layers, c.decoder_layers, c.encoder_heads, c.vocab)
+    assert sizes == (80, 384, 4, 4, 6, 51864)
     assert (c.audio_ctx, c.text_ctx, c.multilingual) == (1500, 448, False)
     raw = read_ctranslate2(MODEL / "model.bin")
     assert raw.spec == "WhisperSpec" and raw.version == 6 and raw.revision == 3

@@ -16,7 +16,8 @@ from tests.speech_clips import CLIPS, espeak_available, make_clip
 from tests.test_whisper import MODEL, _reference_segments
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
-              pytest.mark.skipif(not (MODEL / "model.bin").exists(), reason="run setup.sh (kiln zoo get whisper_tiny_en)"),
+              pytest.mark.skipif(not (MODEL / "model.bin").exists(),
+                                 reason="run setup.sh (kiln zoo get whisper_tiny_en)"),
               pytest.mark.skipif(not espeak_available(), reason="run setup.sh (apt: espeak-ng)")]
 
 
@@ -59,7 +60,9 @@ TRANSCRIBE = """async ({target, clips, timestamps}) => {
   let error = '';
   try { await speech.transcribe(new Float32Array(0)); } catch (e) { error = `${e.name}: ${e.message}`; }
   out.empty = error;
-  try { await speech.transcribe(new Float32Array(100), {sampleRate: 1000}); } catch (e) { error = `${e.name}: ${e.message}`; }
+  try {
+    await speech.transcribe(new Float32Array(100), {sampleRate: 1000});
+  } catch (e) { error = `${e.name}: ${e.message}`; }
   out.rate = error;
   return out;
 }"""

@@ -2,8 +2,8 @@
 from a CTranslate2 model folder (``model.bin``, ``config.json``, ``tokenizer.json``), as three graph-IR programs:
 
 - :func:`log_mel_graph`: float32 ``audio [1, CHUNK_SAMPLES]`` (a 30-s chunk of 16 kHz samples with the STFT's
-  context, :func:`kiln.runtime.speech.chunk_audio`) -> ``log_mel [1, n_mels, 3000]`` (``log10(max(mel power, 1e-10))``) and
-  ``log_mel_max [1]``. The STFT (400-sample periodic Hann window, hop 160) is a strided Conv1d with the window
+  context, :func:`kiln.runtime.speech.chunk_audio`) -> ``log_mel [1, n_mels, 3000]``
+  (``log10(max(mel power, 1e-10))``) and ``log_mel_max [1]``. The STFT (400-sample periodic Hann window, hop 160) is a strided Conv1d with the window
   folded into cos/sin filters, the power a sum of squares, the mel filterbank (Slaney's, librosa's default,
   :func:`mel_filters`) a MatMul.
 - :func:`encoder_graph`: ``log_mel [1, n_mels, 3000]``, ``log_mel_max [1]`` (the maximum over the whole
@@ -247,8 +247,8 @@ def log_mel(b: Builder, audio: Value, n_mels: int) -> Value:
 
 
 def log_mel_graph(n_mels: int = 80) -> Graph:
-    """The audio front end: ``audio [1, CHUNK_SAMPLES]`` (one row of :func:`kiln.runtime.speech.chunk_audio`) -> ``log_mel
-    [1, n_mels, 3000]`` and its maximum ``log_mel_max [1]``."""
+    """The audio front end: ``audio [1, CHUNK_SAMPLES]`` (one row of :func:`kiln.runtime.speech.chunk_audio`) ->
+    ``log_mel [1, n_mels, 3000]`` and its maximum ``log_mel_max [1]``."""
     g = Graph(name="whisper_log_mel")
     audio = Value("audio", "float32", (1, CHUNK_SAMPLES))
     g.inputs.append(audio)
@@ -379,7 +379,8 @@ def decoder_graph(m: WhisperModel, max_tokens: int | None = None) -> Graph:
             present = b.op("TensorScatter", [caches[name], _heads(b, t, heads), row0], axis=2, mode="linear")
             presents[name] = present
             cross.append(present)
-        x = b.op("Add", [x, _linear(b, m, decoder.attention(b, q, cross[0], cross[1], scale), p + "attention/linear_2")])
+        attended = decoder.attention(b, q, cross[0], cross[1], scale)
+        x = b.op("Add", [x, _linear(b, m, attended, p + "attention/linear_2")])
         x = _ffn(b, m, x, p)
     x = b.op("Slice", [x], starts=(0, seq - 1, 0), ends=(1, seq, c.width), steps=(1, 1, 1))
     x = _norm(b, m, x, "decoder/layer_norm")

@@ -158,7 +158,8 @@ export class SpeechSession {
     const r = this.spec.resample;
     const outRate = this.spec.sample_rate;
     if (!(rate >= r.min_rate && rate <= r.max_rate)) {
-      throw new KilnError(`cannot resample audio at ${rate} Hz: rates from ${r.min_rate} to ${r.max_rate} Hz are resampled to 16 kHz`);
+      throw new KilnError(`cannot resample audio at ${rate} Hz: rates from ${r.min_rate} to ${r.max_rate} Hz ` +
+        'are resampled to 16 kHz');
     }
     if (rate === outRate) return samples;
     const g = gcd(rate, outRate);
@@ -242,13 +243,19 @@ export class SpeechSession {
       maxInitialTimestamp = 1.0, onSegment, signal} = options;
     if (!(samples instanceof Float32Array)) throw new KilnError('transcribe: the audio must be a Float32Array of samples');
     if (!samples.length) throw new KilnError('the audio is empty (no samples)');
-    if (task !== 'transcribe' && task !== 'translate') throw new KilnError(`task must be 'transcribe' or 'translate', not '${task}'`);
+    if (task !== 'transcribe' && task !== 'translate') {
+      throw new KilnError(`task must be 'transcribe' or 'translate', not '${task}'`);
+    }
     const langs = this.spec.languages ?? {};
     if (language !== undefined && !(this.spec.multilingual && language in langs)) {
-      throw new KilnError(`language '${language}' is not one of the model's (${this.spec.multilingual ? Object.keys(langs).sort().join(', ') : 'none: English only'})`);
+      const known = this.spec.multilingual ? Object.keys(langs).sort().join(', ') : 'none: English only';
+      throw new KilnError(`language '${language}' is not one of the model's (${known})`);
     }
     const seconds = samples.length / sampleRate;
-    if (seconds > MAX_AUDIO_S) throw new KilnError(`the audio is ${seconds.toFixed(0)} s long; at most ${MAX_AUDIO_S} s is transcribed at once (split it)`);
+    if (seconds > MAX_AUDIO_S) {
+      throw new KilnError(`the audio is ${seconds.toFixed(0)} s long; at most ${MAX_AUDIO_S} s is transcribed at once ` +
+        '(split it)');
+    }
     if (this.busy) throw new KilnError('this speech session is already transcribing (its decoder holds one cache)');
     this.busy = true;
     const stats = new TranscriptionStats();
@@ -300,14 +307,16 @@ export class SpeechSession {
       for (let m = 0; m < nMels; m++) window.set(mel.subarray(m * frames + seek, m * frames + seek + size), m * perChunk);
       const te = performance.now();
       const enc = await this.parts.encoder.run({
-        log_mel: new Tensor('float32', window, [1, nMels, perChunk]), log_mel_max: new Tensor('float32', Float32Array.of(max), [1]),
+        log_mel: new Tensor('float32', window, [1, nMels, perChunk]),
+        log_mel_max: new Tensor('float32', Float32Array.of(max), [1]),
         frames: new Tensor('int64', BigInt64Array.of(BigInt(size)), [1])}, {output: gpu ? 'gpu' : 'cpu'});
       if (gpu) await this.parts.encoder.device.queue.onSubmittedWorkDone();  // the encoder's time, not the decoder's
       stats.encodeMs += performance.now() - te;
       stats.windows += 1;
       const prompt = this.prompt(history.slice(reset), o.timestamps, o.language, o.task);
       const maxNew = Math.min(s.max_context / 2, s.max_context - (prompt.length - 1));
-      const tokens = await this.decode(enc.encoder_hidden_states, prompt, o.timestamps, maxNew, o.maxInitial, stats, o.signal);
+      const tokens = await this.decode(enc.encoder_hidden_states, prompt, o.timestamps, maxNew, o.maxInitial, stats,
+        o.signal);
       free(enc);
       const [found, next] = split(tokens, begin, offset, size, size / perS, seek, s.time_precision, s.input_stride);
       seek = next;

@@ -16,8 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import PackageError
-from kiln.package.writer import MANIFEST, RUNTIME_FILES, SPEECH_FILES, write_package
+from kiln.package.writer import MANIFEST, RUNTIME_FILES, SPEECH_FILES, check_destination, write_package
 
 SPEECH = "speech.json"
 
@@ -28,13 +27,7 @@ def check_speech_destination(out: str | os.PathLike, force: bool) -> None:
     Raises:
         PackageError: naming the directory and what to do.
     """
-    p = Path(out)
-    if not p.exists():
-        return
-    if not force:
-        raise PackageError(f"{p} already exists; pass --force to replace it")
-    if p.is_file() or (any(p.iterdir()) and not (p / SPEECH).exists() and not (p / MANIFEST).exists()):
-        raise PackageError(f"{p} exists and is not a Kiln package; refusing to replace it even with --force")
+    check_destination(out, force, markers=(MANIFEST, SPEECH))
 
 
 def write_speech_package(parts: dict[str, Any], out: str | os.PathLike, *, spec: dict[str, Any],

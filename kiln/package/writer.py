@@ -54,8 +54,9 @@ IMAGENET = {
 }
 
 
-def check_destination(out: str | os.PathLike, force: bool) -> None:
-    """Refuse an existing ``out`` unless ``force`` and it is empty or a Kiln package.
+def check_destination(out: str | os.PathLike, force: bool, markers: tuple[str, ...] = (MANIFEST,)) -> None:
+    """Refuse an existing ``out`` unless ``force`` and it is empty or a Kiln package (it holds one of ``markers``:
+    ``manifest.json``; a speech package's ``speech.json`` too, :mod:`kiln.package.speech`).
 
     Raises:
         PackageError: naming the directory and what to do.
@@ -65,7 +66,7 @@ def check_destination(out: str | os.PathLike, force: bool) -> None:
         return
     if not force:
         raise PackageError(f"{p} already exists; pass --force to replace it")
-    if p.is_file() or (any(p.iterdir()) and not (p / MANIFEST).exists()):
+    if p.is_file() or (any(p.iterdir()) and not any((p / m).exists() for m in markers)):
         raise PackageError(f"{p} exists and is not a Kiln package; refusing to replace it even with --force")
 
 

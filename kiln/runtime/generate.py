@@ -185,12 +185,12 @@ class GenerationMixin:
         return self._generator
 
 
-def _host(t) -> np.ndarray:
+def host_array(t) -> np.ndarray:
     """An output as a host array (a GPUTensor is read back; the CPU runtimes return arrays)."""
     return t.numpy() if hasattr(t, "numpy") else t
 
 
-def _release(tensors) -> None:
+def release_tensors(tensors) -> None:
     """Free GPU tensors now (arrays of the CPU runtimes need nothing; a release twice is harmless)."""
     for t in tensors:
         if hasattr(t, "release"):
@@ -315,15 +315,15 @@ class Generator:
         try:
             t0 = time.perf_counter()
             for start in range(0, len(ids), chunk):  # prefill, in chunks the package's steps take
-                _release(out.values())
+                release_tensors(out.values())
                 out = self._step(ids[start:start + chunk], start)
             for n in range(max_new_tokens):
                 if opts.greedy:
-                    token = int(_host(out[self.config["next_token"]]).reshape(-1)[-1])
+                    token = int(host_array(out[self.config["next_token"]]).reshape(-1)[-1])
                 else:
-                    logits = _host(out[self.config["logits"]])
+                    logits = host_array(out[self.config["logits"]])
                     token = sample(logits.reshape(-1, logits.shape[-1])[-1], opts, seen, rng)
-                _release(out.values())
+                release_tensors(out.values())
                 now = time.perf_counter()
                 if n == 0:
                     stats.prefill_ms = (now - t0) * 1e3
@@ -350,5 +350,5 @@ class Generator:
             else:
                 stats.stop_reason = "length"
         finally:
-            _release(out.values())
+            release_tensors(out.values())
             self._busy = False

@@ -1,7 +1,8 @@
 """Speech to text over a speech package (``speech.json``, docs/speech.md): Whisper's long-form transcription.
 
 A speech package holds four packages run on one device: ``resample`` (a recording at another rate to 16 kHz),
-``log_mel`` (a 30-s chunk of 16 kHz samples to its log-mel spectrogram), ``encoder`` (a window's spectrogram to the encoder's states) and ``decoder`` (one decoder
+``log_mel`` (a 30-s chunk of 16 kHz samples to its log-mel spectrogram), ``encoder`` (a window's spectrogram to the
+encoder's states) and ``decoder`` (one decoder
 step with the self- and cross-attention caches as state). :class:`SpeechSession` drives them as the reference
 implementations do (openai-whisper's ``transcribe``, faster-whisper's ``generate_segments`` over CTranslate2):
 
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError, PackageError
+from kiln.runtime.generate import host_array, release_tensors
 
 SPEECH = "speech.json"
 FORMAT_MAJOR = 1
@@ -213,16 +215,6 @@ def _open(path: Path, target: str, options: dict[str, Any]):
     return Session(path, target=target, **options)
 
 
-def _host(t) -> np.ndarray:
-    return t.numpy() if hasattr(t, "numpy") else t
-
-
-def _release(tensors) -> None:
-    for t in tensors:
-        if hasattr(t, "release"):
-            t.release()
-
-
 class SpeechSession:
     """A loaded speech package (Whisper), ready to transcribe.
 
@@ -371,11 +363,11 @@ class SpeechSession:
             cached += len(ids)
             memory = empty
             if timestamps or not generated:
-                scores = self._suppressed(_host(out["logits"]).reshape(-1), generated, timestamps, max_initial)
+                scores = self._suppressed(host_array(out["logits"]).reshape(-1), generated, timestamps, max_initial)
                 token = int(np.argmax(scores))
             else:
-                token = int(_host(out["next_token"]).reshape(-1)[-1])
-            _release(out.values())
+                token = int(host_array(out["next_token"]).reshape(-1)[-1])
+            release_tensors(out.values())
             if token == self.tokens["eot"]:
                 break
             generated.append(token)
@@ -447,7 +439,7 @@ class SpeechSession:
             prompt = self._prompt(history[reset:], timestamps, language, task)
             max_new = min(s["max_context"] // 2, s["max_context"] - (len(prompt) - 1))
             tokens = self._decode(states, prompt, timestamps, max_new, stats, max_initial)
-            _release([states])
+            release_tensors([states])
             found, seek = _split(tokens, begin, offset, size, size / per_s, seek, precision, stride)
             for seg in found:
                 text = self._text(seg.tokens)

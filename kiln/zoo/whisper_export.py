@@ -37,41 +37,13 @@ def whisper_modules(folder: str | os.PathLike):
     def t(name):
         return torch.tensor(m.w(name))
 
-    def norm(x, p):
-        return F.layer_norm(x, (c.width,), t(p + "/gamma"), t(p + "/beta"), 1e-5)
+    class Part(nn.Module):
+        """The file's variables under ``prefix`` as frozen parameters, and linear/LayerNorm by variable scope."""
 
-    class Encoder(nn.Module):
-        def __init__(self):
+        def __init__(self, prefix: str):
             super().__init__()
             self.w = nn.ParameterDict({k.replace("/", "__"): nn.Parameter(t(k), requires_grad=False)
-                                       for k in m.variables if k.startswith("encoder/") and m.variables[k].ndim})
-
-        def p(self, name):
-            return self.w[name.replace("/", "__")]
-
-        def forward(self, mel):
-            x = F.gelu(F.conv1d(mel, self.p("encoder/conv1/weight"), self.p("encoder/conv1/bias"), padding=1))
-            x = F.gelu(F.conv1d(x, self.p("encoder/conv2/weight"), self.p("encoder/conv2/bias"), stride=2, padding=1))
-            x = x.permute(0, 2, 1) + self.p("encoder/position_encodings/encodings")
-            h_n = c.encoder_heads
-            for i in range(c.encoder_layers):
-                p = f"encoder/layer_{i}/"
-                h = F.layer_norm(x, (c.width,), self.p(p + "self_attention/layer_norm/gamma"),
-                                 self.p(p + "self_attention/layer_norm/beta"), 1e-5)
-                qkv = F.linear(h, self.p(p + "self_attention/linear_0/weight"), self.p(p + "self_attention/linear_0/bias"))
-                q, k, v = (z.reshape(1, -1, h_n, c.width // h_n).transpose(1, 2) for z in qkv.chunk(3, dim=-1))
-                a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, -1, c.width)
-                x = x + F.linear(a, self.p(p + "self_attention/linear_1/weight"), self.p(p + "self_attention/linear_1/bias"))
-                h = F.layer_norm(x, (c.width,), self.p(p + "ffn/layer_norm/gamma"), self.p(p + "ffn/layer_norm/beta"), 1e-5)
-                h = F.gelu(F.linear(h, self.p(p + "ffn/linear_0/weight"), self.p(p + "ffn/linear_0/bias")))
-                x = x + F.linear(h, self.p(p + "ffn/linear_1/weight"), self.p(p + "ffn/linear_1/bias"))
-            return F.layer_norm(x, (c.width,), self.p("encoder/layer_norm/gamma"), self.p("encoder/layer_norm/beta"), 1e-5)
-
-    class Decoder(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = nn.ParameterDict({k.replace("/", "__"): nn.Parameter(t(k), requires_grad=False)
-                                       for k in m.variables if k.startswith("decoder/") and m.variables[k].ndim
+                                       for k in m.variables if k.startswith(prefix) and m.variables[k].ndim
                                        and not k.startswith("decoder/projection")})
 
         def p(self, name):
@@ -82,6 +54,30 @@ def whisper_modules(folder: str | os.PathLike):
 
         def ln(self, x, name):
             return F.layer_norm(x, (c.width,), self.p(name + "/gamma"), self.p(name + "/beta"), 1e-5)
+
+    class Encoder(Part):
+        def __init__(self):
+            super().__init__("encoder/")
+
+        def forward(self, mel):
+            x = F.gelu(F.conv1d(mel, self.p("encoder/conv1/weight"), self.p("encoder/conv1/bias"), padding=1))
+            x = F.gelu(F.conv1d(x, self.p("encoder/conv2/weight"), self.p("encoder/conv2/bias"), stride=2, padding=1))
+            x = x.permute(0, 2, 1) + self.p("encoder/position_encodings/encodings")
+            h_n = c.encoder_heads
+            for i in range(c.encoder_layers):
+                p = f"encoder/layer_{i}/"
+                h = self.ln(x, p + "self_attention/layer_norm")
+                qkv = self.lin(h, p + "self_attention/linear_0")
+                q, k, v = (z.reshape(1, -1, h_n, c.width // h_n).transpose(1, 2) for z in qkv.chunk(3, dim=-1))
+                a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, -1, c.width)
+                x = x + self.lin(a, p + "self_attention/linear_1")
+                h = F.gelu(self.lin(self.ln(x, p + "ffn/layer_norm"), p + "ffn/linear_0"))
+                x = x + self.lin(h, p + "ffn/linear_1")
+            return self.ln(x, "encoder/layer_norm")
+
+    class Decoder(Part):
+        def __init__(self):
+            super().__init__("decoder/")
 
         def forward(self, ids, hidden=None, past=None, cross=None):
             heads = c.decoder_heads
