@@ -151,6 +151,15 @@ def test_config_json_of_any_shape_ends_in_kiln_errors(tmp_path, config):
     _read(tmp_path, VALID, json.dumps(config))
 
 
+def test_config_json_with_infinite_ids(tmp_path):
+    """Found by a 20000-example campaign: ``Infinity`` (JSON as Python writes it) among the ids was an
+    OverflowError."""
+    (tmp_path / "model.bin").write_bytes(VALID)
+    (tmp_path / "config.json").write_text('{"suppress_ids": [Infinity]}')
+    with pytest.raises(KilnError, match="not a Whisper model Kiln reads .OverflowError"):
+        whisper.read_whisper(tmp_path)
+
+
 def test_config_json_that_is_not_json(tmp_path):
     (tmp_path / "model.bin").write_bytes(VALID)
     (tmp_path / "config.json").write_text("{not json")

@@ -3,9 +3,9 @@ from a CTranslate2 model folder (``model.bin``, ``config.json``, ``tokenizer.jso
 
 - :func:`log_mel_graph`: float32 ``audio [1, CHUNK_SAMPLES]`` (a 30-s chunk of 16 kHz samples with the STFT's
   context, :func:`kiln.runtime.speech.chunk_audio`) -> ``log_mel [1, n_mels, 3000]``
-  (``log10(max(mel power, 1e-10))``) and ``log_mel_max [1]``. The STFT (400-sample periodic Hann window, hop 160) is a strided Conv1d with the window
-  folded into cos/sin filters, the power a sum of squares, the mel filterbank (Slaney's, librosa's default,
-  :func:`mel_filters`) a MatMul.
+  (``log10(max(mel power, 1e-10))``) and ``log_mel_max [1]``. The STFT (400-sample periodic Hann window, hop 160)
+  is a strided Conv1d with the window folded into cos/sin filters, the power a sum of squares, the mel filterbank
+  (Slaney's, librosa's default, :func:`mel_filters`) a MatMul.
 - :func:`encoder_graph`: ``log_mel [1, n_mels, 3000]``, ``log_mel_max [1]`` (the maximum over the whole
   recording) and ``frames`` int64 ``[1]`` (the window's frames that hold audio) -> ``encoder_hidden_states
   [1, 1500, D]``. Whisper's normalisation ``(max(x, max - 8) + 4) / 4`` is applied on the device, frames from
@@ -159,7 +159,7 @@ def read_whisper(folder: str | os.PathLike) -> WhisperModel:
             alignment_heads=tuple((int(a), int(b)) for a, b in meta.get("alignment_heads", [])))
     except KeyError as e:
         raise ModelFormatError(f"{root / 'model.bin'}: a WhisperSpec without {e.args[0]}") from None
-    except (IndexError, TypeError, ValueError) as e:  # a variable of the wrong rank, config.json of the wrong types
+    except (IndexError, TypeError, ValueError, OverflowError) as e:  # a variable's rank, config.json's types or values
         raise ModelFormatError(f"{root}: not a Whisper model Kiln reads ({type(e).__name__}: {e})") from None
     if min(cfg.encoder_heads, cfg.decoder_heads, cfg.encoder_layers, cfg.decoder_layers, cfg.width) < 1 or \
             cfg.width % cfg.encoder_heads or cfg.width % cfg.decoder_heads:
