@@ -354,6 +354,27 @@ main.add_command(chat_cmd)
 main.add_command(transcribe_cmd)
 
 
+def _speech_info(package: Path, as_json: bool) -> None:
+    """``kiln info`` of a speech package: speech.json's model and each part's size."""
+    from kiln.package.format import kernel_steps, read_manifest
+    from kiln.runtime.speech import read_speech_manifest
+
+    spec = read_speech_manifest(package)
+    parts = {name: read_manifest(package / folder) for name, folder in spec["parts"].items()}
+    if as_json:
+        click.echo(json.dumps({**{k: v for k, v in spec.items() if k not in ("suppress_ids", "tokens")},
+                               "parts": {n: {"memory": m["memory"], "targets": sorted(m["targets"])}
+                                         for n, m in parts.items()}}, indent=1))
+        return
+    click.echo(f"speech package {package}: {spec['architecture']} (format {spec['format']}), width {spec['width']}, "
+               f"vocabulary {spec['vocab']}, {spec['n_mels']} mel bins, "
+               + ("multilingual" if spec["multilingual"] else "English only"))
+    for name, m in parts.items():
+        steps = ", ".join(f"{t} {len(kernel_steps(s['plan']))} steps" for t, s in m["targets"].items())
+        click.echo(f"  {name:<9} {_fmt_bytes(m['memory']['weight_bytes']):>10} weights; {steps}")
+    click.echo(f"kiln info {package}/PART for a part's kernels; kiln transcribe {package} AUDIO")
+
+
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -366,9 +387,13 @@ def _fmt_bytes(n: int) -> str:
 @click.argument("package", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
 def info_cmd(package: Path, as_json: bool) -> None:
-    """Print a package's inputs, outputs, kernels, and weight and activation bytes."""
+    """Print a package's inputs, outputs, kernels, and weight and activation bytes (a speech package: its model and
+    parts; `kiln info PKG/PART` for a part's kernels)."""
     from kiln.package.format import kernel_steps, read_manifest
 
+    if (package / "speech.json").is_file():
+        _speech_info(package, as_json)
+        return
     m = read_manifest(package)
     mem = m["memory"]
     if as_json:

@@ -315,3 +315,23 @@ def test_torch_and_onnx_peers_match_ctranslate2(clips, tmp_path):
 
     reference = WhisperModel(str(MODEL), device="cpu", compute_type="float32", cpu_threads=2)
     assert text == "".join(s[2] for s in _reference_segments(reference, clips["story_long"][1], False)).strip()
+
+
+@needs_espeak
+def test_cli_transcribe_and_info(package, clips, reference):
+    """``kiln transcribe`` prints the segments (with timestamps when asked) and the real-time factor; ``kiln info``
+    describes a speech package; a package that is not one is refused."""
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    path, samples = clips["fox_us"]
+    ref = _reference_segments(reference, samples, True)
+    done = CliRunner().invoke(main, ["transcribe", str(package), str(path), "--timestamps", "--target", "wasm"])
+    assert done.exit_code == 0, done.output
+    assert f"[00:00.000 --> 00:{ref[0][1]:06.3f}] {ref[0][2].strip()}" in done.output
+    assert "real-time factor" in done.output
+    info = CliRunner().invoke(main, ["info", str(package)])
+    assert info.exit_code == 0 and "whisper" in info.output and "decoder" in info.output, info.output
+    refused = CliRunner().invoke(main, ["transcribe", str(package / "decoder"), str(path)])
+    assert refused.exit_code != 0 and "not a speech package" in refused.output
