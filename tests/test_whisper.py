@@ -335,3 +335,19 @@ def test_cli_transcribe_and_info(package, clips, reference):
     assert info.exit_code == 0 and "whisper" in info.output and "decoder" in info.output, info.output
     refused = CliRunner().invoke(main, ["transcribe", str(package / "decoder"), str(path)])
     assert refused.exit_code != 0 and "not a speech package" in refused.output
+
+
+@needs_espeak
+def test_fp16_package_transcribes_as_ctranslate2(clips, reference, tmp_path):
+    """``--precision fp16`` (f16 encoder and decoder on lavapipe's shader-f16; the front end stays fp32): the
+    two-window clip's transcript is still CTranslate2's."""
+    from kiln.compiler import compile_whisper
+
+    pkg = compile_whisper(MODEL, tmp_path / "fp16", target="webgpu", device_class="cpu", validate=False,
+                          precision="fp16")
+    session = kiln.load(pkg)
+    assert session.decoder.manifest.get("precision") == "fp16"
+    assert session.log_mel.manifest.get("precision", "fp32") == "fp32"
+    samples = clips["story_long"][1]
+    ours = session.transcribe(samples, sample_rate=16000)
+    assert ours.text == "".join(s[2] for s in _reference_segments(reference, samples, False)).strip()
