@@ -337,6 +337,12 @@ def main(argv: list[str] | None = None) -> dict:
             record["ct2_cuda"] = ct2_contestant(a.model, greedy, clips, a.repeat, "cuda", console)
         except Exception as e:  # noqa: BLE001 (no CUDA build or libraries: say so)
             console.log(f"ct2 cuda: {type(e).__name__}: {e}")
+    # PyTorch before onnxruntime: once onnxruntime's WebGPU EP (Dawn) has run, the process's CUDA work can fail
+    if a.torch:
+        for dtype in ("float32", "float16"):
+            encode, step = torch_pair(a.model, dtype)
+            record[f"torch_cuda_fp{dtype[-2:]}"] = peer_contestant(f"torch {dtype}", greedy, clips, a.repeat, encode,
+                                                                   step, console)
     if a.ort:
         from kiln.zoo.whisper_export import export_onnx
 
@@ -353,11 +359,6 @@ def main(argv: list[str] | None = None) -> dict:
                                                       "providers": providers}
                 except Exception as e:  # noqa: BLE001 (an EP without device outputs: say so)
                     console.log(f"ort webgpu iobinding: {type(e).__name__}: {e}")
-    if a.torch:
-        for dtype in ("float32", "float16"):
-            encode, step = torch_pair(a.model, dtype)
-            record[f"torch_cuda_fp{dtype[-2:]}"] = peer_contestant(f"torch {dtype}", greedy, clips, a.repeat, encode,
-                                                                   step, console)
     table = Table(title=f"{a.model.name}: {len(clips)} clips, {sum(record['clips'].values()):.1f} s of audio "
                         f"(median of {a.repeat})")
     for col in ("contestant", "real-time factor", "ms / token", "x faster than ort_webgpu's best"):
