@@ -351,3 +351,13 @@ def test_fp16_package_transcribes_as_ctranslate2(clips, reference, tmp_path):
     samples = clips["story_long"][1]
     ours = session.transcribe(samples, sample_rate=16000)
     assert ours.text == "".join(s[2] for s in _reference_segments(reference, samples, False)).strip()
+
+
+def test_a_window_ending_at_timestamp_zero_is_not_decoded_again(package, monkeypatch):
+    """Tokens whose last complete timestamp is <|0.00|> would send the reference's long-form loop back to the same
+    window for ever; Kiln goes on after it (the decoder stubbed to return such tokens for every window)."""
+    session = kiln.load(package, target="wasm")
+    begin = session.tokens["timestamp_begin"]
+    monkeypatch.setattr(session, "_decode", lambda *a, **k: [begin, begin])
+    result = session.transcribe(np.zeros(16000 * 40, np.float32), sample_rate=16000, timestamps=True)
+    assert result.stats.windows == 2 and result.segments == []

@@ -319,7 +319,7 @@ export class SpeechSession {
         o.signal);
       free(enc);
       const [found, next] = split(tokens, begin, offset, size, size / perS, seek, s.time_precision, s.input_stride);
-      seek = next;
+      seek = next > seek ? next : seek + size;  // a last timestamp of <|0.00|> would repeat the window for ever
       for (const segment of found) {
         const text = this.tokenizer.decode(segment.tokens.filter((t) => t < tk.eot), {skip_special_tokens: false});
         if (segment.start === segment.end || !text.trim()) continue;

@@ -440,7 +440,10 @@ class SpeechSession:
             max_new = min(s["max_context"] // 2, s["max_context"] - (len(prompt) - 1))
             tokens = self._decode(states, prompt, timestamps, max_new, stats, max_initial)
             release_tensors([states])
-            found, seek = _split(tokens, begin, offset, size, size / per_s, seek, precision, stride)
+            found, after = _split(tokens, begin, offset, size, size / per_s, seek, precision, stride)
+            # a window whose last complete timestamp is <|0.00|> would be decoded again, the same, for ever (the
+            # reference loops so): go on after it instead
+            seek = after if after > seek else seek + size
             for seg in found:
                 text = self._text(seg.tokens)
                 if seg.start == seg.end or not text.strip():
