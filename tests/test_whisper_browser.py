@@ -148,3 +148,29 @@ def test_speech_js_loads_only_speech_packages(served):
     }""")
     assert error.startswith("PackageError") and "not a speech package" in error
     page.context.close()
+
+
+def test_transcribe_page_records_the_microphone(served):
+    """transcribe.html's Record button: Chromium's fake microphone (a beeping tone) recorded for two seconds, then
+    decoded (MediaRecorder's WebM/Opus through Web Audio), resampled and transcribed: the page finishes with the
+    real-time factor shown, whatever the model makes of beeps."""
+    from tests.browser import CHROMIUM, CHROMIUM_ARGS
+
+    url, shared, _ = served
+    browser = shared.browser_type.launch(executable_path=str(CHROMIUM), headless=True, args=[
+        *CHROMIUM_ARGS, "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"])
+    try:
+        page = browser.new_context(permissions=["microphone"]).new_page()
+        log = ConsoleLog(page)
+        page.goto(url + "transcribe.html?target=wasm")
+        log.wait_for("body[data-ready]", timeout=300_000)
+        page.click("#record")
+        page.wait_for_function("document.getElementById('record').textContent === 'Stop'")
+        page.wait_for_timeout(2000)
+        page.click("#record")
+        log.wait_for("body[data-done]", timeout=300_000)
+        status = page.text_content("#status")
+        assert status.startswith("transcribed the recording"), status
+        assert "real-time factor" in page.text_content("#speed")
+    finally:
+        browser.close()
