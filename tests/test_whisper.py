@@ -243,12 +243,6 @@ def test_transcripts_equal_ctranslate2(target, package, clips, reference):
             text = "".join(s[2] for s in ref)
             assert word_error_rate(clip.text, ours.text) == word_error_rate(clip.text, text)
             assert ours.stats.tokens > 0 and ours.stats.windows == (2 if clip.name == "story_long" else 1)
-    if target != "webgpu":
-        return
-    # espeak-ng's own 22050 Hz file, resampled on the device (PyAV's filter gave the reference its samples)
-    ours = session.transcribe(clips["fox_us"][0].with_name("fox_us_22k.wav"))
-    assert ours.text == "".join(s[2] for s in _reference_segments(reference, clips["fox_us"][1], False)).strip()
-    assert ours.stats.resample_ms > 0
 
 
 def test_transcribe_refuses_bad_audio(package, tmp_path, monkeypatch):
@@ -291,6 +285,7 @@ def test_speech_package_refuses_overwrite(package, tmp_path):
 
 
 @needs_espeak
+@pytest.mark.extended  # bench/asr.py checks every peer's transcripts against Kiln's in each run
 def test_torch_and_onnx_peers_match_ctranslate2(clips, tmp_path):
     """bench/asr.py's peers run the same weights: the PyTorch modules' encoder within 1e-3 of CTranslate2's, and the
     ONNX export (optimum's layout: encoder, first step, step with past) under onnxruntime transcribes a two-window
