@@ -96,17 +96,9 @@ def load(package, target: str = "webgpu", **options):
 
     if is_speech_package(package):
         return SpeechSession(package, target=target, **options)
-    if target == "wasm":
-        from kiln.runtime.wasm import WasmSession
+    from kiln.runtime import open_session
 
-        return WasmSession(package, **options)
-    if target == "cpu":
-        from kiln.runtime.cpu import CpuSession
-
-        return CpuSession(package, **options)
-    from kiln.runtime.native import Session
-
-    return Session(package, target=target, **options)
+    return open_session(package, target=target, **options)
 
 
 __all__ = [

@@ -94,14 +94,6 @@ def resample_graph(max_outputs: int = MAX_OUTPUTS) -> Graph:
     return g
 
 
-def filter_params(in_rate: int, out_rate: int) -> tuple[int, int, np.ndarray]:
-    """``(num, den, filter)`` of a rate change: the reduced ratio and :func:`resample_graph`'s ``filter`` input."""
-    g = math.gcd(in_rate, out_rate)
-    num, den = in_rate // g, out_rate // g
-    c = ROLLOFF * min(1.0, den / num)
-    return num, den, np.array([math.pi * c, c, math.pi * c / (2 * ZERO_CROSSINGS)], np.float32)
-
-
 def resample_reference(audio: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
     """The same resampler in float64 numpy (the tests' reference): ``ceil(len * out / in)`` samples."""
     g = math.gcd(in_rate, out_rate)

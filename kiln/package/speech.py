@@ -12,11 +12,10 @@ import json
 import os
 import shutil
 import tempfile
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kiln.package.writer import MANIFEST, RUNTIME_FILES, SPEECH_FILES, check_destination, write_package
+from kiln.package.writer import MANIFEST, RUNTIME_FILES, SPEECH_FILES, check_destination, copy_runtime, write_package
 
 SPEECH = "speech.json"
 
@@ -49,11 +48,7 @@ def write_speech_package(parts: dict[str, Any], out: str | os.PathLike, *, spec:
             write_package(compiled, tmp / spec["parts"][name], preset="none", source=source)
         for name, src in files.items():
             shutil.copyfile(src, tmp / name)
-        js = resources.files("kiln") / "js"
-        for name in (*(f for f in RUNTIME_FILES if f != "index.html"), *SPEECH_FILES):
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            with resources.as_file(js.joinpath(*name.split("/"))) as f:
-                shutil.copyfile(f, tmp / name)
+        copy_runtime(tmp, (*(f for f in RUNTIME_FILES if f != "index.html"), *SPEECH_FILES))
         (tmp / SPEECH).write_text(json.dumps(spec, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)

@@ -54,6 +54,15 @@ IMAGENET = {
 }
 
 
+def copy_runtime(folder: Path, names) -> None:
+    """Copy the browser runtime's files ``names`` (paths under ``kiln/js``) into ``folder``."""
+    js = resources.files("kiln") / "js"
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        with resources.as_file(js.joinpath(*name.split("/"))) as f:
+            shutil.copyfile(f, folder / name)
+
+
 def check_destination(out: str | os.PathLike, force: bool, markers: tuple[str, ...] = (MANIFEST,)) -> None:
     """Refuse an existing ``out`` unless ``force`` and it is empty or a Kiln package (it holds one of ``markers``:
     ``manifest.json``; a speech package's ``speech.json`` too, :mod:`kiln.package.speech`).
@@ -227,12 +236,8 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
         for path, data in (extra_files or {}).items():
             (tmp / path).write_text(data, encoding="utf-8")
-        js = resources.files("kiln") / "js"
-        for name in (RUNTIME_FILES + (TRAINING_FILES if training is not None else ())
-                     + (GENERATION_FILES if generation is not None else ())):
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            with resources.as_file(js.joinpath(*name.split("/"))) as f:
-                shutil.copyfile(f, tmp / name)
+        copy_runtime(tmp, RUNTIME_FILES + (TRAINING_FILES if training is not None else ())
+                     + (GENERATION_FILES if generation is not None else ()))
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError, PackageError
+from kiln.runtime import open_session
 from kiln.runtime.generate import host_array, release_tensors
 
 SPEECH = "speech.json"
@@ -201,20 +202,6 @@ def resample_spans(n_in: int, num: int, den: int, taps: int, most: int) -> Itera
         yield first, count, phase, base, need
 
 
-def _open(path: Path, target: str, options: dict[str, Any]):
-    if target == "wasm":
-        from kiln.runtime.wasm import WasmSession
-
-        return WasmSession(path, **options)
-    if target == "cpu":
-        from kiln.runtime.cpu import CpuSession
-
-        return CpuSession(path, **options)
-    from kiln.runtime.native import Session
-
-    return Session(path, target=target, **options)
-
-
 class SpeechSession:
     """A loaded speech package (Whisper), ready to transcribe.
 
@@ -234,10 +221,10 @@ class SpeechSession:
         self.spec = read_speech_manifest(self.path)
         self.target = target
         parts = self.spec["parts"]
-        self.resampler = _open(self.path / parts["resample"], target, options)
-        self.log_mel = _open(self.path / parts["log_mel"], target, options)
-        self.encoder = _open(self.path / parts["encoder"], target, options)
-        self.decoder = _open(self.path / parts["decoder"], target, options)
+        self.resampler = open_session(self.path / parts["resample"], target, **options)
+        self.log_mel = open_session(self.path / parts["log_mel"], target, **options)
+        self.encoder = open_session(self.path / parts["encoder"], target, **options)
+        self.decoder = open_session(self.path / parts["decoder"], target, **options)
         self.tokenizer = Tokenizer.from_file(str(self.path / self.spec["tokenizer"]))
         self.tokens = self.spec["tokens"]
         self._gpu = hasattr(self.decoder, "upload")
