@@ -1,7 +1,7 @@
 """Speech to text: Kiln's Whisper against the peers a user would pick, on the same weights and the same audio.
 
     python -m bench.asr [--model models/zoo/whisper_tiny_en] [--clips DIR] [--precision fp32,fp16]
-                        [--ct2] [--ort cpu,webgpu] [--torch] [--repeat 3]
+                        [--ct2] [--ort cpu,webgpu] [--torch] [--beam 5] [--repeat 3]
 
 Each contestant transcribes every clip greedily without timestamps, 30-s windows prompted with the text before
 (Whisper's long-form algorithm), and is timed end to end: features, encoder, decoder steps (a run's wall time; the
@@ -17,6 +17,9 @@ over audio time: lower is faster) over all clips, and milliseconds per decoded t
   host arrays in and out; ``ort_webgpu_iobinding``: the WebGPU EP with IO binding (states and caches stay on the
   device, only the ids go up and the logits come back), its best mode. The ratio column is to the faster of the two.
 - ``torch_cuda_fp32`` / ``_fp16`` (``--torch``): the same PyTorch modules, eager, on CUDA.
+- ``kiln_beam5`` and ``ct2_cpu_beam5`` (``--beam 5``; with ``--ct2``): beam search over 5 hypotheses, Kiln's fp32
+  package and CTranslate2's ``generate(beam_size=5)`` (the peers above decode greedily only, so beam rows have no
+  ratio); their transcripts are compared with each other.
 
 Clips: ``--clips DIR`` of 16 kHz ``.npy`` or WAV files (default: tests/speech_clips.py's, spoken by espeak-ng here;
 ``--save-clips DIR`` writes them as ``.npy`` for a machine without espeak-ng). Issue 17's
@@ -79,7 +82,8 @@ def _timed(fn, repeat: int) -> tuple[float, object]:
     return float(np.median(times)), result
 
 
-def kiln_contestant(model: Path, clips: dict, repeat: int, precision: str, device_class: str, console) -> dict:
+def kiln_contestant(model: Path, clips: dict, repeat: int, precision: str, device_class: str, console,
+                    beam: int = 1) -> dict:
     import kiln
     from kiln.compiler import compile_whisper
 
@@ -88,16 +92,17 @@ def kiln_contestant(model: Path, clips: dict, repeat: int, precision: str, devic
     compile_whisper(model, out, device_class=device_class, validate=False, precision=precision)
     compile_s = time.perf_counter() - t0
     session = kiln.load(out)
-    rec = {"precision": precision, "compile_s": compile_s, "adapter": session.decoder.adapter_info(), "clips": {}}
+    rec = {"precision": precision, "compile_s": compile_s, "adapter": session.decoder.adapter_info(), "beam": beam,
+           "clips": {}}
     for name, audio in clips.items():
         def run(audio=audio):
-            return session.transcribe(audio, sample_rate=16000)
+            return session.transcribe(audio, sample_rate=16000, beam_size=beam)
         seconds, result = _timed(run, repeat)
         s = result.stats
         rec["clips"][name] = {"audio_s": s.audio_s, "wall_s": seconds, "tokens": s.tokens, "decode_ms": s.decode_ms,
                               "encode_ms": s.encode_ms, "features_ms": s.features_ms, "windows": s.windows,
                               "text": result.text}
-        console.log(f"kiln {precision} {name}: {seconds * 1e3:.0f} ms, {s.ms_per_token:.2f} ms/token, encoder "
+        console.log(f"kiln {precision} beam {beam} {name}: {seconds * 1e3:.0f} ms, {s.ms_per_token:.2f} ms/token, encoder "
                     f"{s.encode_ms / s.windows:.1f} ms/window")
     return rec
 
@@ -274,13 +279,13 @@ def torch_pair(model: Path, dtype: str):
     return encode, step
 
 
-def ct2_contestant(model: Path, greedy: Greedy, clips: dict, repeat: int, device: str, console) -> dict:
+def ct2_contestant(model: Path, greedy: Greedy, clips: dict, repeat: int, device: str, console, beam: int = 1) -> dict:
     """CTranslate2 (the reference implementation): its encoder, then its own greedy ``generate`` of each window
-    (``suppress_blank``, the model's ``suppress_ids``, the same prompt), float32."""
+    (``suppress_blank``, the model's ``suppress_ids``, the same prompt; beam search with ``beam`` > 1), float32."""
     import ctranslate2
 
     ref = ctranslate2.models.Whisper(str(model), device=device, compute_type="float32")
-    rec = {"device": device, "clips": {}}
+    rec = {"device": device, "beam": beam, "clips": {}}
     for clip, audio in clips.items():
         stats: dict = {}
 
@@ -290,7 +295,7 @@ def ct2_contestant(model: Path, greedy: Greedy, clips: dict, repeat: int, device
             for window in greedy.windows(audio):
                 encoded = ref.encode(ctranslate2.StorageView.from_array(window), to_cpu=device == "cpu")
                 t0 = time.perf_counter()
-                result = ref.generate(encoded, [greedy.prompt(history)], beam_size=1, max_length=448)[0]
+                result = ref.generate(encoded, [greedy.prompt(history)], beam_size=beam, max_length=448)[0]
                 tokens = result.sequences_ids[0]
                 stats["decode_s"] = stats.get("decode_s", 0.0) + time.perf_counter() - t0
                 stats["tokens"] = stats.get("tokens", 0) + len(tokens)
@@ -300,7 +305,7 @@ def ct2_contestant(model: Path, greedy: Greedy, clips: dict, repeat: int, device
         seconds, text = _timed(run, repeat)
         rec["clips"][clip] = {"audio_s": len(audio) / 16000, "wall_s": seconds, "tokens": stats["tokens"],
                               "decode_ms": stats["decode_s"] * 1e3, "text": text}
-        console.log(f"ct2 {device} {clip}: {seconds * 1e3:.0f} ms")
+        console.log(f"ct2 {device} beam {beam} {clip}: {seconds * 1e3:.0f} ms")
     return rec
 
 
@@ -314,6 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--ct2", action="store_true")
     ap.add_argument("--ort", default="", help="onnxruntime EPs: cpu, webgpu or cpu,webgpu")
     ap.add_argument("--torch", action="store_true")
+    ap.add_argument("--beam", type=int, default=1, help="also time beam search of this width (kiln, and ct2)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--save-clips", type=Path, default=None, help="write the clips as .npy files here and stop")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -331,8 +337,13 @@ def main(argv: list[str] | None = None) -> dict:
         record["kiln" if precision == "fp32" else f"kiln_{precision}"] = kiln_contestant(
             a.model, clips, a.repeat, precision, a.device_class, console)
     greedy = Greedy(a.model)
+    if a.beam > 1:
+        record[f"kiln_beam{a.beam}"] = kiln_contestant(a.model, clips, a.repeat, "fp32", a.device_class, console,
+                                                       a.beam)
     if a.ct2:
         record["ct2_cpu"] = ct2_contestant(a.model, greedy, clips, a.repeat, "cpu", console)
+        if a.beam > 1:
+            record[f"ct2_cpu_beam{a.beam}"] = ct2_contestant(a.model, greedy, clips, a.repeat, "cpu", console, a.beam)
         try:
             record["ct2_cuda"] = ct2_contestant(a.model, greedy, clips, a.repeat, "cuda", console)
         except Exception as e:  # noqa: BLE001 (no CUDA build or libraries: say so)
@@ -376,13 +387,19 @@ def main(argv: list[str] | None = None) -> dict:
     for name, rtf in totals.items():
         base = min((totals[n] for n in ("ort_webgpu", "ort_webgpu_iobinding") if n in totals), default=None)
         ms = record[name]["ms_per_token"]
-        table.add_row(name, f"{rtf:.4f}", f"{ms:.2f}" if ms else "-", f"{base / rtf:.2f}" if base else "-")
+        ratio = f"{base / rtf:.2f}" if base and record[name].get("beam", 1) == 1 else "-"
+        table.add_row(name, f"{rtf:.4f}", f"{ms:.2f}" if ms else "-", ratio)
     Console().print(table)
     texts = {name: " ".join(record[name]["clips"][c]["text"] for c in clips) for name in totals}
     if "kiln" in texts:
-        record["same_text_as_kiln"] = {name: t == texts["kiln"] for name, t in texts.items()}
+        record["same_text_as_kiln"] = {name: t == texts["kiln"] for name, t in texts.items() if "beam" not in name}
         Console().print("transcripts equal to kiln's: " + ", ".join(f"{n} {'yes' if v else 'NO'}"
                                                                   for n, v in record["same_text_as_kiln"].items()))
+    beams = (f"kiln_beam{a.beam}", f"ct2_cpu_beam{a.beam}")
+    if all(b in texts for b in beams):
+        record["beam_same_text_as_ct2"] = texts[beams[0]] == texts[beams[1]]
+        Console().print(f"beam {a.beam} transcripts, kiln's equal to ct2's: "
+                        f"{'yes' if record['beam_same_text_as_ct2'] else 'NO'}")
     if "ort_webgpu" in totals and "kiln" in totals:
         record["kiln_over_ort_webgpu"] = totals["ort_webgpu"] / totals["kiln"]
     if "ort_webgpu_iobinding" in totals and "kiln" in totals:

@@ -76,6 +76,8 @@ def main(ctx: click.Context, debug: bool) -> None:
                    "(e.g. 'nvidia h100'); default: this machine's adapter.")
 @click.option("--max-context", type=click.IntRange(1), default=2048, show_default=True,
               help="GGUF language models: the most tokens the KV cache holds (prompt and answer).")
+@click.option("--beams", type=click.IntRange(1, 16), default=5, show_default=True,
+              help="Whisper: the widest beam search (kiln transcribe --beam) the decoder's cache holds.")
 @click.option("--train", is_flag=True, help="Also build the train step (forward, loss, backward, optimizer update; "
               "docs/training.md). The batch size (--dim N=...) serves training and inference.")
 @click.option("--trainable", default="*", show_default=True, metavar="PATTERNS",
@@ -89,10 +91,12 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--weight-decay", type=float, default=0.0, show_default=True,
               help="With --train: L2 penalty (sgd, adam) or decoupled weight decay (adamw).")
 def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: str, labels, no_validate: bool,
-                print_ir: bool, device_class: str, precision: str, tuning_db, adapter, max_context: int, train: bool,
+                print_ir: bool, device_class: str, precision: str, tuning_db, adapter, max_context: int, beams: int,
+                train: bool,
                 trainable: str, loss: str, optimizer: str, lr: float | None, momentum: float,
                 weight_decay: float) -> None:
-    """Compile an ONNX MODEL, or a GGUF language model (Llama family), into a package directory."""
+    """Compile an ONNX MODEL, a GGUF language model (Llama family) or a CTranslate2 Whisper model folder into a
+    package directory."""
     import time
 
     from kiln.compiler import compile_model, parse_targets
@@ -111,7 +115,7 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     path = compile_model(model, out, target=target, dims=parse_dims(dims), force=force, preset=preset,
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
                          device_class=device_class, schedule=schedule, train=train_options, precision=precision,
-                         max_context=max_context)
+                         max_context=max_context, beams=beams)
     if (path / "speech.json").is_file():  # a speech package: one line per part
         for part in ("resample", "log_mel", "encoder", "decoder"):
             _summary(read_manifest(path / part), f"{model} ({part})", path / part, targets, tuning_db, precision,

@@ -135,9 +135,11 @@ def _clock(seconds: float) -> str:
 @click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True,
               help="translate: to English (multilingual models).")
 @click.option("--no-condition", is_flag=True, help="Do not prompt each 30-s window with the text before it.")
+@click.option("--beam", "beam", type=click.IntRange(1), default=1, show_default=True,
+              help="Beam search with this many hypotheses (1: greedy decoding; faster-whisper's default is 5).")
 @_runtime
 def transcribe_cmd(package: Path, audio: Path, timestamps: bool, language: str | None, task: str, no_condition: bool,
-                   target: str, threads: int | None) -> None:
+                   beam: int, target: str, threads: int | None) -> None:
     """Transcribe AUDIO (WAV, FLAC, OGG, MP3) with a speech PACKAGE (kiln compile WHISPER_FOLDER makes one), printing
     segments as they are decoded; the real-time factor goes to stderr."""
     session = _load(package, target, threads)
@@ -150,7 +152,7 @@ def transcribe_cmd(package: Path, audio: Path, timestamps: bool, language: str |
         sys.stdout.flush()
 
     result = session.transcribe(audio, timestamps=timestamps, language=language, task=task,
-                                condition_on_previous_text=not no_condition, on_segment=show)
+                                condition_on_previous_text=not no_condition, beam_size=beam, on_segment=show)
     s = result.stats
     click.echo(f"[{s.audio_s:.1f} s of audio in {s.total_ms / 1e3:.2f} s: real-time factor {s.real_time_factor:.3f}; "
                f"{s.windows} windows, encoder {s.encode_ms:.0f} ms; {s.tokens} tokens at {s.ms_per_token:.1f} "

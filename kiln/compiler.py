@@ -167,8 +167,9 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
                   device_class: str = "gpu", wasm_threads: bool = True,
                   schedule: Callable[[Tensor], Schedule] | None = None, train: Any = None,
-                  precision: str = "fp32", max_context: int = 2048) -> Path:
-    """Compile an ONNX model, or a GGUF language model, into a package directory.
+                  precision: str = "fp32", max_context: int = 2048, beams: int = 5) -> Path:
+    """Compile an ONNX model, a GGUF language model, or a CTranslate2 Whisper model folder into a package directory
+    (a speech package for Whisper: :func:`compile_whisper`).
 
     Args:
         model: path of an ``.onnx`` file, of a ``.gguf`` language model (Llama family,
@@ -195,6 +196,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
             state persist in device buffers (``Session.train_step``, ``session.trainStep`` in kiln.js).
             The package's dims (batch size) serve both training and inference.
         max_context: GGUF models: the most tokens the KV cache holds (prompt and answer).
+        beams: Whisper models: the widest beam search the decoder's cache holds (:func:`compile_whisper`).
         precision: ``fp32`` (default), ``fp16`` (float weights and activations stored as f16, arithmetic
             in f16 with f32 accumulation and f32 for fragile ops, see :mod:`kiln.te.half`; the package
             needs WebGPU's ``shader-f16``; webgpu target only) or ``fp16-acc16`` (dot products also
@@ -211,7 +213,8 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         if train is not None:
             raise KilnError("--train takes ONNX models; a Whisper model compiles for inference")
         return compile_whisper(model, out, target=target, force=force, validate=validate, progress=progress,
-                               device_class=device_class, wasm_threads=wasm_threads, precision=precision)
+                               device_class=device_class, wasm_threads=wasm_threads, precision=precision,
+                               beams=beams)
     check_destination(out, force)
     check_precision(precision, train)
     parse_targets(target)
@@ -251,10 +254,12 @@ def is_whisper_folder(model: str | os.PathLike) -> bool:
 
 def compile_whisper(model: str | os.PathLike, out: str | os.PathLike, *, target: str | list[str] = "webgpu",
                     force: bool = False, validate: bool = True, progress: bool = False, device_class: str = "gpu",
-                    wasm_threads: bool = True, precision: str = "fp32") -> Path:
+                    wasm_threads: bool = True, precision: str = "fp32", beams: int = 5) -> Path:
     """Compile a CTranslate2 Whisper model folder (``model.bin``, ``config.json``, ``tokenizer.json``) into a speech
     package (docs/speech.md): a resampler (:mod:`kiln.frontend.audio`), its log-mel front end, encoder and decoder
-    step (:mod:`kiln.frontend.whisper`), each a package, and ``speech.json``. The arguments are :func:`compile_model`'s.
+    step (:mod:`kiln.frontend.whisper`), each a package, and ``speech.json``. The arguments are :func:`compile_model`'s;
+    ``beams``: the widest beam search the decoder's cache holds (1: greedy decoding only; each hypothesis adds
+    ``2 * layers * 448 * width`` floats of cache, 5.5 MB for tiny in fp32).
 
     Raises:
         ModelFormatError: not a Whisper model (another CTranslate2 model type is named), no tokenizer.json;
@@ -269,10 +274,12 @@ def compile_whisper(model: str | os.PathLike, out: str | os.PathLike, *, target:
     parse_targets(target)
     if device_class not in DEVICE_CLASSES:
         raise KilnError(f"device class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
+    if not isinstance(beams, int) or not 1 <= beams <= 16:
+        raise KilnError(f"beams must be an integer from 1 to 16, not {beams!r}")
     m = whisper.read_whisper(model)
-    spec = whisper.speech_manifest(m)  # a missing tokenizer fails before the long compile
+    spec = {**whisper.speech_manifest(m), "beams": beams}  # a missing tokenizer fails before the long compile
     graphs = {"resample": resample_graph(), "log_mel": whisper.log_mel_graph(m.config.n_mels),
-              "encoder": whisper.encoder_graph(m), "decoder": whisper.decoder_graph(m)}
+              "encoder": whisper.encoder_graph(m), "decoder": whisper.decoder_graph(m, beams=beams)}
     parts = {}
     for name, graph in graphs.items():
         # the front end stays fp32: log10 of powers spanning 1e-10..1e4 and the STFT's sums need its range

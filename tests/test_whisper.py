@@ -62,8 +62,8 @@ def reference():
     return WhisperModel(str(MODEL), device="cpu", compute_type="float32", cpu_threads=2)
 
 
-def _reference_segments(ref, samples: np.ndarray, timestamps: bool) -> list[tuple[float, float, str]]:
-    segs, _ = ref.transcribe(samples, beam_size=1, temperature=0.0, without_timestamps=not timestamps,
+def _reference_segments(ref, samples: np.ndarray, timestamps: bool, beam: int = 1) -> list[tuple[float, float, str]]:
+    segs, _ = ref.transcribe(samples, beam_size=beam, temperature=0.0, without_timestamps=not timestamps,
                              condition_on_previous_text=True, compression_ratio_threshold=None,
                              log_prob_threshold=None, no_speech_threshold=None, vad_filter=False)
     return [(round(s.start, 3), round(s.end, 3), s.text) for s in segs]
@@ -266,6 +266,9 @@ def test_transcribe_refuses_bad_audio(package, tmp_path, monkeypatch):
         session.transcribe(np.zeros(16000 * 61, np.float32), sample_rate=16000)
     with pytest.raises(KilnError, match="language 'fr'"):
         session.transcribe(np.zeros(16000, np.float32), sample_rate=16000, language="fr")
+    for beam in (0, 6, 2.0):
+        with pytest.raises(KilnError, match=f"beam size {beam} is not from 1 to 5"):
+            session.transcribe(np.zeros(16000, np.float32), sample_rate=16000, beam_size=beam)
 
 
 def test_speech_package_refuses_overwrite(package, tmp_path):
@@ -313,16 +316,32 @@ def test_torch_and_onnx_peers_match_ctranslate2(clips, tmp_path):
 
 
 @needs_espeak
+@pytest.mark.slow
+def test_beam_search_equals_ctranslate2(package, clips, reference):
+    """Beam search (5 hypotheses) as CTranslate2's (faster-whisper ``beam_size=5``), segment for segment, on clips
+    where it finds another transcript than greedy decoding (the checks would fail with greedy's): without
+    timestamps, and with them (the timestamp rules applied to every hypothesis)."""
+    session = kiln.load(package)
+    for name, timestamps in (("fox_us", False), ("numbers_fast", True)):
+        path, samples = clips[name]
+        ref = _reference_segments(reference, samples, timestamps, beam=5)
+        assert ref != _reference_segments(reference, samples, timestamps), name
+        ours = session.transcribe(path, timestamps=timestamps, beam_size=5)
+        assert [(round(s.start, 3), round(s.end, 3), s.text) for s in ours.segments] == ref, name
+
+
+@needs_espeak
 def test_cli_transcribe_and_info(package, clips, reference):
-    """``kiln transcribe`` prints the segments (with timestamps when asked) and the real-time factor; ``kiln info``
-    describes a speech package; a package that is not one is refused."""
+    """``kiln transcribe`` prints the segments (with timestamps when asked; here with beam search, on wasm) and the
+    real-time factor; ``kiln info`` describes a speech package; a package that is not one is refused."""
     from click.testing import CliRunner
 
     from kiln.cli import main
 
     path, samples = clips["fox_us"]
-    ref = _reference_segments(reference, samples, True)
-    done = CliRunner().invoke(main, ["transcribe", str(package), str(path), "--timestamps", "--target", "wasm"])
+    ref = _reference_segments(reference, samples, True, beam=5)
+    done = CliRunner().invoke(main, ["transcribe", str(package), str(path), "--timestamps", "--target", "wasm",
+                                     "--beam", "5"])
     assert done.exit_code == 0, done.output
     assert f"[00:00.000 --> 00:{ref[0][1]:06.3f}] {ref[0][2].strip()}" in done.output
     assert "real-time factor" in done.output

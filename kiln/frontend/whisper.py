@@ -272,15 +272,15 @@ def _norm(b: Builder, m: WhisperModel, x: Value, name: str) -> Value:
 
 
 def _heads(b: Builder, x: Value, heads: int) -> Value:
-    """``[1, S, D]`` -> head-major ``[1, H, S, hd]``."""
-    s, d = x.shape[1], x.shape[2]
-    return transpose(b, reshape(b, x, (1, s, heads, d // heads)), (0, 2, 1, 3))
+    """``[B, S, D]`` -> head-major ``[B, H, S, hd]``."""
+    n, s, d = x.shape
+    return transpose(b, reshape(b, x, (n, s, heads, d // heads)), (0, 2, 1, 3))
 
 
 def _split(b: Builder, x: Value, parts: int) -> list[Value]:
-    """``[1, S, parts * D]`` -> ``parts`` slices ``[1, S, D]`` (fused projections)."""
-    s, d = x.shape[1], x.shape[2] // parts
-    return [b.op("Slice", [x], starts=(0, 0, i * d), ends=(1, s, (i + 1) * d), steps=(1, 1, 1)) for i in range(parts)]
+    """``[B, S, parts * D]`` -> ``parts`` slices ``[B, S, D]`` (fused projections)."""
+    n, s, d = x.shape[0], x.shape[1], x.shape[2] // parts
+    return [b.op("Slice", [x], starts=(0, 0, i * d), ends=(n, s, (i + 1) * d), steps=(1, 1, 1)) for i in range(parts)]
 
 
 def _ffn(b: Builder, m: WhisperModel, x: Value, p: str) -> Value:
@@ -323,12 +323,14 @@ def encoder_graph(m: WhisperModel) -> Graph:
     return g
 
 
-def decoder_graph(m: WhisperModel, max_tokens: int | None = None) -> Graph:
+def decoder_graph(m: WhisperModel, max_tokens: int | None = None, beams: int = 1) -> Graph:
     """One decoder step (module docstring).
 
     Args:
         m: the model.
         max_tokens: the most tokens one step takes (``T``; default the context, 448).
+        beams: the most hypotheses one step decodes (beam search's width): the run-time dim ``beam`` (``B``,
+            1 for greedy decoding) is at most this, and the self-attention cache holds this many.
     """
     c = m.config
     ctx, frames_max = c.text_ctx, c.audio_ctx
@@ -337,7 +339,10 @@ def decoder_graph(m: WhisperModel, max_tokens: int | None = None) -> Graph:
     past = symbolic.size_var("past_sequence", 1, 0, ctx - 1)
     enc = symbolic.size_var("encoder_sequence", 2, 0, frames_max, opt=frames_max)
     g.size_vars = {"sequence": seq, "past_sequence": past, "encoder_sequence": enc}
-    ids = Value("input_ids", "int64", (1, seq), sym_shape=(1, "sequence"))
+    beam: int | symbolic.Dim = 1
+    if beams > 1:
+        beam = g.size_vars["beam"] = symbolic.size_var("beam", 3, 1, beams, opt=1)
+    ids = Value("input_ids", "int64", (beam, seq), sym_shape=("beam" if beams > 1 else 1, "sequence"))
     write = Value("past_sequence_length", "int64", (1,))
     hidden = Value("encoder_hidden_states", "float32", (1, enc, c.width), sym_shape=(1, "encoder_sequence", c.width))
     g.inputs += [ids, write, hidden]
@@ -348,13 +353,17 @@ def decoder_graph(m: WhisperModel, max_tokens: int | None = None) -> Graph:
     for layer in range(c.decoder_layers):
         for kind, rows in (("past_key_values", ctx), ("cross_key_values", frames_max)):
             for part in ("key", "value"):
-                v = Value(f"{kind}.{layer}.{part}", "float32", (1, heads, rows, hd))
+                v = Value(f"{kind}.{layer}.{part}", "float32", (beams if kind == "past_key_values" else 1, heads,
+                                                                rows, hd))
                 g.inputs.append(v)
                 g.state[v.name] = f"{'present' if kind == 'past_key_values' else 'cross_present'}.{layer}.{part}"
                 caches[v.name] = v
     b = Builder(g)
     table = b.const(m.w("decoder/embeddings/weight"), name="decoder.embeddings")
     pos = decoder.positions(b, past, seq)
+    # every hypothesis writes its rows from P: write_indices [B] (TensorScatter's), all P
+    writes = b.op("Add", [b.op("Iota", [], shape=(beam,), start=0, delta=0, dtype="int64"), write]) \
+        if beams > 1 else write
     x = b.op("Add", [decoder.embed(b, table, ids),
                      b.op("Gather", [b.const(m.w("decoder/position_encodings/encodings")), pos], axis=0)])
     scale = 1 / math.sqrt(hd)
@@ -364,9 +373,9 @@ def decoder_graph(m: WhisperModel, max_tokens: int | None = None) -> Graph:
         p = f"decoder/layer_{layer}/"
         h = _norm(b, m, x, p + "self_attention/layer_norm")
         q, k, v = _split(b, _linear(b, m, h, p + "self_attention/linear_0"), 3)
-        q, k, v = (reshape(b, t, (1, seq, heads, hd)) for t in (q, k, v))
+        q, k, v = (reshape(b, t, (beam, seq, heads, hd)) for t in (q, k, v))
         out, pk, pv = decoder.causal_attention(b, q, k, v, caches[f"past_key_values.{layer}.key"],
-                                               caches[f"past_key_values.{layer}.value"], scale, write=write,
+                                               caches[f"past_key_values.{layer}.value"], scale, write=writes,
                                                past_len=past)
         presents[f"past_key_values.{layer}.key"], presents[f"past_key_values.{layer}.value"] = pk, pv
         x = b.op("Add", [x, _linear(b, m, out, p + "self_attention/linear_1")])
@@ -382,7 +391,7 @@ def decoder_graph(m: WhisperModel, max_tokens: int | None = None) -> Graph:
         attended = decoder.attention(b, q, cross[0], cross[1], scale)
         x = b.op("Add", [x, _linear(b, m, attended, p + "attention/linear_2")])
         x = _ffn(b, m, x, p)
-    x = b.op("Slice", [x], starts=(0, seq - 1, 0), ends=(1, seq, c.width), steps=(1, 1, 1))
+    x = b.op("Slice", [x], starts=(0, seq - 1, 0), ends=(beam, seq, c.width), steps=(1, 1, 1))
     x = _norm(b, m, x, "decoder/layer_norm")
     # the output projection is the embedding (tied): read transposed, not stored twice (const_fold keeps it)
     logits = b.op("MatMul", [x, b.op("Transpose", [table], perm=(1, 0))])
@@ -433,7 +442,7 @@ def speech_manifest(m: WhisperModel) -> dict:
 
     resample = {"taps": 2 * audio.HALF_TAPS, "max_outputs": audio.MAX_OUTPUTS, "rolloff": audio.ROLLOFF,
                 "zero_crossings": audio.ZERO_CROSSINGS, "min_rate": 4000, "max_rate": SAMPLE_RATE * audio.MAX_RATIO}
-    return {"format": "1.0", "kind": "speech-to-text", "architecture": "whisper",
+    return {"format": "1.1", "kind": "speech-to-text", "architecture": "whisper",
             "parts": {"resample": "resample", "log_mel": "log_mel", "encoder": "encoder", "decoder": "decoder"},
             "resample": resample,
             "tokenizer": "tokenizer.json", "sample_rate": SAMPLE_RATE, "n_fft": N_FFT, "hop": HOP,

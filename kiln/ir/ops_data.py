@@ -292,20 +292,25 @@ def _tensor_scatter_infer(ts, a):
     (dp, sp), (du, su) = ts[0], ts[1]
     ax = a["axis"]
     if dp != du or len(sp) != len(su) or not 1 <= ax < len(sp) or a["mode"] not in ("linear", "circular") or \
-            any(p != u for d, (p, u) in enumerate(zip(sp, su)) if d != ax) or \
-            (len(ts) > 2 and (ts[2][0] not in ("int32", "int64") or tuple(ts[2][1]) != (sp[0],))):
+            any(p != u for d, (p, u) in enumerate(zip(sp, su)) if d not in (0, ax)) or not _fewer_rows(su[0], sp[0]) or \
+            (len(ts) > 2 and (ts[2][0] not in ("int32", "int64") or tuple(ts[2][1]) != (su[0],))):
         raise ShapeError(f"TensorScatter: past_cache {dp}{list(sp)}, update {du}{list(su)}"
                          f"{f', write_indices {ts[2][0]}{list(ts[2][1])}' if len(ts) > 2 else ''}, axis {ax}, "
                          f"mode {a['mode']!r} do not fit")
     return [(dp, sp)]
 
 
+def _fewer_rows(u, p) -> bool:
+    """Whether an update's batch ``u`` fits the cache's ``p`` (equal, or at most ``p`` by its bounds)."""
+    return u == p or symbolic.bounds(u)[1] <= symbolic.bounds(p)[0]
+
+
 def _tensor_scatter_eval(xs, a):
     past, upd = xs[0], xs[1]
     ax, cap, n = a["axis"], past.shape[a["axis"]], upd.shape[a["axis"]]
-    idx = xs[2].astype(np.int64) if len(xs) > 2 else np.zeros(past.shape[0], np.int64)
+    idx = xs[2].astype(np.int64) if len(xs) > 2 else np.zeros(upd.shape[0], np.int64)
     out = past.copy()
-    for b in range(past.shape[0]):
+    for b in range(upd.shape[0]):
         rows = idx[b] + np.arange(n)
         if a["mode"] == "circular":
             rows %= cap
@@ -318,5 +323,7 @@ def _tensor_scatter_eval(xs, a):
 
 # ONNX TensorScatter-24: ``past_cache`` with ``update``'s rows written from ``write_indices[b]`` along ``axis``
 # (modulo the cache's length for ``circular``). Functional here; an in-place kernel when the cache is a state
-# buffer (kiln.passes.memory_plan).
+# buffer (kiln.passes.memory_plan). Kiln's one extension: the update (and write_indices) may have fewer batch
+# entries than the cache, which are written into its first ones (a cache of ``beams`` rows that a greedy
+# step at batch 1 uses the first of; kiln.frontend.whisper).
 register("TensorScatter", "gather", _tensor_scatter_infer, _tensor_scatter_eval)

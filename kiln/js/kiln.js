@@ -238,6 +238,28 @@ async function loadFrom(source, options) {
 /**
  * A loaded package on one target's device. Create it with {@link load} or {@link loadFiles}.
  */
+/**
+ * The copies {@link Session#reorderState} makes: per state tensor of more than one batch entry, its buffer, the
+ * bytes per entry and the `[destination, source]` entries that change.
+ * @param {Manifest} manifest @param {number[]} order
+ * @returns {{buffer: number, rowBytes: number, pairs: number[][]}[]}
+ * @throws {KilnError} no such state, or an order entry out of range.
+ */
+export function stateRowMoves(manifest, order) {
+  const rows = (manifest.state ?? []).filter((s) => s.shape[0] > 1);
+  if (!rows.length) {
+    throw new KilnError(`${manifest.name}: no state of several hypotheses to reorder (compile the decoder with beams > 1)`);
+  }
+  return rows.flatMap((s) => {
+    const n = s.shape[0];
+    if (order.length > n || order.some((i) => !Number.isInteger(i) || i < 0 || i >= n)) {
+      throw new KilnError(`reorderState: order [${order}] does not fit state '${s.name}' of ${n} hypotheses`);
+    }
+    const pairs = order.map((src, b) => [b, src]).filter(([b, src]) => b !== src);
+    return pairs.length ? [{buffer: s.buffer, rowBytes: s.bytes / n, pairs}] : [];
+  });
+}
+
 export class Session {
   /**
    * Use {@link load} or {@link loadFiles}.
@@ -302,6 +324,25 @@ export class Session {
       return Object.fromEntries(this.outputs.map((spec) => [spec.name, fromStorage(
         env ? {...spec, shape: outputShape(spec, env)} : spec, raw[spec.name])]));
     });
+    this.queue = result.catch(() => undefined);
+    return result;
+  }
+
+  /**
+   * Reorder the hypotheses of the package's state for beam search (kiln/runtime/generate.py's `reorder_state`):
+   * batch entry `b` of every state tensor with more than one (a self-attention cache `[beams, H, context, hd]`)
+   * becomes the entry `order[b]` was; state of one entry (a shared cross-attention cache) is kept. Queued after
+   * the runs before it; only the moved entries are copied, on the device.
+   * @param {ArrayLike<number>} order entries in `[0, entries)`; `[0, 0, 0]` copies the first to three hypotheses.
+   * @returns {Promise<void>}
+   * @throws {KilnError} no state of several hypotheses, an order entry out of range, or a backend without it.
+   */
+  async reorderState(order) {
+    const moves = stateRowMoves(this.manifest, Array.from(order, Number));
+    if (typeof this.backend.moveRows !== 'function') {
+      throw new KilnError(`reorderState: the '${this.target}' runtime keeps no state; use webgpu or wasm`);
+    }
+    const result = this.queue.then(() => this.backend.moveRows(moves));
     this.queue = result.catch(() => undefined);
     return result;
   }

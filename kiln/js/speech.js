@@ -13,8 +13,8 @@
 // long-form algorithm as faster-whisper runs it over CTranslate2: the whole recording's features; 30-s windows
 // from frame `seek`; each window's encoder output feeds the decoder's first step (on the GPU, never read back);
 // a prompt of the previous text, <|startoftranscript|> (language and task tokens on multilingual models) and
-// <|notimestamps|> without timestamps; greedy decoding with the model's token suppression and, with timestamps,
-// CTranslate2's timestamp rules; segments split at consecutive timestamps, the next window from the last one.
+// <|notimestamps|> without timestamps; greedy decoding or beam search with the model's token suppression and,
+// with timestamps, CTranslate2's timestamp rules; segments split at consecutive timestamps, the next window from the last one.
 
 import {KilnError, PackageError} from './errors.js';
 import {Tensor} from './tensor.js';
@@ -226,23 +226,33 @@ export class SpeechSession {
   }
 
   /**
-   * Transcribe a recording (greedy decoding; docs/speech.md says how).
+   * Transcribe a recording (greedy decoding or beam search; docs/speech.md says how).
    * @param {Float32Array} samples mono samples in [-1, 1].
    * @param {{sampleRate?: number, timestamps?: boolean, language?: string, task?: 'transcribe' | 'translate',
-   *   conditionOnPreviousText?: boolean, maxInitialTimestamp?: number, onSegment?: (s: Segment) => void,
-   *   signal?: AbortSignal}} [options] `sampleRate` (default 16000; others are resampled on the device),
-   *   `timestamps` (segment times from the model's timestamp tokens), `language` (multilingual models, default
-   *   'en'), `task`, `conditionOnPreviousText` (default true), `maxInitialTimestamp` (seconds, default 1),
-   *   `onSegment` (each segment as it is decoded), `signal` (abort between steps).
+   *   conditionOnPreviousText?: boolean, maxInitialTimestamp?: number, beamSize?: number, patience?: number,
+   *   lengthPenalty?: number, onSegment?: (s: Segment) => void, signal?: AbortSignal}} [options] `sampleRate`
+   *   (default 16000; others are resampled on the device), `timestamps` (segment times from the model's timestamp
+   *   tokens), `language` (multilingual models, default 'en'), `task`, `conditionOnPreviousText` (default true),
+   *   `maxInitialTimestamp` (seconds, default 1), `beamSize` (1: greedy, the default; up to the package's
+   *   `beams`), `patience` and `lengthPenalty` (beam search, default 1), `onSegment` (each segment as it is
+   *   decoded), `signal` (abort between steps).
    * @returns {Promise<{segments: Segment[], text: string, stats: TranscriptionStats}>}
    * @throws {KilnError} empty audio, a rate it cannot resample, audio over {@link MAX_AUDIO_S}, an unknown
-   *   language or task, a transcription already running, or an abort.
+   *   language or task, a beam size the package cannot hold, a transcription already running, or an abort.
    */
   async transcribe(samples, options = {}) {
     const {sampleRate = 16000, timestamps = false, language, task = 'transcribe', conditionOnPreviousText = true,
-      maxInitialTimestamp = 1.0, onSegment, signal} = options;
+      maxInitialTimestamp = 1.0, beamSize = 1, patience = 1.0, lengthPenalty = 1.0, onSegment, signal} = options;
     if (!(samples instanceof Float32Array)) throw new KilnError('transcribe: the audio must be a Float32Array of samples');
     if (!samples.length) throw new KilnError('the audio is empty (no samples)');
+    const beams = this.spec.beams ?? 1;
+    if (!Number.isInteger(beamSize) || beamSize < 1 || beamSize > beams) {
+      throw new KilnError(`beam size ${beamSize} is not from 1 to ${beams} (the decoder's cache holds ${beams} ` +
+        'hypotheses; kiln compile --beams sets it)');
+    }
+    if (!(patience > 0) || !Number.isFinite(lengthPenalty)) {
+      throw new KilnError(`patience must be > 0 and lengthPenalty finite, not ${patience}, ${lengthPenalty}`);
+    }
     if (task !== 'transcribe' && task !== 'translate') {
       throw new KilnError(`task must be 'transcribe' or 'translate', not '${task}'`);
     }
@@ -270,7 +280,8 @@ export class SpeechSession {
       const {mel, frames, max} = await this.features(audio);
       stats.featuresMs = performance.now() - t1;
       await this.windows(mel, frames, max, {timestamps, language: language ?? 'en', task, conditionOnPreviousText,
-        maxInitial: Math.round(maxInitialTimestamp / this.spec.time_precision), signal}, stats, (segment) => {
+        maxInitial: Math.round(maxInitialTimestamp / this.spec.time_precision), signal,
+        search: {beam: beamSize, patience, lengthPenalty}}, stats, (segment) => {
         segments.push(segment);
         onSegment?.(segment);
       });
@@ -286,7 +297,7 @@ export class SpeechSession {
    * @private
    * @param {Float32Array} mel @param {number} frames @param {number} max
    * @param {{timestamps: boolean, language: string, task: string, conditionOnPreviousText: boolean,
-   *   maxInitial: number, signal?: AbortSignal}} o
+   *   maxInitial: number, signal?: AbortSignal, search: {beam: number, patience: number, lengthPenalty: number}}} o
    * @param {TranscriptionStats} stats @param {(s: Segment) => void} emit
    */
   async windows(mel, frames, max, o, stats, emit) {
@@ -315,8 +326,10 @@ export class SpeechSession {
       stats.windows += 1;
       const prompt = this.prompt(history.slice(reset), o.timestamps, o.language, o.task);
       const maxNew = Math.min(s.max_context / 2, s.max_context - (prompt.length - 1));
-      const tokens = await this.decode(enc.encoder_hidden_states, prompt, o.timestamps, maxNew, o.maxInitial, stats,
-        o.signal);
+      const tokens = o.search.beam > 1
+        ? await this.decodeBeam(enc.encoder_hidden_states, prompt, o.timestamps, maxNew, o.maxInitial, o.search, stats,
+          o.signal)
+        : await this.decode(enc.encoder_hidden_states, prompt, o.timestamps, maxNew, o.maxInitial, stats, o.signal);
       free(enc);
       const [found, next] = split(tokens, begin, offset, size, size / perS, seek, s.time_precision, s.input_stride);
       seek = next > seek ? next : seek + size;  // a last timestamp of <|0.00|> would repeat the window for ever
@@ -387,6 +400,119 @@ export class SpeechSession {
     }
     return generated;
   }
+
+  /**
+   * Beam search over one window (kiln/runtime/speech.py's `_decode_beam`, CTranslate2's BeamSearch::search): each
+   * step's log-probabilities (after the same suppression as greedy decoding) added to each hypothesis' sum, the
+   * best `2 * beam` continuations; of the first `beam`, one ending (the end token or the step limit) is finished
+   * and replaced by the next that does not end. Done at `round(beam * patience)` finished hypotheses; the best by
+   * sum / length ** lengthPenalty. The decoder's self-attention cache is reordered after each step.
+   * @private
+   * @param {Tensor | GPUTensor} states @param {number[]} prompt @param {boolean} timestamps @param {number} maxNew
+   * @param {number} maxInitial @param {{beam: number, patience: number, lengthPenalty: number}} search
+   * @param {TranscriptionStats} stats @param {AbortSignal} [signal]
+   * @returns {Promise<number[]>}
+   */
+  async decodeBeam(states, prompt, timestamps, maxNew, maxInitial, search, stats, signal) {
+    const {beam, patience, lengthPenalty} = search;
+    const eot = this.spec.tokens.eot;
+    const gpu = this.target === 'webgpu';
+    const decoder = this.parts.decoder;
+    const empty = new Tensor('float32', new Float32Array(0), [1, 0, this.spec.width]);
+    const candidates = 2 * beam; const enough = Math.max(1, Math.round(beam * patience));
+    /** @type {[number, number[]][]} */
+    const finished = [];
+    /** @type {number[][]} */
+    let alive = [[]];
+    let sums = [0];
+    /** @param {number[][]} ids @param {number} cached @param {Tensor | GPUTensor} memory */
+    const step = (ids, cached, memory) => decoder.run({
+      input_ids: new Tensor('int64', BigInt64Array.from(ids.flat(), BigInt), [ids.length, ids[0].length]),
+      past_sequence_length: new Tensor('int64', BigInt64Array.of(BigInt(cached)), [1]),
+      encoder_hidden_states: memory}, {output: gpu ? 'gpu' : 'cpu'});
+    const t0 = performance.now();
+    /** @type {number[]} */
+    let best = [];
+    try {
+      let out = await step([prompt], 0, states);
+      let cached = prompt.length;
+      for (let s = 0; s < maxNew; s++) {
+        if (signal?.aborted) throw new KilnError('transcription aborted');
+        const logits = /** @type {Float32Array} */ ((await read(out.logits)).data);
+        free(out);
+        const vocab = logits.length / alive.length;
+        const total = new Float32Array(logits.length);
+        alive.forEach((seq, b) => {
+          const row = logSoftmax(suppressed(logits.subarray(b * vocab, (b + 1) * vocab), seq, timestamps, maxInitial,
+            this.spec));
+          for (let i = 0; i < vocab; i++) total[b * vocab + i] = row[i] + sums[b];
+        });
+        const top = topIndices(total, candidates);
+        const last = s + 1 === maxNew;
+        const keep = []; let spare = beam;
+        for (let k = 0; k < Math.min(beam, top.length); k++) {
+          let pick = k;
+          const token = top[k] % vocab;
+          if (token === eot || last) {
+            const seq = alive[Math.floor(top[k] / vocab)];
+            finished.push([total[top[k]], token === eot ? seq : [...seq, token]]);
+            for (let j = spare; j < top.length; j++) {
+              if (top[j] % vocab !== eot) {
+                pick = j; spare = j + 1;
+                break;
+              }
+            }
+          }
+          keep.push(top[pick]);
+        }
+        if (last || finished.length >= enough) break;
+        alive = keep.map((i) => [...alive[Math.floor(i / vocab)], i % vocab]);
+        sums = keep.map((i) => total[i]);
+        await decoder.reorderState(keep.map((i) => Math.floor(i / vocab)));
+        out = await step(alive.map((seq) => [seq[seq.length - 1]]), cached, empty);
+        cached += 1;
+      }
+      /** @param {[number, number[]]} f */
+      const normalised = ([score, seq]) => seq.length ? score / seq.length ** lengthPenalty : -Infinity;
+      let chosen = null;
+      for (const f of finished) if (!chosen || normalised(f) > normalised(chosen)) chosen = f;
+      best = chosen ? chosen[1] : [];
+    } finally {
+      stats.decodeMs += performance.now() - t0;
+    }
+    stats.tokens += best.length;
+    return best;
+  }
+}
+
+/**
+ * The best `count` entries of `x`, best first (ties: the lower index), without sorting all of it.
+ * @param {Float32Array} x @param {number} count @returns {number[]}
+ */
+function topIndices(x, count) {
+  /** @type {number[]} */
+  const best = [];  // kept sorted, best first
+  const worse = (a, b) => x[a] < x[b] || (x[a] === x[b] && a > b);
+  for (let i = 0; i < x.length; i++) {
+    if (best.length === count && !worse(best[count - 1], i)) continue;
+    let at = best.length < count ? best.length : count - 1;
+    best[at] = i;
+    while (at > 0 && worse(best[at - 1], best[at])) {
+      [best[at - 1], best[at]] = [best[at], best[at - 1]];
+      at--;
+    }
+  }
+  return best;
+}
+
+/** @param {Float32Array} x @returns {Float32Array} log(softmax(x)), -Infinity staying -Infinity */
+function logSoftmax(x) {
+  let top = -Infinity;
+  for (const v of x) if (v > top) top = v;
+  let sum = 0;
+  for (const v of x) sum += Math.exp(v - top);
+  const norm = top + Math.log(sum);
+  return x.map((v) => v - norm);
 }
 
 /** @param {Float32Array} x @returns {number} the first index of the largest value */

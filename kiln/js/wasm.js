@@ -285,6 +285,19 @@ export class WasmBackend {
     }
   }
 
+  /**
+   * Copy state entries within their buffers (kiln.js `stateRowMoves`); the sources are copied out first.
+   * @param {{buffer: number, rowBytes: number, pairs: number[][]}[]} moves
+   */
+  moveRows(moves) {
+    const memory = new Uint8Array(this.memory.buffer);
+    for (const {buffer, rowBytes, pairs} of moves) {
+      const base = this.offsets[buffer];
+      const rows = new Map(pairs.map(([, src]) => [src, memory.slice(base + src * rowBytes, base + (src + 1) * rowBytes)]));
+      for (const [dst, src] of pairs) memory.set(/** @type {Uint8Array} */ (rows.get(src)), base + dst * rowBytes);
+    }
+  }
+
   /** Run every plan step. @private */
   async compute() {
     if (!this.workers.length) {

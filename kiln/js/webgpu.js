@@ -262,6 +262,7 @@ export class WebGPUBackend {
     /** @private */ this.buffers = buffers;
     /** @private */ this.steps = steps;
     /** @private */ this.staging = staging;
+    /** @private @type {GPUBuffer | null} reorderState's, kept for the next steps */ this.scratch = null;
     /** @private @type {GPUDeviceLostInfo | {reason: string, message: string} | null} */
     this.lost = null;
     device.lost.then((lost) => { this.lost = lost; });
@@ -579,6 +580,34 @@ export class WebGPUBackend {
   }
 
   /**
+   * Copy state entries within their buffers (kiln.js `stateRowMoves`): the sources into a scratch buffer, then to
+   * their places, in one command buffer.
+   * @param {{buffer: number, rowBytes: number, pairs: number[][]}[]} moves
+   */
+  moveRows(moves) {
+    this.checkLost();
+    if (!moves.length) return;
+    const total = moves.reduce((n, m) => n + m.rowBytes * new Set(m.pairs.map((p) => p[1])).size, 0);
+    if (!this.scratch || this.scratch.size < total) {
+      this.scratch?.destroy();
+      this.scratch = this.device.createBuffer({size: total, label: 'kiln_reorder_state',
+        usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST});
+    }
+    const encoder = this.device.createCommandEncoder({label: 'reorder_state'});
+    let at = 0;
+    for (const {buffer, rowBytes, pairs} of moves) {
+      const slot = new Map();
+      for (const src of new Set(pairs.map((p) => p[1]))) {
+        slot.set(src, at);
+        encoder.copyBufferToBuffer(this.buffers[buffer], src * rowBytes, this.scratch, at, rowBytes);
+        at += rowBytes;
+      }
+      for (const [dst, src] of pairs) encoder.copyBufferToBuffer(this.scratch, slot.get(src), this.buffers[buffer], dst * rowBytes, rowBytes);
+    }
+    this.device.queue.submit([encoder.finish()]);
+  }
+
+  /**
    * Read buffers back (trained weights, optimizer state).
    * @param {{id: number, bytes: number}[]} sources buffer ids and byte counts
    * @returns {Promise<ArrayBuffer[]>}
@@ -596,6 +625,7 @@ export class WebGPUBackend {
     }
     for (const buffer of this.buffers) buffer.destroy();
     this.staging.buffer.destroy();
+    this.scratch?.destroy();
     this.trainer?.staging?.forEach?.((b) => b.destroy());
     this.lost = {reason: 'destroyed', message: 'the session was destroyed'};
   }

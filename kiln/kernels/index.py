@@ -278,7 +278,8 @@ def iota(shape, start, delta: int, dtype: str, name: str = "iota") -> Tensor:
 def tensor_scatter(past: Tensor, upd: Tensor, idx: Tensor | None, axis: int, mode: str, in_place: bool, out_shape,
                    name: str = "tensor_scatter") -> Tensor:
     """ONNX TensorScatter-24: ``past`` with the rows of ``upd`` written along ``axis`` from row ``idx[b]`` of each
-    batch entry ``b`` (0 without ``idx``; modulo the cache's length in ``circular`` mode).
+    batch entry ``b`` (0 without ``idx``; modulo the cache's length in ``circular`` mode). ``upd`` may have fewer
+    batch entries than ``past`` (Kiln's extension, kiln.ir.ops_data): they are written into its first ones.
 
     ``in_place`` (the cache's buffer is the result's, kiln.passes.memory_plan): one element per element of
     ``upd``, stored through ``attrs["store"]`` (the buffer's shape, each element's coordinates in it and the
@@ -300,11 +301,17 @@ def tensor_scatter(past: Tensor, upd: Tensor, idx: Tensor | None, axis: int, mod
                             binop("<", row, cap) & binop(">=", row, 0))
         return t
 
+    fewer = upd.shape[0] != past.shape[0]  # fewer batch entries than the cache: its first ones are written
+
     def body(*o):
-        s = o[axis] - start(o[0])
+        b = call("min", o[0], upd.shape[0] - 1) if fewer else o[0]  # reads stay inside the update
+        s = o[axis] - start(b)
         if mode == "circular":
             s = (s % cap + cap) % cap
         inside = binop(">=", s, 0) & binop("<", s, upd.shape[axis])
-        return select(inside, upd[tuple(s if d == axis else a for d, a in enumerate(o))], past[o])
+        if fewer:
+            inside = inside & binop("<", o[0], upd.shape[0])
+        at = tuple(s if d == axis else b if d == 0 else a for d, a in enumerate(o))
+        return select(inside, upd[at], past[o])
 
     return compute(out_shape, body, name)

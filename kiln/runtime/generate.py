@@ -177,12 +177,53 @@ class GenerationMixin:
         """
         return self.generator.generate(prompt, max_new_tokens, **sampling)
 
+    def reorder_state(self, order) -> None:
+        """Reorder the hypotheses of the package's state for beam search: batch entry ``b`` of every state tensor
+        with more than one (a self-attention cache ``[beams, H, context, hd]``) becomes the entry ``order[b]`` was,
+        for ``b < len(order)``; state of one batch entry (a cross-attention cache all hypotheses share) is kept.
+        CTranslate2's ``Decoder::update_state``, HF transformers' ``_reorder_cache``. Only the moved entries are
+        copied, on the device, through a scratch buffer (so ``order`` may swap entries).
+
+        Args:
+            order: ints, each in ``[0, entries)``; ``[0] * B`` copies the first entry to ``B`` hypotheses.
+
+        Raises:
+            KilnError: a package without such state, or an order entry out of range.
+        """
+        self._move_rows(state_row_moves(self.manifest, order))
+
+    def _move_rows(self, moves: list[tuple[int, int, list[tuple[int, int]]]]) -> None:
+        raise NotImplementedError
+
     @property
     def generator(self) -> Generator:
         """The :class:`Generator` of :meth:`generate` (made on first use)."""
         if getattr(self, "_generator", None) is None:
             self._generator = Generator(self)
         return self._generator
+
+
+def state_row_moves(manifest: dict[str, Any], order) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """The copies :meth:`GenerationMixin.reorder_state` makes: per state tensor of more than one batch entry,
+    ``(buffer id, bytes per entry, [(destination entry, source entry), ...])`` for the entries that change.
+
+    Raises:
+        KilnError: a package without such state, or an order entry out of range.
+    """
+    order = [int(i) for i in order]
+    rows = [s for s in manifest.get("state", []) if s["shape"][0] > 1]
+    if not rows:
+        raise KilnError(f"{manifest.get('name', 'the package')}: no state of several hypotheses to reorder (compile "
+                        "the decoder with beams > 1)")
+    out = []
+    for s in rows:
+        n = s["shape"][0]
+        if len(order) > n or any(not 0 <= i < n for i in order):
+            raise KilnError(f"reorder_state: order {order} does not fit state {s['name']!r} of {n} hypotheses")
+        pairs = [(b, src) for b, src in enumerate(order) if b != src]
+        if pairs:
+            out.append((s["buffer"], s["bytes"] // n, pairs))
+    return out
 
 
 def host_array(t) -> np.ndarray:

@@ -457,6 +457,32 @@ class Session(TrainingMixin, GenerationMixin):
             return {k: to_gpu(v, device=self.device) for k, v in data.items()}
         return to_gpu(data, device=self.device)
 
+    def _move_rows(self, moves: list[tuple[int, int, list[tuple[int, int]]]]) -> None:
+        """Copy state entries within their buffers (:func:`kiln.runtime.generate.state_row_moves`) on the
+        device: the sources into a scratch buffer, then to their places, in one command buffer."""
+        import wgpu
+
+        if not moves:
+            return
+        total = sum(row * len({src for _, src in pairs}) for _, row, pairs in moves)
+        scratch = getattr(self, "_scratch", None)
+        if scratch is None or scratch.size < total:  # kept for the next steps
+            if scratch is not None:
+                scratch.destroy()
+            scratch = self._scratch = self.device.create_buffer(
+                size=total, usage=wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST, label="kiln_reorder_state")
+        enc = self.device.create_command_encoder(label="reorder_state")
+        at = 0
+        for buffer, row, pairs in moves:
+            slot = {}
+            for src in sorted({src for _, src in pairs}):
+                slot[src] = at
+                enc.copy_buffer_to_buffer(self.buffers[buffer], src * row, scratch, at, row)
+                at += row
+            for dst, src in pairs:
+                enc.copy_buffer_to_buffer(scratch, slot[src], self.buffers[buffer], dst * row, row)
+        self.device.queue.submit([enc.finish()])
+
     def sync(self) -> None:
         """Block until the device has finished every submitted run (e.g. after ``run(..., output="gpu")``)."""
         synchronize(self.device)

@@ -335,18 +335,22 @@ class SpeechSession:
                 x[:begin] = -np.inf
         return x
 
+    def _step(self, ids: list[list[int]], cached: int, memory):
+        """One decoder step: ``ids`` ``[B, T]`` after ``cached`` tokens; returns its outputs (on the device with
+        WebGPU)."""
+        feeds = {"input_ids": np.asarray(ids, np.int64), "past_sequence_length": np.asarray([cached], np.int64),
+                 "encoder_hidden_states": memory}
+        return self.decoder.run(feeds, output="gpu") if self._gpu else self.decoder.run(feeds)
+
     def _decode(self, states, prompt: list[int], timestamps: bool, max_new: int, stats: TranscriptionStats,
                 max_initial: int) -> list[int]:
         """Greedy decoding of one window: the prompt, then up to ``max_new`` tokens (the end token excluded)."""
-        width = self.spec["width"]
-        empty = np.zeros((1, 0, width), np.float32)
+        empty = np.zeros((1, 0, self.spec["width"]), np.float32)
         generated: list[int] = []
         ids, cached, memory = prompt, 0, states
         t0 = time.perf_counter()
         while len(generated) < max_new:
-            feeds = {"input_ids": np.asarray([ids], np.int64), "past_sequence_length": np.asarray([cached], np.int64),
-                     "encoder_hidden_states": memory}
-            out = self.decoder.run(feeds, output="gpu") if self._gpu else self.decoder.run(feeds)
+            out = self._step([ids], cached, memory)
             cached += len(ids)
             memory = empty
             if timestamps or not generated:
@@ -363,14 +367,78 @@ class SpeechSession:
         stats.tokens += len(generated)
         return generated
 
+    def _decode_beam(self, states, prompt: list[int], timestamps: bool, max_new: int, stats: TranscriptionStats,
+                     max_initial: int, beam: int, patience: float, length_penalty: float) -> list[int]:
+        """Beam search over one window, CTranslate2's ``BeamSearch::search`` (src/decoding.cc): each step's
+        log-probabilities (after the same suppression as greedy decoding) added to each hypothesis' sum, the best
+        ``2 * beam`` continuations of all hypotheses; of the first ``beam``, one ending (the end token, or the
+        step limit) is finished and replaced by the next candidate that does not end. Done at
+        ``round(beam * patience)`` finished hypotheses; the best by sum / length ** ``length_penalty``. The
+        prompt runs once as one hypothesis; the decoder's self-attention cache is then copied to every
+        hypothesis and reordered after each step (:meth:`reorder_state`), the cross-attention cache shared."""
+        eot = self.tokens["eot"]
+        empty = np.zeros((1, 0, self.spec["width"]), np.float32)
+        candidates, enough = 2 * beam, max(1, round(beam * patience))
+        finished: list[tuple[float, list[int]]] = []
+        alive: list[list[int]] = [[]]
+        sums = np.zeros(1, np.float32)  # (float32 sums, as CTranslate2 keeps them)
+        t0 = time.perf_counter()
+        out = self._step([prompt], 0, states)
+        cached = len(prompt)
+        for step in range(max_new):
+            logits = host_array(out["logits"]).reshape(len(alive), -1)
+            release_tensors(out.values())
+            vocab = logits.shape[1]
+            logp = np.stack([_log_softmax(self._suppressed(row, seq, timestamps, max_initial))
+                             for row, seq in zip(logits, alive)])
+            total = (logp + sums[:, None]).reshape(-1)
+            top = np.argpartition(-total, candidates)[:candidates] if total.size > candidates else \
+                np.arange(total.size)
+            top = top[np.lexsort((top, -total[top]))]  # best first; ties: the lower index
+            origin, token, score = top // vocab, top % vocab, total[top]
+            last = step + 1 == max_new
+            keep, spare = [], beam
+            for k in range(min(beam, len(top))):
+                pick = k
+                if token[k] == eot or last:
+                    seq = alive[origin[k]] + ([] if token[k] == eot else [int(token[k])])
+                    finished.append((float(score[k]), seq))
+                    for j in range(spare, len(top)):  # another continuation takes its place
+                        if token[j] != eot:
+                            pick, spare = j, j + 1
+                            break
+                keep.append(pick)
+            if last or len(finished) >= enough:
+                break
+            alive = [alive[origin[j]] + [int(token[j])] for j in keep]
+            sums = score[keep]
+            self.decoder.reorder_state(origin[keep])
+            out = self._step([[seq[-1]] for seq in alive], cached, empty)
+            cached += 1
+        stats.decode_ms += (time.perf_counter() - t0) * 1e3
+
+        def normalised(f: tuple[float, list[int]]) -> float:
+            return f[0] / len(f[1]) ** length_penalty if f[1] else -np.inf
+
+        best = max(finished, key=normalised)[1] if finished else []
+        stats.tokens += len(best)
+        return best
+
     def _text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode([t for t in tokens if t < self.tokens["eot"]])
 
     def segments(self, audio: str | os.PathLike | np.ndarray, *, sample_rate: int | None = None,
                  timestamps: bool = False, language: str | None = None, task: str = "transcribe",
                  condition_on_previous_text: bool = True, max_initial_timestamp: float = 1.0,
+                 beam_size: int = 1, patience: float = 1.0, length_penalty: float = 1.0,
                  stats: TranscriptionStats | None = None) -> Iterator[Segment]:
         """Transcribe ``audio``, yielding segments as each window is decoded (see :meth:`transcribe`)."""
+        beams = int(self.spec.get("beams", 1))
+        if not (isinstance(beam_size, int) and 1 <= beam_size <= beams):
+            raise KilnError(f"beam size {beam_size!r} is not from 1 to {beams} (the decoder's cache holds {beams} "
+                            "hypotheses; kiln compile --beams sets it)")
+        if not patience > 0 or not math.isfinite(length_penalty):
+            raise KilnError(f"patience must be > 0 and length_penalty finite, not {patience!r}, {length_penalty!r}")
         if self._busy:
             raise KilnError("this speech session is already transcribing (its decoder holds one cache); finish or "
                             "close the other transcription, or load another session")
@@ -391,12 +459,14 @@ class SpeechSession:
             t0 = time.perf_counter()
             samples = self.resample(samples, rate)
             stats.resample_ms = (time.perf_counter() - t0) * 1e3
+            search = (beam_size, patience, length_penalty)
             yield from self._segments(samples, timestamps, language, task, condition_on_previous_text,
-                                      max_initial_timestamp, stats, t0)
+                                      max_initial_timestamp, search, stats, t0)
         finally:
             self._busy = False
 
-    def _segments(self, samples, timestamps, language, task, condition, max_initial_timestamp, stats, t_start):
+    def _segments(self, samples, timestamps, language, task, condition, max_initial_timestamp, search, stats,
+                  t_start):
         s, tk = self.spec, self.tokens
         t0 = time.perf_counter()
         raw, top = self.features(samples)
@@ -425,7 +495,10 @@ class SpeechSession:
             stats.windows += 1
             prompt = self._prompt(history[reset:], timestamps, language, task)
             max_new = min(s["max_context"] // 2, s["max_context"] - (len(prompt) - 1))
-            tokens = self._decode(states, prompt, timestamps, max_new, stats, max_initial)
+            if search[0] > 1:
+                tokens = self._decode_beam(states, prompt, timestamps, max_new, stats, max_initial, *search)
+            else:
+                tokens = self._decode(states, prompt, timestamps, max_new, stats, max_initial)
             release_tensors([states])
             found, after = _split(tokens, begin, offset, size, size / per_s, seek, precision, stride)
             # a window whose last complete timestamp is <|0.00|> would be decoded again, the same, for ever (the
@@ -445,8 +518,9 @@ class SpeechSession:
     def transcribe(self, audio: str | os.PathLike | np.ndarray, *, sample_rate: int | None = None,
                    timestamps: bool = False, language: str | None = None, task: str = "transcribe",
                    condition_on_previous_text: bool = True, max_initial_timestamp: float = 1.0,
+                   beam_size: int = 1, patience: float = 1.0, length_penalty: float = 1.0,
                    on_segment: Callable[[Segment], None] | None = None) -> Transcript:
-        """Transcribe a recording (greedy decoding; the module docstring says how).
+        """Transcribe a recording (greedy decoding or beam search; the module docstring says how).
 
         Args:
             audio: a sound file (WAV, FLAC, OGG, MP3) or float32 samples (with ``sample_rate``).
@@ -457,6 +531,10 @@ class SpeechSession:
             task: ``transcribe``, or ``translate`` (to English; multilingual models).
             condition_on_previous_text: prompt each window with the text decoded so far (Whisper's default).
             max_initial_timestamp: the first timestamp of a window is at most this many seconds in.
+            beam_size: 1 for greedy decoding, else beam search with this many hypotheses (at most the package's
+                ``beams``, 5 by default; faster-whisper's default is 5).
+            patience: beam search stops at ``round(beam_size * patience)`` finished hypotheses (Kasai et al. 2022).
+            length_penalty: beam search ranks finished hypotheses by log-probability / length ** this.
             on_segment: called with each segment as it is decoded.
 
         Returns:
@@ -464,16 +542,24 @@ class SpeechSession:
 
         Raises:
             KilnError: unreadable or empty audio, a sample rate it cannot resample, audio over :data:`MAX_AUDIO_S`,
-                an unknown language or task, or a transcription already running on this session.
+                an unknown language or task, a beam size the package cannot hold, or a transcription already
+                running on this session.
         """
         result = Transcript()
         for seg in self.segments(audio, sample_rate=sample_rate, timestamps=timestamps, language=language,
                                  task=task, condition_on_previous_text=condition_on_previous_text,
-                                 max_initial_timestamp=max_initial_timestamp, stats=result.stats):
+                                 max_initial_timestamp=max_initial_timestamp, beam_size=beam_size,
+                                 patience=patience, length_penalty=length_penalty, stats=result.stats):
             result.segments.append(seg)
             if on_segment is not None:
                 on_segment(seg)
         return result
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    """``log(softmax(x))`` of a float32 row, -inf entries staying -inf."""
+    top = x.max()
+    return x - (top + np.log(np.exp(x - top).sum()))
 
 
 def _split(tokens: list[int], begin: int, offset: float, size: int, duration: float, seek: int, precision: float,
