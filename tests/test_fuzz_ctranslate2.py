@@ -46,6 +46,12 @@ def ct2_bytes(spec: str, variables: dict[str, np.ndarray], aliases: dict[str, st
     return out
 
 
+#: the decoder attributes CTranslate2's WhisperSpec writes (without them CTranslate2 runs another decoder)
+DECODER_FLAGS = {"decoder/scale_embeddings": np.array(0, np.int8), "decoder/pre_norm": np.array(1, np.int8),
+                 "decoder/activation": np.array(3, np.int8), "decoder/alibi": np.array(0, np.int8),
+                 "decoder/start_from_zero_embedding": np.array(0, np.int8)}
+
+
 def tiny_whisper() -> bytes:
     """A valid WhisperSpec of width 8 (2 heads), one encoder and one decoder layer, 16 tokens: what the mutations
     start from."""
@@ -61,7 +67,7 @@ def tiny_whisper() -> bytes:
         "encoder/conv2/bias": w(d), "encoder/position_encodings/encodings": w(1500, d),
         "encoder/layer_norm/gamma": w(d), "encoder/layer_norm/beta": w(d),
         "decoder/embeddings/weight": w(vocab, d), "decoder/position_encodings/encodings": w(4, d),
-        "decoder/layer_norm/gamma": w(d), "decoder/layer_norm/beta": w(d)}
+        "decoder/layer_norm/gamma": w(d), "decoder/layer_norm/beta": w(d), **DECODER_FLAGS}
     for side in ("encoder", "decoder"):
         p = f"{side}/layer_0/"
         for norm in ("self_attention", "ffn") + (("attention",) if side == "decoder" else ()):

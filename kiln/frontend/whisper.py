@@ -166,10 +166,32 @@ def read_whisper(folder: str | os.PathLike) -> WhisperModel:
         raise ModelFormatError(f"{root / 'model.bin'}: width {cfg.width} does not split into "
                                f"{cfg.encoder_heads}/{cfg.decoder_heads} heads (or no layers)")
     _check_shapes(v, cfg, root)
+    _check_decoder_flags(v, root)
     if cfg.audio_ctx * 2 != N_FRAMES:
         raise ModelFormatError(f"{root / 'model.bin'}: {cfg.audio_ctx} encoder positions; Whisper has "
                                f"{N_FRAMES // 2} (30-s windows)")
     return WhisperModel(v, cfg, root)
+
+
+#: the decoder attributes CTranslate2's TransformerDecoder reads, with its defaults when a file lacks one, and the
+#: values of Whisper (ctranslate2/specs/whisper_spec.py): what this frontend builds
+_DECODER_FLAGS = {"scale_embeddings": (1, 0), "pre_norm": (1, 1), "activation": (0, 3), "alibi": (0, 0),
+                  "start_from_zero_embedding": (0, 0)}
+
+
+def _check_decoder_flags(v: dict[str, np.ndarray], root: Path) -> None:
+    """Refuse a decoder that CTranslate2 would run otherwise than Whisper's (embeddings scaled by sqrt(D),
+    post-norm, another activation than GELU (3), ALiBi): a flag missing from the file takes CTranslate2's default.
+
+    Raises:
+        ModelFormatError: naming the flag, its value and Whisper's.
+    """
+    for name, (default, whisper) in _DECODER_FLAGS.items():
+        key = f"decoder/{name}"
+        got = int(np.asarray(v[key]).reshape(-1)[0]) if key in v and np.asarray(v[key]).size else default
+        if got != whisper:
+            raise ModelFormatError(f"{root / 'model.bin'}: {key} is {got}{'' if key in v else ' (the default)'}, "
+                                   f"Whisper's is {whisper}; not a Whisper decoder Kiln builds")
 
 
 def _check_shapes(v: dict[str, np.ndarray], c: WhisperConfig, root: Path) -> None:
