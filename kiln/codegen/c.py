@@ -26,7 +26,7 @@ from kiln.te.loops import Barrier, BufLoad, For, LoweredKernel
 TYPES = {"float32": "float", "int32": "int", "bool": "int"}
 
 #: expression function -> scalar C (float operands); ``{i}`` variants for int operands
-FLOAT_FN = {"exp": "expf", "log": "logf", "sin": "sinf", "cos": "cosf", "tan": "tanf", "sqrt": "__builtin_sqrtf",
+FLOAT_FN = {"exp": "kiln_expf", "log": "logf", "sin": "sinf", "cos": "cosf", "tan": "tanf", "sqrt": "__builtin_sqrtf",
              "abs": "__builtin_fabsf", "floor": "__builtin_floorf", "ceil": "__builtin_ceilf",
              "trunc": "__builtin_truncf", "round": "__builtin_rintf", "max": "kiln_fmaxf",
              "min": "kiln_fminf", "tanh": "kiln_tanhf", "atan": "kiln_atanf", "pow": "kiln_powf",
@@ -65,6 +65,31 @@ KILN_EXPORT("kiln_dims") int* kiln_dims_address(void) { return kiln_dims; }
 
 float expf(float); float logf(float); float sinf(float); float cosf(float); float tanf(float);
 double exp(double); double log(double);
+
+// exp(x) in float32 as Cephes' expf (S. L. Moshier): n = round(x log2 e), r = x - n ln 2 in two parts (Cody and
+// Waite), a degree-5 polynomial for (exp(r) - 1 - r) / r^2, then 2^n applied in two halves (subnormal results
+// too): within 2 ulp of exp over its float range, inf above 88.72, 0 below -103.98, NaN for NaN. The vector
+// helpers of each target (kiln_f32x4_exp, kv_f32_exp) compute the same operations lane by lane, so a row's
+// scalar tail agrees with its vectors; libm's expf called per lane was a quarter of a transformer encoder's time
+// on wasm (its softmax).
+#define KILN_EXP_HI 88.72283935546875f
+#define KILN_EXP_LO -103.97207641601562f
+static inline float kiln_pow2i(int n) { return __builtin_bit_cast(float, (n + 127) << 23); }
+static inline float kiln_expf(float x) {
+    float c = x > KILN_EXP_HI ? KILN_EXP_HI : (x < KILN_EXP_LO ? KILN_EXP_LO : x);  // (NaN passes)
+    float fn = __builtin_rintf(c * 1.44269504088896341f);
+    float r = (c - fn * 0.693359375f) - fn * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = (p * (r * r) + r) + 1.0f;
+    int n = kiln_f2i(fn), h = n >> 1;
+    y = y * kiln_pow2i(h) * kiln_pow2i(n - h);
+    return x > KILN_EXP_HI ? KILN_INF : (x < KILN_EXP_LO ? 0.0f : y);
+}
 
 static inline int kiln_guard(int i, int hi) { return (unsigned)i > (unsigned)hi ? hi : i; }
 static inline int kiln_idiv(int a, int b) { return b == 0 || (b == -1 && a == (-2147483647 - 1)) ? a : a / b; }

@@ -40,7 +40,7 @@ LANES = 4
 _VEC_FLOAT_FN = {"sqrt": "wasm_f32x4_sqrt", "abs": "wasm_f32x4_abs", "floor": "wasm_f32x4_floor",
                  "ceil": "wasm_f32x4_ceil", "trunc": "wasm_f32x4_trunc", "round": "wasm_f32x4_nearest",
                  "max": "wasm_f32x4_max", "min": "wasm_f32x4_min", "clamp": "kiln_f32x4_clamp",
-                 "sign": "kiln_f32x4_sign"}
+                 "sign": "kiln_f32x4_sign", "exp": "kiln_f32x4_exp"}
 _VEC_INT_FN = {"abs": "wasm_i32x4_abs", "max": "wasm_i32x4_max", "min": "wasm_i32x4_min",
                "clamp": "kiln_i32x4_clamp"}
 

@@ -47,6 +47,26 @@ static inline v128_t kiln_f32x4_sign(v128_t x) {
     v128_t s = wasm_v128_bitselect(one, wasm_f32x4_neg(one), wasm_f32x4_gt(x, zero));
     return wasm_v128_bitselect(s, x, wasm_v128_or(wasm_f32x4_gt(x, zero), wasm_f32x4_lt(x, zero)));
 }
+// kiln_expf of the C prelude, lane by lane in vectors: the same operations in the same order
+static inline v128_t kiln_f32x4_exp(v128_t x) {
+    v128_t hi = wasm_f32x4_splat(KILN_EXP_HI), lo = wasm_f32x4_splat(KILN_EXP_LO);
+    v128_t c = wasm_v128_bitselect(hi, wasm_v128_bitselect(lo, x, wasm_f32x4_lt(x, lo)), wasm_f32x4_gt(x, hi));
+    v128_t fn = wasm_f32x4_nearest(wasm_f32x4_mul(c, wasm_f32x4_splat(1.44269504088896341f)));
+    v128_t r = wasm_f32x4_sub(wasm_f32x4_sub(c, wasm_f32x4_mul(fn, wasm_f32x4_splat(0.693359375f))),
+                              wasm_f32x4_mul(fn, wasm_f32x4_splat(-2.12194440e-4f)));
+    v128_t p = wasm_f32x4_splat(1.9875691500e-4f);
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(1.3981999507e-3f));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(8.3334519073e-3f));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(4.1665795894e-2f));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(1.6666665459e-1f));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(5.0000001201e-1f));
+    v128_t y = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(p, wasm_f32x4_mul(r, r)), r), wasm_f32x4_splat(1.0f));
+    v128_t n = wasm_i32x4_trunc_sat_f32x4(fn), h = wasm_i32x4_shr(n, 1), bias = wasm_i32x4_splat(127);
+    y = wasm_f32x4_mul(wasm_f32x4_mul(y, wasm_i32x4_shl(wasm_i32x4_add(h, bias), 23)),
+                       wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_sub(n, h), bias), 23));
+    y = wasm_v128_bitselect(wasm_f32x4_splat(0.0f), y, wasm_f32x4_lt(x, lo));
+    return wasm_v128_bitselect(wasm_f32x4_splat(KILN_INF), y, wasm_f32x4_gt(x, hi));
+}
 static inline v128_t kiln_load_s2(const void* p) {  // elements 0, 2, 4, 6 from p
     return wasm_i32x4_shuffle(wasm_v128_load(p), wasm_v128_load((const char*)p + 16), 0, 2, 4, 6);
 }
