@@ -74,18 +74,24 @@ double exp(double); double log(double);
 // on wasm (its softmax).
 #define KILN_EXP_HI 88.72283935546875f
 #define KILN_EXP_LO -103.97207641601562f
+// x - n ln 2 with ln 2 in two parts; Cephes' degree-5 polynomial for (exp(r) - 1 - r) / r^2 (Horner); then
+// 1 + r + p r^2. Operator forms: the scalar code's and the cpu target's GNU vectors take them alike
+#define KILN_EXP_REDUCE(c, fn) (((c) - (fn) * 0.693359375f) - (fn) * -2.12194440e-4f)
+#define KILN_EXP_P0 1.9875691500e-4f
+#define KILN_EXP_P1 1.3981999507e-3f
+#define KILN_EXP_P2 8.3334519073e-3f
+#define KILN_EXP_P3 4.1665795894e-2f
+#define KILN_EXP_P4 1.6666665459e-1f
+#define KILN_EXP_P5 5.0000001201e-1f
+#define KILN_EXP_POLY(r) (((((KILN_EXP_P0 * (r) + KILN_EXP_P1) * (r) + KILN_EXP_P2) * (r) + KILN_EXP_P3) * (r) \
+    + KILN_EXP_P4) * (r) + KILN_EXP_P5)
+#define KILN_EXP_Y(p, r) (((p) * ((r) * (r)) + (r)) + 1.0f)
 static inline float kiln_pow2i(int n) { return __builtin_bit_cast(float, (n + 127) << 23); }
 static inline float kiln_expf(float x) {
     float c = x > KILN_EXP_HI ? KILN_EXP_HI : (x < KILN_EXP_LO ? KILN_EXP_LO : x);  // (NaN passes)
     float fn = __builtin_rintf(c * 1.44269504088896341f);
-    float r = (c - fn * 0.693359375f) - fn * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = (p * (r * r) + r) + 1.0f;
+    float r = KILN_EXP_REDUCE(c, fn);
+    float y = KILN_EXP_Y(KILN_EXP_POLY(r), r);
     int n = kiln_f2i(fn), h = n >> 1;
     y = y * kiln_pow2i(h) * kiln_pow2i(n - h);
     return x > KILN_EXP_HI ? KILN_INF : (x < KILN_EXP_LO ? 0.0f : y);

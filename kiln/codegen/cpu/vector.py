@@ -109,14 +109,8 @@ static inline kv_t kv_f32_exp(kv_t a) {
     kv_f c = (kv_f)kv_v128_bitselect(kv_f32_splat(KILN_EXP_HI), kv_v128_bitselect(kv_f32_splat(KILN_EXP_LO), a, small),
                                      big);
     kv_f fn = __builtin_elementwise_roundeven(c * 1.44269504088896341f);
-    kv_f r = (c - fn * 0.693359375f) - fn * -2.12194440e-4f;
-    kv_f p = (kv_f){} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    kv_f y = (p * (r * r) + r) + 1.0f;
+    kv_f r = KILN_EXP_REDUCE(c, fn);
+    kv_f y = KILN_EXP_Y(KILN_EXP_POLY(r), r);
     kv_t n = kv_i32_trunc_sat_f32((kv_t)fn), h = n >> 1;
     y = y * (kv_f)((h + 127) << 23) * (kv_f)((n - h + 127) << 23);
     return kv_v128_bitselect(kv_f32_splat(KILN_INF), kv_v128_bitselect(kv_f32_splat(0.0f), (kv_t)y, small), big);

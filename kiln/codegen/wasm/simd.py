@@ -54,12 +54,12 @@ static inline v128_t kiln_f32x4_exp(v128_t x) {
     v128_t fn = wasm_f32x4_nearest(wasm_f32x4_mul(c, wasm_f32x4_splat(1.44269504088896341f)));
     v128_t r = wasm_f32x4_sub(wasm_f32x4_sub(c, wasm_f32x4_mul(fn, wasm_f32x4_splat(0.693359375f))),
                               wasm_f32x4_mul(fn, wasm_f32x4_splat(-2.12194440e-4f)));
-    v128_t p = wasm_f32x4_splat(1.9875691500e-4f);
-    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(1.3981999507e-3f));
-    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(8.3334519073e-3f));
-    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(4.1665795894e-2f));
-    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(1.6666665459e-1f));
-    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(5.0000001201e-1f));
+    v128_t p = wasm_f32x4_splat(KILN_EXP_P0);
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(KILN_EXP_P1));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(KILN_EXP_P2));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(KILN_EXP_P3));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(KILN_EXP_P4));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(KILN_EXP_P5));
     v128_t y = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(p, wasm_f32x4_mul(r, r)), r), wasm_f32x4_splat(1.0f));
     v128_t n = wasm_i32x4_trunc_sat_f32x4(fn), h = wasm_i32x4_shr(n, 1), bias = wasm_i32x4_splat(127);
     y = wasm_f32x4_mul(wasm_f32x4_mul(y, wasm_i32x4_shl(wasm_i32x4_add(h, bias), 23)),
