@@ -236,9 +236,6 @@ async function loadFrom(source, options) {
 }
 
 /**
- * A loaded package on one target's device. Create it with {@link load} or {@link loadFiles}.
- */
-/**
  * The copies {@link Session#reorderState} makes: per state tensor of more than one batch entry, its buffer, the
  * bytes per entry and the `[destination, source]` entries that change.
  * @param {Manifest} manifest @param {number[]} order
@@ -260,6 +257,9 @@ export function stateRowMoves(manifest, order) {
   });
 }
 
+/**
+ * A loaded package on one target's device. Create it with {@link load} or {@link loadFiles}.
+ */
 export class Session {
   /**
    * Use {@link load} or {@link loadFiles}.

@@ -14,8 +14,9 @@ implementations do (openai-whisper's ``transcribe``, faster-whisper's ``generate
    the previous windows' text when conditioning on it, ``<|startoftranscript|>``, language and task for
    multilingual models, ``<|notimestamps|>`` without timestamps) and greedy decoding (the arg max after the
    model's ``suppress_ids``, and ``suppress_ids_begin`` at the first token: CTranslate2's ``suppress_tokens=[-1]``
-   and ``suppress_blank``), with Whisper's timestamp rules (CTranslate2's ``ApplyTimestampRules``) when
-   timestamps are asked for;
+   and ``suppress_blank``) or beam search (CTranslate2's ``BeamSearch``, over the same suppressed logits, the
+   decoder's cache reordered between steps), with Whisper's timestamp rules (CTranslate2's
+   ``ApplyTimestampRules``) when timestamps are asked for;
 3. segments split at consecutive timestamp tokens; the next window starts at the last complete timestamp (or
    after the window, without timestamps or after a single ending timestamp).
 
