@@ -7,6 +7,7 @@ The model is Whisper tiny.en from ``kiln zoo get whisper_tiny_en`` (setup.sh put
 
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 
@@ -269,6 +270,27 @@ def test_transcribe_refuses_bad_audio(package, tmp_path, monkeypatch):
     for beam in (0, 6, 2.0):
         with pytest.raises(KilnError, match=f"beam size {beam} is not from 1 to 5"):
             session.transcribe(np.zeros(16000, np.float32), sample_rate=16000, beam_size=beam)
+
+
+def test_speech_json_is_checked_against_its_schema(package, tmp_path):
+    """speech.json as written satisfies kiln/package/speech.schema.json; a damaged one is refused in one line naming
+    the JSON path (a part outside the package, a negative token, a missing key, a newer major format)."""
+    import json
+
+    from kiln.runtime.speech import read_speech_manifest
+
+    spec = read_speech_manifest(package)
+    assert spec["format"] == "1.1" and spec["beams"] == 5
+    for change, says in ((lambda s: s["parts"].update(decoder="../elsewhere"), "parts.decoder: '../elsewhere'"),
+                         (lambda s: s["tokens"].update(eot=-1), "tokens.eot: -1 is less than the minimum of 0"),
+                         (lambda s: s.pop("tokens"), "'tokens' is a required property"),
+                         (lambda s: s.update(format="2.0"), "speech package format 2.0 is not 1.x")):
+        bad = json.loads(json.dumps(spec))
+        change(bad)
+        (tmp_path / "speech.json").write_text(json.dumps(bad))
+        with pytest.raises(PackageError, match=re.escape(says)) as e:
+            read_speech_manifest(tmp_path)
+        assert "\n" not in str(e.value)
 
 
 def test_speech_package_refuses_overwrite(package, tmp_path):

@@ -145,3 +145,23 @@ def validate_section(target: str, section: Any, where: str) -> None:
             raise PackageError(f"{where}: targets.{target}: {_short(section)} is not of type 'object'")
         return
     _check(_validator(_name(ref)), section, where, ("targets", target))
+
+
+#: the speech package's schema (``speech.json``, docs/speech.md) beside this module
+SPEECH_SCHEMA_FILE = "speech.schema.json"
+
+
+@functools.cache
+def _speech_validator() -> Draft202012Validator:
+    return Draft202012Validator(json.loads((resources.files("kiln.package") / SPEECH_SCHEMA_FILE)
+                                           .read_text(encoding="utf-8")))
+
+
+def validate_speech_manifest(spec: Any, where: str) -> None:
+    """Check a speech package's ``speech.json`` against ``kiln/package/speech.schema.json``.
+
+    Raises:
+        PackageError: one line, ``<where>: <JSON path>: <problem>``, e.g. ``speech.json: tokens.eot: -1 is less
+            than the minimum of 0``.
+    """
+    _check(_speech_validator(), spec, where)

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kiln.package.manifest import validate_speech_manifest
 from kiln.package.writer import MANIFEST, RUNTIME_FILES, SPEECH_FILES, check_destination, copy_runtime, write_package
 
 SPEECH = "speech.json"
@@ -41,6 +42,7 @@ def write_speech_package(parts: dict[str, Any], out: str | os.PathLike, *, spec:
     """
     out = Path(out)
     check_speech_destination(out, force)
+    validate_speech_manifest(spec, SPEECH)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError, PackageError
+from kiln.package.manifest import validate_speech_manifest
 from kiln.runtime import open_session
 from kiln.runtime.generate import host_array, release_tensors
 
@@ -107,7 +108,8 @@ def read_speech_manifest(package: str | os.PathLike) -> dict[str, Any]:
     """``speech.json`` of a speech package.
 
     Raises:
-        PackageError: no such file, malformed JSON, or a newer major format.
+        PackageError: no such file, malformed JSON, a newer major format, or a file the speech package's schema
+            (``kiln/package/speech.schema.json``) refuses (one line naming the JSON path).
     """
     p = Path(package) / SPEECH
     try:
@@ -117,10 +119,11 @@ def read_speech_manifest(package: str | os.PathLike) -> dict[str, Any]:
                            "makes one)") from None
     except (OSError, ValueError) as e:
         raise PackageError(f"{p}: not readable JSON: {e}") from None
-    major = int(str(spec.get("format", "0")).split(".")[0])
-    if major != FORMAT_MAJOR:
-        raise PackageError(f"{p}: speech package format {spec.get('format')} is not {FORMAT_MAJOR}.x; recompile it "
-                           "with this Kiln")
+    major = str(spec.get("format", "0")).split(".")[0] if isinstance(spec, dict) else "0"
+    if major != str(FORMAT_MAJOR):
+        got = spec.get("format") if isinstance(spec, dict) else None
+        raise PackageError(f"{p}: speech package format {got} is not {FORMAT_MAJOR}.x; recompile it with this Kiln")
+    validate_speech_manifest(spec, str(p))
     return spec
 
 
