@@ -372,7 +372,8 @@ def _speech_info(package: Path, as_json: bool) -> None:
         return
     click.echo(f"speech package {package}: {spec['architecture']} (format {spec['format']}), width {spec['width']}, "
                f"vocabulary {spec['vocab']}, {spec['n_mels']} mel bins, "
-               + ("multilingual" if spec["multilingual"] else "English only"))
+               + ("multilingual" if spec["multilingual"] else "English only")
+               + f"; beam search up to {spec.get('beams', 1)}")
     for name, m in parts.items():
         steps = ", ".join(f"{t} {len(kernel_steps(s['plan']))} steps" for t, s in m["targets"].items())
         click.echo(f"  {name:<9} {_fmt_bytes(m['memory']['weight_bytes']):>10} weights; {steps}")

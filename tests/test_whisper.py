@@ -369,6 +369,7 @@ def test_cli_transcribe_and_info(package, clips, reference):
     assert "real-time factor" in done.output
     info = CliRunner().invoke(main, ["info", str(package)])
     assert info.exit_code == 0 and "whisper" in info.output and "decoder" in info.output, info.output
+    assert "beam search up to 5" in info.output
     refused = CliRunner().invoke(main, ["transcribe", str(package / "decoder"), str(path)])
     assert refused.exit_code != 0 and "not a speech package" in refused.output
 
