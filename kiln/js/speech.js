@@ -359,6 +359,19 @@ export class SpeechSession {
   }
 
   /**
+   * One decoder step: `ids` `[B, T]` after `cached` tokens (its outputs stay on the GPU with WebGPU).
+   * @private
+   * @param {number[][]} ids @param {number} cached @param {Tensor | GPUTensor} memory the encoder's output, or none
+   * @returns {Promise<Record<string, Tensor | GPUTensor>>}
+   */
+  step(ids, cached, memory) {
+    return this.parts.decoder.run({
+      input_ids: new Tensor('int64', BigInt64Array.from(ids.flat(), BigInt), [ids.length, ids[0].length]),
+      past_sequence_length: new Tensor('int64', BigInt64Array.of(BigInt(cached)), [1]),
+      encoder_hidden_states: memory}, {output: this.target === 'webgpu' ? 'gpu' : 'cpu'});
+  }
+
+  /**
    * Greedy decoding of one window: the prompt, then up to `maxNew` tokens (the end token excluded).
    * @private
    * @param {Tensor | GPUTensor} states the encoder's output @param {number[]} prompt @param {boolean} timestamps
@@ -366,9 +379,7 @@ export class SpeechSession {
    * @returns {Promise<number[]>}
    */
   async decode(states, prompt, timestamps, maxNew, maxInitial, stats, signal) {
-    const width = this.spec.width;
-    const gpu = this.target === 'webgpu';
-    const empty = new Tensor('float32', new Float32Array(0), [1, 0, width]);
+    const empty = new Tensor('float32', new Float32Array(0), [1, 0, this.spec.width]);
     /** @type {number[]} */
     const generated = [];
     let ids = prompt; let cached = 0; let memory = states;
@@ -376,10 +387,7 @@ export class SpeechSession {
     try {
       while (generated.length < maxNew) {
         if (signal?.aborted) throw new KilnError('transcription aborted');
-        const out = await this.parts.decoder.run({
-          input_ids: new Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]),
-          past_sequence_length: new Tensor('int64', BigInt64Array.of(BigInt(cached)), [1]),
-          encoder_hidden_states: memory}, {output: gpu ? 'gpu' : 'cpu'});
+        const out = await this.step([ids], cached, memory);
         cached += ids.length;
         memory = empty;
         let token;
@@ -416,8 +424,6 @@ export class SpeechSession {
   async decodeBeam(states, prompt, timestamps, maxNew, maxInitial, search, stats, signal) {
     const {beam, patience, lengthPenalty} = search;
     const eot = this.spec.tokens.eot;
-    const gpu = this.target === 'webgpu';
-    const decoder = this.parts.decoder;
     const empty = new Tensor('float32', new Float32Array(0), [1, 0, this.spec.width]);
     const candidates = 2 * beam; const enough = Math.max(1, Math.round(beam * patience));
     /** @type {[number, number[]][]} */
@@ -425,16 +431,11 @@ export class SpeechSession {
     /** @type {number[][]} */
     let alive = [[]];
     let sums = [0];
-    /** @param {number[][]} ids @param {number} cached @param {Tensor | GPUTensor} memory */
-    const step = (ids, cached, memory) => decoder.run({
-      input_ids: new Tensor('int64', BigInt64Array.from(ids.flat(), BigInt), [ids.length, ids[0].length]),
-      past_sequence_length: new Tensor('int64', BigInt64Array.of(BigInt(cached)), [1]),
-      encoder_hidden_states: memory}, {output: gpu ? 'gpu' : 'cpu'});
     const t0 = performance.now();
     /** @type {number[]} */
     let best = [];
     try {
-      let out = await step([prompt], 0, states);
+      let out = await this.step([prompt], 0, states);
       let cached = prompt.length;
       for (let s = 0; s < maxNew; s++) {
         if (signal?.aborted) throw new KilnError('transcription aborted');
@@ -468,8 +469,8 @@ export class SpeechSession {
         if (last || finished.length >= enough) break;
         alive = keep.map((i) => [...alive[Math.floor(i / vocab)], i % vocab]);
         sums = keep.map((i) => total[i]);
-        await decoder.reorderState(keep.map((i) => Math.floor(i / vocab)));
-        out = await step(alive.map((seq) => [seq[seq.length - 1]]), cached, empty);
+        await this.parts.decoder.reorderState(keep.map((i) => Math.floor(i / vocab)));
+        out = await this.step(alive.map((seq) => [seq[seq.length - 1]]), cached, empty);
         cached += 1;
       }
       /** @param {[number, number[]]} f */

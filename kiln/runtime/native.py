@@ -207,6 +207,7 @@ class Session(TrainingMixin, GenerationMixin):
             for b in self.manifest["buffers"]:
                 if b["kind"] in ("activation", "output"):
                     self._fill_nan(b["id"])
+        self._scratch = None  # reorder_state's scratch buffer, made on first use
         self._out_bytes = [_copy_size(o, self.buffers[o["buffer"]]) for o in self.outputs]
         self._readback = gpu.Readback(dev, self._out_bytes)
         t_end = time.perf_counter()
@@ -465,7 +466,7 @@ class Session(TrainingMixin, GenerationMixin):
         if not moves:
             return
         total = sum(row * len({src for _, src in pairs}) for _, row, pairs in moves)
-        scratch = getattr(self, "_scratch", None)
+        scratch = self._scratch
         if scratch is None or scratch.size < total:  # kept for the next steps
             if scratch is not None:
                 scratch.destroy()
