@@ -4,13 +4,16 @@ Usage::
 
     python -m bench.llm [--model models/zoo/SmolLM2-135M-Instruct.Q4_1.gguf] [--prompts 128,512]
                         [--contexts 128,1024] [--repeat 10] [--warmup 3] [--device-class gpu] [--precision fp32,fp16]
-                        [--torch | --torch-all] [--ort]
+                        [--torch | --torch-all] [--ort] [--no-sampled]
                         [--out bench/results]
 
 Kiln: ``kiln compile MODEL.gguf`` (WebGPU, packed weights), natively through wgpu-py. Prefill: one step of
 ``P`` prompt tokens with an empty cache, timed to the last row's arg max read back. Decode: one step of one
 token after a cache of ``C - 1`` tokens (the package's state, kept in place: the work does not depend on its
-values), only ``next_token`` read back, as ``session.generate`` does; tokens/s is 1000 / median ms.
+values), only ``next_token`` read back, as ``session.generate`` does; tokens/s is 1000 / median ms. Decode
+sampled: the same step, then a draw with temperature 0.7, top-p 0.9, top-k 50 and repetition penalty 1.1 over
+``C`` seen ids, by the package's sampler on the GPU (the id read back) and, for comparison, on the host (the
+logits read back, numpy), as packages without a sampler do.
 PyTorch (``--torch``, needs CUDA): a plain fp32 Llama of the same weights (dequantized with
 ``gguf.quants.dequantize``) with a static KV cache, eager; ``--torch-all``: fp32 and fp16, each eager and under
 ``torch.compile``. Also recorded: load time (package to first
@@ -45,9 +48,10 @@ MODEL = ROOT / "models" / "zoo" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
-                    device_class: str, console: Console, precision: str = "fp32") -> dict:
+                    device_class: str, console: Console, precision: str = "fp32", sampled: bool = True) -> dict:
     """Kiln's prefill and decode timings (ms) at each prompt length and context, for a package compiled with
-    ``precision`` (``fp16``: f16 activations and KV cache, the packed weights' scales as they are)."""
+    ``precision`` (``fp16``: f16 activations and KV cache, the packed weights' scales as they are); with
+    ``sampled`` also decode steps that sample (:func:`sampled_decode`)."""
     import kiln
     from kiln.compiler import compile_model
 
@@ -87,7 +91,51 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
         cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
         rec["decode"][c] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
         console.log(f"kiln {precision} decode at {c}: {np.median(times):.2f} ms")
+    if sampled:
+        rec["decode_sampled"] = sampled_decode(session, feeds, contexts, repeat, warmup, console, precision)
     return rec
+
+
+#: the sampling options the ``decode sampled`` rows use (a chat UI's usual settings)
+SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.1}
+
+
+def sampled_decode(session, feeds, contexts: list[int], repeat: int, warmup: int, console: Console,
+                   precision: str) -> dict:
+    """Decode steps that sample (``SAMPLING``, ``context`` ids penalised) instead of taking the arg max: the step
+    plus the package's sampler on the GPU reading back the id (``device``), or the step plus reading back the
+    logits and :func:`kiln.runtime.generate.sample` in numpy (``host``, what a package without a sampler does)."""
+    from kiln.runtime.generate import SamplingOptions, sample
+
+    gen = session.manifest["generation"]
+    sampler = session.generator.sampler()
+    opts = SamplingOptions(**SAMPLING)
+    rng = np.random.default_rng(1)
+    out: dict = {}
+    for c in contexts:
+        f = feeds(1, c - 1)
+        seen = rng.choice(40000, min(c, 40000), replace=False).tolist()
+        sfeeds = {"seen": np.asarray(seen, np.int32), "seed": np.array([1, 0], np.int32),
+                  "options": np.array([opts.temperature, opts.top_p, opts.repetition_penalty, opts.top_k], np.float32)}
+
+        def on_device(f=f, sfeeds=sfeeds):
+            res = session.run(f, output="gpu")
+            sampler.run({**sfeeds, "logits": res[gen["logits"]]})["token"].reshape(-1)
+            for t in res.values():
+                t.release()
+
+        def on_host(f=f, seen=seen):
+            res = session.run(f, output="gpu")
+            sample(res[gen["logits"]].numpy().reshape(-1), opts, seen, rng)
+            for t in res.values():
+                t.release()
+
+        out[c] = {}
+        for name, fn in (("device", on_device), ("host", on_host)):
+            cold, times = time_runs(fn, repeat, warmup)
+            out[c][name] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
+            console.log(f"kiln {precision} sampled decode at {c}, sampler on the {name}: {np.median(times):.2f} ms")
+    return out
 
 
 def torch_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
@@ -246,6 +294,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--torch-all", action="store_true",
                     help="also PyTorch fp32 and fp16, eager and torch.compile, on CUDA")
     ap.add_argument("--ort", action="store_true", help="also onnxruntime's WebGPU EP on the q4 ONNX export")
+    ap.add_argument("--no-sampled", dest="sampled", action="store_false",
+                    help="skip the decode steps that sample (the sampler on the GPU against sampling on the host)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     a = ap.parse_args(argv)
     console = Console(stderr=True)
@@ -254,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
     record = {"model": a.model.name, "repeat": a.repeat, "warmup": a.warmup}
     for precision in a.precision.split(","):
         record["kiln" if precision == "fp32" else f"kiln_{precision}"] = kiln_contestant(
-            a.model, prompts, contexts, a.repeat, a.warmup, a.device_class, console, precision)
+            a.model, prompts, contexts, a.repeat, a.warmup, a.device_class, console, precision, a.sampled)
     if a.torch or a.torch_all:
         for dtype in ("float32", "float16") if a.torch_all else ("float32",):
             for compiled in (False, True) if a.torch_all else (False,):
@@ -275,6 +325,11 @@ def main(argv: list[str] | None = None) -> dict:
             r = record[name]
             table.add_row(name, *[f"{r['prefill'][p]['tokens_per_s']:.0f}" for p in prompts],
                           *[f"{r['decode'][c]['tokens_per_s']:.1f}" for c in contexts])
+        for where in ("device", "host"):
+            if name in record and "decode_sampled" in record[name]:
+                d = record[name]["decode_sampled"]
+                table.add_row(f"{name} sampled, sampler on the {where}", *["" for _ in prompts],
+                              *[f"{d[c][where]['tokens_per_s']:.1f}" for c in contexts])
     Console().print(table)
     if "ort_webgpu_q4" in record and "kiln" in record:
         o, k = record["ort_webgpu_q4"], record["kiln"]

@@ -17,6 +17,7 @@ from kiln.codegen.target import Program, Target, TargetBuild, get_target, target
 from kiln.errors import KilnError, UnsupportedOpError
 from kiln.frontend.gguf import import_gguf
 from kiln.frontend.onnx.importer import import_model, load_model, unsupported_ops
+from kiln.frontend.sampling import sampler_graph
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
 from kiln.package.writer import check_destination, write_package
@@ -225,8 +226,13 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         tokenizer = dg.tokenizer_json()  # an unsupported tokenizer fails before the long compile
         compiled = compile_graph(dg.graph, target, validate=validate, progress=progress, device_class=device_class,
                                  wasm_threads=wasm_threads, schedule=schedule, precision=precision)
+        generation, parts = dg.generation(), {}
+        if "webgpu" in parse_targets(target):  # sampling on the GPU; the C targets' host reads logits in place
+            sampler = sampler_graph(dg.graph.outputs[0].shape[-1], max_context)  # the logits row's length
+            parts["sampler"] = compile_graph(sampler, "webgpu", validate=validate, device_class=device_class)
+            generation["sampler"] = "sampler"
         return write_package(compiled, out, force=force, preset="none", source=Path(model).name,
-                             generation=dg.generation(), extra_files={"tokenizer.json": tokenizer})
+                             generation=generation, extra_files={"tokenizer.json": tokenizer}, parts=parts)
     onnx_model = load_model(model)
     missing = unsupported_ops(onnx_model)
     if missing:

@@ -282,6 +282,9 @@ def test_kiln_compile_gguf_package(chat_package, tmp_path):
     assert m["dim_limits"] == [{"dims": ["past_sequence", "sequence"], "max": 192}]
     assert gen["eos_token_ids"][0] == 2 and "<|im_start|>" in gen["chat_template"]
     assert (chat_package / "tokenizer.json").exists()
+    sampler = read_manifest(chat_package / gen["sampler"])  # sampling on the GPU (format 1.8)
+    assert [i["name"] for i in sampler["inputs"]] == ["logits", "seen", "options", "seed"]
+    assert list(sampler["targets"]) == ["webgpu"] and sampler["outputs"][0]["name"] == "token"
     params = 134_515_008
     assert m["memory"]["weight_bytes"] * 8 / params < 6.0  # packed: f32 weights would be 32 bits a weight
     bad = _tiny_gguf(tmp_path / "gpt2.gguf", arch="gpt2")
@@ -314,13 +317,24 @@ def test_greedy_generation_reproduces_reference_answers(chat_package, target):
 
 @needs_model
 def test_sampling_is_seeded_and_bad_prompts_are_refused(chat_package):
-    """Sampling with a seed repeats itself and differs from another seed; a second generation while one runs on the
+    """Sampling with a seed repeats itself and differs from another seed, and on WebGPU each token is the package's
+    sampler's draw from that step's logits (replayed step by step); a second generation while one runs on the
     session (one cache) is refused; a prompt longer than the context, a non-UTF-8 prompt and bad options are one-line
     errors."""
     session = kiln.load(chat_package)
     opts = {"temperature": 1.0, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.1}
     runs = [[c.token for c in session.generate("Once upon", 5, seed=s, **opts)] for s in (1, 1, 2)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
+    # on WebGPU the package's sampler drew them from the logits on the device: replay the steps by hand
+    sampler, ids = session.generator.sampler(), session.generator.encode("Once upon")
+    out = session.run({"input_ids": np.asarray([ids]), "past_sequence_length": np.array([0])}, output="gpu")
+    for n, token in enumerate(runs[0]):
+        seen = np.asarray(list(dict.fromkeys(ids + runs[0][:n])), np.int32)
+        feeds = {"logits": out["logits"], "seen": seen, "options": np.array([1.0, 0.9, 1.1, 50], np.float32),
+                 "seed": np.array([1, n], np.int32)}
+        assert int(sampler.run(feeds)["token"].reshape(-1)[0]) == token
+        out = session.run({"input_ids": np.array([[token]]), "past_sequence_length": np.array([len(ids) + n])},
+                          output="gpu")
     first = session.generate("Once upon", 5, seed=1, **opts)
     assert next(first).token == runs[0][0]
     with pytest.raises(KilnError, match="already running on this session"):  # one KV cache a session

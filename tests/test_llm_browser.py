@@ -171,6 +171,59 @@ def test_browser_generation_matches_reference(served):
     page.context.close()
 
 
+#: the package's sampler part on this session's device: given logits, options, seeds and steps in, tokens out; and
+#: a seeded sampled generation, drawn on the GPU, replayed step by step through the same sampler
+SAMPLER = """async ({logits, seen, cases, prompt}) => {
+  const kiln = await import('./kiln.js');
+  const session = await kiln.load('./', {target: 'webgpu'});
+  const sampler = await session.loadPart(session.manifest.generation.sampler);
+  const draw = async (x, ids, options, seed, step) => Number((await sampler.run({
+    logits: x, seen: new kiln.Tensor('int32', Int32Array.from(ids), [ids.length]),
+    options: new kiln.Tensor('float32', Float32Array.from(options), [4]),
+    seed: new kiln.Tensor('int32', Int32Array.of(seed | 0, step), [2])})).token.data[0]);
+  const x = new kiln.Tensor('float32', Float32Array.from(logits), [1, 1, logits.length]);
+  const tokens = [];
+  for (const [options, seed, step] of cases) tokens.push(await draw(x, seen, options, seed, step));
+  const run = [];
+  for await (const c of session.generate(prompt, {maxNewTokens: 3, temperature: 1, topK: 40, topP: 0.9,
+    repetitionPenalty: 1.1, seed: 5})) run.push(c.token);
+  const ids = (await session.generator()).encode(prompt);
+  const replay = [];
+  let out = await session.run({input_ids: new kiln.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]),
+    past_sequence_length: new kiln.Tensor('int64', BigInt64Array.of(0n), [1])}, {output: 'gpu'});
+  for (let n = 0; n < run.length; n++) {
+    replay.push(await draw(out.logits, [...new Set([...ids, ...run.slice(0, n)])], [1, 0.9, 1.1, 40], 5, n));
+    out = await session.run({input_ids: new kiln.Tensor('int64', BigInt64Array.of(BigInt(run[n])), [1, 1]),
+      past_sequence_length: new kiln.Tensor('int64', BigInt64Array.of(BigInt(ids.length + n)), [1])}, {output: 'gpu'});
+  }
+  return {tokens, run, replay, target: sampler.target};
+}"""
+
+
+def test_browser_sampler_on_the_gpu(served):
+    """kiln.js runs the package's sampler part on WebGPU (SwiftShader): for given logits its tokens equal the numpy
+    interpreter's of the sampler graph (top-k, top-p, penalty, greedy with a penalty; several seeds and steps), and a
+    seeded ``session.generate`` draws each token through it from that step's logits."""
+    from kiln.frontend.sampling import sampler_graph
+    from kiln.ir import interp
+
+    rng = np.random.default_rng(11)
+    vocab = 49152
+    logits = (rng.normal(0, 3, vocab)).astype(np.float32)
+    seen = [int(i) for i in rng.choice(vocab, 6, replace=False)]
+    cases = [([0.8, 1, 1, 40], 7, 0), ([1, 0.9, 1.3, 0], 7, 1), ([0, 1, 2, 0], 3, 2), ([1.5, 0.5, 1.1, 100], -5, 9)]
+    page, log = _page(served, "chat/blank.html")
+    got = log.evaluate(SAMPLER, {"logits": logits.tolist(), "seen": seen, "cases": cases, "prompt": "Once upon"})
+    graph = sampler_graph(vocab, 192, seen=len(seen))
+    want = [int(interp.run(graph, {"logits": logits.reshape(1, 1, -1), "seen": np.asarray(seen, np.int32),
+                                   "options": np.asarray(o, np.float32),
+                                   "seed": np.array([seed, step], np.int32)})["token"].reshape(-1)[0])
+            for o, seed, step in cases]
+    assert got["target"] == "webgpu" and got["tokens"] == want
+    assert len(got["run"]) == 3 and got["replay"] == got["run"]
+    page.context.close()
+
+
 #: generate.js's text handling over a session that replays given tokens (the model's own runs are the tests
 #: above): streamed pieces, stop strings held back and cut, abort, and OpenAI-shaped chunks
 REPLAY = """async ({answer}) => {

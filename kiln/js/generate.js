@@ -15,7 +15,8 @@
 // row's arg max (`next_token`) out. The KV cache is the package's state: buffers sized for the context bound,
 // updated in place by each step, never fed nor read back. The prompt is prefilled in chunks of at most
 // `max_tokens`, then each decode step feeds one token. Greedy decoding reads back only `next_token`; sampling
-// reads back the last row of logits and draws on the host (seeded).
+// (seeded) runs the package's sampler on the GPU, reading back only the id (WebGPU, format 1.8), or reads back
+// the last row of logits and draws here (WebAssembly, whose logits are in memory already).
 
 import {KilnError} from './errors.js';
 import {Tensor} from './tensor.js';
@@ -219,6 +220,7 @@ export class Generator {
     }
     /** Timings of the running or last generation. */ this.stats = new GenerationStats();
     /** @private */ this.busy = false;
+    /** @private @type {Promise<any> | null} */ this.samplerPromise = null;
   }
 
   /**
@@ -319,6 +321,9 @@ export class Generator {
     const onGPU = this.session.target === 'webgpu';
     const random = seededRandom(sampling.seed ?? crypto.getRandomValues(new Uint32Array(1))[0]);
     const greedy = sampling.temperature === 0 && sampling.repetitionPenalty === 1;
+    const sampler = greedy || !onGPU || !this.config.sampler ? null : await this.sampler();
+    const key = sampling.seed === undefined ? crypto.getRandomValues(new Uint32Array(1))[0]
+      : ((sampling.seed % 2 ** 32) + 2 ** 32) % 2 ** 32;  // the device draw's seed, as the Python runtime's
     const stats = this.stats = new GenerationStats(ids.length);
     const chunk = this.config.max_tokens;
     /** @type {Record<string, Tensor | GPUTensor>} */
@@ -336,7 +341,8 @@ export class Generator {
       }
       for (let n = 0; n < maxNewTokens; n++) {
         const token = greedy ? Number((await read(out[this.config.next_token])).data.at(-1))
-          : sample(lastRow(await read(out[this.config.logits])), sampling, seen, random);
+          : sampler ? await sampleOnDevice(sampler, out[this.config.logits], sampling, seen, key, n)
+            : sample(lastRow(await read(out[this.config.logits])), sampling, seen, random);
         free(out);
         const now = performance.now();
         if (n === 0) {
@@ -375,6 +381,19 @@ export class Generator {
   }
 
   /**
+   * The session of the package's sampler (`generation.sampler`, format 1.8: sampling on the GPU,
+   * kiln/frontend/sampling.py) on this session's device, loaded on first use.
+   * @returns {Promise<any>} a kiln.js Session
+   */
+  sampler() {
+    if (!this.samplerPromise) {
+      this.samplerPromise = this.session.loadPart(this.config.sampler);
+      this.samplerPromise.catch(() => { this.samplerPromise = null; });
+    }
+    return this.samplerPromise;
+  }
+
+  /**
    * One decoder step: `ids` after `cached` tokens already in the cache (which it updates in place).
    * @private
    * @param {number[]} ids @param {number} cached @param {boolean} onGPU
@@ -387,6 +406,28 @@ export class Generator {
     };
     return this.session.run(feeds, {output: onGPU ? 'gpu' : 'cpu'});
   }
+}
+
+/**
+ * The next token by the sampler package from the decoder's logits on the GPU (the penalty, temperature, top-k,
+ * top-p and a Gumbel-max draw keyed by `key` and `step`, as kiln/runtime/generate.py's `_sample_on_device`); only
+ * the id is read back.
+ * @param {any} sampler a kiln.js Session of the sampler package
+ * @param {Tensor | GPUTensor} logits [1, 1, vocab]
+ * @param {ReturnType<typeof checkSampling>} sampling @param {number[]} seen prompt and answer ids
+ * @param {number} key a uint32 seed @param {number} step the decode step
+ * @returns {Promise<number>}
+ */
+async function sampleOnDevice(sampler, logits, sampling, seen, key, step) {
+  const ids = sampling.repetitionPenalty !== 1 ? [...new Set(seen)] : seen.slice(0, 1);  // each penalised id once
+  const out = await sampler.run({
+    logits,
+    seen: new Tensor('int32', Int32Array.from(ids), [ids.length]),
+    options: new Tensor('float32', Float32Array.of(sampling.temperature, sampling.topP, sampling.repetitionPenalty,
+      sampling.topK), [4]),
+    seed: new Tensor('int32', Int32Array.of(key | 0, step), [2]),
+  });
+  return Number(out.token.data[0]);
 }
 
 /** @param {Tensor | GPUTensor} t @returns {Promise<Tensor>} */

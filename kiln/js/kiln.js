@@ -482,6 +482,17 @@ export class Session {
   }
 
   /**
+   * A package inside this one (a language model's `sampler`, format 1.8), loaded for this session's target on
+   * its device (so GPUTensors pass between the two).
+   * @param {string} folder the part's folder in the package
+   * @returns {Promise<Session>}
+   * @throws {PackageError} the part is missing or damaged; what {@link load} throws.
+   */
+  loadPart(folder) {
+    return loadFrom(this.source.part(folder), {target: this.target, device: this.backend.gpuDevice ?? 'shared'});
+  }
+
+  /**
    * The generation driver of a language-model package (its tokenizer and chat template loaded on first use).
    * @returns {Promise<import('./generate.js').Generator>}
    * @throws {KilnError} the package has no `generation` section (not a language model).

@@ -12,7 +12,7 @@ export interface Manifest {
   /** Always "kiln-package". */
   format: "kiln-package";
   /**
-   * The package format version "MAJOR.MINOR" ("1.7" today). A runtime reads every package of its own major version
+   * The package format version "MAJOR.MINOR" ("1.8" today). A runtime reads every package of its own major version
    * and refuses a newer major version with a message saying to upgrade Kiln.
    */
   version: string;
@@ -990,6 +990,12 @@ export interface Generation {
   bos_token_id?: number | null;
   /** Tokens that end an answer. */
   eos_token_ids: number[];
+  /**
+   * (1.8) The folder of the sampler package (webgpu): logits [1, 1, V], seen int32 [seen], options float32
+   * [temperature, top_p, repetition_penalty, top_k] and seed int32 [seed, step] in; token int64 [1, 1] out
+   * (docs/generation.md, Sampling on the device). Without it the host samples from the logits.
+   */
+  sampler?: string;
 }
 
 /**

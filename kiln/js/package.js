@@ -47,6 +47,8 @@ export const FORMAT_MAJOR = 1;
  * @property {(file: {path: string, bytes: number, sha256: string}) => Promise<void>} forget  drop a cached file
  * @property {(p: {file: string, bytes: number, cached: boolean}) => void} progress  report a file's bytes read
  * @property {WeightsOrigin} origin  bytes of weights downloaded and taken from the cache by this load
+ * @property {(folder: string) => PackageSource} part  the source of a package inside this one (a language model's
+ *   `sampler`, format 1.8)
  */
 
 /** The Cache API cache that holds packages' weights files, keyed by URL and SHA-256. */
@@ -118,6 +120,7 @@ export function urlSource(root, options = {}) {
     async forget(file) {
       await (await store())?.delete(key(file)).catch(() => false);
     },
+    part: (folder) => urlSource(new URL(`${folder}/`, root), {cache}),
   };
 }
 
@@ -194,6 +197,8 @@ export function memorySource(files, onProgress = undefined) {
     },
     keep: async () => undefined,
     forget: async () => undefined,
+    part: (folder) => memorySource(new Map([...byPath].filter(([path]) => path.startsWith(`${folder}/`))
+      .map(([path, data]) => [path.slice(folder.length + 1), data]))),
   };
 }
 

@@ -97,7 +97,7 @@ def from_storage(raw: bytes | memoryview | np.ndarray, dtype: str, shape) -> np.
     return stored.astype(numpy_dtype(dtype), copy=True)
 
 FORMAT = "kiln-package"
-VERSION = "1.7"
+VERSION = "1.8"
 MAJOR = 1
 MANIFEST = "manifest.json"
 

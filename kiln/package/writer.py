@@ -95,7 +95,8 @@ def detect_preset(inputs, outputs) -> str:
 
 def write_package(compiled, out: str | os.PathLike, *, force: bool = False, preset: str = "auto",
                   labels: str | os.PathLike | None = None, source: str = "",
-                  generation: dict[str, Any] | None = None, extra_files: dict[str, str] | None = None) -> Path:
+                  generation: dict[str, Any] | None = None, extra_files: dict[str, str] | None = None,
+                  parts: dict[str, Any] | None = None, runtime: bool = True) -> Path:
     """Write ``compiled`` (a :class:`kiln.compiler.Compiled`: the program and each target's build) to directory
     ``out``; returns its path.
 
@@ -107,7 +108,9 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
     first, so a failure leaves ``out`` as it was.
 
     ``generation`` is a language model's ``generation`` section (format 1.6) and ``extra_files`` the text files it
-    names (``tokenizer.json``), both from :mod:`kiln.frontend.gguf`.
+    names (``tokenizer.json``), both from :mod:`kiln.frontend.gguf`. ``parts`` (folder name -> ``Compiled``) are
+    packages written inside this one (a language model's ``sampler``, format 1.8), without the browser runtime
+    (``runtime=False``: the enclosing package's runs them).
 
     Raises:
         PackageError: ``out`` exists and is not replaceable (see :func:`check_destination`), or a manifest the
@@ -236,8 +239,11 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
         for path, data in (extra_files or {}).items():
             (tmp / path).write_text(data, encoding="utf-8")
-        copy_runtime(tmp, RUNTIME_FILES + (TRAINING_FILES if training is not None else ())
-                     + (GENERATION_FILES if generation is not None else ()))
+        if runtime:
+            copy_runtime(tmp, RUNTIME_FILES + (TRAINING_FILES if training is not None else ())
+                         + (GENERATION_FILES if generation is not None else ()))
+        for name, part in (parts or {}).items():
+            write_package(part, tmp / name, preset="none", source=source, runtime=False)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

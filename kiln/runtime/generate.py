@@ -5,9 +5,10 @@ already cached in; logits and each row's arg max (``next_token``) out. The KV ca
 (format 1.7): buffers sized for the context bound that the step updates in place, never fed nor read back.
 :class:`Generator` drives it: the prompt (text, or chat messages through the package's chat template) is tokenized
 with HF ``tokenizers`` from the package's ``tokenizer.json``, prefilled in chunks of at most ``max_tokens``, then
-each decode step feeds one token. Greedy decoding reads back only ``next_token`` (8 bytes a step); sampling
-(temperature, top-k, top-p, repetition penalty; seeded) reads back the last row of logits and samples on the
-host.
+each decode step feeds one token. Greedy decoding reads back only ``next_token`` (8 bytes a step). Sampling
+(temperature, top-k, top-p, repetition penalty; seeded) runs the package's sampler on the GPU
+(:mod:`kiln.frontend.sampling`, format 1.8) and reads back only the id on WebGPU; on the C targets (wasm, cpu),
+whose logits are host memory already, and for older packages, it samples the last row of logits on the host.
 
 Text streams as it is decoded (:class:`TextStream`, the rule of HF text-generation-inference): the last few
 tokens are decoded with and without the newest one and the new characters yielded, except while they end inside a
@@ -266,6 +267,7 @@ class Generator:
         self.stats = GenerationStats()
         self._busy = False  # the session holds one cache: one generation at a time
         self._gpu = hasattr(session, "upload")  # a WebGPU session: outputs stay on the device until read
+        self._sampler = None  # the sampler package's session (:meth:`sampler`)
 
     def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
         """Token ids of ``prompt``: text as it is, or chat messages through the package's chat template.
@@ -292,6 +294,26 @@ class Generator:
         feeds = {self.config["input_ids"]: np.asarray(ids, np.int64)[None],
                  self.config["cache"]["position"]: np.asarray([cached], np.int64)}
         return self.session.run(feeds, output="gpu") if self._gpu else self.session.run(feeds)
+
+    def sampler(self):
+        """The session of the package's sampler (``generation.sampler``, format 1.8: token sampling on the GPU,
+        :mod:`kiln.frontend.sampling`) on this session's device, opened on first use; None where the host samples
+        (the wasm and cpu targets, whose logits are host memory already, and older packages)."""
+        if self._sampler is None and self._gpu and self.config.get("sampler"):
+            from kiln.runtime import open_session
+
+            self._sampler = open_session(Path(self.session.path) / self.config["sampler"], "webgpu",
+                                         device=self.session.device)
+        return self._sampler
+
+    def _sample_on_device(self, sampler, logits, opts: SamplingOptions, seen: list[int], key: int, step: int) -> int:
+        """The next token from ``logits`` (the decoder's output, on the GPU) by the sampler package: penalty,
+        temperature, top-k, top-p and a Gumbel-max draw keyed by (``key``, ``step``); reads back the id only."""
+        ids = list(dict.fromkeys(seen)) if opts.repetition_penalty != 1.0 else seen[:1]  # each penalised id once
+        feeds = {"logits": logits, "seen": np.asarray(ids, np.int32),
+                 "options": np.array([opts.temperature, opts.top_p, opts.repetition_penalty, opts.top_k], np.float32),
+                 "seed": np.array([key, step], np.uint32).view(np.int32)}
+        return int(np.asarray(sampler.run(feeds)["token"]).reshape(-1)[0])
 
     def generate(self, prompt: str | list[dict[str, str]], max_new_tokens: int | None = None, *,
                  options: SamplingOptions | None = None, stop: list[str] | tuple[str, ...] = (),
@@ -346,6 +368,8 @@ class Generator:
                             "close it first")
         self._busy = True
         rng = np.random.default_rng(opts.seed)
+        sampler = None if opts.greedy else self.sampler()
+        key = int(rng.integers(0, 2**32)) if opts.seed is None else opts.seed % 2**32  # the device draw's seed
         stats = self.stats = GenerationStats(prompt_tokens=len(ids))
         chunk = self.config["max_tokens"]
         out: dict[str, Any] = {}
@@ -361,6 +385,8 @@ class Generator:
             for n in range(max_new_tokens):
                 if opts.greedy:
                     token = int(host_array(out[self.config["next_token"]]).reshape(-1)[-1])
+                elif sampler is not None:
+                    token = self._sample_on_device(sampler, out[self.config["logits"]], opts, seen, key, n)
                 else:
                     logits = host_array(out[self.config["logits"]])
                     token = sample(logits.reshape(-1, logits.shape[-1])[-1], opts, seen, rng)

@@ -1,0 +1,167 @@
+"""Token sampling on the device: a graph that turns one row of logits into the next token id.
+
+A language-model package compiled for WebGPU carries this graph as its ``sampler`` part (docs/generation.md,
+*Sampling on the device*): the decoder's logits stay in GPU memory and only the chosen id (8 bytes) is read back,
+whatever the sampling options. The options are run-time inputs, so one compiled sampler serves every setting.
+
+Inputs (``V`` the vocabulary, ``S`` a run-time dim ``seen``, 1..``max_seen``):
+
+- ``logits`` float32 ``[1, 1, V]``: the decoder's last row;
+- ``seen`` int32 ``[S]``: the ids the repetition penalty applies to (the prompt's and the answer's, each once);
+- ``options`` float32 ``[4]``: temperature (0: greedy), top_p (1: all), repetition_penalty (1: none), top_k
+  (0: all; an integer);
+- ``seed`` int32 ``[2]``: the generation's seed and the step's counter (a new draw per step).
+
+Output ``token`` int64 ``[1]``. The steps, in the order of HF transformers' logits processors:
+
+1. **Repetition penalty** (CTRL, Keskar et al. 2019): a seen token's positive logit is divided by the penalty, a
+   negative one multiplied.
+2. **Temperature**: ``y = x / T``.
+3. **Top-k and top-p** as thresholds on ``y``: the kept tokens are ``y >= t``. Both are "the largest value ``t`` with
+   ``W(t) >= target``" for a weight ``W(t)`` that falls as ``t`` rises: for top-k the count of ``y >= t`` against
+   ``k``; for top-p the probability mass of ``y >= t`` (within top-k's set) against ``top_p`` of the set's mass,
+   which keeps the smallest set of most likely tokens reaching ``top_p`` (tied tokens together). Each is found by
+   :data:`PASSES` passes of a :data:`BUCKETS`-way search over ``2^24`` evenly spaced thresholds from the smallest
+   logit to one above the largest: a pass evaluates ``W`` at ``BUCKETS`` thresholds in one reduction and keeps the
+   bracket where ``W`` crosses the target. So the kept set is exact up to tokens within ``2^-24`` of the logits'
+   range below the threshold (a tie at float32 resolution for logits far from 0), and no sort is needed.
+4. **Drawing**: Gumbel-max (Gumbel 1954): the arg max of ``y + G`` over the kept tokens, ``G = -log(-log(u))``
+   with ``u`` uniform, is a draw from ``softmax(y)`` restricted to them. ``u`` hashes (seed, step, token id) with
+   the PCG hash (Jarzynski and Olano, JCGT 2020) in int32 operations, as :mod:`kiln.frontend.onnx.ops.random`
+   draws: the same seed gives the same answer on every device and in every runtime, given the same logits.
+
+With temperature 0 the result is the arg max of the penalised logits (top-k and top-p change no arg max).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.arith import symbolic
+from kiln.errors import KilnError
+from kiln.frontend.shapes import reshape
+from kiln.ir.graph import Builder, Graph, Value
+
+#: thresholds a search pass evaluates at once (one reduction of ``BUCKETS`` outputs over the vocabulary)
+BUCKETS = 16
+#: search passes: ``BUCKETS ** PASSES`` = 2^24 steps over the logits' range (exact in float32)
+PASSES = 6
+
+# the PCG hash's constants as int32 (the uint32 values wrapped): 747796405, 2891336453, 277803737
+_PCG = (747796405, 2891336453 - 2**32, 277803737)
+
+
+def _i32(b: Builder, x: int) -> Value:
+    return b.const(np.array(x, np.int32))
+
+
+def _f32(b: Builder, x: float) -> Value:
+    return b.const(np.array(x, np.float32))
+
+
+def _shr(b: Builder, x: Value, s: Value | int) -> Value:
+    """Logical shift right of int32 ``x`` by ``s`` in 1..31 (an arithmetic shift, then the sign bits masked)."""
+    s = _i32(b, s) if isinstance(s, int) else s
+    mask = b.op("Sub", [b.op("BitShiftLeft", [_i32(b, 1), b.op("Sub", [_i32(b, 32), s])]), _i32(b, 1)])
+    return b.op("BitwiseAnd", [b.op("BitShiftRight", [x, s]), mask])
+
+
+def pcg_hash(b: Builder, x: Value) -> Value:
+    """int32 -> int32: the PCG hash of the bit pattern (:func:`kiln.frontend.onnx.ops.random.pcg_hash` in int32
+    operations: multiplication wraps, shifts are logical)."""
+    state = b.op("Add", [b.op("Mul", [x, _i32(b, _PCG[0])]), _i32(b, _PCG[1])])
+    shift = b.op("Add", [_shr(b, state, 28), _i32(b, 4)])
+    word = b.op("Mul", [b.op("BitwiseXor", [_shr(b, state, shift), state]), _i32(b, _PCG[2])])
+    return b.op("BitwiseXor", [_shr(b, word, 22), word])
+
+
+def _search(b: Builder, y: Value, weight: Value | None, target: Value, threshold) -> Value:
+    """The largest ``m`` in ``0 .. BUCKETS**PASSES - 1`` with ``sum(weight[y >= threshold(m)]) >= target``
+    (``weight`` None: a count), given that ``m = 0`` reaches the target and ``BUCKETS**PASSES`` does not; an
+    int32 scalar. ``y`` is ``[1, 1, V]``; ``threshold`` maps an int32 value to a float32 threshold, non-decreasing."""
+    m = b.const(np.array(0, np.int32))
+    first = b.const((np.arange(BUCKETS) == 0).reshape(BUCKETS, 1))
+    for p in range(PASSES):
+        stride = BUCKETS ** (PASSES - 1 - p)
+        offsets = b.const((np.arange(BUCKETS, dtype=np.int32) * stride).reshape(BUCKETS, 1, 1))
+        cand = threshold(b.op("Add", [m, offsets]))  # [B, 1, 1]
+        w = weight if weight is not None else _f32(b, 1.0)
+        total = b.op("ReduceSum", [b.op("Where", [b.op("GreaterOrEqual", [y, cand]), w, _f32(b, 0.0)])],
+                     axes=(2,), keepdims=0)  # [B, 1]: W at each candidate
+        # the next m: m + stride * (the candidates reaching the target - 1), W falling as m rises; summed in one
+        # reduction (m - stride riding on the first term), so its result is m itself and no kernel follows it
+        term = b.op("Add", [b.op("Where", [b.op("GreaterOrEqual", [total, target]), _i32(b, stride), _i32(b, 0)]),
+                            b.op("Where", [first, b.op("Sub", [m, _i32(b, stride)]), _i32(b, 0)])])
+        m = b.op("ReduceSum", [term], axes=(0, 1), keepdims=0)
+    return m
+
+
+def sampler_graph(vocab: int, max_seen: int, seen: int | None = None) -> Graph:
+    """The sampler (module docstring) for a vocabulary of ``vocab`` tokens and up to ``max_seen`` penalised ids.
+
+    Args:
+        vocab: ``V``, the logits' length (at most 2^24, so ids and ``top_k`` are exact in float32).
+        max_seen: the bound of the run-time dim ``seen`` (the package's context).
+        seen: a static length instead of the run-time dim (the numpy interpreter runs static graphs only).
+
+    Raises:
+        KilnError: a vocabulary or bound out of range.
+    """
+    if not 1 <= vocab <= 1 << 24:
+        raise KilnError(f"the sampler takes a vocabulary of 1 to 2^24 tokens, not {vocab}")
+    if max_seen < 1:
+        raise KilnError(f"the sampler's seen-token bound must be >= 1, not {max_seen}")
+    g = Graph(name="sampler")
+    if seen is None:
+        n = symbolic.size_var("seen", 0, 1, max_seen)
+        g.size_vars = {"seen": n}
+        ids = Value("seen", "int32", (n,), sym_shape=("seen",))
+    else:
+        ids = Value("seen", "int32", (seen,))
+    logits = Value("logits", "float32", (1, 1, vocab))
+    options = Value("options", "float32", (4,))
+    seed = Value("seed", "int32", (2,))
+    g.inputs += [logits, ids, options, seed]
+    b = Builder(g)
+
+    def option(i: int) -> Value:
+        return b.op("Slice", [options], starts=(i,), ends=(i + 1,), steps=(1,))
+
+    temperature, top_p, penalty, top_k = (option(i) for i in range(4))
+    zero, one = _f32(b, 0.0), _f32(b, 1.0)
+    iota = b.const(np.arange(vocab, dtype=np.int32).reshape(1, 1, vocab))
+    x = logits  # [1, 1, V]
+    # 1. repetition penalty on the seen ids: a [S, 1, V] comparison reduced over S
+    hit = b.op("ReduceMax", [b.op("Cast", [b.op("Equal", [reshape(b, ids, (ids.shape[0], 1, 1)), iota])],
+                                  to="float32")], axes=(0,), keepdims=1)
+    penalised = b.op("Where", [b.op("Greater", [x, zero]), b.op("Div", [x, penalty]), b.op("Mul", [x, penalty])])
+    x = b.op("Where", [b.op("Greater", [hit, zero]), penalised, x])
+    # 2. temperature (0: greedy, no draw)
+    sampling = b.op("Greater", [temperature, zero])
+    y = b.op("Div", [x, b.op("Where", [sampling, temperature, one])])
+    # 3. top-k, then top-p within it, as thresholds on y: threshold(m) = low + (top + 1 - low) * m / B^P
+    top = b.op("ReduceMax", [y], axes=(2,), keepdims=1)
+    low = b.op("ReduceMin", [y], axes=(2,), keepdims=1)
+    scale = b.op("Mul", [b.op("Sub", [b.op("Add", [top, one]), low]), _f32(b, float(BUCKETS) ** -PASSES)])
+
+    def threshold(m: Value) -> Value:
+        return b.op("Add", [low, b.op("Mul", [scale, b.op("Cast", [m], to="float32")])])
+
+    k = b.op("Where", [b.op("Greater", [top_k, zero]), b.op("Min", [top_k, _f32(b, vocab)]), _f32(b, vocab)])
+    t_k = threshold(_search(b, y, None, k, threshold))
+    e = b.op("Where", [b.op("GreaterOrEqual", [y, t_k]), b.op("Exp", [b.op("Sub", [y, top])]), zero])
+    mass = b.op("ReduceSum", [e], axes=(2,), keepdims=1)
+    t_p = threshold(_search(b, y, e, b.op("Mul", [top_p, mass]), threshold))
+    kept = b.op("GreaterOrEqual", [y, b.op("Where", [b.op("Less", [top_p, one]), t_p, t_k])])
+    # 4. Gumbel-max over the kept tokens
+    step_key = pcg_hash(b, b.op("Slice", [seed], starts=(1,), ends=(2,), steps=(1,)))
+    key = pcg_hash(b, b.op("Add", [b.op("Slice", [seed], starts=(0,), ends=(1,), steps=(1,)), step_key]))
+    bits = _shr(b, pcg_hash(b, b.op("BitwiseXor", [iota, key])), 8)  # 24 random bits per token
+    u = b.op("Mul", [b.op("Add", [b.op("Cast", [bits], to="float32"), _f32(b, 0.5)]), _f32(b, 2.0 ** -24)])
+    gumbel = b.op("Neg", [b.op("Log", [b.op("Neg", [b.op("Log", [u])])])])
+    score = b.op("Where", [kept, b.op("Add", [y, b.op("Where", [sampling, gumbel, zero])]), _f32(b, -np.inf)])
+    best = b.op("ReduceMax", [score], axes=(2,), keepdims=1)
+    token = reshape(b, b.op("ArgMax", [score, best], axis=2, keepdims=1, select_last_index=0), (1,))
+    token.name = "token"
+    g.outputs = [token]
+    return g
