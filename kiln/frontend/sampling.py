@@ -43,9 +43,9 @@ from kiln.frontend.shapes import reshape
 from kiln.ir.graph import Builder, Graph, Value
 
 #: thresholds a search pass evaluates at once (one reduction of ``BUCKETS`` outputs over the vocabulary)
-BUCKETS = 16
+BUCKETS = 64
 #: search passes: ``BUCKETS ** PASSES`` = 2^24 steps over the logits' range (exact in float32)
-PASSES = 6
+PASSES = 4
 
 # the PCG hash's constants as int32 (the uint32 values wrapped): 747796405, 2891336453, 277803737
 _PCG = (747796405, 2891336453 - 2**32, 277803737)
@@ -75,24 +75,43 @@ def pcg_hash(b: Builder, x: Value) -> Value:
     return b.op("BitwiseXor", [_shr(b, word, 22), word])
 
 
+def split(vocab: int) -> tuple[int, int]:
+    """``(G, C)`` with ``G * C = vocab``: the vocabulary as ``G`` rows of ``C`` tokens, ``C`` the divisor nearest
+    1024 between 128 and 8192 (one row when none is), so each reduction over it runs as ``G`` parallel row
+    reductions and a short one over their results instead of one long one (a single workgroup on a GPU)."""
+    divisors = [c for c in range(128, min(vocab, 8192) + 1) if vocab % c == 0]
+    if not divisors:
+        return 1, vocab
+    c = min(divisors, key=lambda d: abs(np.log2(d / 1024)))
+    return vocab // c, c
+
+
+def _reduce(b: Builder, op: str, x: Value) -> Value:
+    """``op`` (ReduceSum, ReduceMax, ReduceMin) of ``x [..., G, C]`` over its last two axes in two stages:
+    ``[..., 1, 1]``."""
+    rank = len(x.shape)
+    rows = b.op(op, [x], axes=(rank - 1,), keepdims=1)
+    return b.op(op, [rows], axes=(rank - 2,), keepdims=1)
+
+
 def _search(b: Builder, y: Value, weight: Value | None, target: Value, threshold) -> Value:
     """The largest ``m`` in ``0 .. BUCKETS**PASSES - 1`` with ``sum(weight[y >= threshold(m)]) >= target``
     (``weight`` None: a count), given that ``m = 0`` reaches the target and ``BUCKETS**PASSES`` does not; an
-    int32 scalar. ``y`` is ``[1, 1, V]``; ``threshold`` maps an int32 value to a float32 threshold, non-decreasing."""
-    m = b.const(np.array(0, np.int32))
-    first = b.const((np.arange(BUCKETS) == 0).reshape(BUCKETS, 1))
+    int32 ``[1, 1, 1]``. ``y`` is ``[G, C]``; ``threshold`` maps int32 values to float32 thresholds, non-decreasing."""
+    m = b.const(np.zeros((1, 1, 1), np.int32))
+    first = b.const((np.arange(BUCKETS) == 0).reshape(BUCKETS, 1, 1))
     for p in range(PASSES):
         stride = BUCKETS ** (PASSES - 1 - p)
         offsets = b.const((np.arange(BUCKETS, dtype=np.int32) * stride).reshape(BUCKETS, 1, 1))
         cand = threshold(b.op("Add", [m, offsets]))  # [B, 1, 1]
         w = weight if weight is not None else _f32(b, 1.0)
-        total = b.op("ReduceSum", [b.op("Where", [b.op("GreaterOrEqual", [y, cand]), w, _f32(b, 0.0)])],
-                     axes=(2,), keepdims=0)  # [B, 1]: W at each candidate
-        # the next m: m + stride * (the candidates reaching the target - 1), W falling as m rises; summed in one
-        # reduction (m - stride riding on the first term), so its result is m itself and no kernel follows it
+        total = _reduce(b, "ReduceSum", b.op("Where", [b.op("GreaterOrEqual", [y, cand]), w, _f32(b, 0.0)]))
+        # total [B, 1, 1]: W at each candidate. The next m: m + stride * (the candidates reaching the target - 1),
+        # W falling as m rises; summed in one reduction (m - stride riding on the first term), so its result is m
+        # itself and no kernel follows it
         term = b.op("Add", [b.op("Where", [b.op("GreaterOrEqual", [total, target]), _i32(b, stride), _i32(b, 0)]),
                             b.op("Where", [first, b.op("Sub", [m, _i32(b, stride)]), _i32(b, 0)])])
-        m = b.op("ReduceSum", [term], axes=(0, 1), keepdims=0)
+        m = b.op("ReduceSum", [term], axes=(0,), keepdims=1)
     return m
 
 
@@ -123,45 +142,51 @@ def sampler_graph(vocab: int, max_seen: int, seen: int | None = None) -> Graph:
     seed = Value("seed", "int32", (2,))
     g.inputs += [logits, ids, options, seed]
     b = Builder(g)
+    rows, cols = split(vocab)
 
     def option(i: int) -> Value:
-        return b.op("Slice", [options], starts=(i,), ends=(i + 1,), steps=(1,))
+        return reshape(b, b.op("Slice", [options], starts=(i,), ends=(i + 1,), steps=(1,)), (1, 1))
 
     temperature, top_p, penalty, top_k = (option(i) for i in range(4))
     zero, one = _f32(b, 0.0), _f32(b, 1.0)
-    iota = b.const(np.arange(vocab, dtype=np.int32).reshape(1, 1, vocab))
-    x = logits  # [1, 1, V]
-    # 1. repetition penalty on the seen ids: a [S, 1, V] comparison reduced over S
+    iota = b.const(np.arange(vocab, dtype=np.int32).reshape(rows, cols))
+    x = reshape(b, logits, (rows, cols))  # the vocabulary as rows x cols: every reduction runs in two stages
+    # 1. repetition penalty on the seen ids: a [S, G, C] comparison reduced over S
     hit = b.op("ReduceMax", [b.op("Cast", [b.op("Equal", [reshape(b, ids, (ids.shape[0], 1, 1)), iota])],
-                                  to="float32")], axes=(0,), keepdims=1)
+                                  to="float32")], axes=(0,), keepdims=0)
     penalised = b.op("Where", [b.op("Greater", [x, zero]), b.op("Div", [x, penalty]), b.op("Mul", [x, penalty])])
     x = b.op("Where", [b.op("Greater", [hit, zero]), penalised, x])
     # 2. temperature (0: greedy, no draw)
     sampling = b.op("Greater", [temperature, zero])
     y = b.op("Div", [x, b.op("Where", [sampling, temperature, one])])
     # 3. top-k, then top-p within it, as thresholds on y: threshold(m) = low + (top + 1 - low) * m / B^P
-    top = b.op("ReduceMax", [y], axes=(2,), keepdims=1)
-    low = b.op("ReduceMin", [y], axes=(2,), keepdims=1)
+    top = _reduce(b, "ReduceMax", y)  # [1, 1]
+    low = _reduce(b, "ReduceMin", y)
     scale = b.op("Mul", [b.op("Sub", [b.op("Add", [top, one]), low]), _f32(b, float(BUCKETS) ** -PASSES)])
 
     def threshold(m: Value) -> Value:
         return b.op("Add", [low, b.op("Mul", [scale, b.op("Cast", [m], to="float32")])])
 
     k = b.op("Where", [b.op("Greater", [top_k, zero]), b.op("Min", [top_k, _f32(b, vocab)]), _f32(b, vocab)])
-    t_k = threshold(_search(b, y, None, k, threshold))
+    t_k = reshape(b, threshold(_search(b, y, None, k, threshold)), (1, 1))
     e = b.op("Where", [b.op("GreaterOrEqual", [y, t_k]), b.op("Exp", [b.op("Sub", [y, top])]), zero])
-    mass = b.op("ReduceSum", [e], axes=(2,), keepdims=1)
-    t_p = threshold(_search(b, y, e, b.op("Mul", [top_p, mass]), threshold))
+    mass = _reduce(b, "ReduceSum", e)
+    t_p = reshape(b, threshold(_search(b, y, e, b.op("Mul", [top_p, mass]), threshold)), (1, 1))
     kept = b.op("GreaterOrEqual", [y, b.op("Where", [b.op("Less", [top_p, one]), t_p, t_k])])
     # 4. Gumbel-max over the kept tokens
     step_key = pcg_hash(b, b.op("Slice", [seed], starts=(1,), ends=(2,), steps=(1,)))
     key = pcg_hash(b, b.op("Add", [b.op("Slice", [seed], starts=(0,), ends=(1,), steps=(1,)), step_key]))
-    bits = _shr(b, pcg_hash(b, b.op("BitwiseXor", [iota, key])), 8)  # 24 random bits per token
+    bits = _shr(b, pcg_hash(b, b.op("BitwiseXor", [iota, reshape(b, key, (1, 1))])), 8)  # 24 random bits a token
     u = b.op("Mul", [b.op("Add", [b.op("Cast", [bits], to="float32"), _f32(b, 0.5)]), _f32(b, 2.0 ** -24)])
     gumbel = b.op("Neg", [b.op("Log", [b.op("Neg", [b.op("Log", [u])])])])
     score = b.op("Where", [kept, b.op("Add", [y, b.op("Where", [sampling, gumbel, zero])]), _f32(b, -np.inf)])
-    best = b.op("ReduceMax", [score], axes=(2,), keepdims=1)
-    token = reshape(b, b.op("ArgMax", [score, best], axis=2, keepdims=1, select_last_index=0), (1,))
+    # the arg max in two stages: each row's (first) arg max, then the first row holding the largest
+    row_best = b.op("ReduceMax", [score], axes=(1,), keepdims=1)  # [G, 1]
+    row_arg = b.op("ArgMax", [score, row_best], axis=1, keepdims=1, select_last_index=0)  # [G, 1] int64
+    best = b.op("ReduceMax", [row_best], axes=(0,), keepdims=1)
+    row = b.op("ArgMax", [row_best, best], axis=0, keepdims=1, select_last_index=0)  # [1, 1]
+    col = b.op("GatherElements", [row_arg, row], axis=0)
+    token = b.op("Add", [b.op("Mul", [row, b.const(np.array(cols, np.int64))]), col])
     token.name = "token"
     g.outputs = [token]
     return g
