@@ -12,6 +12,8 @@ import pytest
 from conftest import CHELSEA, MOBILENET, ROOT
 from onnx import TensorProto, helper
 
+from kiln.package.format import write_manifest
+
 
 def kiln(*args, check=False, timeout=600) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess (as a user would)."""
@@ -144,5 +146,5 @@ def test_newer_format_refused(package, tmp_path):
     shutil.copytree(package, copy)
     m = json.loads((copy / "manifest.json").read_text())
     m["version"] = "2.0"
-    (copy / "manifest.json").write_text(json.dumps(m))
+    write_manifest(copy, m)
     assert_one_line_error(kiln("info", copy), "newer than this Kiln reads")

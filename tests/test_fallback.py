@@ -12,6 +12,7 @@ from browser import CHROMIUM, ConsoleLog, serving
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from kiln.package.format import write_manifest
 
 pytestmark = [
     pytest.mark.browser,
@@ -153,7 +154,7 @@ def _needs_f16(package):
     path = package / "manifest.json"
     m = json.loads(path.read_text())
     m["targets"]["webgpu"]["features"] = ["shader-f16"]
-    path.write_text(json.dumps(m))
+    write_manifest(package, m)
     return package
 
 

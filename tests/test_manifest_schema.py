@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 import kiln
 from kiln.errors import PackageError
 from kiln.package import manifest as contract
-from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, read_manifest
+from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, read_manifest, write_manifest
 from tools import manifest_types
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,7 +267,7 @@ def test_older_and_newer_minor_versions_are_read(packages, tmp_path):
     contract.validate_manifest(new, "1.9")
     copy_dir = tmp_path / "newer"
     shutil.copytree(packages["targets"], copy_dir)
-    (copy_dir / MANIFEST).write_text(json.dumps(new))
+    write_manifest(copy_dir, new)
     assert read_manifest(copy_dir)["some_1_9_key"] == {"x": 1}
 
 
@@ -277,7 +277,7 @@ def _broken(pkg: Path, tmp_path: Path, edit) -> Path:
     shutil.copytree(pkg, out)
     m = _load(out)
     edit(m)
-    (out / MANIFEST).write_text(json.dumps(m))
+    write_manifest(out, m)
     return out
 
 

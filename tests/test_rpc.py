@@ -7,6 +7,7 @@ raw WebSocket connections sending real bytes.
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -30,6 +31,7 @@ from websockets.sync.client import connect as ws_connect
 
 import kiln
 import kiln.rpc
+from kiln.package.format import write_manifest
 from kiln.rpc import protocol
 
 needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (Debian package chromium)")
@@ -146,7 +148,7 @@ def test_device_errors_come_back_as_remote_errors(remote, tiny_package, tmp_path
     shutil.copytree(tiny_package, needy)
     manifest = json.loads((needy / "manifest.json").read_text())
     manifest["targets"]["webgpu"]["features"] = ["kiln-test-no-such-feature"]
-    (needy / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(needy, manifest)
     with pytest.raises(kiln.errors.RemoteError, match="lacks WebGPU features kiln-test-no-such-feature") as info:
         remote.load(needy)
     assert info.value.kind == "DeviceError"
@@ -164,6 +166,32 @@ def test_corrupted_weights_are_refused(remote, tiny_package, tmp_path):
         remote.load(broken)  # checked here first
     with pytest.raises(kiln.PackageError, match="differs from the manifest's size or SHA-256"):
         remote.load(broken, verify=False)  # then by the server
+
+
+@needs_chromium
+def test_tampered_kernel_or_manifest_is_refused(remote, tiny_package, tmp_path):
+    """The server checks an upload's manifest against its manifest.sha256 and each kernel source against the
+    manifest's files table (format 1.8) before anything reaches the page."""
+    shader = tmp_path / "shader"
+    shutil.copytree(tiny_package, shader)
+    kernel = shader / json.loads((shader / "manifest.json").read_text())["targets"]["webgpu"]["kernels"][0]["source"]
+    kernel.write_text(kernel.read_text() + "\n// edited\n")
+    with pytest.raises(kiln.PackageError, match="kernel source kernels/.*SHA-256 checksum mismatch"):
+        remote.load(shader)
+    edited = tmp_path / "edited"
+    shutil.copytree(tiny_package, edited)
+    manifest = json.loads((edited / "manifest.json").read_text())
+    manifest["name"] = "edited"
+    (edited / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(kiln.PackageError, match="manifest.json SHA-256 checksum mismatch"):
+        remote.load(edited)  # refused when read here
+    request = {"type": "load", "device": remote.selected.id,
+               "files": [{"path": "manifest.json", "sha256": hashlib.sha256(json.dumps(manifest).encode()).hexdigest()},
+                         {"path": "manifest.sha256", "sha256": hashlib.sha256((tiny_package / "manifest.sha256")
+                                                                              .read_bytes()).hexdigest()}]}
+    with pytest.raises(kiln.PackageError, match="manifest.json SHA-256 checksum mismatch"):  # and by the server
+        remote._request(request, [json.dumps(manifest).encode(), (tiny_package / "manifest.sha256").read_bytes()],
+                        "loaded")
 
 
 @needs_chromium

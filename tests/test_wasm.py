@@ -28,7 +28,7 @@ import kiln
 from kiln.codegen.wasm import simd as c  # the C renderer with the SIMD128 vectoriser
 from kiln.codegen.wasm import toolchain as wasm
 from kiln.errors import KilnError, PackageError
-from kiln.package.format import VERSION
+from kiln.package.format import VERSION, write_manifest
 
 T, B, D = test_ops, test_ops_breadth, test_dtypes
 
@@ -273,7 +273,7 @@ def test_wasm_target_missing_or_corrupted_is_a_clear_error(mobilenet_package, tm
     shutil.copytree(mobilenet_package, webgpu_only)
     m = json.loads((webgpu_only / "manifest.json").read_text())
     del m["targets"]["wasm"]
-    (webgpu_only / "manifest.json").write_text(json.dumps(m))
+    write_manifest(webgpu_only, m)
     with pytest.raises(PackageError, match="no 'wasm' target"):
         kiln.load(webgpu_only, target="wasm")
     corrupt = tmp_path / "corrupt"

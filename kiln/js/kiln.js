@@ -53,7 +53,7 @@
 
 import {bindDims, outputShape} from './dims.js';
 import {DeviceError, KilnError, PackageError, ShapeError} from './errors.js';
-import {memorySource, readManifest, urlSource} from './package.js';
+import {memorySource, readManifest, urlSource, verifyingSource} from './package.js';
 import {encodeSafetensors} from './train.js';
 import {Tensor, fromStorage, shapeText, toStorage} from './tensor.js';
 import {GPUTensor} from './gputensor.js';
@@ -196,7 +196,8 @@ async function backendModule(target) {
  */
 async function loadFrom(source, options) {
   const {verify = true, target = 'auto'} = options;
-  const manifest = await readManifest(source);
+  const manifest = await readManifest(source, verify);
+  if (verify) source = verifyingSource(source, manifest);  // kernels, modules, tokenizer: checked as they are read
   const held = Object.keys(manifest.targets ?? {});
   const heldText = held.join(', ') || 'none';
   let chosen;

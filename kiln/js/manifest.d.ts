@@ -79,6 +79,13 @@ export interface Manifest {
    */
   dim_limits?: DimLimit[];
   /**
+   * (1.8) Every file of the package besides manifest.json, manifest.sha256 and the weights (which weights.files
+   * lists), with its size and SHA-256: kernels, modules, pages, scripts, tokenizer and the files of parts (a
+   * sampler). Runtimes check each file they read against it; manifest.sha256 holds the manifest's own SHA-256
+   * (sha256sum's format).
+   */
+  files?: PackageFile[];
+  /**
    * (1.7) Tensors the runtime keeps between runs (a language model's KV cache): each lives in one state buffer, zeros
    * at load, updated in place by the plan (its update output is the same buffer); they are not in inputs or outputs,
    * so a run neither feeds nor reads them back.
@@ -276,6 +283,16 @@ export interface Memory {
 export interface Weights {
   /** Every weights file with its size and SHA-256; runtimes verify them. */
   files: WeightsFile[];
+}
+
+/** (1.8) A file of the package and its checksum. */
+export interface PackageFile {
+  /** Its path in the package, with / separators. */
+  path: string;
+  /** Its size. */
+  bytes: number;
+  /** Its SHA-256, lowercase hex. */
+  sha256: string;
 }
 
 /**

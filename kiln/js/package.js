@@ -223,10 +223,15 @@ async function fetchOk(url, what) {
 /**
  * Read `manifest.json` and check its format, version and required sections (the manifest's shape is
  * kiln/package/manifest.schema.json; the native runtimes validate it whole, this runtime checks what it needs).
+ * A package of format 1.8 or later also has `manifest.sha256` (the manifest's SHA-256 in sha256sum's format), which
+ * `verify` checks the manifest's bytes against.
  * @param {PackageSource} source
+ * @param {boolean} [verify=true] check the manifest's SHA-256 (format 1.8)
  * @returns {Promise<Manifest>} the manifest
+ * @throws {PackageError} unreachable, malformed or newer-format, or (format 1.8) without manifest.sha256 or with a
+ *   manifest whose SHA-256 differs from it.
  */
-export async function readManifest(source) {
+export async function readManifest(source, verify = true) {
   const root = source.name;
   const url = source.where('manifest.json');
   const bytes = await source.bytes('manifest.json', 'package manifest');
@@ -251,6 +256,21 @@ export async function readManifest(source) {
   for (const key of ['inputs', 'outputs', 'buffers', 'targets', 'weights']) {
     if (!(key in manifest)) throw new PackageError(`${url}: manifest lacks '${key}'`);
   }
+  if (verify && hasIntegrity(manifest)) {
+    let line;
+    try {
+      line = new TextDecoder().decode(await source.bytes(MANIFEST_DIGEST, 'manifest digest'));
+    } catch (error) {
+      throw new PackageError(`${root}: no ${MANIFEST_DIGEST} (a package of format 1.8 or later has one; ` +
+        `${error.message}); the package is incomplete`);
+    }
+    const want = line.trim().split(/\s+/)[0].toLowerCase();
+    const got = await sha256Hex(bytes);
+    if (got !== want) {
+      throw new PackageError(`${url}: SHA-256 checksum mismatch (expected ${want}, got ${got}); the package is ` +
+        'corrupted or its manifest was edited');
+    }
+  }
   // format 1.4 dtypes (bfloat16, float8, 4- and 2-bit, uint64) run on the native runtimes only
   for (const t of [...manifest.inputs, ...manifest.outputs]) {
     if (!(t.dtype in DTYPES)) {
@@ -261,8 +281,56 @@ export async function readManifest(source) {
   return manifest;
 }
 
-/** @param {ArrayBuffer} bytes @returns {Promise<string>} lowercase hex SHA-256 */
+/** The manifest's SHA-256 file (format 1.8), as kiln/package/format.py's MANIFEST_DIGEST. */
+export const MANIFEST_DIGEST = 'manifest.sha256';
+
+/**
+ * Whether a manifest's format (1.8 and later) covers every file with a checksum: manifest.sha256 for the manifest,
+ * `files` for the rest (the weights in `weights.files`).
+ * @param {Manifest} manifest @returns {boolean}
+ */
+export function hasIntegrity(manifest) {
+  const [major, minor] = String(manifest.version).split('.').map(Number);
+  return major > 1 || (major === 1 && minor >= 8);
+}
+
+/**
+ * A source whose `bytes` checks every file against the manifest's `files` table (format 1.8: kernels, wasm
+ * modules, the tokenizer; a file it does not list is refused); older packages' sources come back as they are.
+ * @param {PackageSource} source @param {Manifest} manifest
+ * @returns {PackageSource}
+ */
+export function verifyingSource(source, manifest) {
+  if (!hasIntegrity(manifest)) return source;
+  const files = new Map((manifest.files ?? []).map((f) => [f.path, f]));
+  /** @type {PackageSource} */
+  const checked = Object.create(source);
+  checked.bytes = async (path, what) => {
+    const data = await source.bytes(path, what);
+    const entry = files.get(path);
+    if (!entry) {
+      throw new PackageError(`${source.where(path)}: ${what} is not listed in the manifest's files (the package ` +
+        'was edited)');
+    }
+    const digest = await sha256Hex(data);
+    if (data.byteLength !== entry.bytes || digest !== entry.sha256) {
+      throw new PackageError(`${source.where(path)}: ${what}: SHA-256 checksum mismatch (expected ${entry.sha256}, ` +
+        `got ${digest}); the package is corrupted or was edited`);
+    }
+    return data;
+  };
+  return checked;
+}
+
+/**
+ * @param {ArrayBuffer} bytes @returns {Promise<string>} lowercase hex SHA-256
+ * @throws {PackageError} the page has no WebCrypto (not a secure context: https, or http on localhost)
+ */
 export async function sha256Hex(bytes) {
+  if (!globalThis.crypto?.subtle) {
+    throw new PackageError('checking SHA-256 checksums needs WebCrypto, which only secure contexts have (https, or ' +
+      'http on localhost); serve the page so, or load with {verify: false}');
+  }
   const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes));
   return Array.from(digest, (b) => b.toString(16).padStart(2, '0')).join('');
 }

@@ -100,6 +100,10 @@ FORMAT = "kiln-package"
 VERSION = "1.8"
 MAJOR = 1
 MANIFEST = "manifest.json"
+#: the manifest's SHA-256 in ``sha256sum``'s format (format 1.8): ``sha256sum -c manifest.sha256`` checks it too
+MANIFEST_DIGEST = "manifest.sha256"
+#: the first format version whose packages carry MANIFEST_DIGEST and the manifest's ``files`` table
+INTEGRITY_VERSION = (1, 8)
 
 #: WebGPU's default limits (WebGPU spec §3.6.2 "Limits"), which every conformant adapter offers:
 #: the compiler stays within them by default, runtimes request only limits above them
@@ -122,13 +126,101 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def has_integrity(manifest: dict[str, Any]) -> bool:
+    """Whether the package's format (1.8 and later) covers every file with a checksum: ``manifest.sha256`` for the
+    manifest, ``files`` for the rest (weights in ``weights.files``)."""
+    try:
+        return tuple(int(x) for x in str(manifest.get("version", "")).split(".")[:2]) >= INTEGRITY_VERSION
+    except ValueError:
+        return False
+
+
+def digest_line(data: bytes) -> str:
+    """``manifest.sha256``'s text for manifest bytes ``data`` (``sha256sum``'s format)."""
+    return f"{hashlib.sha256(data).hexdigest()}  {MANIFEST}\n"
+
+
+def write_manifest(package: str | os.PathLike, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` as the package's ``manifest.json`` and its ``manifest.sha256``, each through a
+    temporary file renamed into place (a tool that edits a package, or a test making a variant of one)."""
+    root = Path(package)
+    data = json.dumps(manifest, indent=1).encode()
+    for name, content in ((MANIFEST, data), (MANIFEST_DIGEST, digest_line(data).encode())):
+        tmp = root / f".{name}.tmp"
+        tmp.write_bytes(content)
+        os.replace(tmp, root / name)
+
+
+def check_manifest_digest(data: bytes, digest: bytes | None, where: str) -> None:
+    """Check manifest bytes ``data`` against the text of ``manifest.sha256`` (None: missing).
+
+    Raises:
+        PackageError: the digest file is missing or malformed, or the manifest's SHA-256 differs from it.
+    """
+    if digest is None:
+        raise PackageError(f"{where}: no {MANIFEST_DIGEST} (a package of format 1.8 or later has one); the package "
+                           "is incomplete")
+    want = digest.decode("ascii", "replace").split()
+    if not want or len(want[0]) != 64:
+        raise PackageError(f"{where}: {MANIFEST_DIGEST} is malformed (expected a SHA-256 in sha256sum's format)")
+    got = hashlib.sha256(data).hexdigest()
+    if got != want[0].lower():
+        raise PackageError(f"{where}: {MANIFEST} SHA-256 checksum mismatch (expected {want[0]}, got {got}); the "
+                           "package is corrupted or its manifest was edited")
+
+
+def read_package_file(package: str | os.PathLike, manifest: dict[str, Any], relative: str, what: str) -> bytes:
+    """The bytes of file ``relative`` of a package, checked against the manifest's ``files`` table (format 1.8;
+    an older package's files are not checked).
+
+    Raises:
+        PackageError: the file is missing, unlisted in a 1.8 package, or its size or SHA-256 differs.
+    """
+    root = Path(package)
+    try:
+        data = (root / relative).read_bytes()
+    except OSError as e:
+        raise PackageError(f"{root}: cannot read {what} {relative} ({e.strerror or e})") from None
+    if has_integrity(manifest):
+        check_file(data, {f["path"]: f for f in manifest.get("files", [])}.get(relative), f"{root}: {what} {relative}")
+    return data
+
+
+def check_file(data: bytes, entry: dict[str, Any] | None, where: str) -> None:
+    """Check a file's bytes against its ``files`` entry ``{path, bytes, sha256}`` (None: not listed).
+
+    Raises:
+        PackageError: not listed, or a size or SHA-256 mismatch.
+    """
+    if entry is None:
+        raise PackageError(f"{where}: not listed in the manifest's files (the package was edited)")
+    got = hashlib.sha256(data).hexdigest()
+    if len(data) != entry["bytes"] or got != entry["sha256"]:
+        raise PackageError(f"{where}: SHA-256 checksum mismatch (expected {entry['sha256']}, got {got}); the package "
+                           "is corrupted or was edited")
+
+
+def verify_files(package: str | os.PathLike, manifest: dict[str, Any]) -> int:
+    """Check every file the manifest's ``files`` table lists (format 1.8; kernels, modules, pages, scripts,
+    tokenizer, parts) and the weights; returns how many files were checked.
+
+    Raises:
+        PackageError: the first missing or mismatching file.
+    """
+    verify_weights(package, manifest)
+    for f in manifest.get("files", []):
+        read_package_file(package, manifest, f["path"], "file")
+    return len(manifest.get("files", [])) + len(manifest["weights"]["files"])
+
+
 def read_manifest(package: str | os.PathLike) -> dict[str, Any]:
     """Load and check ``manifest.json`` of a package directory.
 
     Raises:
         PackageError: no such directory, no manifest, malformed JSON, not a Kiln package,
-            a newer major format version than this runtime reads, or a manifest the package contract
-            refuses (see :func:`parse_manifest`).
+            a newer major format version than this runtime reads, a manifest the package contract
+            refuses (see :func:`parse_manifest`), or (format 1.8) one whose SHA-256 differs from
+            ``manifest.sha256`` or without that file.
     """
     root = Path(package)
     if not root.exists():
@@ -138,7 +230,12 @@ def read_manifest(package: str | os.PathLike) -> dict[str, Any]:
     path = root / MANIFEST
     if not path.exists():
         raise PackageError(f"{root}: not a Kiln package (no {MANIFEST})")
-    return parse_manifest(path.read_bytes(), path, root)
+    data = path.read_bytes()
+    manifest = parse_manifest(data, path, root)
+    if has_integrity(manifest):
+        digest = root / MANIFEST_DIGEST
+        check_manifest_digest(data, digest.read_bytes() if digest.exists() else None, str(root))
+    return manifest
 
 
 def parse_manifest(data: bytes | str, path: str | os.PathLike, root: str | os.PathLike) -> dict[str, Any]:

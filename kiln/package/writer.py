@@ -22,7 +22,16 @@ from kiln.errors import KilnError, PackageError
 from kiln.ir.printer import format_graph
 from kiln.package import dynamic
 from kiln.package.dynamic import io_fields
-from kiln.package.format import FORMAT, MANIFEST, STORAGE, VERSION, sha256_file, to_storage
+from kiln.package.format import (
+    FORMAT,
+    MANIFEST,
+    MANIFEST_DIGEST,
+    STORAGE,
+    VERSION,
+    digest_line,
+    sha256_file,
+    to_storage,
+)
 from kiln.package.manifest import validate_manifest
 from kiln.package.training import io_lists, param_weights, training_manifest
 from kiln.version import __version__
@@ -77,6 +86,17 @@ def check_destination(out: str | os.PathLike, force: bool, markers: tuple[str, .
         raise PackageError(f"{p} already exists; pass --force to replace it")
     if p.is_file() or (any(p.iterdir()) and not any((p / m).exists() for m in markers)):
         raise PackageError(f"{p} exists and is not a Kiln package; refusing to replace it even with --force")
+
+
+def file_table(folder: Path, skip: set[str]) -> list[dict[str, Any]]:
+    """The manifest's ``files`` (format 1.8): ``{path, bytes, sha256}`` of every file under ``folder`` except its
+    manifest, manifest digest and ``skip`` (the weights, which ``weights.files`` lists), sorted by path."""
+    out = []
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_file() and rel not in (MANIFEST, MANIFEST_DIGEST) and rel not in skip:
+            out.append({"path": rel, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
+    return out
 
 
 def _io(v, buffer: int) -> dict[str, Any]:
@@ -233,9 +253,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             shutil.copyfile(labels, tmp / "labels.txt")
             manifest["postprocess"] = {"type": "classification", "output": model_outputs[0].name,
                                        "softmax": True, "labels": "labels.txt"}
-        text = json.dumps(manifest, indent=1)
-        validate_manifest(json.loads(text), unwritten)  # exactly what is written
-        (tmp / MANIFEST).write_text(text)
+        validate_manifest(json.loads(json.dumps(manifest)), unwritten)  # a refused manifest fails before more work
         (tmp / "graph.txt").write_text(format_graph(graph) + "\n")
         for path, data in (extra_files or {}).items():
             (tmp / path).write_text(data, encoding="utf-8")
@@ -244,6 +262,11 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
                          + (GENERATION_FILES if generation is not None else ()))
         for name, part in (parts or {}).items():
             write_package(part, tmp / name, preset="none", source=source, runtime=False)
+        manifest["files"] = file_table(tmp, {f["path"] for f in files})  # every file but the manifest and weights
+        text = json.dumps(manifest, indent=1)
+        validate_manifest(json.loads(text), unwritten)  # exactly what is written
+        (tmp / MANIFEST).write_text(text)
+        (tmp / MANIFEST_DIGEST).write_text(digest_line(text.encode()))
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

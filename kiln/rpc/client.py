@@ -32,7 +32,7 @@ from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
 from kiln.errors import AuthError, KilnError, PackageError, ProtocolError, RemoteError, RpcError
-from kiln.package.format import MANIFEST, read_manifest, sha256_file, verify_weights
+from kiln.package.format import MANIFEST, MANIFEST_DIGEST, read_manifest, sha256_file, verify_weights
 from kiln.rpc import protocol
 from kiln.runtime.feeds import check_feeds
 
@@ -357,8 +357,9 @@ class Remote:
              verify: bool = True) -> RemotePackage:
         """Upload a package directory to a device, which loads it on WebGPU; it becomes the current package.
 
-        Sends ``manifest.json``, the weights files and the kernel sources, each with its SHA-256; the
-        server checks them and the page checks the weights against the manifest again.
+        Sends ``manifest.json`` (and ``manifest.sha256``, format 1.8), the weights files and the kernel sources, each
+        with its SHA-256; the server checks them, and the manifest and kernels against the manifest's digest and
+        ``files`` table, and the page checks them against the manifest again.
 
         Args:
             package: a package directory made by ``kiln compile``.
@@ -381,8 +382,8 @@ class Remote:
         target = manifest["targets"].get("webgpu")
         if target is None:
             raise PackageError(f"{root}: package has no 'webgpu' target")
-        paths = [MANIFEST, *(f["path"] for f in manifest["weights"]["files"]),
-                 *dict.fromkeys(k["source"] for k in target["kernels"])]
+        paths = [MANIFEST, *([MANIFEST_DIGEST] if (root / MANIFEST_DIGEST).exists() else []),
+                 *(f["path"] for f in manifest["weights"]["files"]), *dict.fromkeys(k["source"] for k in target["kernels"])]
         files, blobs = [], []
         for path in paths:
             file = root / path

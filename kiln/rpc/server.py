@@ -33,7 +33,14 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from kiln.errors import PackageError, ProtocolError, RpcError
-from kiln.package.format import MANIFEST, parse_manifest
+from kiln.package.format import (
+    MANIFEST,
+    MANIFEST_DIGEST,
+    check_file,
+    check_manifest_digest,
+    has_integrity,
+    parse_manifest,
+)
 from kiln.rpc import protocol
 from kiln.rpc.protocol import Message, decode, encode
 
@@ -145,8 +152,9 @@ def check_upload(files: list[dict[str, str]], blobs: list[memoryview]) -> dict[s
         The parsed manifest.
 
     Raises:
-        _Refused: a file whose bytes do not match its SHA-256, no or a bad ``manifest.json``, or a
-            weights file or kernel source that is missing or differs from what the manifest records.
+        _Refused: a file whose bytes do not match its SHA-256, no or a bad ``manifest.json`` (format 1.8: one
+            whose SHA-256 differs from ``manifest.sha256``, or no such file), or a weights file or kernel source that
+            is missing or differs from what the manifest records.
     """
     digests = {}
     for entry, blob in zip(files, blobs, strict=True):
@@ -157,9 +165,14 @@ def check_upload(files: list[dict[str, str]], blobs: list[memoryview]) -> dict[s
         digests[entry["path"]] = (digest, blob.nbytes)
     if MANIFEST not in digests:
         raise _Refused(f"the upload has no {MANIFEST}", "PackageError")
-    manifest_blob = blobs[[f["path"] for f in files].index(MANIFEST)]
+    files_by_path = {f["path"]: blob for f, blob in zip(files, blobs, strict=True)}
+    manifest_blob = files_by_path[MANIFEST]
     try:
         manifest = parse_manifest(bytes(manifest_blob), MANIFEST, "uploaded package")
+        listed = {f["path"]: f for f in manifest.get("files", [])}
+        if has_integrity(manifest):  # format 1.8: the manifest's own digest, and every kernel against the table
+            digest = files_by_path.get(MANIFEST_DIGEST)
+            check_manifest_digest(bytes(manifest_blob), None if digest is None else bytes(digest), "uploaded package")
         weights = manifest["weights"]["files"]
         kernels = manifest["targets"]["webgpu"]["kernels"]
         for w in weights:
@@ -172,6 +185,9 @@ def check_upload(files: list[dict[str, str]], blobs: list[memoryview]) -> dict[s
         for k in kernels:
             if k["source"] not in digests:
                 raise PackageError(f"uploaded package: kernel source {k['source']} is missing")
+            if has_integrity(manifest):
+                check_file(bytes(files_by_path[k["source"]]), listed.get(k["source"]),
+                           f"uploaded package: kernel source {k['source']}")
     except PackageError as e:
         raise _Refused(str(e), "PackageError") from None
     except (KeyError, TypeError) as e:

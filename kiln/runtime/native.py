@@ -22,7 +22,15 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import DeviceError, KilnError, PackageError, ShapeError
-from kiln.package.format import DEFAULT_LIMITS, STORAGE, from_storage, read_manifest, read_weights, verify_weights
+from kiln.package.format import (
+    DEFAULT_LIMITS,
+    STORAGE,
+    from_storage,
+    read_manifest,
+    read_package_file,
+    read_weights,
+    verify_weights,
+)
 from kiln.runtime import dynamic, gpu
 from kiln.runtime.control import ControlPlan, is_control_plan
 from kiln.runtime.feeds import storage_feeds
@@ -141,7 +149,7 @@ class Session(TrainingMixin, GenerationMixin):
         t_device = time.perf_counter()
         cache = pipeline_cache(dev)
         # a kernel over run-time dims (docs/dynamic-shapes.md) reads their uniform after its storage buffers
-        specs = [KernelSpec((self.path / k["source"]).read_text(), k["entry_point"],
+        specs = [KernelSpec(read_package_file(self.path, self.manifest, k["source"], "kernel").decode(), k["entry_point"],
                             tuple(b["access"] for b in sorted(k["bindings"], key=lambda b: b["binding"]))
                             + (("uniform",) if "dims_binding" in k else ()), k["name"])
                  for k in tgt["kernels"]]
