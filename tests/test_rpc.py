@@ -233,6 +233,24 @@ def test_bad_token_is_refused(server):
         kiln.rpc.connect(server.url, "")
 
 
+def test_failed_token_attempts_are_limited_per_address():
+    """After ``max_token_failures`` wrong tokens from an address within the window, every handshake from it (the
+    right token too) is refused with HTTP 429 until the window ends; then the right token connects again."""
+    rpc = kiln.rpc.RpcServer("127.0.0.1", 0, max_token_failures=3, token_failure_window_s=1.5).start_in_thread()
+    try:
+        for _ in range(3):
+            with pytest.raises(kiln.errors.AuthError, match="bad token"):
+                kiln.rpc.connect(rpc.url, "not-the-token")
+        for token in ("not-the-token", rpc.token):
+            with pytest.raises(kiln.errors.RpcError, match="too many failed token attempts from this address"):
+                kiln.rpc.connect(rpc.url, token)
+        time.sleep(1.6)
+        with kiln.rpc.connect(rpc.url, rpc.token) as remote:
+            assert remote.devices() == []
+    finally:
+        rpc.stop_thread()
+
+
 @needs_chromium
 def test_page_with_a_bad_token_does_not_join(browser, server, device_page):
     with kiln.rpc.connect(server.url, server.token) as remote:

@@ -147,6 +147,9 @@ def connect(url: str, token: str | None = None, *, timeout: float = CONNECT_TIME
         if e.response.status_code == 403:
             body = e.response.body.decode(errors="replace").strip() if e.response.body else "forbidden"
             raise AuthError(f"{shown} refused the connection: {body}") from None
+        if e.response.status_code == 429:
+            body = e.response.body.decode(errors="replace").strip() if e.response.body else "too many requests"
+            raise RpcError(f"{shown} refused the connection: {body}") from None
         raise RpcError(f"{shown} refused the connection: HTTP {e.response.status_code}") from None
     except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as e:
         raise RpcError(f"cannot connect to a Kiln RPC server at {shown}: {e}") from None

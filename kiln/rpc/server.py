@@ -22,6 +22,7 @@ import itertools
 import logging
 import secrets
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -56,6 +57,10 @@ DEFAULT_REQUEST_TIMEOUT_S = 600.0
 MAX_DEVICES = 64
 MAX_CLIENTS = 16
 MAX_PACKAGES_PER_CLIENT = 32
+#: failed token attempts an address may make within TOKEN_FAILURE_WINDOW_S before all its handshakes are refused
+#: (HTTP 429) until the window ends: a 32-character token cannot be guessed, and this keeps trying slow
+MAX_TOKEN_FAILURES = 10
+TOKEN_FAILURE_WINDOW_S = 60.0
 #: close codes (RFC 6455): policy violation (malformed or hostile message), server going away
 CLOSE_POLICY = 1008
 CLOSE_GOING_AWAY = 1001
@@ -205,6 +210,8 @@ class RpcServer:
         token: the secret clients and devices must present; a random 32-character one by default.
         max_message_bytes: the largest message accepted from any peer (bigger: closed with code 1009).
         request_timeout_s: seconds a device has to answer a request before the client gets an error.
+        max_token_failures, token_failure_window_s: after this many handshakes with a wrong token from one
+            address within the window, every handshake from it is refused (HTTP 429) until the window ends.
 
     Use ``await start()`` then ``await stop()`` inside an event loop, or :meth:`start_in_thread`
     and :meth:`stop_thread` from synchronous code.
@@ -212,8 +219,12 @@ class RpcServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, token: str | None = None,
                  max_message_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
-                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S):
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, max_token_failures: int = MAX_TOKEN_FAILURES,
+                 token_failure_window_s: float = TOKEN_FAILURE_WINDOW_S):
         self.host = host
+        self.max_token_failures = max_token_failures
+        self.token_failure_window_s = token_failure_window_s
+        self._token_failures: dict[str, tuple[int, float]] = {}  # address -> (failures, when the window began)
         self.port = port
         self.token = token or secrets.token_urlsafe(24)
         self.max_message_bytes = max_message_bytes
@@ -328,8 +339,23 @@ class RpcServer:
         if path not in ("/device", "/client"):
             return conn.respond(HTTPStatus.NOT_FOUND, "not found\n")
         role = path[1:]
+        address = conn.remote_address[0] if conn.remote_address else "?"
+        failures, since = self._token_failures.get(address, (0, 0.0))
+        now = time.monotonic()
+        if now - since > self.token_failure_window_s:
+            failures, since = 0, now
+        if failures >= self.max_token_failures:
+            wait = self.token_failure_window_s - (now - since)
+            log.warning("refused %s from %s: %d failed token attempts", role, peer, failures)
+            return conn.respond(HTTPStatus.TOO_MANY_REQUESTS, f"too many failed token attempts from this address; "
+                                f"try again in {wait:.0f} s\n")
         token = urllib.parse.parse_qs(query).get("token", [""])[0]
         if not hmac.compare_digest(token.encode(), self.token.encode()):
+            self._token_failures[address] = (failures + 1, since)
+            if len(self._token_failures) > 4096:  # many addresses: forget the oldest windows
+                oldest = sorted(self._token_failures, key=lambda a: self._token_failures[a][1])[:2048]
+                for a in oldest:
+                    del self._token_failures[a]
             log.warning("refused %s from %s: bad token", role, peer)
             return conn.respond(HTTPStatus.FORBIDDEN, "bad token\n")
         origin = request.headers.get("Origin")
