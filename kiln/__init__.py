@@ -79,7 +79,10 @@ def compile(model, *args, **options):
         names, examples = torch_frontend.export(model, example_inputs, path, **export_opts)
         bound = torch_frontend.bind_dims(export_opts.get("dynamic_axes"), names, examples, dims)
         if keep_onnx is not None:
-            shutil.copyfile(path, keep_onnx)
+            from kiln.package.format import atomic_path
+
+            with atomic_path(keep_onnx) as kept:
+                shutil.copyfile(path, kept)
         return compile_model(path, out, dims=bound, **options)
 
 

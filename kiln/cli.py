@@ -249,7 +249,10 @@ def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, war
             click.echo(f"{name}: {arr.dtype}{list(arr.shape)} min {arr.min():.6g} max {arr.max():.6g} "
                        f"mean {arr.mean():.6g}")
     if outputs:
-        np.savez(outputs, **result)
+        from kiln.package.format import atomic_path
+
+        with atomic_path(outputs) as tmp, open(tmp, "wb") as f:  # np.savez adds no .npz to a file object
+            np.savez(f, **result)
         click.echo(f"wrote {', '.join(result)} to {outputs}")
     info = session.adapter_info()
     click.echo(f"median {np.median(times):.2f} ms per run over {repeat} runs "

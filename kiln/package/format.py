@@ -6,15 +6,18 @@ and refuses a newer major version with a clear message.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kiln.errors import PackageError, ShapeError
+from kiln.errors import KilnError, PackageError, ShapeError
 from kiln.package.manifest import validate_manifest
 
 #: tensor dtype -> the element type its WebGPU buffers hold (every element 4 bytes). WGSL storage
@@ -124,6 +127,33 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path next to ``path`` to write to: renamed over ``path`` when the block ends, removed when it
+    raises (an interrupt included), so ``path`` is always either what it was or complete. After a SIGKILL or power
+    loss the temporary file (``.NAME.*.tmp``) may remain; ``path`` is still intact.
+
+    Raises:
+        KilnError: the file cannot be written (a full disk, no permission), naming it; the old one is kept.
+    """
+    path = Path(path)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise KilnError(f"cannot write {path}: {e.strerror or e} (nothing was replaced)") from None
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise KilnError(f"cannot write {path}: {e.strerror or e} (nothing was replaced)") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def has_integrity(manifest: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kiln.errors import PackageError
 from kiln.package.manifest import validate_speech_manifest
 from kiln.package.writer import MANIFEST, RUNTIME_FILES, SPEECH_FILES, check_destination, copy_runtime, write_package
 
@@ -38,13 +39,17 @@ def write_speech_package(parts: dict[str, Any], out: str | os.PathLike, *, spec:
     Everything is written in a temporary directory first, so a failure leaves ``out`` as it was.
 
     Raises:
-        PackageError: ``out`` exists and is not replaceable (:func:`check_speech_destination`).
+        PackageError: ``out`` exists and is not replaceable (:func:`check_speech_destination`), or a write fails
+            (a full disk, no permission: ``out`` is left as it was).
     """
     out = Path(out)
     check_speech_destination(out, force)
     validate_speech_manifest(spec, SPEECH)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise PackageError(f"cannot write the speech package {out}: {e.strerror or e}") from None
     try:
         for name, compiled in parts.items():
             write_package(compiled, tmp / spec["parts"][name], preset="none", source=source)
@@ -55,6 +60,9 @@ def write_speech_package(parts: dict[str, Any], out: str | os.PathLike, *, spec:
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
+    except OSError as e:
+        raise PackageError(f"cannot write the speech package {out}: {e.strerror or e}"
+                           + (f" ({e.filename})" if e.filename else "") + "; nothing was replaced") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

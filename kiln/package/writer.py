@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 from kiln.errors import KilnError, PackageError
@@ -133,16 +134,20 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
     (``runtime=False``: the enclosing package's runs them).
 
     Raises:
-        PackageError: ``out`` exists and is not replaceable (see :func:`check_destination`), or a manifest the
-            schema refuses (a compiler bug: one line naming the JSON path and the problem).
+        PackageError: ``out`` exists and is not replaceable (see :func:`check_destination`), a manifest the
+            schema refuses (a compiler bug: one line naming the JSON path and the problem), or a write that fails
+            (a full disk, no permission: ``out`` is left as it was).
         KilnError: a constant that does not fit its storage type.
     """
     out = Path(out)
     check_destination(out, force)
     unwritten = f"{out / MANIFEST} (not written)"  # what a manifest the schema refuses is named in the error
     graph, plan = compiled.graph, compiled.plan
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise PackageError(f"cannot write the package {out}: {e.strerror or e}") from None
     try:
         (tmp / "kernels").mkdir()
         # weights, sharded
@@ -270,6 +275,13 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            why = (e.strerror or str(e)) + (f" ({e.filename})" if e.filename else "")
+        else:  # safetensors' own I/O errors: "Error while serializing: I/O error: File too large (os error 27)"
+            why = str(e).split("I/O error: ")[-1] + " (writing the weights)"
+        raise PackageError(f"cannot write the package {out}: {why}; nothing was replaced") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError, PackageError
-from kiln.package.format import from_storage
+from kiln.package.format import atomic_path, from_storage
 from kiln.runtime import gpu
 from kiln.runtime.feeds import storage_feeds
 
@@ -104,12 +104,19 @@ class TrainingMixin:
         Raises:
             KilnError: not a train-step package.
             FileExistsError: ``path`` exists and ``force`` is not set.
+            KilnError: the file cannot be written (the previous one is kept).
         """
         from safetensors.numpy import save_file
 
         path = Path(path)
         if path.exists() and not force:
             raise FileExistsError(f"{path} already exists; pass force=True to replace it")
-        save_file({k: np.ascontiguousarray(v) for k, v in self.state(optimizer).items()}, str(path),
-                  metadata={"format": "pt", "source": "kiln train step"})
+        state = {k: np.ascontiguousarray(v) for k, v in self.state(optimizer).items()}
+        from safetensors import SafetensorError
+
+        try:
+            with atomic_path(path) as tmp:  # an interrupted export leaves the previous file as it was
+                save_file(state, str(tmp), metadata={"format": "pt", "source": "kiln train step"})
+        except SafetensorError as e:
+            raise KilnError(f"cannot write {path}: {str(e).split('I/O error: ')[-1]} (nothing was replaced)") from None
         return path

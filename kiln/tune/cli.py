@@ -102,6 +102,9 @@ def tune_cmd(model: Path, db_path: Path, device: str, token, device_ids, trials:
     click.echo(f"compile with: kiln compile {model} -o PACKAGE --tuning-db {db_path} --device-class {device_class}"
                + ("" if device == "local" else f" --adapter '{words}'"))
     if json_out:
-        json_out.write_text(json.dumps([{"kernel": t.name, "signature": t.signature, "ops": t.ops, "shape": t.shape,
-                                         "uses": t.uses, "profile_ms": t.profile_ms, **t.result} for t in tasks],
-                                       indent=1))
+        from kiln.package.format import atomic_path
+
+        with atomic_path(json_out) as tmp:
+            tmp.write_text(json.dumps([{"kernel": t.name, "signature": t.signature, "ops": t.ops, "shape": t.shape,
+                                        "uses": t.uses, "profile_ms": t.profile_ms, **t.result} for t in tasks],
+                                      indent=1))
