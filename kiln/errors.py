@@ -7,6 +7,13 @@ message on one line and exits non-zero (tracebacks only with ``--debug``).
 from __future__ import annotations
 
 
+def one_line(text: str, limit: int = 600) -> str:
+    """``text`` (a compiler's or driver's message) on one line: runs of whitespace, newlines included, become one
+    space, and more than ``limit`` characters are cut with an ellipsis; for errors that quote another tool."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+
+
 class KilnError(Exception):
     """Base class of all errors Kiln raises on bad input or unsupported models."""
 

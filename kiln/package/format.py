@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import KilnError, PackageError, ShapeError
+from kiln.errors import KilnError, PackageError, ShapeError, one_line
 from kiln.package.manifest import validate_manifest
 
 #: tensor dtype -> the element type its WebGPU buffers hold (every element 4 bytes). WGSL storage
@@ -216,6 +216,19 @@ def read_package_file(package: str | os.PathLike, manifest: dict[str, Any], rela
     return data
 
 
+def read_package_text(package: str | os.PathLike, manifest: dict[str, Any], relative: str, what: str) -> str:
+    """:func:`read_package_file` as UTF-8 text (a kernel's source, the tokenizer).
+
+    Raises:
+        PackageError: what :func:`read_package_file` raises, or bytes that are not UTF-8.
+    """
+    data = read_package_file(package, manifest, relative, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PackageError(f"{Path(package)}: {what} {relative} is not UTF-8 text (byte {e.start})") from None
+
+
 def check_file(data: bytes, entry: dict[str, Any] | None, where: str) -> None:
     """Check a file's bytes against its ``files`` entry ``{path, bytes, sha256}`` (None: not listed).
 
@@ -283,8 +296,8 @@ def parse_manifest(data: bytes | str, path: str | os.PathLike, root: str | os.Pa
 
     Raises:
         PackageError: malformed JSON, not a Kiln package manifest, a newer major format version
-            than this runtime reads (checked first), or a manifest the schema refuses (one line naming the
-            JSON path and the problem).
+            than this runtime reads (checked first), a manifest the schema refuses (one line naming the
+            JSON path and the problem), or one whose references do not hold (:func:`check_references`).
     """
     try:
         manifest = json.loads(data)
@@ -300,7 +313,76 @@ def parse_manifest(data: bytes | str, path: str | os.PathLike, root: str | os.Pa
     if major > MAJOR:
         raise PackageError(f"{root}: package format {version} is newer than this Kiln reads ({VERSION}); upgrade Kiln")
     validate_manifest(manifest, str(path))
+    check_references(manifest, str(path))
     return manifest
+
+
+def check_references(manifest: dict[str, Any], where: str) -> None:
+    """Check what refers to what in a schema-valid manifest, which the schema cannot state: buffer ids (the ids of
+    inputs, outputs, state and plan steps exist, each I/O buffer holds its tensor), kernel indices and their buffer
+    counts, weights files, and the C targets' memory layout (every buffer inside the module's memory, after the
+    arena). A package that fails is inconsistent (a compiler bug, or an edit), so no runtime indexes past a list or
+    writes past its memory because of it.
+
+    Raises:
+        PackageError: one line naming the JSON path and the problem.
+    """
+    buffers = manifest["buffers"]
+    n = len(buffers)
+
+    def fail(what: str) -> None:
+        raise PackageError(f"{where}: {what} (the package is inconsistent)")
+
+    def buffer(ref: Any, path: str) -> dict[str, Any]:
+        if isinstance(ref, bool) or not isinstance(ref, int) or not 0 <= ref < n:
+            fail(f"{path}: buffer {ref!r} does not exist (there are {n})")
+        return buffers[ref]
+
+    for i, b in enumerate(buffers):
+        if b["id"] != i:
+            fail(f"buffers[{i}].id is {b['id']}, not {i}")
+    for kind in ("inputs", "outputs"):
+        for i, t in enumerate(manifest[kind]):
+            b = buffer(t["buffer"], f"{kind}[{i}].buffer")
+            storage = np.dtype(STORAGE.get(t.get("storage", t["dtype"]), "float32"))
+            need = int(np.prod([max(int(d), 0) for d in t["shape"]], dtype=object)) * storage.itemsize
+            if b["bytes"] < need:
+                fail(f"{kind}[{i}] ({t['name']}): buffer {t['buffer']} holds {b['bytes']} bytes, the tensor needs {need}")
+    for i, st in enumerate(manifest.get("state", [])):
+        buffer(st["buffer"], f"state[{i}].buffer")
+    files = {f["path"] for f in manifest["weights"]["files"]}
+    for i, b in enumerate(buffers):
+        if b["kind"] == "weight" and b.get("file") not in files:
+            fail(f"buffers[{i}].file: {b.get('file')!r} is not one of the weights files")
+    for name, target in manifest["targets"].items():
+        if not isinstance(target, dict) or not isinstance(target.get("kernels"), list):
+            continue
+        kernels = target["kernels"]
+        for j, step in enumerate(kernel_steps(target.get("plan", []))):
+            k = step.get("kernel")
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(kernels):
+                fail(f"targets.{name}.plan: step {j} runs kernel {k!r}, which does not exist (there are "
+                     f"{len(kernels)})")
+            refs = step.get("buffers", [])
+            for r in refs:
+                buffer(r, f"targets.{name}.plan[{j}].buffers")
+            kernel = kernels[k]
+            dispatch, most = step.get("dispatch"), (target.get("limits") or {}).get("maxComputeWorkgroupsPerDimension",
+                                                                                       65535)
+            if isinstance(dispatch, list) and not all(isinstance(d, int) and 0 <= d <= most for d in dispatch):
+                fail(f"targets.{name}.plan: step {j} dispatches {dispatch}, beyond {most} workgroups a dimension")
+            want = len(kernel["bindings"]) if isinstance(kernel.get("bindings"), list) else kernel.get("params")
+            if isinstance(want, int) and len(refs) != want:
+                fail(f"targets.{name}.plan: step {j} binds {len(refs)} buffers to kernel {k}, which takes {want}")
+        memory = target.get("memory")
+        if isinstance(memory, dict) and isinstance(memory.get("offsets"), list):
+            offsets, size, arena = memory["offsets"], memory.get("bytes", 0), memory.get("arena", 0)
+            if len(offsets) != n:
+                fail(f"targets.{name}.memory.offsets: {len(offsets)} offsets for {n} buffers")
+            for i, (offset, b) in enumerate(zip(offsets, buffers)):
+                if not isinstance(offset, int) or offset < arena or offset + b["bytes"] > size:
+                    fail(f"targets.{name}.memory.offsets[{i}]: buffer {i} ({b['bytes']} bytes at {offset!r}) lies "
+                         f"outside the memory after the arena ({arena}..{size})")
 
 
 def verify_weights(package: str | os.PathLike, manifest: dict[str, Any]) -> None:
@@ -323,7 +405,7 @@ def read_weights(package: str | os.PathLike, manifest: dict[str, Any]):
     Raises:
         PackageError: a weights file or tensor is missing or unreadable, or a tensor is larger than its buffer.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     path = Path(package)
     handles: dict[str, Any] = {}
@@ -338,8 +420,8 @@ def read_weights(package: str | os.PathLike, manifest: dict[str, Any]):
             if data.nbytes > b["bytes"]:
                 raise PackageError(f"{path}: weight {b['tensor']} is larger than its buffer")
             yield b, data
-    except (OSError, KeyError) as e:
-        raise PackageError(f"{path}: cannot read weights ({e})") from None
+    except (OSError, KeyError, SafetensorError) as e:
+        raise PackageError(f"{path}: cannot read weights ({one_line(e)})") from None
 
 
 def kernel_steps(plan: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import KilnError, PackageError
+from kiln.errors import KilnError, PackageError, one_line
 from kiln.runtime.arena import ArenaSession
 
 #: clang flags of the shared library: the host's vector units, multiply-adds fused (FMA), no errno (math calls
@@ -85,7 +85,7 @@ def build_library(source: str, progress: bool = False) -> Path:
         proc = subprocess.run(_zig() + ["cc", *CFLAGS, "-o", str(lib), str(src), "-lm"], capture_output=True,
                               text=True, check=False)
         if proc.returncode != 0:
-            raise KilnError(f"the C compiler failed on the cpu kernels:\n{proc.stderr.strip()[-4000:]}")
+            raise KilnError(f"the C compiler failed on the cpu kernels: {one_line(proc.stderr.strip(), 1500)}")
         os.replace(lib, out)
     return out
 
@@ -111,7 +111,11 @@ class CpuSession(ArenaSession):
         tgt = self._open(package, "cpu", target, "compile it with --target cpu")
         source_path = self._check_file(tgt["source"], tgt["sha256"], "cpu kernel source", verify)
         self.threads = max(1, int(threads if threads is not None else available_cores()))
-        self.lib = ctypes.CDLL(str(build_library(source_path.read_text())))
+        try:
+            source = source_path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise PackageError(f"{source_path}: the cpu kernel source is not UTF-8 text (byte {e.start})") from None
+        self.lib = ctypes.CDLL(str(build_library(source)))
         self.lib.kiln_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         self.lib.kiln_run.restype = ctypes.c_int
         layout = tgt["memory"]

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError
-from kiln.package.format import read_package_file
+from kiln.package.format import read_package_text
 from kiln.runtime.chat import render_chat
 
 
@@ -260,8 +260,8 @@ class Generator:
                             "compile a GGUF model: kiln compile MODEL.gguf)")
         self.session = session
         self.config = gen
-        self.tokenizer = Tokenizer.from_str(read_package_file(session.path, session.manifest, gen["tokenizer"],
-                                                              "tokenizer").decode("utf-8"))
+        self.tokenizer = Tokenizer.from_str(read_package_text(session.path, session.manifest, gen["tokenizer"],
+                                                              "tokenizer"))
         self.eos = set(gen["eos_token_ids"])
         if not isinstance(gen["cache"], dict):
             raise KilnError(f"{session.path}: a language-model package of format 1.6 (its KV cache is fed back); "

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import DeviceError, KilnError, PackageError, ShapeError
+from kiln.errors import DeviceError, KilnError, PackageError, ShapeError, one_line
 from kiln.package.format import (
     DEFAULT_LIMITS,
     STORAGE,
     from_storage,
     read_manifest,
-    read_package_file,
+    read_package_text,
     read_weights,
     verify_weights,
 )
@@ -149,7 +149,7 @@ class Session(TrainingMixin, GenerationMixin):
         t_device = time.perf_counter()
         cache = pipeline_cache(dev)
         # a kernel over run-time dims (docs/dynamic-shapes.md) reads their uniform after its storage buffers
-        specs = [KernelSpec(read_package_file(self.path, self.manifest, k["source"], "kernel").decode(), k["entry_point"],
+        specs = [KernelSpec(read_package_text(self.path, self.manifest, k["source"], "kernel"), k["entry_point"],
                             tuple(b["access"] for b in sorted(k["bindings"], key=lambda b: b["binding"]))
                             + (("uniform",) if "dims_binding" in k else ()), k["name"])
                  for k in tgt["kernels"]]
@@ -312,9 +312,18 @@ class Session(TrainingMixin, GenerationMixin):
             ShapeError: an unknown, missing, wrongly shaped or wrongly typed input, or an int64
                 input value that does not fit in int32; for run-time dims, a value outside its bounds or
                 inputs that disagree on one.
-            DeviceError: a GPUTensor on another device; the device failed to map the outputs.
+            DeviceError: a GPUTensor on another device; the device failed to map the outputs or refused the
+                work (a validation error: a package that does not fit the device).
             KilnError: a released GPUTensor, or an unknown ``output``.
         """
+        import wgpu
+
+        try:
+            return self._run(feeds, output)
+        except wgpu.GPUError as e:
+            raise DeviceError(f"{self.path}: the device refused the run ({one_line(e)})") from None
+
+    def _run(self, feeds: dict[str, np.ndarray | GPUTensor], output: str) -> dict[str, Any]:
         if output not in ("numpy", "gpu"):
             raise KilnError(f"run: output must be 'numpy' or 'gpu', got {output!r}")
         host, on_gpu = self._split_feeds(feeds)

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from kiln.errors import PackageError
+from kiln.errors import PackageError, one_line
 
 _caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _caches_lock = threading.Lock()
@@ -149,7 +149,7 @@ class PipelineCache:
                     return key, self._compile(spec, key[0])
                 except Exception as e:  # wgpu's GPUValidationError and friends carry the compiler's message
                     raise PackageError(f"kernel {spec.label or key[0][:12]} does not compile on this device: "
-                                       f"{e}") from e
+                                       f"{one_line(e)}") from e
 
             items = list(todo.items())
             if jobs <= 1 or len(items) == 1:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import PackageError
+from kiln.errors import KilnError, PackageError, one_line
 from kiln.runtime.arena import ArenaSession
 
 
@@ -35,6 +35,16 @@ def _shared_memory_class():
             return ffi.wasmtime_extern_t(ffi.WASMTIME_EXTERN_SHAREDMEMORY, union)
 
     return SharedMemory
+
+
+def _function(exports, name: str):
+    """The function ``name`` a wasm instance exports (KeyError: none, or not a function)."""
+    import wasmtime
+
+    f = exports[name]
+    if not isinstance(f, wasmtime.Func):
+        raise KeyError(name)
+    return f
 
 
 class WasmSession(ArenaSession):
@@ -88,27 +98,43 @@ class WasmSession(ArenaSession):
             else:
                 self.store = wasmtime.Store(self.engine)
                 self.instance = wasmtime.Instance(self.store, module, [])
-                memory = self.instance.exports(self.store)["memory"]
+                memory = self.instance.exports(self.store).get("memory")
+                if not isinstance(memory, wasmtime.Memory):
+                    raise PackageError(f"{module_path}: the wasm module exports no memory")
                 if memory.data_len(self.store) < layout["bytes"]:
                     memory.grow(self.store, -(-(layout["bytes"] - memory.data_len(self.store)) // 65536))
                 size, ptr = memory.data_len(self.store), memory.data_ptr(self.store)
         except wasmtime.WasmtimeError as e:
-            raise PackageError(f"{module_path}: cannot instantiate the wasm module ({e})") from None
+            raise PackageError(f"{module_path}: cannot instantiate the wasm module ({one_line(e)})") from None
+        if size < layout["bytes"]:
+            raise PackageError(f"{module_path}: the wasm module's memory holds {size} bytes, the package needs "
+                               f"{layout['bytes']}")
         self.mem = np.ctypeslib.as_array(ptr, shape=(size,))
         self.offsets: list[int] = layout["offsets"]
         exports = self.instance.exports(self.store)
-        self.functions = [exports[k["export"]] for k in tgt["kernels"]]
         self.kernel_names = [k["name"] for k in tgt["kernels"]]
-        self.steps = [(self.functions[s["kernel"]], tuple(self.offsets[b] for b in s["buffers"]), int(s["total"]))
-                      for s in tgt["plan"]]
         self._pool = None
+        try:  # the module's exports must be what the manifest names (a damaged module may lack them)
+            self.functions = [_function(exports, k["export"]) for k in tgt["kernels"]]
+            self.steps = [(self.functions[s["kernel"]], tuple(self.offsets[b] for b in s["buffers"]),
+                           int(s["total"])) for s in tgt["plan"]]
+            if self.threads > 1:
+                self._per_worker = [[_function(ex, k["export"]) for k in tgt["kernels"]]
+                                    for ex in (inst.exports(st) for st, inst in self.workers)]
+                self._worker_steps = self._plan_workers([s["kernel"] for s in tgt["plan"]])
+        except KeyError as e:
+            raise PackageError(f"{module_path}: the wasm module exports no {e.args[0]!r}, which the manifest "
+                               "uses") from None
         if self.threads > 1:
-            self._per_worker = [[ex[k["export"]] for k in tgt["kernels"]]
-                                for ex in (inst.exports(st) for st, inst in self.workers)]
-            self._worker_steps = self._plan_workers([s["kernel"] for s in tgt["plan"]])
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiln-wasm")
         self._load(poison)
-        self._dims_at = exports["kiln_dims"](self.store) if self._dyn else 0  # the module's dims array
+        try:
+            self._dims_at = _function(exports, "kiln_dims")(self.store) if self._dyn else 0  # the module's dims array
+        except KeyError:
+            raise PackageError(f"{module_path}: the wasm module exports no 'kiln_dims', which the package's run-time "
+                               "dims need") from None
+        except (wasmtime.WasmtimeError, wasmtime.Trap, TypeError) as e:
+            raise PackageError(f"{module_path}: the wasm module's kiln_dims failed ({one_line(e)})") from None
 
     def _plan_workers(self, kernels: list[int]) -> list[list[tuple[Any, Any]]]:
         """Per step, each worker's ``(function, store)`` of kernel ``kernels[step]``."""
@@ -130,6 +156,15 @@ class WasmSession(ArenaSession):
         return {"device": f"wasmtime on {platform.machine()}", "backend_type": f"wasm (SIMD128, {threads})"}
 
     def _compute(self) -> None:
+        import wasmtime
+
+        try:
+            self._compute_steps()
+        except (wasmtime.WasmtimeError, wasmtime.Trap, TypeError) as e:
+            raise KilnError(f"{self.path}: a wasm kernel failed ({one_line(e)}); the package's module is damaged or "
+                            "does not fit its manifest") from None
+
+    def _compute_steps(self) -> None:
         if self._pool is None:
             store = self.store
             for fn, ptrs, total in self.steps:
