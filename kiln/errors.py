@@ -66,6 +66,11 @@ class DeviceError(KilnError):
     """No suitable WebGPU adapter, or a device limit the package needs is exceeded."""
 
 
+class DeviceLostError(DeviceError):
+    """The GPU device a session ran on was lost (a driver reset, the device destroyed): its buffers are gone, so
+    the session cannot run again; loading the package again gives a session on a new device."""
+
+
 class RpcError(KilnError):
     """An RPC connection failed or was closed, or the RPC server refused a request."""
 

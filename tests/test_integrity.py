@@ -5,6 +5,7 @@ tokenizer, ``weights.files`` for the weights. A tampered shader or manifest is r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -108,8 +109,9 @@ LOAD_EXPECTING_ERROR = """async () => {
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (Debian package chromium)")
 def test_tampered_files_are_refused_in_the_browser(package, tmp_path):
-    """kiln.js refuses a kernel edited in place and a manifest whose SHA-256 differs from manifest.sha256 (served
-    edited), each with a PackageError naming the file; the untouched package loads."""
+    """kiln.js refuses a kernel edited in place, a manifest whose SHA-256 differs from manifest.sha256 (served
+    edited) and a manifest with a matching digest whose plan names a buffer that does not exist, each with a
+    PackageError naming the file; the untouched package loads."""
     from browser import launch_chromium
     from playwright.sync_api import sync_playwright
 
@@ -118,17 +120,27 @@ def test_tampered_files_are_refused_in_the_browser(package, tmp_path):
     _flip_last_byte(shader / kernel)
     edited = json.loads((package / "manifest.json").read_text())
     edited["outputs"][0]["name"] = "z"
+    inconsistent = json.loads((package / "manifest.json").read_text())  # served with a matching digest
+    inconsistent["targets"]["webgpu"]["plan"][0]["buffers"][0] = 99
+    inconsistent_text = json.dumps(inconsistent, indent=1)
+    inconsistent_digest = f"{hashlib.sha256(inconsistent_text.encode()).hexdigest()}  manifest.json\n"
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
         try:
             errors = {}
-            for name, folder in (("clean", package), ("shader", shader), ("manifest", package)):
+            for name, folder in (("clean", package), ("shader", shader), ("manifest", package),
+                                 ("inconsistent", package)):
                 page = browser.new_page()
                 log = ConsoleLog(page)
                 with serving(folder) as url:
                     if name == "manifest":
                         page.route(url + "manifest.json", lambda route: route.fulfill(
                             status=200, content_type="application/json", body=json.dumps(edited, indent=1)))
+                    if name == "inconsistent":
+                        page.route(url + "manifest.json", lambda route: route.fulfill(
+                            status=200, content_type="application/json", body=inconsistent_text))
+                        page.route(url + "manifest.sha256", lambda route: route.fulfill(
+                            status=200, content_type="text/plain", body=inconsistent_digest))
                     page.goto(url + "index.html")
                     errors[name] = log.evaluate(LOAD_EXPECTING_ERROR)
                 page.close()
@@ -139,3 +151,5 @@ def test_tampered_files_are_refused_in_the_browser(package, tmp_path):
         and "SHA-256 checksum mismatch" in errors["shader"], errors["shader"]
     assert errors["manifest"].startswith("PackageError: ") and "manifest.json: SHA-256 checksum mismatch" \
         in errors["manifest"], errors["manifest"]
+    assert errors["inconsistent"].startswith("PackageError: ") and "buffer 99 does not exist" \
+        in errors["inconsistent"] and "(the package is inconsistent)" in errors["inconsistent"], errors["inconsistent"]

@@ -7,6 +7,7 @@
 
 import {PackageError} from './errors.js';
 import {DTYPES} from './tensor.js';
+import {kernelSteps} from './control.js';
 
 // The manifest's types: kiln/js/manifest.d.ts, generated from the package contract's JSON Schema
 // (kiln/package/manifest.schema.json) by `python -m tools.manifest_types`.
@@ -271,6 +272,7 @@ export async function readManifest(source, verify = true) {
         'corrupted or its manifest was edited');
     }
   }
+  checkReferences(manifest, url);
   // format 1.4 dtypes (bfloat16, float8, 4- and 2-bit, uint64) run on the native runtimes only
   for (const t of [...manifest.inputs, ...manifest.outputs]) {
     if (!(t.dtype in DTYPES)) {
@@ -279,6 +281,87 @@ export async function readManifest(source, verify = true) {
     }
   }
   return manifest;
+}
+
+/**
+ * Check what refers to what in a manifest (as kiln/package/format.py's `check_references`): buffer ids of the
+ * inputs, outputs, state and plan steps exist, each I/O buffer holds its tensor, plan steps run kernels that exist
+ * with as many buffers as they bind and dispatch within the target's limits, weights buffers name weights files,
+ * and the wasm target's buffers lie inside its memory after the arena; so no backend indexes past a list or a
+ * memory because of an inconsistent (edited or damaged) package.
+ * @param {any} manifest parsed manifest.json @param {string} url its name in messages
+ * @throws {PackageError} one line naming the JSON path and the problem.
+ */
+export function checkReferences(manifest, url) {
+  const fail = (what) => {
+    throw new PackageError(`${url}: ${what} (the package is inconsistent)`);
+  };
+  const {buffers} = manifest;
+  if (!Array.isArray(buffers)) fail('buffers is not a list');
+  const n = buffers.length;
+  const buffer = (ref, path) => {
+    if (!Number.isInteger(ref) || ref < 0 || ref >= n) {
+      fail(`${path}: buffer ${JSON.stringify(ref)} does not exist (there are ${n})`);
+    }
+    return buffers[ref];
+  };
+  buffers.forEach((b, i) => {
+    if (b?.id !== i || !Number.isInteger(b?.bytes) || b.bytes < 0) fail(`buffers[${i}] is not buffer ${i} of a size`);
+  });
+  for (const kind of ['inputs', 'outputs']) {
+    if (!Array.isArray(manifest[kind])) fail(`${kind} is not a list`);
+    manifest[kind].forEach((t, i) => {
+      const b = buffer(t?.buffer, `${kind}[${i}].buffer`);
+      const shape = Array.isArray(t.shape) ? t.shape : [];
+      const need = shape.reduce((a, d) => a * Math.max(Number(d) || 0, 0), 1) *
+        (DTYPES[t.storage ?? t.dtype]?.bytes ?? 4);
+      if (b.bytes < need) {
+        fail(`${kind}[${i}] (${t.name}): buffer ${t.buffer} holds ${b.bytes} bytes, the tensor needs ${need}`);
+      }
+    });
+  }
+  (Array.isArray(manifest.state) ? manifest.state : []).forEach((st, i) => buffer(st?.buffer, `state[${i}].buffer`));
+  const files = new Set((manifest.weights?.files ?? []).map((f) => f?.path));
+  buffers.forEach((b, i) => {
+    if (b.kind === 'weight' && !files.has(b.file)) {
+      fail(`buffers[${i}].file: ${JSON.stringify(b.file)} is not one of the weights files`);
+    }
+  });
+  for (const [name, target] of Object.entries(manifest.targets ?? {})) {
+    if (!target || !Array.isArray(target.kernels)) continue;
+    const {kernels} = target;
+    const most = target.limits?.maxComputeWorkgroupsPerDimension ?? 65535;
+    kernelSteps(Array.isArray(target.plan) ? target.plan : []).forEach((step, j) => {
+      const k = step.kernel;
+      if (!Number.isInteger(k) || k < 0 || k >= kernels.length) {
+        fail(`targets.${name}.plan: step ${j} runs kernel ${JSON.stringify(k)}, which does not exist ` +
+          `(there are ${kernels.length})`);
+      }
+      const refs = Array.isArray(step.buffers) ? step.buffers : [];
+      refs.forEach((r) => buffer(r, `targets.${name}.plan[${j}].buffers`));
+      const kernel = kernels[k];
+      const want = Array.isArray(kernel?.bindings) ? kernel.bindings.length : kernel?.params;
+      if (Number.isInteger(want) && refs.length !== want) {
+        fail(`targets.${name}.plan: step ${j} binds ${refs.length} buffers to kernel ${k}, which takes ${want}`);
+      }
+      const dispatch = /** @type {any} */ (step).dispatch;
+      if (Array.isArray(dispatch) && !dispatch.every((d) => Number.isInteger(d) && d >= 0 && d <= most)) {
+        fail(`targets.${name}.plan: step ${j} dispatches ${JSON.stringify(dispatch)}, beyond ${most} workgroups ` +
+          'a dimension');
+      }
+    });
+    const memory = /** @type {any} */ (target).memory;
+    if (memory && Array.isArray(memory.offsets)) {
+      const {offsets, bytes: size = 0, arena = 0} = memory;
+      if (offsets.length !== n) fail(`targets.${name}.memory.offsets: ${offsets.length} offsets for ${n} buffers`);
+      offsets.forEach((offset, i) => {
+        if (!Number.isInteger(offset) || offset < arena || offset + buffers[i].bytes > size) {
+          fail(`targets.${name}.memory.offsets[${i}]: buffer ${i} (${buffers[i].bytes} bytes at ${offset}) lies ` +
+            `outside the memory after the arena (${arena}..${size})`);
+        }
+      });
+    }
+  }
 }
 
 /** The manifest's SHA-256 file (format 1.8), as kiln/package/format.py's MANIFEST_DIGEST. */

@@ -30,6 +30,9 @@ _lock = threading.Lock()
 _adapter: Any = None
 #: devices made by shared_device, oldest first
 _devices: list[Any] = []
+#: ids of devices found lost (and the devices, so that their ids are not reused)
+_lost: set[int] = set()
+_keep_lost: list[Any] = []
 
 
 def _kebab(name: str) -> str:
@@ -103,7 +106,9 @@ def shared_device(limits: dict[str, int] | None = None, features=(), optional=("
         raise DeviceError(f"adapter {name} lacks WebGPU features {missing}")
     with _lock:
         for dev in reversed(_devices):
-            if _fits(dev, limits, features):
+            if not is_usable(dev):  # lost (a driver reset, or destroyed): never handed out again
+                _devices.remove(dev)
+            elif _fits(dev, limits, features):
                 return dev
         required = {}
         for lim in set(DEFAULT_LIMITS) | set(limits):
@@ -116,6 +121,27 @@ def shared_device(limits: dict[str, int] | None = None, features=(), optional=("
         dev = ad.request_device_sync(required_features=sorted(wanted), required_limits=required)
         _devices.append(dev)
         return dev
+
+
+def is_usable(device) -> bool:
+    """Whether ``device`` still works: not lost (a driver reset, ``destroy()``); a lost device refuses to make even
+    a 4-byte buffer. Lost devices are remembered (:func:`mark_lost`)."""
+    import wgpu
+
+    if id(device) in _lost:
+        return False
+    try:
+        device.create_buffer(size=4, usage=wgpu.BufferUsage.COPY_DST, label="kiln_probe").destroy()
+    except wgpu.GPUError:
+        mark_lost(device)
+        return False
+    return True
+
+
+def mark_lost(device) -> None:
+    """Remember that ``device`` was lost, so :func:`shared_device` never hands it out again."""
+    _lost.add(id(device))
+    _keep_lost.append(device)  # (kept referenced: its id stays unique)
 
 
 def _raw():

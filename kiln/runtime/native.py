@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import DeviceError, KilnError, PackageError, ShapeError, one_line
+from kiln.errors import DeviceError, DeviceLostError, KilnError, PackageError, ShapeError, one_line
 from kiln.package.format import (
     DEFAULT_LIMITS,
     STORAGE,
@@ -314,14 +314,24 @@ class Session(TrainingMixin, GenerationMixin):
                 inputs that disagree on one.
             DeviceError: a GPUTensor on another device; the device failed to map the outputs or refused the
                 work (a validation error: a package that does not fit the device).
+            DeviceLostError: the device was lost (a driver reset, ``destroy()``): load the package again.
             KilnError: a released GPUTensor, or an unknown ``output``.
         """
         import wgpu
 
+        if id(self.device) in gpu._lost:
+            raise self._lost_error("")
         try:
             return self._run(feeds, output)
         except wgpu.GPUError as e:
+            if "lost" in str(e).lower() or not gpu.is_usable(self.device):
+                gpu.mark_lost(self.device)
+                raise self._lost_error(f" ({one_line(e)})") from None
             raise DeviceError(f"{self.path}: the device refused the run ({one_line(e)})") from None
+
+    def _lost_error(self, why: str) -> DeviceLostError:
+        return DeviceLostError(f"{self.path}: the GPU device was lost{why}; this session cannot run again: "
+                               "kiln.load the package again for a session on a new device")
 
     def _run(self, feeds: dict[str, np.ndarray | GPUTensor], output: str) -> dict[str, Any]:
         if output not in ("numpy", "gpu"):
