@@ -18,10 +18,31 @@ from typing import Any
 import numpy as np
 
 from kiln.arith import symbolic
+from kiln.errors import KilnError
 from kiln.ir import dtypes, ops
 from kiln.ir.shape_fold import fold, materialize_inputs
 
 Shape = tuple[int, ...]
+
+
+#: the largest constant (bytes) Kiln folds on the host: a WebGPU binding holds at most 2 GiB (gpuweb/gpuweb#6338),
+#: so no package runs a bigger tensor, and a malformed model cannot make the compiler allocate more for one
+MAX_CONSTANT_BYTES = 1 << 31
+
+
+def check_constant_size(op: str, node: str, out_types) -> None:
+    """Refuse folding ``op`` (node ``node``) into constants of the ``(dtype, shape)`` ``out_types`` when one would
+    take more than :data:`MAX_CONSTANT_BYTES` on the host.
+
+    Raises:
+        KilnError: naming the node, the size and the bound.
+    """
+    for dtype, shape in out_types:
+        size = int(np.prod([int(d) for d in shape], dtype=object)) * dtypes.itemsize(dtype)
+        if size > MAX_CONSTANT_BYTES:
+            raise KilnError(f"{op} node {node!r} makes a constant {dtype}{list(shape)} of {size / 2**30:.3g} GiB, "
+                            f"beyond the {MAX_CONSTANT_BYTES >> 30} GiB Kiln allows a tensor (a WebGPU binding's "
+                            "most); the model is malformed or needs its dims bound smaller")
 
 
 @dataclass(eq=False)
@@ -202,6 +223,7 @@ class Builder:
         node_name = name or self.scope or op
         static_out = all(all(isinstance(d, (int, np.integer)) for d in sh) for _, sh in out_types)
         if self.fold and inputs and all(v.is_const for v in inputs) and static_out:
+            check_constant_size(op, node_name, out_types)
             results = None
             if any(v.is_shape_const for v in inputs):
                 results = fold(op, [v.const for v in inputs], dict(attrs), out_types)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.ir import interp, ops
-from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.graph import Graph, Node, Value, check_constant_size
 
 #: a constant at least this large (bytes) that several nodes read is not copied transposed by :func:`const_fold`
 SHARED_WEIGHT_BYTES = 1 << 20
@@ -38,6 +38,7 @@ def const_fold(graph: Graph) -> bool:
             and node.inputs[0].is_const and node.inputs[0].const.nbytes >= SHARED_WEIGHT_BYTES
         if node.inputs and not shared and all(v.is_const and not v.is_shape_const for v in node.inputs) \
                 and all(o.is_static for o in node.outputs) and not any(id(o) in outputs for o in node.outputs):
+            check_constant_size(node.op, node.name, [(o.dtype, o.shape) for o in node.outputs])
             outs = interp.eval_node(node, [v.const for v in node.inputs])
             for v, a in zip(node.outputs, outs):
                 v.const = np.array(a, order="C")

@@ -75,7 +75,18 @@ class WebGPUTarget(Target):
         return device_class == "gpu" and training is None
 
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
-        """WGSL kernels and the dispatch plan of ``program`` (a nested plan when it has run-time If/Loop)."""
+        """WGSL kernels and the dispatch plan of ``program`` (a nested plan when it has run-time If/Loop).
+
+        Raises:
+            KilnError: a buffer larger than a WebGPU storage binding can be in browsers (:data:`MAX_BINDING_BYTES`),
+                naming its tensor, before any kernel is generated.
+        """
+        biggest = max(program.plan.buffers, key=lambda b: b.nbytes, default=None)
+        if biggest is not None and biggest.nbytes > MAX_BINDING_BYTES:
+            raise KilnError(f"{', '.join(biggest.values[:2]) or 'a buffer'} needs a buffer of "
+                            f"{biggest.nbytes / 2**30:.3g} GiB, beyond the 2 GiB a WebGPU storage buffer binding can be "
+                            "in browsers (maxStorageBufferBindingSize; gpuweb/gpuweb#6338): bind its dims smaller "
+                            "(--dim) or split the model")
         fallback = functools.partial(self.default_schedule, device_class=program.device_class)
         features = (*self.features, *(("shader-f16",) if program.accumulate is not None else ()))
         if program.control:
@@ -92,6 +103,11 @@ class WebGPUTarget(Target):
             nested = None
         section = _build.section(program, kernels, steps, features, nested)
         return TargetBuild(self.name, section, {k.path: k.source for k in kernels}, kernels, steps)
+
+
+#: the most bytes a buffer of a WebGPU package may hold: browsers bind at most 2 GiB to a shader (Chromium caps
+#: maxStorageBufferBindingSize and usually maxBufferSize there; binding ranges beyond it are gpuweb/gpuweb#6338)
+MAX_BINDING_BYTES = 1 << 31
 
 
 def _row_kernel(group: Group) -> bool:

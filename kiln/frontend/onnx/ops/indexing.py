@@ -16,7 +16,7 @@ from kiln.frontend.onnx.ops.common import const_value, dims_of, norm_axis, shape
 from kiln.frontend.onnx.ops.nn import _reshape, transpose
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir import dtypes
-from kiln.ir.graph import Builder, Value
+from kiln.ir.graph import Builder, Value, check_constant_size
 
 
 @onnx_op("Gather", since=1)
@@ -172,6 +172,7 @@ def range_(b: Builder, start: Value, limit: Value, delta: Value) -> Value:
     if s.dtype == object or l_.dtype == object:
         return _range_runtime(b, s.item(), l_.item(), d, start.dtype)
     n = max(int(np.ceil((l_ - s) / d)), 0)
+    check_constant_size("Range", b.scope, [(start.dtype, (n,))])
     return b.const((s + np.arange(n) * d).astype(s.dtype), name=b.scope)
 
 
@@ -191,6 +192,7 @@ def constant_of_shape(b: Builder, shape: Value, *, value=None) -> Value:
     dims = dims_of(const_value(shape, "input").tolist())
     if not symbolic.is_static(dims):  # a run-time shape: the fill value broadcast by an Expand kernel
         return b.op("Expand", [b.const(fill[:1].reshape(()), name=b.scope)], shape=dims)
+    check_constant_size("ConstantOfShape", b.scope, [(dtypes.from_numpy(fill.dtype), dims)])
     return b.const(np.full(dims, fill[0], dtype=fill.dtype), name=b.scope)
 
 

@@ -19,7 +19,7 @@ from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.frontend.shapes import reshape
 from kiln.ir import dtypes
-from kiln.ir.graph import Builder, Value
+from kiln.ir.graph import Builder, Value, check_constant_size
 
 _FLOATS = ("float32", "float16", "float64")
 
@@ -46,7 +46,9 @@ def _static_shape(shape, what: str) -> tuple[int, ...]:
     if not symbolic.is_static(tuple(shape)):
         raise KilnError(f"{what}: a random draw of run-time shape {list(shape)} is not supported yet (the values are "
                         "drawn when compiling)")
-    return tuple(int(d) for d in shape)
+    dims = tuple(int(d) for d in shape)
+    check_constant_size(what, what, [("float64", dims)])  # drawn in float64 when compiling
+    return dims
 
 
 def _dtype(dtype: int | None, like: Value | None, what: str) -> str:
