@@ -200,7 +200,9 @@ def conv_out_dim(size: int, k: int, stride: int, dilation: int, pad_begin: int, 
 
 
 def _conv_infer(ts, a):
-    (dx, sx), (_, sw) = ts[:2]
+    (dx, sx), (dw, sw) = ts[:2]
+    if dw != dx or any(d != dx for d, _ in ts[2:]):
+        raise ShapeError(f"Conv: input, weight and bias differ in dtype: {', '.join(d for d, _ in ts)}")
     nsp = len(sx) - 2
     if len(sw) != len(sx) or nsp < 1:
         raise ShapeError(f"Conv: input {list(sx)} and weight {list(sw)} ranks do not fit")
@@ -248,7 +250,9 @@ register("Conv", "conv", _conv_infer, _conv_eval)
 
 # ----------------------------------------------------------------------------- matmul
 def _matmul_infer(ts, a):
-    (da, sa), (_, sb) = ts
+    (da, sa), (db, sb) = ts
+    if da != db:
+        raise ShapeError(f"MatMul: operands differ in dtype: {da} vs {db}")
     if len(sa) < 2 or len(sb) < 2:
         raise ShapeError(f"MatMul needs rank >= 2 operands (1-D is expanded by the frontend), got {list(sa)}, {list(sb)}")
     if sa[-1] != sb[-2]:

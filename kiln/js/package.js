@@ -306,7 +306,9 @@ export function checkReferences(manifest, url) {
     return buffers[ref];
   };
   buffers.forEach((b, i) => {
-    if (b?.id !== i || !Number.isInteger(b?.bytes) || b.bytes < 0) fail(`buffers[${i}] is not buffer ${i} of a size`);
+    if (b?.id !== i || !Number.isInteger(b?.bytes) || b.bytes < 0 || b.bytes % 4) {
+      fail(`buffers[${i}] is not buffer ${i} of a size in whole 4-byte words`);
+    }
   });
   for (const kind of ['inputs', 'outputs']) {
     if (!Array.isArray(manifest[kind])) fail(`${kind} is not a list`);

@@ -341,6 +341,8 @@ def check_references(manifest: dict[str, Any], where: str) -> None:
     for i, b in enumerate(buffers):
         if b["id"] != i:
             fail(f"buffers[{i}].id is {b['id']}, not {i}")
+        if b["bytes"] % 4:
+            fail(f"buffers[{i}].bytes is {b['bytes']}, not a multiple of 4")
     for kind in ("inputs", "outputs"):
         for i, t in enumerate(manifest[kind]):
             b = buffer(t["buffer"], f"{kind}[{i}].buffer")

@@ -41,7 +41,7 @@ def check_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tupl
                                  f"{spec['dynamic_shape']}, got shape {list(a.shape)}")
         elif list(a.shape) != list(spec["shape"]):
             raise ShapeError(f"input {spec['name']!r}: expected shape {spec['shape']} "
-                             f"(symbolic {spec['symbolic_shape']}), got {list(a.shape)}")
+                             f"(symbolic {spec.get('symbolic_shape', spec['shape'])}), got {list(a.shape)}")
         out.append((spec, np.ascontiguousarray(a)))
     return out
 

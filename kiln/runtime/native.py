@@ -127,12 +127,22 @@ class Session(TrainingMixin, GenerationMixin):
             (``python -m bench.host --chunks 1,2,3,4``, bench/results/host-20261122-095553.json).
 
     Raises:
-        PackageError: missing, malformed, corrupted, or newer-format package, or a kernel that does not compile.
+        PackageError: missing, malformed, corrupted, or newer-format package, a kernel that does not compile, or
+            buffers and bindings the device refuses.
         DeviceError: no adapter, or it lacks a limit or feature the package needs.
     """
 
     def __init__(self, package: str | os.PathLike, target: str = "webgpu", verify: bool = True, poison: bool = False,
                  device: Any = "shared", jobs: int | None = None):
+        import wgpu
+
+        try:
+            self._load(package, target, verify, poison, device, jobs)
+        except wgpu.GPUError as e:  # what the manifest asks of the device does not validate (an inconsistent package)
+            raise PackageError(f"{package}: the device refused the package's buffers or bindings ({one_line(e)})") \
+                from None
+
+    def _load(self, package, target: str, verify: bool, poison: bool, device: Any, jobs: int | None) -> None:
         import wgpu
 
         t_start = time.perf_counter()
@@ -464,7 +474,7 @@ class Session(TrainingMixin, GenerationMixin):
             if t.dtype != np.dtype(spec["dtype"]):
                 raise ShapeError(f"input {name!r}: expected dtype {spec['dtype']}, got a GPUTensor of {t.dtype}")
             if "dynamic_shape" not in spec and list(t.shape) != list(spec["shape"]):  # run-time dims: _bind_dims
-                raise ShapeError(f"input {name!r}: expected shape {spec['shape']} (symbolic {spec['symbolic_shape']}), "
+                raise ShapeError(f"input {name!r}: expected shape {spec['shape']} (symbolic {spec.get('symbolic_shape', spec['shape'])}), "
                                  f"got a GPUTensor of shape {list(t.shape)}")
             if t.device is not self.device:
                 raise DeviceError(f"input {name!r}: the GPUTensor lives on another WebGPU device than this session "

@@ -20,11 +20,11 @@ import onnx
 from onnx import numpy_helper
 
 from kiln.arith import symbolic
-from kiln.errors import KilnError, ModelFormatError, ShapeError, UnsupportedOpError
+from kiln.errors import KilnError, ModelFormatError, ShapeError, UnsupportedOpError, one_line
 from kiln.frontend.onnx import ops as _ops  # noqa: F401  (registers the converters)
 from kiln.frontend.onnx.registry import lookup
 from kiln.ir import dtypes
-from kiln.ir.graph import Builder, Graph, Value
+from kiln.ir.graph import MAX_CONSTANT_BYTES, Builder, Graph, Value
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
@@ -44,7 +44,10 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelFormatError(f"{path}: not an ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'parse failed'})") from None
     if not model.graph.node and not model.graph.output:
         raise ModelFormatError(f"{path}: not an ONNX model (no graph)")
-    extras = [(node, node.domain) for node in _runtime_ops(model)]
+    try:
+        extras = [(node, node.domain) for node in _runtime_ops(model)]
+    except (TypeError, ValueError, UnicodeDecodeError) as e:  # a node whose op or domain is no valid string
+        raise ModelFormatError(f"{path}: invalid ONNX model ({type(e).__name__}: {one_line(e, 200)})") from None
     if extras:  # checked as ops of a domain onnx does not know (which it skips), then given back
         model.opset_import.append(onnx.helper.make_opsetid(_RUNTIME_DOMAIN, 1))
         for node, _ in extras:
@@ -53,6 +56,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise ModelFormatError(f"{path}: invalid ONNX model: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # noqa: BLE001  (the checker also fails on bytes that are no valid UTF-8 strings, ...)
+        raise ModelFormatError(f"{path}: invalid ONNX model ({type(e).__name__}: {one_line(e, 200)})") from None
     finally:
         if extras:
             del model.opset_import[-1]
@@ -99,14 +104,51 @@ def unsupported_ops(model: onnx.ModelProto) -> list[tuple[str, str, int, str]]:
     return missing
 
 
+def tensor_array(t: onnx.TensorProto, what: str) -> np.ndarray:
+    """The array of an initializer or tensor attribute, checked before numpy reads it: a known element type,
+    non-negative dims within :data:`~kiln.ir.graph.MAX_CONSTANT_BYTES`, and data of exactly that size.
+
+    Raises:
+        ModelFormatError: naming the tensor and what is wrong with it.
+    """
+    name = f"{what} {t.name!r}"
+    try:
+        dtype = dtypes.from_onnx(t.data_type)
+        itemsize = dtypes.itemsize(dtype)
+    except (KeyError, KilnError, TypeError):
+        raise ModelFormatError(f"{name}: unknown element type {t.data_type}") from None
+    dims = [int(d) for d in t.dims]
+    if any(d < 0 for d in dims):
+        raise ModelFormatError(f"{name}: negative dims {dims}")
+    size = int(np.prod(dims, dtype=object))
+    if size * itemsize > MAX_CONSTANT_BYTES:
+        raise ModelFormatError(f"{name}: {dtype}{dims} is {size * itemsize / 2**30:.3g} GiB, beyond the "
+                               f"{MAX_CONSTANT_BYTES >> 30} GiB Kiln allows a tensor")
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raise ModelFormatError(f"{name}: its external data was not loaded (missing, or outside the model's folder)")
+    if t.HasField("raw_data") and dtype not in dtypes.NARROW_INTS and len(t.raw_data) != size * itemsize:
+        raise ModelFormatError(f"{name}: raw_data holds {len(t.raw_data)} bytes, {dtype}{dims} needs "
+                               f"{size * itemsize}")
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001  (numpy and onnx raise ValueError, TypeError, ... on bad data)
+        raise ModelFormatError(f"{name}: unreadable data ({one_line(e, 200)})") from None
+    if arr.size != size:
+        raise ModelFormatError(f"{name}: holds {arr.size} elements, its dims {dims} say {size}")
+    return arr
+
+
 def _attr_value(a: onnx.AttributeProto) -> Any:
     v = onnx.helper.get_attribute_value(a)
-    if isinstance(v, onnx.TensorProto):
-        return numpy_helper.to_array(v)
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, list):
-        return [x.decode() if isinstance(x, bytes) else x for x in v]
+    try:
+        if isinstance(v, onnx.TensorProto):
+            return tensor_array(v, f"attribute {a.name!r}'s tensor")
+        if isinstance(v, bytes):
+            return v.decode()
+        if isinstance(v, list):
+            return [x.decode() if isinstance(x, bytes) else x for x in v]
+    except UnicodeDecodeError:
+        raise ModelFormatError(f"attribute {a.name!r}: a string that is not UTF-8") from None
     return v
 
 
@@ -282,7 +324,7 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
     for t in g.initializer:
         if t.name in env:
             continue
-        arr = numpy_helper.to_array(t)
+        arr = tensor_array(t, "initializer")
         env[t.name] = b.const(arr, name=t.name, dtype=dtypes.from_onnx(t.data_type))
 
     b.subgraph = _inline(model, b, env)
@@ -302,7 +344,7 @@ def _inline(model: onnx.ModelProto, b: Builder, env: Mapping[str, Value]):
             raise ModelFormatError(f"subgraph {sub.name!r} takes {len(sub.input)} inputs, given {len(inputs)}")
         inner.update({i.name: v for i, v in zip(sub.input, inputs)})
         for t in sub.initializer:
-            inner[t.name] = b.const(numpy_helper.to_array(t), name=t.name, dtype=dtypes.from_onnx(t.data_type))
+            inner[t.name] = b.const(tensor_array(t, "initializer"), name=t.name, dtype=dtypes.from_onnx(t.data_type))
         scope, outer = b.scope, (b.subgraph, b.region)
         b.subgraph, b.region = _inline(model, b, inner), _region(model, b, inner)  # nested ones see this scope
         try:
@@ -361,7 +403,8 @@ def _region(model: onnx.ModelProto, b: Builder, env: Mapping[str, Value]):
         captures = _Captures(env, graph, sb)
         inner = ChainMap({i.name: p for i, p in zip(sub.input, params)}, captures)
         for t in sub.initializer:
-            inner[t.name] = sb.const(numpy_helper.to_array(t), name=t.name, dtype=dtypes.from_onnx(t.data_type))
+            inner[t.name] = sb.const(tensor_array(t, "initializer"), name=t.name,
+                                     dtype=dtypes.from_onnx(t.data_type))
         sb.subgraph = _inline(model, sb, inner)
         sb.region = _region(model, sb, inner)
         _convert_nodes(model, sb, sub.node, inner)
@@ -399,13 +442,18 @@ def _convert_nodes(model: onnx.ModelProto, b: Builder, nodes, env: dict[str, Val
             outs = _call(fn, b, ins, attrs, node, opset)
         except UnsupportedOpError:
             raise
-        except TypeError as e:
-            if not b.graph.size_vars:
-                raise
-            _symbolic_error(node, opset, ins, e)
         except KilnError as e:
             e.args = (f"node {node.name!r} ({node.op_type}, opset {opset}): {e}",)
             raise e from None
+        except TypeError as e:
+            if b.graph.size_vars:
+                _symbolic_error(node, opset, ins, e)
+            raise _invalid_node(node, opset, e) from None
+        except (IndexError, KeyError, ValueError, ArithmeticError, AttributeError, np.exceptions.AxisError,
+                RecursionError, MemoryError) as e:
+            # ONNX's checker does not check attribute values (an axis, a perm, pads): a converter meeting one it
+            # cannot use fails in Python; that is the model's fault, said in one line
+            raise _invalid_node(node, opset, e) from None
         if isinstance(outs, Value):
             outs = [outs]
         extra = [name for name in node.output[len(outs):] if name]
@@ -414,6 +462,13 @@ def _convert_nodes(model: onnx.ModelProto, b: Builder, nodes, env: dict[str, Val
         for name, v in zip(node.output, outs):
             if name:
                 env[name] = v
+
+
+def _invalid_node(node: onnx.NodeProto, opset: int, e: BaseException) -> ModelFormatError:
+    """The error of a node whose attributes or inputs its converter cannot use (an axis out of range, a perm of the
+    wrong length, a malformed tensor): one line naming the node, the op and Python's complaint."""
+    return ModelFormatError(f"node {node.name!r} ({node.op_type}, opset {opset}): its attributes or inputs are "
+                            f"invalid ({type(e).__name__}: {one_line(e, 200) or 'no detail'})")
 
 
 def _symbolic_error(node: onnx.NodeProto, opset: int, ins: list[Value | None], e: TypeError) -> None:
