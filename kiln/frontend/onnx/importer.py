@@ -44,6 +44,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelFormatError(f"{path}: not an ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'parse failed'})") from None
     if not model.graph.node and not model.graph.output:
         raise ModelFormatError(f"{path}: not an ONNX model (no graph)")
+    _check_strings(model.graph, path)
     try:
         extras = [(node, node.domain) for node in _runtime_ops(model)]
     except (TypeError, ValueError, UnicodeDecodeError) as e:  # a node whose op or domain is no valid string
@@ -64,6 +65,31 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
             for node, domain in extras:
                 node.domain = domain
     return model
+
+
+def _check_strings(g: onnx.GraphProto, path: str) -> None:
+    """Refuse names that are no valid UTF-8 (protobuf then hands them over as bytes), subgraphs included.
+
+    Raises:
+        ModelFormatError: naming where the bad name is.
+    """
+    def check(value, where: str) -> None:
+        if not isinstance(value, str):
+            raise ModelFormatError(f"{path}: {where} is not valid UTF-8 text ({value!r:.60})")
+
+    check(g.name, "the graph's name")
+    for kind in ("input", "output", "value_info", "initializer"):
+        for v in getattr(g, kind):
+            check(v.name, f"a graph {kind}'s name")
+    for node in g.node:
+        for field in ("name", "op_type", "domain"):
+            check(getattr(node, field), f"a node's {field}")
+        for name in (*node.input, *node.output):
+            check(name, f"node {node.name!r}'s input or output name")
+        for a in node.attribute:
+            check(a.name, f"node {node.name!r}'s attribute name")
+            for sub in (*([a.g] if a.HasField("g") else []), *a.graphs):
+                _check_strings(sub, path)
 
 
 #: the domain :func:`load_model` lends onnxruntime's default-domain operators while onnx's checker runs

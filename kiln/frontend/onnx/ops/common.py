@@ -25,7 +25,10 @@ def const_value(v: Value | None, what: str) -> np.ndarray:
 
 
 def norm_axis(axis: int, rank: int) -> int:
-    """Normalise a possibly negative ONNX axis to ``[0, rank)`` (KilnError if out of range)."""
+    """Normalise a possibly negative ONNX axis to ``[0, rank)`` (KilnError if out of range or not an integer)."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise KilnError(f"axis {axis!r} is not an integer")
+    axis = int(axis)
     if not -rank <= axis < max(rank, 1):
         raise KilnError(f"axis {axis} is out of range for rank {rank}")
     return axis % rank if rank else 0
