@@ -19,7 +19,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from kiln.errors import PackageError
+from kiln.errors import PackageError, one_line
 
 #: the schema's file name inside the ``kiln.package`` package
 SCHEMA_FILE = "manifest.schema.json"
@@ -114,8 +114,8 @@ def _message(error: ValidationError, prefix: Iterable[str | int] = ()) -> str:
 
 def _check(validator: Draft202012Validator, instance: Any, where: str, prefix: Iterable[str | int] = ()) -> None:
     error = best_match(validator.iter_errors(instance))
-    if error is not None:
-        raise PackageError(f"{where}: {_message(error, prefix)}")
+    if error is not None:  # (keys of a hostile manifest may hold newlines: the message stays one line)
+        raise PackageError(f"{where}: {one_line(_message(error, prefix), 400)}")
 
 
 def validate_manifest(manifest: Any, where: str) -> None:
