@@ -338,14 +338,21 @@ def check_references(manifest: dict[str, Any], where: str) -> None:
             fail(f"{path}: buffer {ref!r} does not exist (there are {n})")
         return buffers[ref]
 
+    def whole(value: Any) -> bool:  # JSON Schema counts 24.0 as an integer; the runtimes need ints
+        return isinstance(value, int) and not isinstance(value, bool)
+
     for i, b in enumerate(buffers):
         if b["id"] != i:
             fail(f"buffers[{i}].id is {b['id']}, not {i}")
+        if not whole(b["bytes"]):
+            fail(f"buffers[{i}].bytes is {b['bytes']!r}, not an integer")
         if b["bytes"] % 4:
             fail(f"buffers[{i}].bytes is {b['bytes']}, not a multiple of 4")
     for kind in ("inputs", "outputs"):
         for i, t in enumerate(manifest[kind]):
             b = buffer(t["buffer"], f"{kind}[{i}].buffer")
+            if not all(whole(d) for d in t["shape"]):
+                fail(f"{kind}[{i}].shape {t['shape']!r} holds a dim that is not an integer")
             storage = np.dtype(STORAGE.get(t.get("storage", t["dtype"]), "float32"))
             need = int(np.prod([max(int(d), 0) for d in t["shape"]], dtype=object)) * storage.itemsize
             if b["bytes"] < need:
@@ -366,6 +373,8 @@ def check_references(manifest: dict[str, Any], where: str) -> None:
                 fail(f"targets.{name}.plan: step {j} runs kernel {k!r}, which does not exist (there are "
                      f"{len(kernels)})")
             refs = step.get("buffers", [])
+            if "total" in step and not whole(step["total"]):
+                fail(f"targets.{name}.plan: step {j} has a total of {step['total']!r}, not an integer")
             for r in refs:
                 buffer(r, f"targets.{name}.plan[{j}].buffers")
             kernel = kernels[k]
@@ -379,6 +388,8 @@ def check_references(manifest: dict[str, Any], where: str) -> None:
         memory = target.get("memory")
         if isinstance(memory, dict) and isinstance(memory.get("offsets"), list):
             offsets, size, arena = memory["offsets"], memory.get("bytes", 0), memory.get("arena", 0)
+            if not whole(size) or not whole(arena) or not whole(memory.get("pages", 0)):
+                fail(f"targets.{name}.memory: bytes, arena and pages must be integers")
             if len(offsets) != n:
                 fail(f"targets.{name}.memory.offsets: {len(offsets)} offsets for {n} buffers")
             for i, (offset, b) in enumerate(zip(offsets, buffers)):
