@@ -50,6 +50,19 @@ def pytest_report_header(config):
 SEED = int(os.environ.get("KILN_TEST_SEED", secrets.randbits(32)))
 
 
+def save_tiny_relu_matmul(path: Path, w: np.ndarray) -> Path:
+    """Write ``y = relu(x @ w)`` (x float32 ``[1, K]``, ``w`` ``[K, N]``) as an ONNX file at ``path``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, w.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, w.shape[1]])], [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 @pytest.fixture
 def rng(request) -> np.random.Generator:
     """A random generator freshly seeded per test (seed = session seed + test name), reported on failure."""

@@ -5,10 +5,9 @@ session on a new device that runs correctly, without restarting the process or r
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from browser import CHROMIUM, ConsoleLog, serving
-from onnx import TensorProto, helper, numpy_helper
+from conftest import save_tiny_relu_matmul
 
 import kiln
 from kiln.errors import DeviceError, DeviceLostError
@@ -21,12 +20,8 @@ WANT = np.maximum(X @ W, 0)
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
     """``y = relu(x @ W)`` for webgpu."""
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], [numpy_helper.from_array(W, "w")])
     folder = tmp_path_factory.mktemp("device_loss")
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "tiny.onnx")
+    save_tiny_relu_matmul(folder / "tiny.onnx", W)
     return kiln.compile(str(folder / "tiny.onnx"), str(folder / "pkg"), device_class="cpu")
 
 

@@ -11,10 +11,9 @@ import shutil
 import subprocess
 
 import numpy as np
-import onnx
 import pytest
 from browser import CHROMIUM, ConsoleLog, serving
-from onnx import TensorProto, helper, numpy_helper
+from conftest import save_tiny_relu_matmul
 
 import kiln
 from kiln.errors import PackageError
@@ -25,12 +24,8 @@ from kiln.package.format import MANIFEST_DIGEST, read_manifest, verify_files, wr
 def package(tmp_path_factory):
     """``y = relu(x @ W)`` compiled for webgpu and wasm."""
     w = np.array([[1.0, -2.0, 0.5], [0.25, 1.0, -1.0]], np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], [numpy_helper.from_array(w, "w")])
     folder = tmp_path_factory.mktemp("integrity")
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "tiny.onnx")
+    save_tiny_relu_matmul(folder / "tiny.onnx", w)
     return kiln.compile(str(folder / "tiny.onnx"), str(folder / "pkg"), target="webgpu,wasm", device_class="cpu")
 
 

@@ -176,9 +176,8 @@ def write_manifest(package: str | os.PathLike, manifest: dict[str, Any]) -> None
     root = Path(package)
     data = json.dumps(manifest, indent=1).encode()
     for name, content in ((MANIFEST, data), (MANIFEST_DIGEST, digest_line(data).encode())):
-        tmp = root / f".{name}.tmp"
-        tmp.write_bytes(content)
-        os.replace(tmp, root / name)
+        with atomic_path(root / name) as tmp:
+            tmp.write_bytes(content)
 
 
 def check_manifest_digest(data: bytes, digest: bytes | None, where: str) -> None:

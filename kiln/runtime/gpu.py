@@ -105,7 +105,7 @@ def shared_device(limits: dict[str, int] | None = None, features=(), optional=("
     if missing:
         raise DeviceError(f"adapter {name} lacks WebGPU features {missing}")
     with _lock:
-        for dev in reversed(_devices):
+        for dev in reversed(list(_devices)):  # (a copy: lost devices are removed on the way)
             if not is_usable(dev):  # lost (a driver reset, or destroyed): never handed out again
                 _devices.remove(dev)
             elif _fits(dev, limits, features):
@@ -128,7 +128,7 @@ def is_usable(device) -> bool:
     a 4-byte buffer. Lost devices are remembered (:func:`mark_lost`)."""
     import wgpu
 
-    if id(device) in _lost:
+    if is_lost(device):
         return False
     try:
         device.create_buffer(size=4, usage=wgpu.BufferUsage.COPY_DST, label="kiln_probe").destroy()
@@ -136,6 +136,11 @@ def is_usable(device) -> bool:
         mark_lost(device)
         return False
     return True
+
+
+def is_lost(device) -> bool:
+    """Whether ``device`` is known to be lost (:func:`mark_lost`); no probe, for hot paths."""
+    return id(device) in _lost
 
 
 def mark_lost(device) -> None:

@@ -329,7 +329,7 @@ class Session(TrainingMixin, GenerationMixin):
         """
         import wgpu
 
-        if id(self.device) in gpu._lost:
+        if gpu.is_lost(self.device):
             raise self._lost_error("")
         try:
             return self._run(feeds, output)
