@@ -420,6 +420,7 @@ def info_cmd(package: Path, as_json: bool) -> None:
         click.echo("dims: " + ", ".join(f"{k}={v}" for k, v in m["dims"].items()))
     if m.get("dynamic_dims"):
         click.echo("run-time dims: " + ", ".join(f"{d['name']}={d['min']}..{d['max']}@{d['opt']}"
+                                                 + (" (data-dependent)" if "count" in d else "")
                                                  for d in m["dynamic_dims"]))
     for name, tgt in m["targets"].items():
         uses: dict[int, int] = {}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.codegen.lowering import group_expr, steps_for
-from kiln.codegen.target import Program, Target, TargetBuild, get_target, target_names
+from kiln.codegen.target import Program, Target, TargetBuild, bind_steps, get_target, target_names
 from kiln.errors import KilnError, UnsupportedOpError
 from kiln.frontend.gguf import import_gguf
 from kiln.frontend.onnx.importer import import_model, load_model, unsupported_ops
@@ -160,6 +160,8 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
             names = set(training.forward_outputs)
             program.infer_steps = steps_for(program.groups, [v for v in graph.outputs if v.name in names])
     builds = {t.name: t.build(program, validate=validate, progress=progress) for t in targets}
+    for build in builds.values():  # data-dependent dims: the step after which each is read back and bound
+        bind_steps(graph, program.groups, build.section["plan"])
     return Compiled(program, builds, fired)
 
 

@@ -76,7 +76,7 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.sampled_from([0, 1, -1, 2, 3, 4
                                                                  2**32, 2**53, -2**31, 10**30]),
                     st.integers(-1000, 100000), st.floats(allow_nan=False, allow_infinity=False, width=32),
                     st.sampled_from(["", "x", "float32", "int64", "webgpu", "../escape", "/etc/passwd", "kernels",
-                                     "weights.safetensors", "k0", "main", "read", "read_write", "uniform", "1.8",
+                                     "weights.safetensors", "k0", "main", "read", "read_write", "uniform", "1.9",
                                      "9.0"]))
 JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
                                                                                          max_size=3), max_leaves=8)

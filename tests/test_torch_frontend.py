@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.errors import KilnError, UnsupportedOpError
+from kiln.errors import KilnError
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -89,14 +89,16 @@ def test_attention_block_matches_torch_with_bound_dims(tmp_path, rng):
     np.testing.assert_allclose(got["peak"], peak, rtol=1e-4, atol=1e-4)
 
 
-def test_unsupported_construct_names_the_operator(tmp_path):
+def test_data_dependent_shape(tmp_path, rng):
     class Positives(nn.Module):
         def forward(self, x):
-            return torch.nonzero(x > 0)  # data-dependent output shape: ONNX NonZero
+            return x[x > 0] * 2  # data-dependent output shape: ONNX NonZero and GatherND
 
-    with pytest.raises(UnsupportedOpError, match="NonZero"):
-        kiln.compile(Positives(), (torch.randn(4),), out=tmp_path / "nz")
-    assert not (tmp_path / "nz").exists()
+    session = kiln.load(kiln.compile(Positives(), (torch.randn(6),), out=tmp_path / "nz"))
+    for _ in range(3):
+        x = rng.standard_normal(6).astype(np.float32)
+        np.testing.assert_allclose(session.run({session.inputs[0]["name"]: x})[session.outputs[0]["name"]],
+                                   x[x > 0] * 2, rtol=1e-6)
 
 
 def test_export_failure_is_a_kiln_error(tmp_path):

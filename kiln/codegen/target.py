@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from kiln.arith import symbolic
+from kiln.codegen.lowering import kernel_groups
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph
 from kiln.passes.fusion import Group
@@ -127,6 +128,37 @@ def scheduled_variant(size_vars: Iterable[Any], build: Callable[[], Any]) -> tup
     return {v.name: [v.opt + 1, v.hi] for v in size_vars if v.name in values}, result
 
 
+def bind_steps(graph, groups, plan_steps: list[dict[str, Any]]) -> None:
+    """Mark, in a target's flat plan (one step per kernel group, :func:`kiln.codegen.lowering.kernel_groups`), the
+    step after which each data-dependent dim is read back and bound: ``"bind_dims": [name, ...]`` on the step that
+    computes its count (format 1.9, docs/dynamic-shapes.md *Data-dependent shapes*).
+
+    Raises:
+        KilnError: a step that reads a data-dependent dim runs before the dim is bound (the graph's order put a
+            kernel sized by it before the kernel counting it), or a count no step computes.
+    """
+    if not graph.data_dims:
+        return
+    by_value = {id(v): name for name, v in graph.data_dims.items()}
+    bound: set[str] = set()
+    pending = set(graph.data_dims)
+    work = kernel_groups(groups)
+    for step, g in zip(plan_steps, work):
+        used = {s.name for v in [*g.inputs, g.output] for d in v.shape for s in symbolic.symbols(d)}
+        early = sorted((used & pending) - bound)
+        if early:
+            raise KilnError(f"node {g.nodes[0].name!r} ({g.nodes[0].op}) is sized by data-dependent dim "
+                            f"{early[0]} before the kernel that counts it has run")
+        name = by_value.get(id(g.output))
+        if name is not None:
+            step["bind_dims"] = [*step.get("bind_dims", []), name]
+            bound.add(name)
+    missing = sorted(pending - bound)
+    if missing:
+        raise KilnError(f"data-dependent dim {missing[0]}: no kernel computes its count")
+
+
+
 def describe(group: Group, shape_text: str | None = None) -> str:
     """``Op -> Op [shape]``: the comment a kernel's source carries."""
     return " -> ".join(n.op for n in group.nodes) + f" {shape_text if shape_text is not None else list(group.output.shape)}"
@@ -174,6 +206,13 @@ class Target:
         """Refuse, with a :class:`KilnError` naming the reason, a program this target cannot build: by default
         run-time dims (unless :attr:`run_time_dims`), state (unless :attr:`in_place`), run-time control flow, fp16
         compute and train steps (webgpu overrides)."""
+        if graph.data_dims and (not self.run_time_dims or control or training is not None):
+            what = "run-time control flow" if control else "train steps" if training is not None else \
+                f"the {self.name} target"
+            known = ", ".join(n for n, cls in REGISTRY.items() if cls.run_time_dims)
+            raise KilnError(f"data-dependent shapes (NonZero, Compress or TopK on run-time values: "
+                            f"{', '.join(graph.data_dims)}) are supported by the {known} targets without run-time "
+                            f"control flow or train steps; not with {what}")
         if graph.size_vars and not self.run_time_dims:
             dims = ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in graph.size_vars.values())
             known = ", ".join(n for n, cls in REGISTRY.items() if cls.run_time_dims)

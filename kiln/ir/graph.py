@@ -138,6 +138,10 @@ class Graph:
     #: sums of run-time dims bounded together: ``((dim names), most)`` (a decoder's ``past_sequence + sequence``
     #: fits its cache); runtimes refuse dims beyond
     dim_limits: list[tuple[tuple[str, ...], int]] = field(default_factory=list)
+    #: data-dependent dims (NonZero's count; docs/dynamic-shapes.md): run-time dim name -> the int32 ``[1]`` value
+    #: holding it, computed by the graph (a hidden graph output, kept out of the package's outputs); the runtimes
+    #: read it back after the step computing it and bind the dim for the steps after
+    data_dims: dict[str, Value] = field(default_factory=dict)
 
     def consumers(self) -> dict[int, list[Node]]:
         """Map ``id(value)`` -> the nodes that read it (in graph order)."""
@@ -161,6 +165,7 @@ class Graph:
         for node in self.nodes:
             node.inputs = [new if v is old else v for v in node.inputs]
         self.outputs = [new if v is old else v for v in self.outputs]
+        self.data_dims = {k: new if v is old else v for k, v in self.data_dims.items()}
 
 
 class Builder:
@@ -191,6 +196,28 @@ class Builder:
             name = f"{hint}_{next(self._counter)}"
         self._names.add(name)
         return name
+
+    def data_dim(self, count: Value, hi: int, hint: str) -> Any:
+        """A new data-dependent run-time dim (docs/dynamic-shapes.md *Data-dependent shapes*) whose value is the
+        element of ``count`` (an int32 ``[1]`` value computed by the graph) at run time, at most ``hi``: the shapes
+        after a NonZero or a Compress. ``count`` becomes a hidden graph output (:attr:`Graph.data_dims`).
+
+        Raises:
+            KilnError: ``count`` is not a computed int32 ``[1]`` value, or ``hi`` does not fit in int32.
+        """
+        if count.dtype != "int32" or tuple(count.shape) != (1,) or count.producer is None:
+            raise KilnError(f"data-dependent dim {hint!r}: its count must be a computed int32 [1] value, got "
+                            f"%{count.name} {count.dtype}{list(count.shape)}")
+        name = hint
+        k = 0
+        while name in self.graph.size_vars or name in self.graph.dims:
+            k += 1
+            name = f"{hint}_{k}"
+        dim = symbolic.size_var(name, len(self.graph.size_vars), 0, int(hi), int(hi))
+        self.graph.size_vars[name] = dim
+        self.graph.data_dims[name] = count
+        self.graph.outputs.append(count)
+        return dim
 
     def const(self, array: np.ndarray | float, name: str = "const", dtype: str | None = None) -> Value:
         """A constant value holding ``array`` (copied; ``dtype`` overrides the array's).

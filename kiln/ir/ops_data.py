@@ -271,7 +271,7 @@ register("ScatterND", "gather", _scatter_infer, _scatter_nd_eval)
 def _topk_infer(ts, a):
     (_dt, sh), = ts
     ax, k = a["axis"], a["k"]
-    if not 0 <= k <= sh[ax]:
+    if symbolic.is_static([k, sh[ax]]) and not 0 <= k <= sh[ax]:
         raise ShapeError(f"TopK: k={k} is outside [0, {sh[ax]}] for axis {ax} of {list(sh)}")
     return [("int64", tuple(k if d == ax else n for d, n in enumerate(sh)))]
 

@@ -95,6 +95,9 @@ export function bindDims(manifest, feeds) {
         `${JSON.stringify(want)}), got [${got.join(', ')}]`);
     }
   }
+  for (const d of manifest.dynamic_dims) {  // data-dependent dims: at their bounds until the run reads them back
+    if (d.count !== undefined) env[d.name] = d.max;
+  }
   for (const limit of manifest.dim_limits ?? []) {
     const total = limit.dims.reduce((sum, n) => sum + env[n], 0);
     if (total > limit.max) {
@@ -103,6 +106,32 @@ export function bindDims(manifest, feeds) {
     }
   }
   return env;
+}
+
+/**
+ * Where a run stops to read data-dependent dims back (format 1.9, docs/dynamic-shapes.md): `[i + 1, dims]` for every
+ * plan step `i` that `bind_dims` them.
+ * @param {any[]} plan a target's plan
+ * @returns {[number, string[]][]}
+ */
+export function bindPoints(plan) {
+  /** @type {[number, string[]][]} */
+  const points = [];
+  plan.forEach((step, i) => { if (step.bind_dims?.length) points.push([i + 1, step.bind_dims]); });
+  return points;
+}
+
+/**
+ * A data-dependent dim's value as read back, checked against its bounds.
+ * @param {{name: string, min: number, max: number}} spec its `dynamic_dims` entry @param {number} value
+ * @returns {number}
+ * @throws {ShapeError} the count is outside the dim's bounds (a TopK `k` beyond its axis)
+ */
+export function checkCount(spec, value) {
+  if (!(value >= spec.min && value <= spec.max)) {
+    throw new ShapeError(`data-dependent dim ${spec.name} is ${value} at run time, outside its bounds ${spec.min}..${spec.max}`);
+  }
+  return value;
 }
 
 /**

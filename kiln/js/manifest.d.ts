@@ -223,6 +223,13 @@ export interface DynamicDim {
   opt?: number;
   /** Present when every value must be a multiple of it (runtimes refuse another value). */
   multiple?: number;
+  /**
+   * (1.9) Present for a data-dependent dim (the count after a NonZero, a Compress or a run-time TopK k): the id of
+   * the buffer whose first int32 element is its value once the plan step naming it in bind_dims has run. It is not
+   * bound from the inputs: runtimes read the count back there, check it against min..max and size the later steps and
+   * the outputs' shapes by it.
+   */
+  count?: number;
 }
 
 /**
@@ -481,6 +488,11 @@ export interface KernelStep {
   buffers: number[];
   /** The first graph node of the kernel. */
   node?: string;
+  /**
+   * (1.9) Data-dependent dims bound after this step: the run stops, reads each one's count (dynamic_dims[].count) and
+   * evaluates the later steps' sizes with it.
+   */
+  bind_dims?: string[];
   /**
    * (1.4) The step's workgroup count as a size expression over run-time dims: skip the step when it is 0, else
    * dispatch (g, 1, 1), or (65535, ceil(g / 65535), 1) above 65535.
@@ -771,6 +783,11 @@ export interface WasmStep {
   total: number;
   /** The first graph node of the kernel. */
   node?: string;
+  /**
+   * (1.9) Data-dependent dims bound after this step: the run stops, reads each one's count (dynamic_dims[].count) and
+   * evaluates the later steps' sizes with it.
+   */
+  bind_dims?: string[];
   /**
    * (1.6) The step's tile count as a size expression over run-time dims: call the kernel over [0, tiles), skipping
    * the step when it is 0.

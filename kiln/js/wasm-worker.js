@@ -4,11 +4,11 @@
 //   {type: 'init', module, memory, control, index, workers, steps}  instantiate the threaded module over the
 //       shared `memory`; `steps` is the plan as [{export, ptrs, total}]; answers {type: 'ready', dims} (`dims`: the
 //       address of the module's run-time dims array, from its kiln_dims export; 0 without one)
-//   {type: 'run', tiles, kernels}  compute this worker's share of every step, tiles [floor(total*index/workers),
-//       floor(total*(index+1)/workers)), meeting the other workers at a barrier (the shared Int32Array
-//       `control`: [arrived, generation]) after each step; `tiles` and `kernels` (run-time dims changed), when not
-//       null, replace every step's total and kernel export (a plan step's variant); answers {type: 'done'} or
-//       {type: 'error', message}
+//   {type: 'run', tiles, kernels, first, last}  compute this worker's share of steps [first, last) (default: every
+//       step), tiles [floor(total*index/workers), floor(total*(index+1)/workers)), meeting the other workers at a
+//       barrier (the shared Int32Array `control`: [arrived, generation]) after each step; `tiles` and `kernels`
+//       (run-time dims changed), when not null, replace every step's total and kernel export (a plan step's
+//       variant); answers {type: 'done'} or {type: 'error', message}
 
 let exports = null;
 let control = null;
@@ -54,7 +54,8 @@ self.onmessage = async ({data}) => {
       steps.forEach((s, i) => { s.export = data.kernels[i]; });
     }
     let failure = null;
-    for (let i = 0; i < steps.length; i++) {
+    const first = data.first ?? 0, last = data.last ?? steps.length;
+    for (let i = first; i < last; i++) {
       const {export: name, ptrs, total} = steps[i];
       const begin = Math.floor(total * index / workers);
       const end = Math.floor(total * (index + 1) / workers);
@@ -65,7 +66,7 @@ self.onmessage = async ({data}) => {
           failure = `wasm worker ${index}: kernel ${name} failed: ${error.message}`;
         }
       }
-      if (i < steps.length - 1) barrier();
+      if (i < last - 1) barrier();
     }
     self.postMessage(failure === null ? {type: 'done'} : {type: 'error', message: failure});
   }

@@ -13,8 +13,8 @@
 // the export kiln_dims()), written when they change, and each step runs over its `tiles` size expression.
 // See kiln.js for the backend interface this module implements.
 
-import {chosenStep, dimsWords, evalDims, outputShape} from './dims.js';
-import {DeviceError, KilnError, PackageError} from './errors.js';
+import {bindPoints, checkCount, chosenStep, dimsWords, evalDims, outputShape} from './dims.js';
+import {DeviceError, KilnError, PackageError, ShapeError} from './errors.js';
 import {readWeights, sha256Hex} from './package.js';
 import {DTYPES, product} from './tensor.js';
 
@@ -156,6 +156,8 @@ export class WasmBackend {
     this.dimsKey = null;
     /** @private whether the workers have the current tiles */
     this.tilesSent = true;
+    /** @private data-dependent dims (format 1.9): after which step a run reads counts (dims.js) */
+    this.binds = bindPoints(this.spec.plan);
   }
 
   /**
@@ -298,17 +300,43 @@ export class WasmBackend {
     }
   }
 
-  /** Run every plan step. @private */
-  async compute() {
+  /**
+   * Run plan steps `[first, last)` (default: every step).
+   * @param {number} [first] @param {number} [last] @private
+   */
+  async compute(first = 0, last = this.spec.plan.length) {
     if (!this.workers.length) {
-      for (const call of this.calls) call();
+      for (let i = first; i < last; i++) this.calls[i]();
       return;
     }
     // (the workers keep the last tiles and kernels they were sent)
     const tiles = this.tilesSent ? null : this.tiles;
     const kernels = this.tilesSent ? null : this.kernels.map((k) => this.spec.kernels[k].export);
-    await Promise.all(this.workers.map((worker) => this.ask(worker, {type: 'run', tiles, kernels})));
+    await Promise.all(this.workers.map((worker) => this.ask(worker, {type: 'run', tiles, kernels, first, last})));
     this.tilesSent = true;
+  }
+
+  /**
+   * Run the plan of a package with data-dependent dims (docs/dynamic-shapes.md): up to each step that computes
+   * counts, read them from memory, bind the dims (written into `dims`, which the outputs' shapes then follow) and
+   * go on with the later steps' tiles evaluated again.
+   * @param {Record<string, number>} dims the bound dims (data-dependent ones at their bounds), updated in place
+   * @throws {ShapeError} a count outside its dim's bounds
+   * @private
+   */
+  async computeBinding(dims) {
+    const specs = Object.fromEntries(this.manifest.dynamic_dims.map((d) => [d.name, d]));
+    let start = 0;
+    for (const [stop, names] of this.binds) {
+      await this.compute(start, stop);
+      for (const name of names) {
+        const at = this.offsets[/** @type {number} */ (specs[name].count)];
+        dims[name] = checkCount(specs[name], new Int32Array(this.memory.buffer, at, 1)[0]);
+      }
+      this.setDims(dims);
+      start = stop;
+    }
+    await this.compute(start, this.spec.plan.length);
   }
 
   /**
@@ -326,8 +354,9 @@ export class WasmBackend {
     this.setDims(dims);
     this.writeInputs(inputs);
     try {
-      await this.compute();
+      await (this.binds.length && dims ? this.computeBinding(dims) : this.compute());
     } catch (error) {
+      if (error instanceof ShapeError) throw error;
       throw error instanceof DeviceError ? error : new DeviceError(`a wasm kernel failed: ${error.message}`);
     }
     /** @type {Record<string, ArrayBuffer>} */
@@ -355,7 +384,7 @@ export class WasmBackend {
     const times = [];
     for (let i = 0; i < warmup + repeat; i++) {
       const start = performance.now();
-      await this.compute();
+      await (this.binds.length && dims ? this.computeBinding({...dims}) : this.compute());
       const elapsed = performance.now() - start;
       if (i >= warmup) times.push(elapsed);
     }

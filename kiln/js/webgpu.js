@@ -14,7 +14,7 @@
 
 import {ControlRunner, isControlPlan, kernelSteps} from './control.js';
 import {createTrainer, readBuffers, runTrainStep} from './train.js';
-import {dimsWords, outputShape, stepDispatch, variantIndex} from './dims.js';
+import {bindPoints, checkCount, dimsWords, outputShape, stepDispatch, variantIndex} from './dims.js';
 import {DeviceError, PackageError} from './errors.js';
 import {GPUTensor, storageType} from './gputensor.js';
 import {kernelText, readWeights} from './package.js';
@@ -278,6 +278,10 @@ export class WebGPUBackend {
     this.dimsKey = null;
     /** @private @type {number[][]} */
     this.dispatches = steps.map((s) => s.dispatch);
+    /** @private data-dependent dims (format 1.9): after which step the run reads counts back (dims.js) */
+    this.binds = bindPoints(manifest.targets.webgpu.plan);
+    /** @private a mappable buffer for the counts, made on first use @type {GPUBuffer | null} */
+    this.countStaging = null;
     /**
      * @private the train plan of a train-step package (train.js), or null
      * @type {import('./train.js').Trainer | null}
@@ -400,6 +404,11 @@ export class WebGPUBackend {
         await device.popErrorScope().catch(() => undefined);
         throw error;
       });
+    } else if (this.binds.length && dims) {  // data-dependent dims: submits and reads counts back as it goes
+      encoder = await this.encodeBinding(encoder, dims).catch(async (error) => {
+        await device.popErrorScope().catch(() => undefined);
+        throw error;
+      });
     } else {
       this.encodePass(encoder);
     }
@@ -456,6 +465,48 @@ export class WebGPUBackend {
     this.dimsKey = key;
   }
 
+  /**
+   * Record the plan of a package with data-dependent dims (docs/dynamic-shapes.md): up to each step that computes
+   * counts, submit, read them back (4 bytes each), bind the dims (written into `dims`, which the caller's output
+   * shapes then follow), write the dims uniform and evaluate the later dispatches again.
+   * @param {GPUCommandEncoder} encoder @param {Record<string, number>} dims the bound dims (data-dependent ones at
+   *   their bounds), updated in place
+   * @returns {Promise<GPUCommandEncoder>} the encoder for the rest of the run
+   * @throws {ShapeError} a count outside its dim's bounds
+   * @private
+   */
+  async encodeBinding(encoder, dims) {
+    const {device} = this;
+    const specs = Object.fromEntries(this.manifest.dynamic_dims.map((d) => [d.name, d]));
+    let start = 0;
+    for (const [stop, names] of this.binds) {
+      this.encodePass(encoder, undefined, start, stop);
+      const bytes = 4 * names.length;
+      if (!this.countStaging || this.countStaging.size < bytes) {
+        this.countStaging?.destroy();
+        this.countStaging = device.createBuffer({label: 'kiln_counts', size: Math.max(16, bytes),
+          usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
+      }
+      const staging = this.countStaging;
+      names.forEach((name, i) => {
+        encoder.copyBufferToBuffer(this.buffers[/** @type {number} */ (specs[name].count)], 0, staging, 4 * i, 4);
+      });
+      device.queue.submit([encoder.finish()]);
+      await staging.mapAsync(GPUMapMode.READ, 0, bytes);
+      const values = new Int32Array(staging.getMappedRange(0, bytes).slice(0));
+      staging.unmap();
+      names.forEach((name, i) => { dims[name] = checkCount(specs[name], values[i]); });
+      device.queue.writeBuffer(this.dimsBuffer, 0, dimsWords(this.manifest, dims));
+      this.dispatches = this.steps.map((s) => stepDispatch(s.step, dims));
+      for (const s of this.steps) Object.assign(s, s.alternatives[variantIndex(s.step, dims)]);
+      encoder = device.createCommandEncoder();
+      start = stop;
+    }
+    this.dimsKey = null;  // (the uniform holds this run's counts: the next run writes its dims again)
+    this.encodePass(encoder, undefined, start, this.steps.length);
+    return encoder;
+  }
+
   /** @private @throws {DeviceError} the device was lost */
   checkLost() {
     if (this.lost) throw new DeviceError(`the WebGPU device was lost (${this.lost.reason}): ${this.lost.message}`);
@@ -469,15 +520,17 @@ export class WebGPUBackend {
   }
 
   /**
-   * Record every plan step in one compute pass.
+   * Record plan steps `[start, stop)` (default: all) in one compute pass.
    * @param {GPUCommandEncoder} encoder
    * @param {GPUComputePassTimestampWrites} [timestampWrites]
+   * @param {number} [start] @param {number} [stop]
    * @private
    */
-  encodePass(encoder, timestampWrites) {
+  encodePass(encoder, timestampWrites, start = 0, stop = this.steps.length) {
     const pass = encoder.beginComputePass(timestampWrites ? {timestampWrites} : {});
     let current = null;
-    for (const [i, {pipeline, bindGroup}] of this.steps.entries()) {
+    for (let i = start; i < stop; i++) {
+      const {pipeline, bindGroup} = this.steps[i];
       const dispatch = this.dispatches[i];
       if (!dispatch[0]) continue;  // run-time dims leave this step nothing to do: a 0-workgroup dispatch is skipped
       if (pipeline !== current) {
@@ -519,6 +572,22 @@ export class WebGPUBackend {
       });
       await throwScopeError(device, DeviceError, 'WebGPU rejected the timed runs');
       return result;
+    }
+    if (this.binds.length && dims) {  // data-dependent dims: whole runs (with their readbacks) on the wall clock
+      const times = [];
+      try {
+        for (let i = 0; i < warmup + repeat; i++) {
+          const start = performance.now();
+          device.queue.submit([(await this.encodeBinding(device.createCommandEncoder(), {...dims})).finish()]);
+          await device.queue.onSubmittedWorkDone();
+          if (i >= warmup) times.push(performance.now() - start);
+        }
+      } catch (error) {
+        await device.popErrorScope().catch(() => undefined);
+        throw error;
+      }
+      await throwScopeError(device, DeviceError, 'WebGPU rejected the timed runs');
+      return {clock: 'wall', times, wall: [...times]};
     }
     let querySet = null, resolve = null, readback = null;
     if (useTimestamps && this.timestampQuery) {

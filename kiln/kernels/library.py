@@ -95,6 +95,7 @@ _INDEX = {
     "ScatterND": lambda xs, a, shape, name: index.scatter_nd(xs[0], xs[1], xs[2], a["reduction"], name),
     "TensorScatter": lambda xs, a, shape, name: index.tensor_scatter(
         xs[0], xs[1], xs[2] if len(xs) > 2 else None, a["axis"], a["mode"], bool(a.get("in_place")), shape, name),
+    "Compact": lambda xs, a, shape, name: index.compact(xs[0], xs[1], xs[2], a["axis"], shape, name),
     "TopKIndices": lambda xs, a, shape, name: index.topk_indices(xs[0], a["axis"], a["k"], a["largest"], shape,
                                                                  name),
 }

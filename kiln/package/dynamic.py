@@ -12,11 +12,14 @@ from typing import Any
 from kiln.arith import symbolic
 
 
-def dims_section(graph) -> list[dict[str, Any]]:
+def dims_section(graph, plan=None) -> list[dict[str, Any]]:
     """The manifest's ``dynamic_dims``: one entry per run-time dim, in dims-uniform order (word ``index``), with
-    ``multiple`` when its values must be multiples of it."""
+    ``multiple`` when its values must be multiples of it, and ``count`` (format 1.9) for a data-dependent dim: the
+    id of the buffer whose first int32 element is its value once the plan step that ``bind_dims`` it has run."""
+    counts = {name: plan.of[id(v)] for name, v in graph.data_dims.items()} if plan is not None else {}
     return [{"name": s.name, "index": s.index, "min": s.lo, "max": s.hi, "opt": s.opt,
-             **({"multiple": s.multiple} if s.multiple > 1 else {})} for s in graph.size_vars.values()]
+             **({"multiple": s.multiple} if s.multiple > 1 else {}),
+             **({"count": counts[s.name]} if s.name in counts else {})} for s in graph.size_vars.values()]
 
 
 def io_fields(v) -> dict[str, Any]:

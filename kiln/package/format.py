@@ -100,7 +100,7 @@ def from_storage(raw: bytes | memoryview | np.ndarray, dtype: str, shape) -> np.
     return stored.astype(numpy_dtype(dtype), copy=True)
 
 FORMAT = "kiln-package"
-VERSION = "1.8"
+VERSION = "1.9"
 MAJOR = 1
 MANIFEST = "manifest.json"
 #: the manifest's SHA-256 in ``sha256sum``'s format (format 1.8): ``sha256sum -c manifest.sha256`` checks it too
@@ -358,6 +358,10 @@ def check_references(manifest: dict[str, Any], where: str) -> None:
                 fail(f"{kind}[{i}] ({t['name']}): buffer {t['buffer']} holds {b['bytes']} bytes, the tensor needs {need}")
     for i, st in enumerate(manifest.get("state", [])):
         buffer(st["buffer"], f"state[{i}].buffer")
+    counts = {d["name"] for d in manifest.get("dynamic_dims", []) if "count" in d}
+    for i, d in enumerate(manifest.get("dynamic_dims", [])):
+        if "count" in d and buffer(d["count"], f"dynamic_dims[{i}].count")["bytes"] < 4:
+            fail(f"dynamic_dims[{i}].count: buffer {d['count']} holds no int32")
     files = {f["path"] for f in manifest["weights"]["files"]}
     for i, b in enumerate(buffers):
         if b["kind"] == "weight" and b.get("file") not in files:
@@ -376,6 +380,9 @@ def check_references(manifest: dict[str, Any], where: str) -> None:
                 fail(f"targets.{name}.plan: step {j} has a total of {step['total']!r}, not an integer")
             for r in refs:
                 buffer(r, f"targets.{name}.plan[{j}].buffers")
+            for d in step.get("bind_dims", []):
+                if d not in counts:
+                    fail(f"targets.{name}.plan: step {j} binds {d!r}, which is not a data-dependent dim")
             kernel = kernels[k]
             dispatch, most = step.get("dispatch"), (target.get("limits") or {}).get("maxComputeWorkgroupsPerDimension",
                                                                                        65535)

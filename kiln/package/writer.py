@@ -205,6 +205,9 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         # state (a KV cache): kept by the runtime in one buffer between runs, neither fed nor read back
         model_inputs = [v for v in model_inputs if v.name not in graph.state]
         model_outputs = [v for v in model_outputs if v.name not in graph.state.values()]
+        # data-dependent dims' counts: read back by the runtimes after the step computing them, not outputs
+        counts = {id(v) for v in graph.data_dims.values()}
+        model_outputs = [v for v in model_outputs if id(v) not in counts]
         given = {v.name: v for v in graph.inputs}
         state = [{"name": name, "update": update, "dtype": given[name].dtype, "shape": list(given[name].shape),
                   "buffer": plan.of[id(given[name])], "bytes": buffers[plan.of[id(given[name])]]["bytes"]}
@@ -217,7 +220,7 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
             "source": source,
             "precision": compiled.program.precision,
             "dims": graph.dims,
-            **({"dynamic_dims": dynamic.dims_section(graph)} if graph.size_vars else {}),
+            **({"dynamic_dims": dynamic.dims_section(graph, plan)} if graph.size_vars else {}),
             **({"dim_limits": [{"dims": list(d), "max": m} for d, m in graph.dim_limits]} if graph.dim_limits else {}),
             "inputs": [{**_io(v, plan.of[id(v)]), **({"value_dim": graph.value_dims[v.name]}
                                                        if v.name in graph.value_dims else {})} for v in model_inputs],

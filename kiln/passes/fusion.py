@@ -48,6 +48,9 @@ INLINE_INTO = FUSIBLE + ("reduce",)
 INDEX_ONLY = ("Transpose", "Slice", "Reshape")
 #: kinds of nodes whose operands are read many times per element (a reshape's index arithmetic repeats with them)
 CONTRACTIONS = ("matmul", "matmul_nbits", "conv")
+#: ops whose kernel stores through a store view (``attrs["store"]``, kiln.kernels.index.compact): a group of its own,
+#: nothing chained after it, and the operands that place its stores (all but the first) are never inlined into it
+STORES = ("Compact",)
 #: most nodes a group may reach by inlining (duplicated producers must not grow kernels without bound)
 MAX_INLINED_NODES = 24
 #: most nodes a row group (:func:`fuse_rows`) may reach
@@ -104,7 +107,7 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
         if id(node) in assigned:
             continue
         assigned.add(id(node))
-        if ops.kind(node.op) == "control":  # If/Loop: a step of its own, never fused (kiln.codegen.webgpu.control)
+        if ops.kind(node.op) == "control" or node.op in STORES:  # If/Loop (kiln.codegen.webgpu.control), Compact
             groups.append((position[id(node)], Group([node], list(dict.fromkeys(node.inputs)))))
             continue
         if ops.kind(node.op) == "view":
@@ -289,6 +292,8 @@ def _index_readers(p: Group, uses: dict, group_of: dict, outputs: set[int]) -> t
     views: list[Group] = []
     targets: dict[int, Group] = {}
     for r in uses.get(id(p.output), []):
+        if r.op in STORES and any(v is p.output for v in r.inputs[1:]):
+            return None  # (a store view's coordinates read their buffers as they are)
         for g in group_of[id(r)]:
             if g is p or any(ops.kind(n.op) == "control" for n in g.nodes):
                 return None
@@ -299,6 +304,8 @@ def _index_readers(p: Group, uses: dict, group_of: dict, outputs: set[int]) -> t
                 return None
             views.append(g)
             for r2 in uses[id(g.output)]:
+                if r2.op in STORES and any(v is g.output for v in r2.inputs[1:]):
+                    return None
                 for g2 in group_of[id(r2)]:
                     if g2.alias or any(ops.kind(n.op) == "control" for n in g2.nodes):
                         return None

@@ -27,7 +27,7 @@ class ArenaSession(GenerationMixin):
 
     Subclasses set :attr:`path`, :attr:`manifest`, :attr:`target`, :attr:`mem` (a uint8 numpy view of the
     arena), :attr:`offsets` (buffer id -> byte offset), :attr:`kernel_names`, then call :meth:`_load`; and
-    implement :meth:`_compute` (every step), :meth:`_run_step` (step ``i`` alone) and, for packages with
+    implement :meth:`_compute_range` (steps ``[first, last)``), :meth:`_run_step` (step ``i`` alone) and, for packages with
     run-time dims, :meth:`_set_dims` (the dims the kernels read and each step's tiles).
     """
 
@@ -78,6 +78,9 @@ class ArenaSession(GenerationMixin):
         self._dims_env: dict[str, int] | None = None
         self._sizes: dynamic.StepSizes | None = None  # the plan's tiles expressions, compiled at the first run
         self._shapes: dict[str, list[int]] = {}
+        #: data-dependent dims (format 1.9): where a run stops to read counts, and each dim's entry
+        self._binds = dynamic.bind_points(self.plan)
+        self._counts = dynamic.count_dims(self.manifest)
         self.tiles = [int(s["total"]) for s in self.plan]  # each step's tiles in the last run
         self.kernels = [int(s["kernel"]) for s in self.plan]  # each step's kernel in the last run (or a variant's)
         if poison:
@@ -110,7 +113,32 @@ class ArenaSession(GenerationMixin):
         return self.manifest["targets"][self.target]["plan"]
 
     def _compute(self) -> None:
+        """Run every plan step."""
+        self._compute_range(0, len(self.plan))
+
+    def _compute_range(self, first: int, last: int) -> None:
+        """Run plan steps ``[first, last)`` in order."""
         raise NotImplementedError
+
+    def _compute_binding(self) -> dict[str, list[int]]:
+        """Run the plan of a package with data-dependent dims (docs/dynamic-shapes.md): up to each step that computes
+        counts, read them from the arena, bind the dims (the kernels' dims and the later steps' tiles) and go on;
+        returns the outputs' shapes.
+
+        Raises:
+            ShapeError: a count outside its dim's bounds.
+        """
+        env = dict(self._dims_env)
+        start = 0
+        for stop, names in self._binds:
+            self._compute_range(start, stop)
+            for name in names:
+                spec = self._counts[name]
+                env[name] = dynamic.check_count(spec, int(self._view(spec["count"], 4).view(np.int32)[0]))
+            self._apply_dims(env)
+            start = stop
+        self._compute_range(start, len(self.plan))
+        return dynamic.output_shapes(self.manifest, env)
 
     def _set_dims(self, words: np.ndarray) -> None:
         """Make the kernels read run-time dims ``words`` (int32, dim ``index`` in word ``index``);
@@ -126,15 +154,19 @@ class ArenaSession(GenerationMixin):
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
-            if self._sizes is None:
-                self._sizes = dynamic.StepSizes(self.plan, "tiles")
-            choice, tiles = self._sizes(env)  # (a variant scheduled for these dims, or the step)
-            steps = [s["variants"][c - 1] if c else s for s, c in zip(self.plan, choice)]
-            self.kernels = [int(s["kernel"]) for s in steps]
-            self.tiles = [int(s["total"]) if t is None else t for s, t in zip(steps, tiles)]
-            self._set_dims(np.frombuffer(dynamic.dims_words(self.manifest, env), np.int32))
+            self._apply_dims(env)
             self._dims_env, self._shapes = env, dynamic.output_shapes(self.manifest, env)
         return self._shapes
+
+    def _apply_dims(self, env: dict[str, int]) -> None:
+        """Evaluate each step's tiles and kernel for dims ``env`` and pass the dims to the kernels."""
+        if self._sizes is None:
+            self._sizes = dynamic.StepSizes(self.plan, "tiles")
+        choice, tiles = self._sizes(env)  # (a variant scheduled for these dims, or the step)
+        steps = [s["variants"][c - 1] if c else s for s, c in zip(self.plan, choice)]
+        self.kernels = [int(s["kernel"]) for s in steps]
+        self.tiles = [int(s["total"]) if t is None else t for s, t in zip(steps, tiles)]
+        self._set_dims(np.frombuffer(dynamic.dims_words(self.manifest, env), np.int32))
 
     def _run_step(self, i: int) -> None:
         raise NotImplementedError
@@ -170,7 +202,10 @@ class ArenaSession(GenerationMixin):
             for o in self.outputs:  # (not an input's buffer updated in place: an in-place TensorScatter)
                 if self.manifest["buffers"][o["buffer"]]["kind"] == "output":
                     self._fill_nan(o["buffer"])
-        self._compute()
+        if self._binds:
+            shapes = self._compute_binding()
+        else:
+            self._compute()
         return {o["name"]: from_storage(self._view(o["buffer"]), o["dtype"], shapes.get(o["name"], o["shape"]))
                 for o in self.outputs}
 

@@ -146,8 +146,9 @@ class CpuSession(ArenaSession):
         # (returns the threads it could start)
         self.lib.kiln_run(self._ptr, first, last, self.threads, self._dims.ctypes.data)
 
-    def _compute(self) -> None:
-        self._call(0, len(self.plan))
+    def _compute_range(self, first: int, last: int) -> None:
+        if first < last:
+            self._call(first, last)
 
     def _run_step(self, i: int) -> None:
         self._call(i, i + 1)

@@ -128,6 +128,31 @@ def _names(j: Any) -> list[str]:
     return []
 
 
+def count_dims(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The data-dependent dims (format 1.9, docs/dynamic-shapes.md): name -> its ``dynamic_dims`` entry (``count``:
+    the buffer holding its value once the step that binds it has run)."""
+    return {d["name"]: d for d in manifest.get("dynamic_dims", ()) if "count" in d}
+
+
+def bind_points(plan: list[dict[str, Any]]) -> list[tuple[int, list[str]]]:
+    """``(i + 1, dims)`` for every plan step ``i`` after which data-dependent ``dims`` are read back and bound: the
+    run stops there, reads the counts and goes on with dispatches sized by them."""
+    return [(i + 1, list(s["bind_dims"])) for i, s in enumerate(plan) if s.get("bind_dims")]
+
+
+def check_count(spec: dict[str, Any], value: int) -> int:
+    """The value read back for data-dependent dim ``spec`` (a ``dynamic_dims`` entry), checked against its bounds.
+
+    Raises:
+        ShapeError: the count is negative or above the dim's bound (a TopK ``k`` beyond its axis; a count over a
+            stated bound).
+    """
+    if not spec["min"] <= value <= spec["max"]:
+        raise ShapeError(f"data-dependent dim {spec['name']} is {value} at run time, outside its bounds "
+                         f"{spec['min']}..{spec['max']}")
+    return value
+
+
 def is_dynamic(manifest: dict[str, Any]) -> bool:
     """True for a package with run-time dims."""
     return bool(manifest.get("dynamic_dims"))
@@ -135,7 +160,7 @@ def is_dynamic(manifest: dict[str, Any]) -> bool:
 
 def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]:
     """Each run-time dim's value, read from the shapes of ``feeds`` (input name -> array) and from the values of
-    ``value_dim`` inputs.
+    ``value_dim`` inputs; a data-dependent dim (:func:`count_dims`) is at its bound until the run reads it back.
 
     Raises:
         ShapeError: an unknown or missing input, a wrong rank or static dim, inputs that disagree on a
@@ -185,6 +210,8 @@ def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]
         exp = [eval_json(w, env) for w in want]
         if exp != got:
             raise ShapeError(f"input {spec['name']!r}: expected shape {exp} (symbolic {want}), got {got}")
+    for name, d in count_dims(manifest).items():  # (their largest value until the run reads them back)
+        env[name] = d["max"]
     for limit in manifest.get("dim_limits", ()):
         total = sum(env[n] for n in limit["dims"])
         if total > limit["max"]:

@@ -210,6 +210,10 @@ class Session(TrainingMixin, GenerationMixin):
                               for s in plan]
         self._plan = plan
         self._sizes = dynamic.StepSizes(plan, "groups") if self._dyn else None
+        #: data-dependent dims (format 1.9): where the run stops to read counts back, and each dim's entry
+        self._binds = dynamic.bind_points(plan) if self.control is None else []
+        self._counts = dynamic.count_dims(self.manifest)
+        self._count_staging = None  # a mappable buffer for the counts, made on first use
         self._choice: tuple[int, ...] = tuple(0 for _ in plan)
         self._validated = {self._choice}
         self.steps = [(*alts[0], tuple(s["dispatch"])) for alts, s in zip(self._alternatives, plan)]
@@ -363,6 +367,8 @@ class Session(TrainingMixin, GenerationMixin):
                 enc.copy_buffer_to_buffer(t.buffer, 0, self.buffers[spec["buffer"]], 0, size)
         if self.control is not None:  # run-time If/Loop: submits and reads conditions as it goes
             enc = self.control.execute(enc, host)
+        elif self._binds:  # data-dependent dims: submits and reads counts back as it goes
+            enc, dispatch, shapes = self._encode_binding(enc, dispatch)
         else:
             enc = self._encode_chunks(enc, dispatch)
         self._dispatch = dispatch  # the last run's dispatches (run-time dims), for profile()
@@ -402,6 +408,43 @@ class Session(TrainingMixin, GenerationMixin):
                 self.device.queue.submit([enc.finish()])
                 enc = self.device.create_command_encoder()
         return enc
+
+    def _encode_binding(self, enc, dispatch: list[tuple[int, int, int]]):
+        """Record the plan of a package with data-dependent dims (docs/dynamic-shapes.md): up to each step that
+        computes counts, submit, read them back (4 bytes each, one mapping), bind the dims, write the dims uniform
+        and evaluate the later dispatches again. Returns ``(encoder for the rest of the run, the last dispatches,
+        the outputs' shapes)``.
+
+        Raises:
+            ShapeError: a count outside its dim's bounds.
+        """
+        import wgpu
+
+        env = dict(self._dims_env)
+        start = 0
+        for stop, names in self._binds:
+            self._encode_pass(enc, dispatch, start, stop)
+            n = 4 * len(names)
+            if self._count_staging is None or self._count_staging.size < n:
+                self._count_staging = self.device.create_buffer(size=max(n, 16), label="kiln_counts",
+                                                                usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            for i, name in enumerate(names):
+                enc.copy_buffer_to_buffer(self.buffers[self._counts[name]["count"]], 0, self._count_staging, 4 * i, 4)
+            self.device.queue.submit([enc.finish()])
+            self._count_staging.map_sync(wgpu.MapMode.READ)
+            try:
+                values = np.frombuffer(self._count_staging.read_mapped(0, n, copy=True), np.int32)
+            finally:
+                self._count_staging.unmap()
+            for name, v in zip(names, values):
+                env[name] = dynamic.check_count(self._counts[name], int(v))
+            choice, dispatch = self._sizes.dispatches(env)
+            self._choose_variants(choice)
+            self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))
+            enc = self.device.create_command_encoder()
+            start = stop
+        self._encode_pass(enc, dispatch, start, None)
+        return enc, dispatch, dynamic.output_shapes(self.manifest, env)
 
     def _encode_pass(self, enc, dispatch: list[tuple[int, int, int]] | None = None, start: int = 0,
                      stop: int | None = None) -> None:

@@ -155,23 +155,23 @@ class WasmSession(ArenaSession):
         threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
         return {"device": f"wasmtime on {platform.machine()}", "backend_type": f"wasm (SIMD128, {threads})"}
 
-    def _compute(self) -> None:
+    def _compute_range(self, first: int, last: int) -> None:
         import wasmtime
 
         try:
-            self._compute_steps()
+            self._compute_steps(first, last)
         except (wasmtime.WasmtimeError, wasmtime.Trap, TypeError) as e:
             raise KilnError(f"{self.path}: a wasm kernel failed ({one_line(e)}); the package's module is damaged or "
                             "does not fit its manifest") from None
 
-    def _compute_steps(self) -> None:
+    def _compute_steps(self, first: int, last: int) -> None:
         if self._pool is None:
             store = self.store
-            for fn, ptrs, total in self.steps:
+            for fn, ptrs, total in self.steps[first:last]:
                 fn(store, *ptrs, 0, total)
             return
         n = self.threads
-        for (_, ptrs, total), workers in zip(self.steps, self._worker_steps):
+        for (_, ptrs, total), workers in zip(self.steps[first:last], self._worker_steps[first:last]):
             bounds = [total * w // n for w in range(n + 1)]
             futures = [self._pool.submit(fn, store, *ptrs, bounds[w], bounds[w + 1])
                        for w, (fn, store) in enumerate(workers) if bounds[w + 1] > bounds[w]]

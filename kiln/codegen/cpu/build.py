@@ -124,6 +124,7 @@ __attribute__((constructor)) static void kiln_init(void) { pthread_atfork(0, 0, 
 // returns the threads used (fewer when some could not start)
 KILN_EXPORT("kiln_run") int kiln_run(unsigned char* m, int first, int last, int threads, const int* dims) {
     kiln_pool_t* p = &kiln_pool;
+    if (first >= last) return 0;  // (no epoch for an empty run: a worker waking late would run the next one twice)
     if (threads < 1) threads = 1;
     if (threads > KILN_MAX_THREADS) threads = KILN_MAX_THREADS;
     pthread_mutex_lock(&p->run);

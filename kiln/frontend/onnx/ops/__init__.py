@@ -2,6 +2,7 @@
 
 from kiln.frontend.onnx.ops import (  # noqa: F401
     attention,
+    compaction,
     contrib_attention,
     contrib_bert,
     contrib_decoder,

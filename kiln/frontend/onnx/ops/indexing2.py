@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.arith import symbolic
 from kiln.errors import KilnError
 from kiln.frontend.onnx.ops.common import const_value, norm_axis
+from kiln.frontend.onnx.ops.compaction import topk_count
 from kiln.frontend.onnx.ops.indexing import _pad, _slice, slice_attrs
 from kiln.frontend.onnx.ops.nn import _reshape, window_attrs
 from kiln.frontend.onnx.registry import onnx_op
@@ -42,7 +44,7 @@ def scatter_nd(b: Builder, x: Value, indices: Value, updates: Value, *, reductio
 
 def _topk(b: Builder, x: Value, k: int, axis: int, largest: int) -> list[Value]:
     ax = norm_axis(axis, len(x.shape))
-    idx = b.op("TopKIndices", [x], axis=ax, k=int(k), largest=int(largest))
+    idx = b.op("TopKIndices", [x], axis=ax, k=k if symbolic.is_symbolic(k) else int(k), largest=int(largest))
     return [b.op("GatherElements", [x, idx], axis=ax), idx]
 
 
@@ -54,7 +56,10 @@ def topk_1(b: Builder, x: Value, *, k: int, axis: int = -1) -> list[Value]:
 
 @onnx_op("TopK", since=10)
 def topk_10(b: Builder, x: Value, k: Value, *, axis: int = -1, largest: int = 1, sorted: int = 1) -> list[Value]:
-    """ONNX TopK-10/11/24: ``k`` (constant) largest or smallest values and indices, sorted (ties: lower index)."""
+    """ONNX TopK-10/11/24: the ``k`` largest or smallest values and indices, sorted (ties: lower index); a ``k``
+    computed at run time is a data-dependent dim (:func:`kiln.frontend.onnx.ops.compaction.topk_count`)."""
+    if not k.is_const:
+        return _topk(b, x, topk_count(b, k, x.shape[norm_axis(axis, len(x.shape))]), axis, largest)
     return _topk(b, x, int(const_value(k, "K").reshape(-1)[0]), axis, largest)
 
 

@@ -1,38 +1,14 @@
-"""Selection and reordering ONNX operators decomposed into gathers: Compress, ReverseSequence."""
+"""Reordering ONNX operators decomposed into gathers: ReverseSequence (Compress: :mod:`.compaction`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from kiln.errors import KilnError, ShapeError
-from kiln.frontend.onnx.ops.common import const_value, norm_axis
+from kiln.frontend.onnx.ops.common import const_value
 from kiln.frontend.onnx.ops.nn import _reshape
 from kiln.frontend.onnx.registry import onnx_op
 from kiln.ir.graph import Builder, Value
-
-
-@onnx_op("Compress", since=9)
-def compress(b: Builder, x: Value, condition: Value, *, axis: int | None = None) -> Value:
-    """ONNX Compress-9/11: the slices of ``x`` along ``axis`` (of x flattened when None) where ``condition``
-    is true; a condition shorter than the axis selects among its first elements.
-
-    ``condition`` decides the output's shape, so it must be a compile-time constant (ConstantInputError).
-
-    Raises:
-        ShapeError: the condition is longer than the axis, or selects nothing (empty tensors are not supported).
-    """
-    cond = np.asarray(const_value(condition, "condition")).astype(bool).ravel()
-    if axis is None:
-        x = _reshape(b, x, (x.size,))
-        ax = 0
-    else:
-        ax = norm_axis(axis, len(x.shape))
-    if cond.size > x.shape[ax]:
-        raise ShapeError(f"Compress: condition of {cond.size} elements is longer than axis {ax} ({x.shape[ax]})")
-    idx = np.flatnonzero(cond).astype(np.int64)
-    if idx.size == 0:
-        raise ShapeError("Compress: the condition selects nothing (empty tensors are not supported)")
-    return b.op("Gather", [x, b.const(idx)], axis=ax)
 
 
 @onnx_op("ReverseSequence", since=10)
