@@ -13,6 +13,7 @@ import gguf
 import numpy as np
 import pytest
 from conftest import ROOT, SHARED_MODELS
+from test_fuzz_gguf import tiny_llama
 
 import kiln
 from kiln.compiler import compile_graph
@@ -204,7 +205,7 @@ def test_gguf_bad_input(tmp_path):
         read_gguf(_tiny_gguf(tmp_path / "gpt2.gguf", arch="gpt2"))
     with pytest.raises(ModelFormatError, match="quantization type Q5_1"):
         read_gguf(_tiny_gguf(tmp_path / "q5.gguf", qtype=gguf.GGMLQuantizationType.Q5_1))
-    good = _tiny_gguf(tmp_path / "good.gguf")
+    good = tiny_llama(tmp_path / "good.gguf")  # (a whole one-layer model: the reader checks every tensor)
     read_gguf(good)
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(good.read_bytes()[:-100])
@@ -212,7 +213,7 @@ def test_gguf_bad_input(tmp_path):
         read_gguf(cut)
     head = tmp_path / "head.gguf"
     head.write_bytes(good.read_bytes()[:40])
-    with pytest.raises(ModelFormatError, match="unreadable GGUF|truncated"):
+    with pytest.raises(ModelFormatError, match="unreadable GGUF|truncated|damaged GGUF header"):
         read_gguf(head)
     other = tmp_path / "model.gguf"
     other.write_bytes(struct.pack("<4sI", b"ONNX", 3))
@@ -220,6 +221,9 @@ def test_gguf_bad_input(tmp_path):
         read_gguf(other)
     with pytest.raises(KilnError, match="max context 100000"):
         import_gguf(good, max_context=100000)
+    layerless = _tiny_gguf(tmp_path / "layerless.gguf")
+    with pytest.raises(ModelFormatError, match="no tensor (output_norm|blk.0.attn_norm).weight"):
+        read_gguf(layerless)
 
 
 @needs_model

@@ -1,6 +1,7 @@
 """ONNX random operators (kiln/frontend/onnx/ops/random.py): statistical tests of the draws (moments and
 Kolmogorov-Smirnov against the exact distribution), Bernoulli and Multinomial frequencies on webgpu, wasm and cpu,
-reproducibility by seed, and a model whose random term is multiplied by zero against onnxruntime exactly."""
+reproducibility by seed, fresh draws at every run (the same sequence from a fresh session, the same bits on every
+target), draws of run-time shape, and a model whose random term is multiplied by zero against onnxruntime exactly."""
 
 from __future__ import annotations
 
@@ -73,6 +74,42 @@ def test_draws_are_reproducible_by_seed(tmp_path):
     a, b, c = draw(7.0, tmp_path / "a"), draw(7.0, tmp_path / "b"), draw(8.0, tmp_path / "c")
     np.testing.assert_array_equal(a, b)
     assert np.abs(a - c).max() > 0.1
+
+
+def test_fresh_draws_every_run(tmp_path):
+    """Each run draws afresh (the package's run counter); a freshly loaded session replays the same sequence, on every
+    target bit for bit (uniforms are exact multiples of 2^-24); successive runs pass the KS test pooled."""
+    n = 4096
+    model = _model([helper.make_node("RandomUniform", [], ["u"], shape=[n], seed=5.0)], [],
+                   [helper.make_tensor_value_info("u", TensorProto.FLOAT, [n])])
+    onnx.save(model, tmp_path / "m.onnx")
+    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", target="webgpu,wasm,cpu", wasm_threads=False)
+    sessions = {t: kiln.load(pkg, target=t) for t in ("webgpu", "wasm", "cpu")}
+    runs = {t: [s.run({})["u"] for _ in range(3)] for t, s in sessions.items()}
+    first = runs["webgpu"]
+    assert not np.array_equal(first[0], first[1]) and not np.array_equal(first[1], first[2])
+    for t in ("wasm", "cpu"):
+        for a, b in zip(first, runs[t]):
+            np.testing.assert_array_equal(a, b, err_msg=t)
+    again = kiln.load(pkg, target="webgpu")
+    np.testing.assert_array_equal(again.run({})["u"], first[0])
+    pooled = np.concatenate(first)
+    assert _ks(pooled, lambda x: x) < KS_001 / math.sqrt(pooled.size)
+    assert abs(np.corrcoef(first[0], first[1])[0, 1]) < 5 / math.sqrt(n)  # runs are independent
+
+
+def test_draws_of_run_time_shape(tmp_path):
+    """RandomNormalLike of an input with a run-time dim: one package, draws of the fed length."""
+    model = _model([helper.make_node("RandomNormalLike", ["x"], ["z"], seed=1.0)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                   [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n"])])
+    onnx.save(model, tmp_path / "m.onnx")
+    session = kiln.load(kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", dims={"n": (1, 50_000)}))
+    for n in (3, 50_000):
+        z = session.run({"x": np.zeros(n, np.float32)})["z"]
+        assert z.shape == (n,) and np.isfinite(z).all()
+    phi = np.vectorize(lambda t: 0.5 * (1.0 + math.erf(t / math.sqrt(2.0))))
+    assert _ks(z, phi) < KS_001 / math.sqrt(z.size)
 
 
 @pytest.mark.parametrize("target", ["webgpu", "wasm", "cpu"])

@@ -211,11 +211,12 @@ _PY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b
 
 
 def const(value: float | bool, dtype: str) -> Const:
-    """A literal of ``dtype``."""
+    """A literal of ``dtype``; an int32 value outside int32's range wraps around (two's complement), as int32
+    arithmetic does: folding ``(x + a) * b + c`` into ``x * b + (a * b + c)`` keeps every result."""
     if dtype == "bool":
         return Const(bool(value), dtype)
     if dtype == "int32":
-        return Const(int(value), dtype)
+        return Const((int(value) + 2**31) % 2**32 - 2**31, dtype)
     return Const(float(value), dtype)
 
 

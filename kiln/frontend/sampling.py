@@ -39,6 +39,7 @@ import numpy as np
 
 from kiln.arith import symbolic
 from kiln.errors import KilnError
+from kiln.frontend.hashing import i32, pcg_hash, shr
 from kiln.frontend.shapes import reshape
 from kiln.ir.graph import Builder, Graph, Value
 
@@ -47,32 +48,8 @@ BUCKETS = 64
 #: search passes: ``BUCKETS ** PASSES`` = 2^24 steps over the logits' range (exact in float32)
 PASSES = 4
 
-# the PCG hash's constants as int32 (the uint32 values wrapped): 747796405, 2891336453, 277803737
-_PCG = (747796405, 2891336453 - 2**32, 277803737)
-
-
-def _i32(b: Builder, x: int) -> Value:
-    return b.const(np.array(x, np.int32))
-
-
 def _f32(b: Builder, x: float) -> Value:
     return b.const(np.array(x, np.float32))
-
-
-def _shr(b: Builder, x: Value, s: Value | int) -> Value:
-    """Logical shift right of int32 ``x`` by ``s`` in 1..31 (an arithmetic shift, then the sign bits masked)."""
-    s = _i32(b, s) if isinstance(s, int) else s
-    mask = b.op("Sub", [b.op("BitShiftLeft", [_i32(b, 1), b.op("Sub", [_i32(b, 32), s])]), _i32(b, 1)])
-    return b.op("BitwiseAnd", [b.op("BitShiftRight", [x, s]), mask])
-
-
-def pcg_hash(b: Builder, x: Value) -> Value:
-    """int32 -> int32: the PCG hash of the bit pattern (:func:`kiln.frontend.onnx.ops.random.pcg_hash` in int32
-    operations: multiplication wraps, shifts are logical)."""
-    state = b.op("Add", [b.op("Mul", [x, _i32(b, _PCG[0])]), _i32(b, _PCG[1])])
-    shift = b.op("Add", [_shr(b, state, 28), _i32(b, 4)])
-    word = b.op("Mul", [b.op("BitwiseXor", [_shr(b, state, shift), state]), _i32(b, _PCG[2])])
-    return b.op("BitwiseXor", [_shr(b, word, 22), word])
 
 
 def split(vocab: int) -> tuple[int, int]:
@@ -109,8 +86,8 @@ def _search(b: Builder, y: Value, weight: Value | None, target: Value, threshold
         # total [B, 1, 1]: W at each candidate. The next m: m + stride * (the candidates reaching the target - 1),
         # W falling as m rises; summed in one reduction (m - stride riding on the first term), so its result is m
         # itself and no kernel follows it
-        term = b.op("Add", [b.op("Where", [b.op("GreaterOrEqual", [total, target]), _i32(b, stride), _i32(b, 0)]),
-                            b.op("Where", [first, b.op("Sub", [m, _i32(b, stride)]), _i32(b, 0)])])
+        term = b.op("Add", [b.op("Where", [b.op("GreaterOrEqual", [total, target]), i32(b, stride), i32(b, 0)]),
+                            b.op("Where", [first, b.op("Sub", [m, i32(b, stride)]), i32(b, 0)])])
         m = b.op("ReduceSum", [term], axes=(0,), keepdims=1)
     return m
 
@@ -176,7 +153,7 @@ def sampler_graph(vocab: int, max_seen: int, seen: int | None = None) -> Graph:
     # 4. Gumbel-max over the kept tokens
     step_key = pcg_hash(b, b.op("Slice", [seed], starts=(1,), ends=(2,), steps=(1,)))
     key = pcg_hash(b, b.op("Add", [b.op("Slice", [seed], starts=(0,), ends=(1,), steps=(1,)), step_key]))
-    bits = _shr(b, pcg_hash(b, b.op("BitwiseXor", [iota, reshape(b, key, (1, 1))])), 8)  # 24 random bits a token
+    bits = shr(b, pcg_hash(b, b.op("BitwiseXor", [iota, reshape(b, key, (1, 1))])), 8)  # 24 random bits a token
     u = b.op("Mul", [b.op("Add", [b.op("Cast", [bits], to="float32"), _f32(b, 0.5)]), _f32(b, 2.0 ** -24)])
     gumbel = b.op("Neg", [b.op("Log", [b.op("Neg", [b.op("Log", [u])])])])
     score = b.op("Where", [kept, b.op("Add", [y, b.op("Where", [sampling, gumbel, zero])]), _f32(b, -np.inf)])

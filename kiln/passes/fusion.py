@@ -175,7 +175,7 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7, p
             targets = list({id(g): g for r in readers for g in group_of[id(r)]}.values())
             merged = []
             for t in targets:
-                if t is p or t.alias or not _reads_once(t, p, prologues):
+                if t is p or t.alias or not _reads_once(t, p, prologues) or _reads_own_output(t, p):
                     break
                 inputs = list(dict.fromkeys([*p.inputs, *(v for v in t.inputs if v is not p.output)]))
                 if _buffers(inputs) > max_inputs or len(p.nodes) + len(t.nodes) > MAX_INLINED_NODES:
@@ -220,6 +220,15 @@ def _reads_once(t: Group, p: Group, prologues: bool) -> bool:
             return False
         reached.update(id(o) for o in n.outputs)
     return True
+
+
+def _reads_own_output(t: Group, p: Group) -> bool:
+    """Whether inlining ``p`` into ``t`` would make ``t`` read the buffer it writes: an in-place TensorScatter whose
+    update is computed from its own cache (a run counter's ``counter + 1``). One dispatch may not bind a buffer both
+    read-only and read-write (WebGPU's usage scope rules), so ``p`` stays a kernel of its own."""
+    last = t.nodes[-1]
+    return last.op == "TensorScatter" and bool(last.attrs.get("in_place")) and any(v is last.inputs[0]
+                                                                                   for v in p.inputs)
 
 
 def _moves_only(n: Node) -> bool:

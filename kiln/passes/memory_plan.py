@@ -102,7 +102,8 @@ class MemoryPlan:
 
 def mark_in_place(graph: Graph, enabled: bool = True) -> None:
     """Set ``in_place=1`` on every ``TensorScatter`` that may write into its cache's buffer (``in_place=0`` on all
-    unless ``enabled``: a target without partial writes): the cache is a graph input nothing else reads, and no
+    unless ``enabled``: a target without partial writes): the cache is a graph input nothing else reads but the
+    scatter and what it depends on (they run before it: a run counter's ``counter + 1``), and no
     kernel fuses the result away (its readers are not elementwise). The kernel then writes only the update's rows
     (:func:`kiln.kernels.index.tensor_scatter`) and :func:`plan_memory` gives the result the input's buffer.
 
@@ -116,7 +117,8 @@ def mark_in_place(graph: Graph, enabled: bool = True) -> None:
     for node in graph.nodes:
         if node.op == "TensorScatter":
             past, out = node.inputs[0], node.outputs[0]
-            ok = enabled and id(past) in inputs and id(past) not in outputs and len(uses.get(id(past), [])) == 1 and \
+            ok = enabled and id(past) in inputs and id(past) not in outputs and \
+                all(n is node or id(n) in _ancestors(node) for n in uses.get(id(past), [])) and \
                 all(ops.kind(n.op) not in FUSIBLE for n in uses.get(id(out), []))
             node.attrs["in_place"] = int(ok)
             if ok:
@@ -124,6 +126,18 @@ def mark_in_place(graph: Graph, enabled: bool = True) -> None:
     for name, update in graph.state.items():
         if done.get(name) != update:
             raise KilnError(f"state {name!r}: its next value {update!r} is not an in-place TensorScatter of it")
+
+
+def _ancestors(node) -> set[int]:
+    """``id`` of every node ``node`` depends on (its inputs' producers, transitively)."""
+    seen: set[int] = set()
+    todo = [v.producer for v in node.inputs if v.producer is not None]
+    while todo:
+        n = todo.pop()
+        if id(n) not in seen:
+            seen.add(id(n))
+            todo += [v.producer for v in n.inputs if v.producer is not None]
+    return seen
 
 
 def plan_memory(graph: Graph, groups: list[Group], half: bool = False) -> MemoryPlan:

@@ -105,7 +105,10 @@ def pack_blocks(raw: np.ndarray, type_name: str, n: int, k: int) -> PackedTensor
         qs = blocks[:, :, head:]
         q = np.concatenate([qs & 0xF, qs >> 4], axis=2).reshape(n, k)  # weight j: low nibble j, j + 16: high nibble
         if type_name == "Q4_0":
-            offset = (d.astype(np.float32) * -8).astype(np.float16)  # exact: a power of two times an f16
+            offset = d.astype(np.float32) * -8  # exact in f16 unless it overflows: a power of two times an f16
+            if not np.all(np.abs(offset) <= 65504, where=np.isfinite(d)):
+                raise ModelFormatError(f"Q4_0 tensor has a scale too large for an f16 offset ({np.nanmax(np.abs(d))})")
+            offset = offset.astype(np.float16)
         else:
             offset = blocks[:, :, 2:4].copy().view(np.float16)[..., 0]
         return PackedTensor(_pack(q, 4), _halves(d, offset), 4, n, k, type_name)
@@ -114,7 +117,7 @@ def pack_blocks(raw: np.ndarray, type_name: str, n: int, k: int) -> PackedTensor
         d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0]
         q = (blocks[:, :, 2:].view(np.int8).astype(np.int16) + 128).reshape(n, k)
         offset = d.astype(np.float32) * -128
-        if np.abs(offset).max(initial=0) > 65504:
+        if not np.all(np.abs(offset) <= 65504, where=np.isfinite(d)):
             raise ModelFormatError(f"Q8_0 tensor has a scale too large for an f16 offset ({np.abs(d).max()})")
         return PackedTensor(_pack(q, 8), _halves(d, offset.astype(np.float16)), 8, n, k, type_name)
     raise ModelFormatError(f"GGUF quantization type {type_name} is not supported (Kiln reads "
@@ -126,7 +129,85 @@ def _field(fields: dict, key: str, default: Any = None, required: bool = True) -
         if required and default is None:
             raise ModelFormatError(f"GGUF metadata has no {key}")
         return default
-    return fields[key].contents()
+    return _contents(fields[key], key)
+
+
+def _contents(field: Any, key: str) -> Any:
+    """A metadata field's value (ModelFormatError where gguf cannot decode it: strings that are not UTF-8)."""
+    try:
+        return field.contents()
+    except (UnicodeDecodeError, ValueError, IndexError, TypeError) as e:
+        raise ModelFormatError(f"GGUF metadata {key} is unreadable ({type(e).__name__}: {e})") from None
+
+
+#: bytes of GGUF's scalar value types (GGUFValueType: UINT8 .. FLOAT64)
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+def check_layout(path: str) -> None:
+    """Walk the GGUF header (the metadata and tensor-info sections, GGUF spec v2/v3) checking every count and length
+    against the bytes left in the file, before gguf's reader parses it: the reader reads past the end as empty
+    arrays, so a damaged array count of 2^63 would have it loop and allocate without bound. Costs one pass over the
+    header (a 49,152-token vocabulary: tens of milliseconds).
+
+    Raises:
+        ModelFormatError: a count, length or value type the file cannot hold, naming the byte offset.
+    """
+    import mmap
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        end, at = len(m), 4
+
+        def fail(what: str) -> None:
+            raise ModelFormatError(f"{path}: damaged GGUF header at byte {at}: {what}")
+
+        def u(n: int) -> int:
+            nonlocal at
+            if at + n > end:
+                fail("the file ends inside it")
+            v = int.from_bytes(m[at:at + n], "little")
+            at += n
+            return v
+
+        def skip(n: int) -> None:
+            nonlocal at
+            if n > end - at:
+                fail(f"{n} bytes announced, {end - at} left")
+            at += n
+
+        def value(kind: int, depth: int = 0) -> None:
+            if kind in _SCALAR_BYTES:
+                skip(_SCALAR_BYTES[kind])
+            elif kind == _STRING:
+                skip(u(8))
+            elif kind == _ARRAY and depth < 4:
+                item, count = u(4), u(8)
+                if item in _SCALAR_BYTES:
+                    skip(count * _SCALAR_BYTES[item])
+                    return
+                if count * (8 if item == _STRING else 12) > end - at:  # (each at least a length or a header)
+                    fail(f"an array of {count} values in {end - at} bytes")
+                for _ in range(count):
+                    value(item, depth + 1)
+            else:
+                fail(f"unknown value type {kind}")
+
+        version = u(4)
+        if version not in (2, 3):
+            fail(f"GGUF version {version} (Kiln reads 2 and 3)")
+        tensors, kvs = u(8), u(8)
+        if kvs * 13 > end - at or tensors * 28 > end - at:
+            fail(f"{kvs} metadata entries and {tensors} tensors in {end - at} bytes")
+        for _ in range(kvs):
+            skip(u(8))  # the key
+            value(u(4))
+        for _ in range(tensors):
+            skip(u(8))  # the name
+            dims = u(4)
+            if dims > 8:
+                fail(f"a tensor of {dims} dims")
+            skip(8 * dims + 4 + 8)  # dims, type, offset
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFModel:
@@ -148,6 +229,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise ModelFormatError(f"{path}: not a GGUF file (no GGUF magic)")
+    check_layout(path)
     try:
         reader = gguf.GGUFReader(path)
     except Exception as e:  # noqa: BLE001  (the reader raises ValueError, IndexError, struct errors on damage)
@@ -159,11 +241,23 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         raise ModelFormatError(f"{path}: truncated GGUF file ({size} bytes, its tensors need {end})")
     fields = reader.fields
     arch = _field(fields, "general.architecture")
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise ModelFormatError(f"{path}: GGUF architecture {arch!r} is not supported (Kiln builds "
                                f"{', '.join(ARCHITECTURES)})")
-    width = int(_field(fields, f"{arch}.embedding_length"))
-    heads = int(_field(fields, f"{arch}.attention.head_count"))
+    def count(key: str, default: int | None = None) -> int:
+        v = _field(fields, key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= MAX_DIM:
+            raise ModelFormatError(f"{path}: GGUF metadata {key} is {v!r}, not an integer in 1..{MAX_DIM}")
+        return int(v)
+
+    def number(key: str, default: float | None = None) -> float:
+        v = _field(fields, key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not np.isfinite(v):
+            raise ModelFormatError(f"{path}: GGUF metadata {key} is {v!r}, not a finite number")
+        return float(v)
+
+    width = count(f"{arch}.embedding_length")
+    heads = count(f"{arch}.attention.head_count")
     tensors: dict[str, np.ndarray | PackedTensor] = {}
     for t in reader.tensors:
         kind = t.tensor_type.name
@@ -180,13 +274,58 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         raise ModelFormatError(f"{path}: no token_embd.weight tensor")
     vocab = embd.n if isinstance(embd, PackedTensor) else embd.shape[0]
     config = Config(
-        architecture=arch, layers=int(_field(fields, f"{arch}.block_count")), width=width,
-        ffn=int(_field(fields, f"{arch}.feed_forward_length")), heads=heads,
-        kv_heads=int(_field(fields, f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(_field(fields, f"{arch}.rope.dimension_count", width // heads)), vocab=int(vocab),
-        context=int(_field(fields, f"{arch}.context_length")),
-        eps=float(_field(fields, f"{arch}.attention.layer_norm_rms_epsilon")),
-        rope_base=float(_field(fields, f"{arch}.rope.freq_base", 10000.0)),
+        architecture=arch, layers=count(f"{arch}.block_count"), width=width,
+        ffn=count(f"{arch}.feed_forward_length"), heads=heads,
+        kv_heads=count(f"{arch}.attention.head_count_kv", heads),
+        head_dim=count(f"{arch}.rope.dimension_count", max(width // heads, 1)), vocab=int(vocab),
+        context=count(f"{arch}.context_length"), eps=number(f"{arch}.attention.layer_norm_rms_epsilon"),
+        rope_base=number(f"{arch}.rope.freq_base", 10000.0),
         name=str(_field(fields, "general.name", "", required=False)))
-    metadata = {k: fields[k].contents() for k in fields if k.startswith(("tokenizer.", "general."))}
+    _check_config(path, config, tensors)
+    metadata = {k: _contents(fields[k], k) for k in fields if k.startswith(("tokenizer.", "general."))}
     return GGUFModel(config, tensors, metadata)
+
+
+#: the largest hyper-parameter Kiln accepts for a count or a size (layers, width, heads, context): int32's range
+MAX_DIM = 2**31 - 1
+
+
+def _shape_of(t: np.ndarray | PackedTensor) -> tuple[int, ...]:
+    return (t.n, t.k) if isinstance(t, PackedTensor) else tuple(t.shape)
+
+
+def _check_config(path: str, c: Config, tensors: dict) -> None:
+    """The hyper-parameters must be positive, consistent with each other and with the tensors the decoder reads (every
+    layer's, of the shapes they imply): what the file says is checked before anything is sized by it.
+
+    Raises:
+        ModelFormatError: naming the first field or tensor that does not fit.
+    """
+    def fail(what: str) -> None:
+        raise ModelFormatError(f"{path}: {what} (a damaged or unsupported GGUF file)")
+
+    for name in ("layers", "width", "ffn", "heads", "kv_heads", "head_dim", "context"):
+        v = getattr(c, name)
+        if not 1 <= v <= MAX_DIM:
+            fail(f"hyper-parameter {name} is {v}, not in 1..{MAX_DIM}")
+    if not (np.isfinite(c.eps) and c.eps >= 0 and np.isfinite(c.rope_base) and c.rope_base > 0):
+        fail(f"RMSNorm epsilon {c.eps} or rope base {c.rope_base} is not a finite positive number")
+    if c.heads % c.kv_heads or c.head_dim % 2:
+        fail(f"{c.heads} query heads do not share {c.kv_heads} KV heads evenly, or head size {c.head_dim} is odd")
+    d, q, kv, f = c.width, c.heads * c.head_dim, c.kv_heads * c.head_dim, c.ffn
+    want = {"token_embd.weight": (c.vocab, d), "output_norm.weight": (d,)}
+    if "output.weight" in tensors:
+        want["output.weight"] = (c.vocab, d)
+    for layer in range(c.layers):
+        p = f"blk.{layer}."
+        want |= {p + "attn_norm.weight": (d,), p + "attn_q.weight": (q, d), p + "attn_k.weight": (kv, d),
+                 p + "attn_v.weight": (kv, d), p + "attn_output.weight": (d, q), p + "ffn_norm.weight": (d,),
+                 p + "ffn_gate.weight": (f, d), p + "ffn_up.weight": (f, d), p + "ffn_down.weight": (d, f)}
+        want |= {p + f"attn_{x}.bias": (n,) for x, n in (("q", q), ("k", kv), ("v", kv)) if p + f"attn_{x}.bias" in tensors}
+        if len(want) > len(tensors) + 2:  # (a block count beyond the tensors fails at its first layer)
+            break
+    for name, shape in want.items():
+        if name not in tensors:
+            fail(f"no tensor {name}")
+        if _shape_of(tensors[name]) != shape:
+            fail(f"tensor {name} has shape {list(_shape_of(tensors[name]))}, the hyper-parameters need {list(shape)}")

@@ -32,17 +32,21 @@ def tokenizer_json(metadata: dict[str, Any]) -> str:
             know (naming it), or missing tokenizer fields.
     """
     model = metadata.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if not isinstance(model, str) or model != "gpt2":
         raise ModelFormatError(f"GGUF tokenizer model {model!r} is not supported (Kiln builds byte-level BPE, 'gpt2')")
     pre = metadata.get("tokenizer.ggml.pre", "gpt2")
-    if pre not in PRE_TOKENIZERS:
+    if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
         raise ModelFormatError(f"GGUF pre-tokenizer {pre!r} is not supported (Kiln knows {', '.join(PRE_TOKENIZERS)})")
-    try:
-        tokens = list(metadata["tokenizer.ggml.tokens"])
-        merges = list(metadata["tokenizer.ggml.merges"])
-    except KeyError as e:
-        raise ModelFormatError(f"GGUF metadata has no {e.args[0]}") from None
-    types = list(metadata.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        if key not in metadata:
+            raise ModelFormatError(f"GGUF metadata has no {key}")
+    tokens, merges = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.merges"]
+    types = metadata.get("tokenizer.ggml.token_type", [1] * len(tokens) if isinstance(tokens, list) else [])
+    if not (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)
+            and isinstance(merges, list) and all(isinstance(m, str) and " " in m for m in merges)
+            and isinstance(types, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in types)):
+        raise ModelFormatError("GGUF tokenizer metadata must be lists of token strings, of merges 'a b' and of "
+                               "integer token types")
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
               "special": True} for i, (t, kind) in enumerate(zip(tokens, types)) if kind == CONTROL]
     doc = {
