@@ -180,11 +180,18 @@ def test_data_dependent_dims_refused_where_unsupported(tmp_path):
 @pytest.mark.parametrize("js_target", ["webgpu", "wasm"])
 def test_data_dependent_in_chromium(rng, js_target):
     """kiln.js reads the counts back mid-run (WebGPU: a mapped staging buffer; wasm: linear memory)."""
-    from browser import CHROMIUM
+    from browser import CHROMIUM, close_shared_runner
     from opcheck import run_in_browser
 
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing (Debian package chromium)")
+    try:
+        _check_in_browser(rng, js_target, run_in_browser)
+    finally:
+        close_shared_runner()  # its Playwright must not overlap the browser fixture's in later modules
+
+
+def _check_in_browser(rng, js_target, run_in_browser):
     for model, feeds in [(nonzero_model((3, 5)), {"x": _sparse(rng, (3, 5), 0.4)}),
                          (compress_model((6, 4), 0), {"x": rng.standard_normal((6, 4)).astype(np.float32)}),
                          (unique_model((5, 2), 0, 1), {"x": rng.integers(0, 2, (5, 2)).astype(np.float32)}),
@@ -195,3 +202,13 @@ def test_data_dependent_in_chromium(rng, js_target):
         for o, want in zip(ref.get_outputs(), ref.run(None, feeds)):
             assert got[o.name].shape == want.shape, (o.name, got[o.name].shape, want.shape)
             np.testing.assert_allclose(got[o.name], want, rtol=1e-6, atol=1e-6, err_msg=o.name)
+
+
+def test_cpu_split_runs_on_two_threads(tmp_path, rng):
+    """The cpu target runs a binding plan as two calls (steps before the count, then after): 500 runs on two threads
+    (a worker leaving the first call's last barrier late once ran the second call's steps twice and deadlocked)."""
+    onnx.save(nonzero_model((3, 5)), tmp_path / "m.onnx")
+    session = kiln.load(kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", target="cpu"), target="cpu", threads=2)
+    for _ in range(500):
+        x = _sparse(rng, (3, 5), 0.5)
+        np.testing.assert_array_equal(session.run({"x": x})["nz"], np.array(np.nonzero(x)))

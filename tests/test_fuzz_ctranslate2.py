@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fuzzing import mutated
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -103,28 +104,8 @@ def test_the_seed_file_is_a_valid_whisper(tmp_path):
     assert (m.config.width, m.config.encoder_layers, m.config.decoder_layers, m.config.vocab) == (8, 1, 1, 16)
 
 
-@st.composite
-def mutated(draw) -> bytes:
-    data = bytearray(VALID)
-    for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["flip", "truncate", "splice", "field", "delete"]))
-        at = draw(st.integers(0, max(len(data) - 1, 0)))
-        if kind == "flip" and data:
-            data[at] ^= 1 << draw(st.integers(0, 7))
-        elif kind == "truncate":
-            del data[at:]
-        elif kind == "splice":
-            data[at:at] = draw(st.binary(min_size=1, max_size=16))
-        elif kind == "delete":
-            del data[at:at + draw(st.integers(1, 64))]
-        elif kind == "field" and len(data) >= at + 4:  # a count, dim or byte size made extreme
-            value = draw(st.sampled_from([0, 1, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1, 3 * 10**9]))
-            data[at:at + 4] = struct.pack("<I", value)
-    return bytes(data)
-
-
 @FUZZ
-@given(data=mutated())
+@given(data=mutated(VALID, "<I", [0, 1, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1, 3 * 10**9]))
 def test_mutated_model_files_end_in_kiln_errors(tmp_path, data):
     _read(tmp_path, data)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from fuzzing import mutated
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -108,28 +109,8 @@ def test_the_seed_file_is_a_valid_llama(tmp_path):
     assert '"ab"' in tokenizer_json(model.metadata)
 
 
-@st.composite
-def mutated(draw) -> bytes:
-    data = bytearray(VALID)
-    for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["flip", "truncate", "splice", "field", "delete"]))
-        at = draw(st.integers(0, max(len(data) - 1, 0)))
-        if kind == "flip" and data:
-            data[at] ^= 1 << draw(st.integers(0, 7))
-        elif kind == "truncate":
-            del data[at:]
-        elif kind == "splice":
-            data[at:at] = draw(st.binary(min_size=1, max_size=16))
-        elif kind == "delete":
-            del data[at:at + draw(st.integers(1, 64))]
-        elif kind == "field" and len(data) >= at + 8:  # a count, dim, length or offset made extreme (u64 fields)
-            value = draw(st.sampled_from([0, 1, 2**31 - 1, 2**32 - 1, 2**32, 2**40, 2**63 - 1, 2**64 - 1]))
-            data[at:at + 8] = struct.pack("<Q", value)
-    return bytes(data)
-
-
 @FUZZ
-@given(data=mutated())
+@given(data=mutated(VALID, "<Q", [0, 1, 2**31 - 1, 2**32 - 1, 2**32, 2**40, 2**63 - 1, 2**64 - 1]))
 def test_mutated_gguf_files_end_in_kiln_errors(tmp_path, data):
     (tmp_path / "m.gguf").write_bytes(data)
     _load(tmp_path / "m.gguf")

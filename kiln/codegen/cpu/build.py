@@ -80,8 +80,9 @@ static void kiln_barrier(kiln_pool_t* p) {
 
 // thread `id` of the run's `threads`: its range of every step's tiles, a barrier after each step
 static void kiln_work(kiln_pool_t* p, int id) {
-    const int n = p->threads;
-    for (int s = p->first; s < p->last; s++) {
+    // (read once: a thread leaving this run's last barrier late must not see the next run's range)
+    const int n = p->threads, first = p->first, last = p->last;
+    for (int s = first; s < last; s++) {
         const long long total = kiln_tiles(s);
         const int b = (int)(total * id / n), e = (int)(total * (id + 1) / n);
         if (b < e) kiln_step(p->m, s, b, e);

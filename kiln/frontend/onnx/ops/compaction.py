@@ -83,6 +83,13 @@ def nonzero(b: Builder, x: Value) -> Value:
     return compact(b, b.op("Cast", [grid], to="int64"), keep, 1, f"{b.scope or 'NonZero'}.count")
 
 
+def _along(b: Builder, x: Value, axis: int | None) -> tuple[Value, int]:
+    """``(x, axis)`` normalised, or ``x`` flattened and axis 0 when ``axis`` is None (Compress, Unique)."""
+    if axis is None:
+        return reshape(b, x, (symbolic.prod(x.shape),)), 0
+    return x, norm_axis(axis, len(x.shape))
+
+
 def _scalar(b: Builder, d) -> Value:
     """An int32 scalar of ``d`` (an int or a size expression, read from the dims at run time)."""
     return b.const(np.int32(d)) if symbolic.is_static([d]) else b.const(shape_array([d]).reshape(()), dtype="int32")
@@ -97,11 +104,7 @@ def compress(b: Builder, x: Value, condition: Value, *, axis: int | None = None)
     Raises:
         ShapeError: the condition is longer than the axis or not 1-D.
     """
-    if axis is None:
-        x = reshape(b, x, (symbolic.prod(x.shape),))
-        ax = 0
-    else:
-        ax = norm_axis(axis, len(x.shape))
+    x, ax = _along(b, x, axis)
     extent = x.shape[ax]
     if len(condition.shape) != 1:
         raise ShapeError(f"Compress: condition must be 1-D, got {symbolic.format_shape(condition.shape)}")
@@ -141,11 +144,7 @@ def unique(b: Builder, x: Value, *, axis: int | None = None, sorted: int = 1) ->
     Raises:
         ShapeError: ``x`` has a run-time extent along the compared axis.
     """
-    if axis is None:
-        x = reshape(b, x, (symbolic.prod(x.shape),))
-        ax = 0
-    else:
-        ax = norm_axis(axis, len(x.shape))
+    x, ax = _along(b, x, axis)
     n = x.shape[ax]
     rest = [d for i, d in enumerate(x.shape) if i != ax]
     if not symbolic.is_static([n, *rest]):
