@@ -158,7 +158,6 @@ def bind_steps(graph, groups, plan_steps: list[dict[str, Any]]) -> None:
         raise KilnError(f"data-dependent dim {missing[0]}: no kernel computes its count")
 
 
-
 def describe(group: Group, shape_text: str | None = None) -> str:
     """``Op -> Op [shape]``: the comment a kernel's source carries."""
     return " -> ".join(n.op for n in group.nodes) + f" {shape_text if shape_text is not None else list(group.output.shape)}"

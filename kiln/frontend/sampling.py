@@ -39,7 +39,7 @@ import numpy as np
 
 from kiln.arith import symbolic
 from kiln.errors import KilnError
-from kiln.frontend.hashing import i32, pcg_hash, shr
+from kiln.frontend.hashing import i32, pcg_hash, uniform
 from kiln.frontend.shapes import reshape
 from kiln.ir.graph import Builder, Graph, Value
 
@@ -153,8 +153,7 @@ def sampler_graph(vocab: int, max_seen: int, seen: int | None = None) -> Graph:
     # 4. Gumbel-max over the kept tokens
     step_key = pcg_hash(b, b.op("Slice", [seed], starts=(1,), ends=(2,), steps=(1,)))
     key = pcg_hash(b, b.op("Add", [b.op("Slice", [seed], starts=(0,), ends=(1,), steps=(1,)), step_key]))
-    bits = shr(b, pcg_hash(b, b.op("BitwiseXor", [iota, reshape(b, key, (1, 1))])), 8)  # 24 random bits a token
-    u = b.op("Mul", [b.op("Add", [b.op("Cast", [bits], to="float32"), _f32(b, 0.5)]), _f32(b, 2.0 ** -24)])
+    u = uniform(b, key, (rows, cols))  # a token's uniform: its id hashed with the key
     gumbel = b.op("Neg", [b.op("Log", [b.op("Neg", [b.op("Log", [u])])])])
     score = b.op("Where", [kept, b.op("Add", [y, b.op("Where", [sampling, gumbel, zero])]), _f32(b, -np.inf)])
     # the arg max in two stages: each row's (first) arg max, then the first row holding the largest

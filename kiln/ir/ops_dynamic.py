@@ -3,7 +3,8 @@
 ``SymConst`` is a small tensor of size expressions (a shape that folding could not finish at
 compile time) written by a kernel from the dims uniform; ``Iota`` is ONNX Range of run-time length:
 ``out[i] = start + i * delta``, ``start`` possibly a size expression. Neither has inputs. Their numpy
-semantics need the run-time dims, so the interpreter refuses them (KilnError).
+semantics need the run-time dims, so the interpreter refuses them (KilnError), but for an Iota of static length and
+start (a counter of device-side random draws).
 
 ``Compact`` is stream compaction, the primitive of data-dependent shapes (NonZero, Compress, Unique;
 docs/dynamic-shapes.md *Data-dependent shapes*): ``out[.., pos[j], ..] = data[.., j, ..]`` along ``axis`` for
@@ -27,7 +28,14 @@ def _needs_dims(name):
 
 
 register("SymConst", "generator", lambda ts, a: [(a["dtype"], tuple(a["shape"]))], _needs_dims("SymConst"))
-register("Iota", "generator", lambda ts, a: [(a["dtype"], tuple(a["shape"]))], _needs_dims("Iota"))
+def _iota_eval(xs, a):
+    if not all(isinstance(d, (int, np.integer)) for d in (*a["shape"], a["start"])):
+        return _needs_dims("Iota")(xs, a)
+    return [(a["start"] + np.arange(int(np.prod(a["shape"])), dtype=np.int64) * a["delta"]).astype(a["dtype"])
+            .reshape(a["shape"])]
+
+
+register("Iota", "generator", lambda ts, a: [(a["dtype"], tuple(a["shape"]))], _iota_eval)
 
 
 def _compact_infer(ts, a):

@@ -320,8 +320,8 @@ def tensor_scatter(past: Tensor, upd: Tensor, idx: Tensor | None, axis: int, mod
 def compact(data: Tensor, keep: Tensor, pos: Tensor, axis: int, out_shape, name: str = "compact") -> Tensor:
     """Stream compaction (``Compact``, kiln.ir.ops_dynamic): one invocation per element of ``data``, stored through a
     store view (``attrs["store"]``) at ``pos[j]`` along ``axis`` when ``keep[j]`` is non-zero; ``out_shape``'s extent
-    along ``axis`` is the run-time count, so the kept slices land packed and in order, every element of the output
-    written exactly once (``pos`` is the exclusive prefix count of ``keep``)."""
+    along ``axis`` is the run-time count; the kept ``pos`` are ``0 .. count - 1``, each once (an exclusive prefix count
+    of ``keep``, or Unique's sorted places), so every element of the output is written exactly once."""
     t = compute(data.shape, lambda *o: data[o], name)
     j = t.axes[axis]
     coords = tuple(cast(pos[(j,)], "int32") if d == axis else a for d, a in enumerate(t.axes))

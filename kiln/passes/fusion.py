@@ -231,6 +231,12 @@ def _reads_own_output(t: Group, p: Group) -> bool:
                                                                                    for v in p.inputs)
 
 
+def _places_stores(n: Node, v: Value) -> bool:
+    """Whether ``n`` is a :data:`STORES` op reading ``v`` as an operand that places its stores: a store view's
+    coordinates read their buffers as they are (no producer is inlined into them)."""
+    return n.op in STORES and any(x is v for x in n.inputs[1:])
+
+
 def _moves_only(n: Node) -> bool:
     """Whether node ``n`` only moves elements (:data:`INDEX_ONLY`, or a Gather at constant indices)."""
     return n.op in INDEX_ONLY or n.op == "Gather" and n.inputs[1].is_const and not n.inputs[1].is_shape_const
@@ -301,8 +307,8 @@ def _index_readers(p: Group, uses: dict, group_of: dict, outputs: set[int]) -> t
     views: list[Group] = []
     targets: dict[int, Group] = {}
     for r in uses.get(id(p.output), []):
-        if r.op in STORES and any(v is p.output for v in r.inputs[1:]):
-            return None  # (a store view's coordinates read their buffers as they are)
+        if _places_stores(r, p.output):
+            return None
         for g in group_of[id(r)]:
             if g is p or any(ops.kind(n.op) == "control" for n in g.nodes):
                 return None
@@ -313,7 +319,7 @@ def _index_readers(p: Group, uses: dict, group_of: dict, outputs: set[int]) -> t
                 return None
             views.append(g)
             for r2 in uses[id(g.output)]:
-                if r2.op in STORES and any(v is g.output for v in r2.inputs[1:]):
+                if _places_stores(r2, g.output):
                     return None
                 for g2 in group_of[id(r2)]:
                     if g2.alias or any(ops.kind(n.op) == "control" for n in g2.nodes):

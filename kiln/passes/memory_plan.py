@@ -118,7 +118,7 @@ def mark_in_place(graph: Graph, enabled: bool = True) -> None:
         if node.op == "TensorScatter":
             past, out = node.inputs[0], node.outputs[0]
             ok = enabled and id(past) in inputs and id(past) not in outputs and \
-                all(n is node or id(n) in _ancestors(node) for n in uses.get(id(past), [])) and \
+                _read_only_before(node, uses.get(id(past), [])) and \
                 all(ops.kind(n.op) not in FUSIBLE for n in uses.get(id(out), []))
             node.attrs["in_place"] = int(ok)
             if ok:
@@ -126,6 +126,15 @@ def mark_in_place(graph: Graph, enabled: bool = True) -> None:
     for name, update in graph.state.items():
         if done.get(name) != update:
             raise KilnError(f"state {name!r}: its next value {update!r} is not an in-place TensorScatter of it")
+
+
+def _read_only_before(node, readers) -> bool:
+    """Whether every reader of a scatter's cache but ``node`` itself is one ``node`` depends on (so it runs first)."""
+    others = [n for n in readers if n is not node]
+    if not others:
+        return True
+    before = _ancestors(node)
+    return all(id(n) in before for n in others)
 
 
 def _ancestors(node) -> set[int]:

@@ -210,8 +210,9 @@ def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]
         exp = [eval_json(w, env) for w in want]
         if exp != got:
             raise ShapeError(f"input {spec['name']!r}: expected shape {exp} (symbolic {want}), got {got}")
-    for name, d in count_dims(manifest).items():  # (their largest value until the run reads them back)
-        env[name] = d["max"]
+    for name, d in dims.items():  # data-dependent dims: their largest value until the run reads them back
+        if "count" in d:
+            env[name] = d["max"]
     for limit in manifest.get("dim_limits", ()):
         total = sum(env[n] for n in limit["dims"])
         if total > limit["max"]:

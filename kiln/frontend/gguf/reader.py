@@ -91,6 +91,18 @@ def _pack(q: np.ndarray, bits: int) -> np.ndarray:
     return words.view(np.int32)
 
 
+def _f16_offset(d: np.ndarray, times: int, type_name: str) -> np.ndarray:
+    """The f16 block offsets ``d * times`` of a block type without its own offset (Q4_0: -8, Q8_0: -128).
+
+    Raises:
+        ModelFormatError: a finite scale whose offset overflows f16 (the packed layout holds f16 offsets).
+    """
+    offset = d.astype(np.float32) * times
+    if not np.all(np.abs(offset) <= 65504, where=np.isfinite(d)):
+        raise ModelFormatError(f"{type_name} tensor has a scale too large for an f16 offset ({np.nanmax(np.abs(d))})")
+    return offset.astype(np.float16)
+
+
 def pack_blocks(raw: np.ndarray, type_name: str, n: int, k: int) -> PackedTensor:
     """A GGUF tensor's raw block bytes (``[N, K / 32 * block_bytes]`` uint8) in Kiln's packed layout.
 
@@ -105,10 +117,7 @@ def pack_blocks(raw: np.ndarray, type_name: str, n: int, k: int) -> PackedTensor
         qs = blocks[:, :, head:]
         q = np.concatenate([qs & 0xF, qs >> 4], axis=2).reshape(n, k)  # weight j: low nibble j, j + 16: high nibble
         if type_name == "Q4_0":
-            offset = d.astype(np.float32) * -8  # exact in f16 unless it overflows: a power of two times an f16
-            if not np.all(np.abs(offset) <= 65504, where=np.isfinite(d)):
-                raise ModelFormatError(f"Q4_0 tensor has a scale too large for an f16 offset ({np.nanmax(np.abs(d))})")
-            offset = offset.astype(np.float16)
+            offset = _f16_offset(d, -8, type_name)  # (exact: a power of two times an f16, unless it overflows)
         else:
             offset = blocks[:, :, 2:4].copy().view(np.float16)[..., 0]
         return PackedTensor(_pack(q, 4), _halves(d, offset), 4, n, k, type_name)
@@ -116,10 +125,7 @@ def pack_blocks(raw: np.ndarray, type_name: str, n: int, k: int) -> PackedTensor
         blocks = raw.reshape(n, nb, 34)
         d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0]
         q = (blocks[:, :, 2:].view(np.int8).astype(np.int16) + 128).reshape(n, k)
-        offset = d.astype(np.float32) * -128
-        if not np.all(np.abs(offset) <= 65504, where=np.isfinite(d)):
-            raise ModelFormatError(f"Q8_0 tensor has a scale too large for an f16 offset ({np.abs(d).max()})")
-        return PackedTensor(_pack(q, 8), _halves(d, offset.astype(np.float16)), 8, n, k, type_name)
+        return PackedTensor(_pack(q, 8), _halves(d, _f16_offset(d, -128, type_name)), 8, n, k, type_name)
     raise ModelFormatError(f"GGUF quantization type {type_name} is not supported (Kiln reads "
                            f"{', '.join(PACKED_TYPES)}, F32 and F16)")
 
@@ -295,7 +301,7 @@ def _shape_of(t: np.ndarray | PackedTensor) -> tuple[int, ...]:
 
 
 def _check_config(path: str, c: Config, tensors: dict) -> None:
-    """The hyper-parameters must be positive, consistent with each other and with the tensors the decoder reads (every
+    """The hyper-parameters must be consistent with each other and with the tensors the decoder reads (every
     layer's, of the shapes they imply): what the file says is checked before anything is sized by it.
 
     Raises:
@@ -304,12 +310,9 @@ def _check_config(path: str, c: Config, tensors: dict) -> None:
     def fail(what: str) -> None:
         raise ModelFormatError(f"{path}: {what} (a damaged or unsupported GGUF file)")
 
-    for name in ("layers", "width", "ffn", "heads", "kv_heads", "head_dim", "context"):
-        v = getattr(c, name)
-        if not 1 <= v <= MAX_DIM:
-            fail(f"hyper-parameter {name} is {v}, not in 1..{MAX_DIM}")
-    if not (np.isfinite(c.eps) and c.eps >= 0 and np.isfinite(c.rope_base) and c.rope_base > 0):
-        fail(f"RMSNorm epsilon {c.eps} or rope base {c.rope_base} is not a finite positive number")
+    # (counts were read in 1..MAX_DIM and numbers finite, by read_gguf)
+    if c.eps < 0 or c.rope_base <= 0:
+        fail(f"RMSNorm epsilon {c.eps} is negative or rope base {c.rope_base} is not positive")
     if c.heads % c.kv_heads or c.head_dim % 2:
         fail(f"{c.heads} query heads do not share {c.kv_heads} KV heads evenly, or head size {c.head_dim} is odd")
     d, q, kv, f = c.width, c.heads * c.head_dim, c.kv_heads * c.head_dim, c.ffn
