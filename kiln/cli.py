@@ -56,7 +56,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--target", default="webgpu", show_default=True, metavar="TARGETS",
               help="Code generation targets, a comma list of webgpu, webgl2, wasm and cpu (e.g. webgpu,webgl2,wasm).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4; a range makes it a run-time dim: "
-              "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128; --dim H=32..960%32: multiples of 32 only).")
+              "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128; --dim H=32..960%32: multiples of 32 only); "
+              "--dim batch=1.. or --dim batch=auto: no upper bound, buffers grow at run time.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
 @click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,
               help="Pre/post-processing for the demo page and `kiln run --image`.")
@@ -383,6 +384,17 @@ def _speech_info(package: Path, as_json: bool) -> None:
     click.echo(f"kiln info {package}/PART for a part's kernels; kiln transcribe {package} AUDIO")
 
 
+def _dim_text(d: dict) -> str:
+    """A ``dynamic_dims`` entry as ``kiln info`` shows it: ``seq=1..512@64``, ``batch=1..@64 (growable)``, with why an
+    inferred bound holds and whether the dim is data-dependent."""
+    if d.get("grow"):
+        bound = f"..{d['max']}" if "inferred" in d else ".."
+        note = f" (growable; bound inferred from {d['inferred']})" if "inferred" in d else " (growable)"
+    else:
+        bound, note = f"..{d['max']}", ""
+    return f"{d['name']}={d['min']}{bound}@{d['opt']}{note}" + (" (data-dependent)" if "count" in d else "")
+
+
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -419,9 +431,11 @@ def info_cmd(package: Path, as_json: bool) -> None:
     if m.get("dims"):
         click.echo("dims: " + ", ".join(f"{k}={v}" for k, v in m["dims"].items()))
     if m.get("dynamic_dims"):
-        click.echo("run-time dims: " + ", ".join(f"{d['name']}={d['min']}..{d['max']}@{d['opt']}"
-                                                 + (" (data-dependent)" if "count" in d else "")
-                                                 for d in m["dynamic_dims"]))
+        click.echo("run-time dims: " + ", ".join(_dim_text(d) for d in m["dynamic_dims"]))
+        grows = [b for b in m["buffers"] if "grow" in b]
+        if grows:
+            click.echo(f"growable buffers: {len(grows)} of {len(m['buffers'])} grow with the dims at run time "
+                       f"(first size {_fmt_bytes(sum(b['bytes'] for b in grows))})")
     for name, tgt in m["targets"].items():
         uses: dict[int, int] = {}
         for s in kernel_steps(tgt["plan"]):

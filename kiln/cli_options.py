@@ -23,8 +23,8 @@ def parse_dims(values: tuple[str, ...], ranges: bool = True) -> dict[str, int | 
     dims: dict[str, int | tuple[int, ...] | str] = {}
     expected = "NAME=SIZE with SIZE >= 1"
     if ranges:
-        expected += (", NAME=LO..HI[@OPT][%MULTIPLE] with 0 <= LO <= OPT <= HI (and MULTIPLE dividing them), or "
-                     "NAME=A+B (a sum of run-time dims)")
+        expected += (", NAME=LO..HI[@OPT][%MULTIPLE] with 0 <= LO <= OPT <= HI (and MULTIPLE dividing them), "
+                     "NAME=LO..[@OPT] or NAME=auto (growable: no upper bound), or NAME=A+B (a sum of run-time dims)")
     for item in values:
         name, sep, val = item.partition("=")
         if ranges and sep and "+" in val and ".." not in val:  # a sum of run-time dims, resolved by the importer

@@ -170,7 +170,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
                   device_class: str = "gpu", wasm_threads: bool = True,
                   schedule: Callable[[Tensor], Schedule] | None = None, train: Any = None,
-                  precision: str = "fp32", max_context: int = 2048, beams: int = 5) -> Path:
+                  precision: str = "fp32", max_context: int = 2048, beams: int = 5, unbound: str = "static") -> Path:
     """Compile an ONNX model, a GGUF language model, or a CTranslate2 Whisper model folder into a package directory
     (a speech package for Whisper: :func:`compile_whisper`).
 
@@ -181,7 +181,8 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
             ``model.bin``): a speech package (:func:`compile_whisper`).
         out: package directory to create.
         target: code generation target(s): ``webgpu``, ``webgl2``, ``wasm`` or a comma list (``webgpu,webgl2``).
-        dims: values of symbolic dims (``{"N": 1}``; unbound named dims default to 1).
+        dims: values of symbolic dims (``{"N": 1}``; ranges make run-time dims, ``"1.."`` or ``"auto"`` growable ones:
+            :func:`~kiln.frontend.onnx.importer.parse_dim_spec`).
         force: replace ``out`` if it already holds a Kiln package (never anything else).
         preset: ``auto`` (detect an ImageNet classifier), ``imagenet`` or ``none``: the
             pre/post-processing the demo page and ``kiln run --image`` use.
@@ -200,6 +201,8 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
             The package's dims (batch size) serve both training and inference.
         max_context: GGUF models: the most tokens the KV cache holds (prompt and answer).
         beams: Whisper models: the widest beam search the decoder's cache holds (:func:`compile_whisper`).
+        unbound: ONNX models: what a named symbolic dim absent from ``dims`` becomes: ``"static"`` (1, the default)
+            or ``"grow"`` (a growable run-time dim, docs/dynamic-shapes.md *Growable buffers*).
         precision: ``fp32`` (default), ``fp16`` (float weights and activations stored as f16, arithmetic
             in f16 with f32 accumulation and f32 for fragile ops, see :mod:`kiln.te.half`; the package
             needs WebGPU's ``shader-f16``; webgpu target only) or ``fp16-acc16`` (dot products also
@@ -246,7 +249,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         training = build_train_graph(onnx_model, train, dims)
         graph = training.graph
     else:
-        graph = import_model(onnx_model, dims)
+        graph = import_model(onnx_model, dims, unbound=unbound)
     if graph.name in ("", "main_graph", "model", "torch_jit"):
         graph.name = Path(model).stem
     compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,

@@ -21,6 +21,7 @@ from kiln.arith import symbolic
 from kiln.errors import KilnError, ShapeError
 from kiln.package.format import VERSION
 from kiln.runtime.dynamic import eval_json
+from tools.dynamic_minilm import feeds as minilm_feeds
 
 DIMS = {"batch": (1, 4), "seq": (1, 16, 8)}  # opt 8: schedules for seq=8 must also be right for 1, 7, 16
 SHAPES = [(1, 1), (2, 7), (3, 16), (4, 9)]
@@ -255,7 +256,7 @@ def test_c_targets_many_shapes(models, c_sessions, name, target, rng):
 def test_manifest(models):
     _, pkg, _ = models["attention"]
     m = json.loads((pkg / "manifest.json").read_text())
-    assert m["version"] == VERSION == "1.9"
+    assert m["version"] == VERSION == "1.10"
     assert m["dynamic_dims"] == [{"name": "batch", "index": 0, "min": 1, "max": 4, "opt": 4},
                                  {"name": "seq", "index": 1, "min": 1, "max": 16, "opt": 8}]
     x = next(i for i in m["inputs"] if i["name"] == "x")
@@ -346,21 +347,12 @@ def test_minilm_one_package(tmp_path_factory):
     rng = np.random.default_rng(0)
     with np.load(SHARED_MODELS / "reference" / "all_minilm_l6_v2_inputs.npz") as z:
         sample = {k: z[k] for k in z.files}
-    grid = [sample, *[_minilm_feeds(rng, b, s) for b, s in ((1, 1), (2, 7), (4, 128), (1, 512))]]
+    grid = [sample, *[minilm_feeds(rng, b, s) for b, s in ((1, 1), (2, 7), (4, 128), (1, 512))]]
     for feeds in grid:
         got = session.run(feeds)["last_hidden_state"]
         want = ref.run(["last_hidden_state"], feeds)[0]
         assert got.shape == want.shape
         assert np.abs(got - want).max() <= 1e-4, feeds["input_ids"].shape
-
-
-def _minilm_feeds(rng, batch, seq):
-    ids = rng.integers(1000, 30000, (batch, seq)).astype(np.int64)
-    ids[:, 0], ids[:, -1] = 101, 102
-    mask = np.ones((batch, seq), np.int64)
-    if seq > 2:
-        mask[-1, seq // 2:] = 0  # a padded sequence
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((batch, seq), np.int64)}
 
 
 def test_cli_dim_ranges():

@@ -65,10 +65,9 @@ def minilm_package(tmp_path_factory):
                         device_class="cpu", target="webgpu,wasm")
 
 
-@pytest.mark.parametrize("target", ["webgpu", "wasm"])
-def test_minilm_two_shapes_one_package(browser, minilm_package, rng, target):
-    pkg = minilm_package
-    runs = [_feeds(rng, 1, 7), _feeds(rng, 2, 12)]
+def _run_and_check(browser, pkg, runs, target) -> list:
+    """Run ``runs`` (feed dicts) in Chromium through RUN_SHAPES from one session of ``pkg`` on ``target``; check each
+    output against onnxruntime within 1e-4 and return the rest of the page's results (the bad-shape run)."""
     wire = [{k: {"dims": list(v.shape), "data": base64.b64encode(v.tobytes()).decode()} for k, v in f.items()}
             for f in runs]
     page = browser.new_page()
@@ -80,10 +79,33 @@ def test_minilm_two_shapes_one_package(browser, minilm_package, rng, target):
     finally:
         page.close()
     ref = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
-    for feeds, got in zip(runs, results[:2]):
+    for feeds, got in zip(runs, results):
         want = ref.run(["last_hidden_state"], feeds)[0]
         assert got["dims"] == list(want.shape)
         out = np.frombuffer(base64.b64decode(got["data"]), np.float32).reshape(want.shape)
         assert np.abs(out - want).max() <= 1e-4, want.shape
-    assert results[2] == ("ShapeError: inconsistent dim seq: input 'attention_mask' dim 1 is 4 but input "
-                          "'input_ids' gave 3")
+    return results[len(runs):]
+
+
+@pytest.mark.parametrize("target", ["webgpu", "wasm"])
+def test_minilm_two_shapes_one_package(browser, minilm_package, rng, target):
+    rest = _run_and_check(browser, minilm_package, [_feeds(rng, 1, 7), _feeds(rng, 2, 12)], target)
+    assert rest[0] == ("ShapeError: inconsistent dim seq: input 'attention_mask' dim 1 is 4 but input "
+                       "'input_ids' gave 3")
+
+
+@pytest.fixture(scope="module")
+def growable_package(tmp_path_factory):
+    """MiniLM with no stated bounds (growable batch and seq, docs/dynamic-shapes.md *Growable buffers*)."""
+    return kiln.compile(MODEL, tmp_path_factory.mktemp("grow") / "minilm", dims={"batch": "1..", "seq": "auto"},
+                        device_class="cpu", target="webgpu,wasm")
+
+
+@pytest.mark.parametrize("target", ["webgpu", "wasm"])
+def test_minilm_growable_package_in_chromium(browser, growable_package, rng, target):
+    """kiln.js grows the WebGPU buffers (new buffers and bind groups) and the wasm arena (memory.grow, the workers
+    told the new addresses) as the shapes grow, and keeps them when they shrink: each run within 1e-4 of
+    onnxruntime."""
+    runs = [_feeds(rng, 1, 3), _feeds(rng, 4, 24), _feeds(rng, 1, 5), _feeds(rng, 8, 40)]
+    rest = _run_and_check(browser, growable_package, runs, target)
+    assert rest[0].startswith("ShapeError: inconsistent dim seq")

@@ -112,6 +112,10 @@ class SizeVar(Expr):
     dtype: str = "int32"
     #: the value is a multiple of this (``--dim H=32..960%32``; 1: any value)
     multiple: int = 1
+    #: a dim the user gave no upper bound (``--dim batch=1..``, or a symbolic dim left unbound): buffers sized by
+    #: it grow at run time (docs/dynamic-shapes.md, *Growable buffers*); ``hi`` is :data:`GROW_HI` or a bound the
+    #: import inferred from the model
+    grow: bool = False
 
 
 @dataclass(frozen=True, eq=True)

@@ -382,14 +382,26 @@ def concrete(shape: Iterable[Dim], env: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(int(evaluate(d, env)) for d in shape)
 
 
-def size_var(name: str, index: int, lo: int, hi: int, opt: int | None = None, multiple: int = 1) -> SizeVar:
+#: the upper bound of a growable dim (one the user gave no bound): large enough never to be met in practice,
+#: small enough that bounds arithmetic stays cheap; buffers are sized at run time, never for it
+GROW_HI = 1 << 24
+
+
+def size_var(name: str, index: int, lo: int, hi: int | None, opt: int | None = None, multiple: int = 1) -> SizeVar:
     """A run-time dim ``name`` with bounds ``lo..hi`` (``0 <= lo <= hi``), schedule value ``opt`` (default ``hi``)
     and, when ``multiple > 1``, the constraint that every value is a multiple of ``multiple`` (the bounds and
-    ``opt`` must be multiples too; runtimes refuse other values).
+    ``opt`` must be multiples too; runtimes refuse other values). ``hi=None`` makes a *growable* dim
+    (``SizeVar.grow``): bounded by :data:`GROW_HI`, ``opt`` by default ``max(lo, 64)``, the buffers it sizes
+    growing at run time.
 
     Raises:
         KilnError: bad bounds.
     """
+    grow = hi is None
+    if grow:
+        hi = GROW_HI // multiple * multiple
+        opt = max(lo, min(64, hi)) if opt is None else opt
+        opt = -(-opt // multiple) * multiple
     opt = hi if opt is None else opt
     if not (0 <= lo <= hi and lo <= opt <= hi):
         raise KilnError(f"dim {name!r}: bounds must satisfy 0 <= lo <= opt <= hi, got {lo}..{hi}@{opt}")
@@ -397,7 +409,56 @@ def size_var(name: str, index: int, lo: int, hi: int, opt: int | None = None, mu
         raise KilnError(f"dim {name!r}: upper bound {hi} does not fit in int32")
     if multiple < 1 or any(v % multiple for v in (lo, hi, opt)):
         raise KilnError(f"dim {name!r}: bounds {lo}..{hi}@{opt} must be multiples of {multiple} (%{multiple})")
-    return SizeVar(name, index, int(lo), int(hi), int(opt), multiple=int(multiple))
+    return SizeVar(name, index, int(lo), int(hi), int(opt), multiple=int(multiple), grow=grow)
+
+
+def grows(d: Dim) -> bool:
+    """Whether ``d`` depends on a growable dim (:attr:`SizeVar.grow`): a buffer it sizes grows at run time."""
+    return any(s.grow for s in symbols(d))
+
+
+def planned(d: Dim) -> int:
+    """The value ``d`` is planned for: its upper bound (:func:`upper`), or, when it grows with a growable dim, the
+    largest value with the growable dims at their lower bound (a growable buffer's first size: the runtimes evaluate
+    ``d`` for each run and grow it)."""
+    if not grows(d):
+        return upper(d)
+    syms = symbols(d)
+    low = {s.name: s.lo for s in syms if s.grow}
+    others = [s for s in syms if not s.grow]
+    return max(int(evaluate(d, {**low, **{s.name: v for s, v in zip(others, c)}}))
+               for c in itertools.product(*[(s.lo, s.hi) for s in others]))
+
+
+def max_terms(d: Dim) -> list[Dim]:
+    """The operands of a nest of ``max`` calls (``[d]`` for anything else)."""
+    if isinstance(d, Call) and d.fn == "max":
+        return [t for a in d.args for t in max_terms(a)]
+    return [d]
+
+
+def max_of(terms: Iterable[Dim]) -> Dim:
+    """``max`` of ``terms`` without those another one bounds (``4*batch*seq`` under ``1536*batch*seq``, for every
+    value of the dims in bounds)."""
+    keep: list[Dim] = []
+    for t in terms:
+        if any(bounds(simplify(_expr(k) - _expr(t)))[0] >= 0 for k in keep):
+            continue
+        keep = [k for k in keep if bounds(simplify(_expr(t) - _expr(k)))[0] < 0] + [t]
+    out = keep[0]
+    for t in keep[1:]:
+        out = simplify(call("max", _expr(out), _expr(t)))
+    return out
+
+
+class BoundInferred(KilnError):
+    """Raised while importing a model when a growable dim needs an upper bound the model implies (a Slice of a
+    512-row position table by ``seq`` gives ``seq <= 512``): the importer converts the model again with the dim
+    bounded (:attr:`dim`, :attr:`hi`) and reports why (the message)."""
+
+    def __init__(self, dim: str, hi: int, why: str):
+        super().__init__(why)
+        self.dim, self.hi = dim, hi
 
 
 #: run-time dim name -> the value :func:`at_opt` takes for it instead of its ``opt`` (see :func:`opt_values`)
@@ -504,6 +565,8 @@ def clamp_slice(start: Dim, end: Dim, dim: Dim, step: int) -> tuple[Dim, Dim]:
 
     Raises:
         KilnError: a start or end whose sign depends on the run-time dims.
+        BoundInferred: an end over one growable dim past a static extent (``x[:, :seq]`` of a 512-row table): the dim
+            is at most the largest value that stays inside (the model works only there).
     """
     def from_end(x: Dim) -> Dim:
         if not is_symbolic(x):
@@ -517,9 +580,30 @@ def clamp_slice(start: Dim, end: Dim, dim: Dim, step: int) -> tuple[Dim, Dim]:
 
     s, e = from_end(start), from_end(end)
     if step > 0:
+        _infer_within(e, dim)
         return _clamp(s, 0, dim), _clamp(e, 0, dim)
     top = simplify(_expr(dim) - 1)
     return _clamp(s, -1, top), _clamp(e, -1, top)
+
+
+def _infer_within(x: Dim, extent: Dim) -> None:
+    """Raise :class:`BoundInferred` when ``x <= extent`` is undecided, ``extent`` is static and ``x`` grows with one
+    growable dim that is inside for its lower bound: the largest value of the dim keeping ``x <= extent``."""
+    syms = symbols(x)
+    if is_symbolic(extent) or len(syms) != 1 or not syms[0].grow:
+        return
+    s, extent = syms[0], int(extent)
+    if bounds(simplify(_expr(x) - extent))[1] <= 0:
+        return
+    at = lambda v: int(evaluate(x, {s.name: v}))
+    lo, hi = s.lo, s.hi
+    if at(lo) > extent or at(hi) <= extent:
+        return
+    while hi - lo > 1:  # the largest value inside (x grows with the dim: shape arithmetic is monotone)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) <= extent else (lo, mid)
+    lo -= lo % s.multiple
+    raise BoundInferred(s.name, lo, f"{s.name} <= {lo}: a Slice ends at {to_text(x)} on an axis of {extent}")
 
 
 def slice_len_expr(start: Dim, end: Dim, step: int) -> Dim:

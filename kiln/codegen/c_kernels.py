@@ -84,7 +84,7 @@ class CStep:
 
 
 def _tiles(total: Dim) -> dict:
-    out = {"total": symbolic.upper(total)}
+    out = {"total": symbolic.planned(total)}
     if symbolic.is_symbolic(total):
         out["tiles"] = symbolic.to_json(total)
     return out

@@ -129,6 +129,9 @@ class Graph:
     name: str = "model"
     #: run-time dims (docs/dynamic-shapes.md): name -> its size symbol, in uniform order; empty when static
     size_vars: dict[str, Any] = field(default_factory=dict)
+    #: growable run-time dims whose upper bound the import inferred from the model: name -> why (``seq <= 512: a
+    #: Slice ends at seq on an axis of 512``)
+    inferred_bounds: dict[str, str] = field(default_factory=dict)
     #: run-time dims bound by an input's value rather than by a shape: input name -> dim name (an integer ``[1]``
     #: input such as a decoder's ``past_sequence_length``)
     value_dims: dict[str, str] = field(default_factory=dict)
@@ -197,14 +200,21 @@ class Builder:
         self._names.add(name)
         return name
 
-    def data_dim(self, count: Value, hi: int, hint: str) -> Any:
+    def data_dim(self, count: Value, most: Any, hint: str) -> Any:
         """A new data-dependent run-time dim (docs/dynamic-shapes.md *Data-dependent shapes*) whose value is the
-        element of ``count`` (an int32 ``[1]`` value computed by the graph) at run time, at most ``hi``: the shapes
-        after a NonZero or a Compress. ``count`` becomes a hidden graph output (:attr:`Graph.data_dims`).
+        element of ``count`` (an int32 ``[1]`` value computed by the graph) at run time, at most ``most`` (a dim:
+        its upper bound): the shapes after a NonZero or a Compress. ``count`` becomes a hidden graph output
+        (:attr:`Graph.data_dims`).
 
         Raises:
-            KilnError: ``count`` is not a computed int32 ``[1]`` value, or ``hi`` does not fit in int32.
+            KilnError: ``count`` is not a computed int32 ``[1]`` value, ``most`` does not fit in int32, or grows with
+                a growable dim (the buffers sized by the count would have no bound).
         """
+        if symbolic.grows(most):
+            names = ", ".join(s.name for s in symbolic.symbols(most) if s.grow)
+            raise KilnError(f"data-dependent dim {hint!r}: its bound {symbolic.to_text(most)} grows with {names}, "
+                            f"which have no upper bound; give them one (--dim NAME=LO..HI)")
+        hi = symbolic.upper(most)
         if count.dtype != "int32" or tuple(count.shape) != (1,) or count.producer is None:
             raise KilnError(f"data-dependent dim {hint!r}: its count must be a computed int32 [1] value, got "
                             f"%{count.name} {count.dtype}{list(count.shape)}")

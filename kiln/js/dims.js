@@ -192,3 +192,60 @@ export function stepDispatch(step, env, maxX = 65535) {
 export function outputShape(spec, env) {
   return (spec.dynamic_shape ?? spec.shape).map((d) => evalDims(d, env));
 }
+
+/** The most bytes a growable buffer may take (2 GiB), as kiln/runtime/dynamic.py's MAX_GROW_BYTES. */
+export const MAX_GROW_BYTES = 2 ** 31 - 4;
+
+/**
+ * Bytes of each growable buffer (format 1.10, `buffers[i].grow`; docs/dynamic-shapes.md *Growable buffers*) for dims
+ * `env`: buffer id -> bytes (empty for a package without growable buffers).
+ * @param {Manifest} manifest @param {Record<string, number>} env
+ * @returns {Map<number, number>}
+ * @throws {ShapeError} a buffer over 2 GiB (dims too large for one buffer)
+ */
+export function growSizes(manifest, env) {
+  const sizes = new Map();
+  for (const b of manifest.buffers) {
+    if (b.grow === undefined) continue;
+    const n = evalDims(b.grow, env);
+    if (n > MAX_GROW_BYTES) {
+      const dims = Object.entries(env).sort().map(([k, v]) => `${k}=${v}`).join(', ');
+      throw new ShapeError(`dims ${dims} need a buffer of ${(n / 2 ** 30).toFixed(2)} GiB (buffer ${b.id}); one ` +
+        'buffer holds at most 2 GiB: run smaller inputs');
+    }
+    sizes.set(b.id, n);
+  }
+  return sizes;
+}
+
+/**
+ * The new size of a buffer of `have` bytes that must hold `need`: at least half as large again, a multiple of 256,
+ * at most {@link MAX_GROW_BYTES} (kiln/runtime/dynamic.py's `grown`).
+ * @param {number} have @param {number} need
+ * @returns {number}
+ */
+export function grownSize(have, need) {
+  if (need <= have) return have;
+  return Math.max(need, Math.min(Math.ceil(Math.max(need, Math.floor(have * 3 / 2)) / 256) * 256, MAX_GROW_BYTES));
+}
+
+/**
+ * The arena layout of a C target (wasm) with its growable buffers at run-time `sizes` (kiln/package/arena.py's
+ * `regrow`): they start where the first of them starts in `memory.offsets` and follow one another in id order, each at
+ * a multiple of `memory.align`; the other buffers stay put.
+ * @param {{offsets: number[], bytes: number, align?: number, slack?: number}} memory the target's memory entry
+ * @param {Map<number, number>} sizes buffer id -> bytes
+ * @returns {{offsets: number[], bytes: number}}
+ */
+export function regrow(memory, sizes) {
+  const offsets = [...memory.offsets];
+  if (!sizes.size) return {offsets, bytes: memory.bytes};
+  const align = memory.align ?? 16;
+  const ids = [...sizes.keys()].sort((a, b) => a - b);
+  let at = Math.min(...ids.map((i) => offsets[i]));
+  for (const i of ids) {
+    offsets[i] = at;
+    at += Math.ceil(Math.max(/** @type {number} */ (sizes.get(i)), 1) / align) * align;
+  }
+  return {offsets, bytes: at + (memory.slack ?? 0)};
+}

@@ -12,7 +12,7 @@ export interface Manifest {
   /** Always "kiln-package". */
   format: "kiln-package";
   /**
-   * The package format version "MAJOR.MINOR" ("1.8" today). A runtime reads every package of its own major version
+   * The package format version "MAJOR.MINOR" ("1.10" today). A runtime reads every package of its own major version
    * and refuses a newer major version with a message saying to upgrade Kiln.
    */
   version: string;
@@ -217,8 +217,19 @@ export interface DynamicDim {
   index: number;
   /** The smallest value (inclusive). */
   min: number;
-  /** The largest value (inclusive); buffers are sized for it. */
+  /** The largest value (inclusive); buffers are sized for it, except (1.10) for a growable dim. */
   max: number;
+  /**
+   * (1.10) true for a growable dim: one the user gave no upper bound (kiln compile --dim NAME=LO.., or a symbolic dim
+   * left unbound). max is then 16777216, or the bound the import inferred from the model (inferred); the buffers it
+   * sizes grow at run time (buffers[].grow).
+   */
+  grow?: boolean;
+  /**
+   * (1.10) For a growable dim whose max the import inferred from the model: why (e.g. "seq <= 512: a Slice ends at
+   * seq on an axis of 512").
+   */
+  inferred?: string;
   /** The value the default schedules were chosen for. */
   opt?: number;
   /** Present when every value must be a multiple of it (runtimes refuse another value). */
@@ -246,8 +257,18 @@ export interface Buffer {
    * state buffer or trainable weight, copied over it after each train step.
    */
   kind: "input" | "output" | "weight" | "activation" | "state" | "update";
-  /** The buffer's size in bytes (a multiple of 4); with run-time dims the largest over every dims value in bounds. */
+  /**
+   * The buffer's size in bytes (a multiple of 4); with run-time dims the largest over every dims value in bounds, or
+   * (1.10) for a growable buffer its first size (the growable dims at their min).
+   */
   bytes: number;
+  /**
+   * (1.10) Present for a buffer sized by a growable dim (docs/dynamic-shapes.md, Growable buffers): its bytes as a
+   * size expression of the dims (a multiple of 4). Runtimes evaluate it when the dims change and replace the buffer
+   * by a larger one when it no longer fits (a state buffer keeps its contents), or lay the C targets' arena out again
+   * (targets.wasm.memory, targets.cpu.memory).
+   */
+  grow?: SizeExpression;
   /** The graph values the buffer holds, in no particular order (for people and tools). */
   values?: string[];
   /** weight buffers: the tensor's name in the safetensors file. */
@@ -737,13 +758,25 @@ export interface WasmModule {
 export interface WasmMemory {
   /** The memory the plan needs from address 0. */
   bytes: number;
-  /** The memory's size in pages (initial = maximum). */
+  /** The memory's initial size in pages (also its maximum, unless max_pages). */
   pages: number;
+  /** (1.10) Present when buffers grow: the most pages the memory may grow to (the module's maximum; 32768, 2 GiB). */
+  max_pages?: number;
+  /** (1.10) The alignment of every offset, in bytes (16). */
+  align?: number;
+  /** (1.10) Free bytes after the last buffer (64). */
+  slack?: number;
   /** Bytes per page (65536). */
   page_bytes?: number;
   /** The first address of the buffers. */
   arena?: number;
-  /** offsets[id] is the byte address of buffer id (16-byte aligned). */
+  /**
+   * offsets[id] is the byte address of buffer id (16-byte aligned). Buffers of fixed size come first in id order,
+   * then (1.10) the growable ones (buffers[].grow) in id order, at their first sizes; for each run's dims a runtime
+   * lays the growable ones out again: the first where offsets puts it, each next one at the previous one's offset
+   * plus its bytes rounded up to align (at least align); the arena then needs the last one's end plus slack
+   * (kiln/package/arena.py).
+   */
   offsets: number[];
 }
 
@@ -859,7 +892,15 @@ export interface CpuMemory {
   bytes: number;
   /** The alignment of the arena's start and of every offset, in bytes (64). */
   align: number;
-  /** offsets[id] is the byte offset of buffer id in the arena. */
+  /** (1.10) Free bytes after the last buffer (64). */
+  slack?: number;
+  /**
+   * offsets[id] is the byte offset of buffer id in the arena. Buffers of fixed size come first in id order, then
+   * (1.10) the growable ones (buffers[].grow) in id order, at their first sizes; for each run's dims a runtime lays
+   * the growable ones out again: the first where offsets puts it, each next one at the previous one's offset plus its
+   * bytes rounded up to align (at least align); the arena then needs the last one's end plus slack
+   * (kiln/package/arena.py).
+   */
   offsets: number[];
 }
 

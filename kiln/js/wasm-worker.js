@@ -4,11 +4,12 @@
 //   {type: 'init', module, memory, control, index, workers, steps}  instantiate the threaded module over the
 //       shared `memory`; `steps` is the plan as [{export, ptrs, total}]; answers {type: 'ready', dims} (`dims`: the
 //       address of the module's run-time dims array, from its kiln_dims export; 0 without one)
-//   {type: 'run', tiles, kernels, first, last}  compute this worker's share of steps [first, last) (default: every
+//   {type: 'run', tiles, kernels, ptrs, first, last}  compute this worker's share of steps [first, last) (default: every
 //       step), tiles [floor(total*index/workers), floor(total*(index+1)/workers)), meeting the other workers at a
 //       barrier (the shared Int32Array `control`: [arrived, generation]) after each step; `tiles` and `kernels`
 //       (run-time dims changed), when not null, replace every step's total and kernel export (a plan step's
-//       variant); answers {type: 'done'} or {type: 'error', message}
+//       variant); `ptrs` (growable buffers moved, format 1.10), when not null, every step's buffer addresses;
+//       answers {type: 'done'} or {type: 'error', message}
 
 let exports = null;
 let control = null;
@@ -45,6 +46,7 @@ self.onmessage = async ({data}) => {
   }
   if (data.type === 'run') {
     if (data.tiles) steps.forEach((s, i) => { s.total = data.tiles[i]; });
+    if (data.ptrs) steps.forEach((s, i) => { s.ptrs = data.ptrs[i]; });
     if (data.kernels) {
       const missing = data.kernels.find((name) => typeof exports[name] !== 'function');
       if (missing) {

@@ -13,7 +13,7 @@
 // the export kiln_dims()), written when they change, and each step runs over its `tiles` size expression.
 // See kiln.js for the backend interface this module implements.
 
-import {bindPoints, checkCount, chosenStep, dimsWords, evalDims, outputShape} from './dims.js';
+import {bindPoints, checkCount, chosenStep, dimsWords, evalDims, growSizes, outputShape, regrow} from './dims.js';
 import {DeviceError, KilnError, PackageError, ShapeError} from './errors.js';
 import {readWeights, sha256Hex} from './package.js';
 import {DTYPES, product} from './tensor.js';
@@ -158,6 +158,14 @@ export class WasmBackend {
     this.tilesSent = true;
     /** @private data-dependent dims (format 1.9): after which step a run reads counts (dims.js) */
     this.binds = bindPoints(this.spec.plan);
+    /** @private whether buffers grow with growable dims (format 1.10) */
+    this.grows = manifest.buffers.some((b) => b.grow !== undefined);
+    /** @private growable buffers' bytes for the current dims @type {Map<number, number>} */
+    this.grown = new Map();
+    /** @private the single-threaded module's exports (planCalls again when buffers move) */
+    this.exports = /** @type {WebAssembly.Exports | null} */ (null);
+    /** @private whether the workers have the current buffer addresses */
+    this.ptrsSent = true;
   }
 
   /**
@@ -172,6 +180,7 @@ export class WasmBackend {
       memory.grow(Math.ceil((layout.bytes - memory.buffer.byteLength) / 65536));
     }
     const backend = new WasmBackend(memory, manifest, 1);
+    backend.exports = instance.exports;
     backend.calls = backend.planCalls(instance.exports);
     if (manifest.dynamic_dims?.length) backend.dimsAddress = backend.dimsExport(instance.exports)();
     return backend;
@@ -183,8 +192,8 @@ export class WasmBackend {
    * @returns {Promise<WasmBackend>} (internal: create())
    */
   static async threaded(module, manifest, threads) {
-    const {pages} = manifest.targets.wasm.memory;
-    const memory = new WebAssembly.Memory({initial: pages, maximum: pages, shared: true});
+    const {pages, max_pages: maximum = pages} = manifest.targets.wasm.memory;  // (1.10: growable buffers grow it)
+    const memory = new WebAssembly.Memory({initial: pages, maximum, shared: true});
     const backend = new WasmBackend(memory, manifest, threads);
     const control = new SharedArrayBuffer(8);  // the barrier: [arrived, generation]
     const steps = backend.spec.plan.map((s) => ({
@@ -248,6 +257,7 @@ export class WasmBackend {
     if (!dims || !this.dimsAddress) return;
     const key = JSON.stringify(dims);
     if (key === this.dimsKey) return;
+    if (this.grows) this.relayout(dims);
     const words = dimsWords(this.manifest, dims);
     const view = new Int32Array(this.memory.buffer, this.dimsAddress, words.length);
     if (this.workers.length) for (let i = 0; i < words.length; i++) Atomics.store(view, i, words[i]);
@@ -257,6 +267,43 @@ export class WasmBackend {
     this.tiles = steps.map((s) => (s.tiles === undefined ? s.total : Math.max(0, evalDims(s.tiles, dims))));
     this.tilesSent = false;
     this.dimsKey = key;
+  }
+
+  /**
+   * Lay the growable buffers (format 1.10, docs/dynamic-shapes.md *Growable buffers*) out for `dims` (dims.js
+   * `regrow`: after the fixed ones, which never move), growing the memory when they need more of it.
+   * @param {Record<string, number>} dims
+   * @throws {ShapeError} a buffer over 2 GiB, or more memory than the module can grow to
+   * @private
+   */
+  relayout(dims) {
+    this.grown = growSizes(this.manifest, dims);
+    const {offsets, bytes} = regrow(this.spec.memory, this.grown);
+    const have = this.memory.buffer.byteLength;
+    if (bytes > have) {
+      try {
+        this.memory.grow(Math.ceil((Math.max(bytes, Math.floor(have * 3 / 2)) - have) / 65536));
+      } catch {
+        try {
+          this.memory.grow(Math.ceil((bytes - have) / 65536));
+        } catch {
+          throw new ShapeError(`the run's dims need ${Math.ceil(bytes / 2 ** 20)} MiB of wasm memory, more than the ` +
+            'module can grow to (2 GiB): run smaller inputs');
+        }
+      }
+    }
+    if (offsets.every((o, i) => o === this.offsets[i])) return;
+    this.offsets = offsets;
+    if (this.exports) this.calls = this.planCalls(this.exports);
+    this.ptrsSent = false;
+  }
+
+  /**
+   * Bytes of buffer `id` for the current dims (a growable buffer's run-time size).
+   * @param {number} id @returns {number} @private
+   */
+  bufferBytes(id) {
+    return this.grown.get(id) ?? this.manifest.buffers[id].bytes;
   }
 
   /**
@@ -275,7 +322,7 @@ export class WasmBackend {
   fillPoison() {
     for (const b of this.manifest.buffers) {
       if (b.kind !== 'activation' && b.kind !== 'output') continue;
-      new Float32Array(this.memory.buffer, this.offsets[b.id], b.bytes / 4).fill(NaN);
+      new Float32Array(this.memory.buffer, this.offsets[b.id], this.bufferBytes(b.id) / 4).fill(NaN);
     }
   }
 
@@ -312,8 +359,10 @@ export class WasmBackend {
     // (the workers keep the last tiles and kernels they were sent)
     const tiles = this.tilesSent ? null : this.tiles;
     const kernels = this.tilesSent ? null : this.kernels.map((k) => this.spec.kernels[k].export);
-    await Promise.all(this.workers.map((worker) => this.ask(worker, {type: 'run', tiles, kernels, first, last})));
+    const ptrs = this.ptrsSent ? null : this.spec.plan.map((s) => s.buffers.map((b) => this.offsets[b]));
+    await Promise.all(this.workers.map((worker) => this.ask(worker, {type: 'run', tiles, kernels, ptrs, first, last})));
     this.tilesSent = true;
+    this.ptrsSent = true;
   }
 
   /**
@@ -350,8 +399,8 @@ export class WasmBackend {
    * @throws {DeviceError} a kernel trapped or a worker failed.
    */
   async run(inputs, {dims = null} = {}) {
+    this.setDims(dims);  // (first: growable buffers move before the inputs are written)
     if (this.poison) this.fillPoison();
-    this.setDims(dims);
     this.writeInputs(inputs);
     try {
       await (this.binds.length && dims ? this.computeBinding(dims) : this.compute());
@@ -362,7 +411,7 @@ export class WasmBackend {
     /** @type {Record<string, ArrayBuffer>} */
     const results = {};
     for (const output of this.manifest.outputs) {
-      const full = this.manifest.buffers[output.buffer].bytes;
+      const full = this.bufferBytes(output.buffer);
       const bytes = dims ? Math.min(full, product(outputShape(output, dims)) * DTYPES[output.storage ?? output.dtype].bytes)
         : full;
       const copy = new Uint8Array(bytes);

@@ -14,7 +14,9 @@
 
 import {ControlRunner, isControlPlan, kernelSteps} from './control.js';
 import {createTrainer, readBuffers, runTrainStep} from './train.js';
-import {bindPoints, checkCount, dimsWords, outputShape, stepDispatch, variantIndex} from './dims.js';
+import {
+  bindPoints, checkCount, dimsWords, growSizes, grownSize, outputShape, stepDispatch, variantIndex,
+} from './dims.js';
 import {DeviceError, PackageError} from './errors.js';
 import {GPUTensor, storageType} from './gputensor.js';
 import {kernelText, readWeights} from './package.js';
@@ -273,6 +275,8 @@ export class WebGPUBackend {
     this.control = null;
     /** @private the dims uniform of a package with run-time dims, or null @type {GPUBuffer | null} */
     this.dimsBuffer = null;
+    /** @private makes the steps' bind groups again (growable buffers grew) @type {(() => any[]) | null} */
+    this.rebind = null;
     /** @private */ this.manifest = manifest;
     /** @private the dims last written into the uniform (JSON), and the dispatches they give @type {string | null} */
     this.dimsKey = null;
@@ -345,33 +349,14 @@ export class WebGPUBackend {
     const control = isControlPlan(spec.plan);  // run-time If/Loop (format 1.4): control.js runs the plan
     // a plan without control steps holds kernel steps only
     const flat = control ? kernelSteps(spec.plan) : /** @type {KernelStep[]} */ (spec.plan);
-    const steps = flat.map((step, index) => {
-      // the step's kernel, then its variants' (scheduled for another range of run-time dims): setDims picks one
-      const alternatives = [step.kernel, ...(step.variants ?? []).map((v) => v.kernel)].map((kernel) => {
-        const {pipeline, layout} = pipelines[kernel] ?? {};
-        if (!pipeline) throw new PackageError(`${root}: plan step ${index} names kernel ${kernel}, which does not exist`);
-        const entries = step.buffers.map((id, binding) => ({binding, resource: {buffer: buffers[id]}}));
-        const dimsBinding = spec.kernels[kernel].dims_binding;
-        if (dimsBinding !== undefined) entries.push({binding: dimsBinding, resource: {buffer: dimsBuffer}});
-        return {pipeline, bindGroup: device.createBindGroup({label: step.node, layout, entries})};
-      });
-      return {...alternatives[0], alternatives, dispatch: step.dispatch, step};
-    });
-    const sizes = manifest.outputs.map((o) => copySize(o, buffers[o.buffer]));
-    const offsets = [];
-    let end = 0;
-    for (const size of sizes) {
-      offsets.push(end);
-      end += Math.ceil(Math.max(4, size) / 8) * 8;
-    }
-    const staging = {sizes, offsets, buffer: device.createBuffer({
-      label: 'kiln_readback', size: Math.max(8, end), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    })};
+    const steps = bindSteps(device, spec, flat, pipelines, buffers, dimsBuffer, root);
+    const staging = makeStaging(device, manifest.outputs.map((o) => copySize(o, buffers[o.buffer])));
     const trainer = manifest.training ? createTrainer(device, manifest, buffers, pipelines) : null;
     await throwScopeError(device, PackageError, `${root}: invalid execution plan`);
     const backend = new WebGPUBackend(adapter, device, manifest, buffers, steps, staging);
     backend.control = control ? new ControlRunner(device, buffers, spec.plan, steps) : null;
     backend.dimsBuffer = dimsBuffer;
+    backend.rebind = () => bindSteps(device, spec, flat, pipelines, buffers, dimsBuffer, root);
     backend.trainer = trainer;
     backend.pipelineHits = cache.hits - hitsBefore;
     backend.loadMs = {pipelines: pipelinesMs};
@@ -392,8 +377,8 @@ export class WebGPUBackend {
     this.checkLost();
     const {device} = this;
     device.pushErrorScope('validation');
+    this.setDims(dims);  // (first: growable buffers grow before the inputs are written into them)
     this.writeInputs(inputs);
-    this.setDims(dims);
     let encoder = device.createCommandEncoder();
     for (const {spec, gpu} of inputs) {
       const size = gpu ? copySize(spec, this.buffers[spec.buffer], gpu.dims) : 0;
@@ -459,10 +444,52 @@ export class WebGPUBackend {
     if (!dims || !this.dimsBuffer) return;
     const key = JSON.stringify(dims);
     if (key === this.dimsKey) return;
+    if (this.manifest.buffers.some((b) => b.grow !== undefined)) this.grow(dims);
     this.device.queue.writeBuffer(this.dimsBuffer, 0, dimsWords(this.manifest, dims));
     this.dispatches = this.steps.map((s) => stepDispatch(s.step, dims));
     for (const s of this.steps) Object.assign(s, s.alternatives[variantIndex(s.step, dims)]);  // (a variant's kernel)
     this.dimsKey = key;
+  }
+
+  /**
+   * Make every growable buffer (format 1.10, docs/dynamic-shapes.md *Growable buffers*) large enough for `dims`: a
+   * larger one replaces it (a state buffer keeps its contents), and the bind groups and the readback staging buffer
+   * are made again.
+   * @param {Record<string, number>} dims
+   * @throws {ShapeError} a buffer over 2 GiB; {DeviceError} one over the device's buffer limits
+   * @private
+   */
+  grow(dims) {
+    const {device} = this;
+    const limit = Math.min(device.limits.maxBufferSize, device.limits.maxStorageBufferBindingSize);
+    /** @type {GPUCommandEncoder | null} */
+    let encoder = null;
+    const old = [];
+    for (const [id, need] of growSizes(this.manifest, dims)) {
+      const buffer = this.buffers[id];
+      if (need <= buffer.size) continue;
+      if (need > limit) {
+        throw new DeviceError(`dims ${JSON.stringify(dims)} need a buffer of ${need} bytes; the device allows ${limit} ` +
+          '(maxStorageBufferBindingSize): run smaller inputs');
+      }
+      const {kind} = this.manifest.buffers[id];
+      const fresh = device.createBuffer({label: `b${id}_${kind}`, size: grownSize(buffer.size, need), usage: buffer.usage});
+      if (kind === 'state') {
+        encoder ??= device.createCommandEncoder();
+        encoder.copyBufferToBuffer(buffer, 0, fresh, 0, buffer.size);
+      }
+      this.buffers[id] = fresh;  // (in place: the control and training runners share the array)
+      old.push(buffer);
+    }
+    if (!old.length) return;
+    if (encoder) device.queue.submit([encoder.finish()]);
+    for (const buffer of old) buffer.destroy();  // (work already submitted still completes)
+    this.steps = /** @type {() => any[]} */ (this.rebind)();
+    this.dispatches = this.steps.map((st) => st.dispatch);
+    this.staging.buffer.destroy();
+    // (a grown output's staging takes its whole buffer: the run's shape is known only as it runs)
+    this.staging = makeStaging(device, this.outputs.map((o, i) => (this.manifest.buffers[o.buffer].grow !== undefined
+      ? this.buffers[o.buffer].size : this.staging.sizes[i])));
   }
 
   /**
@@ -799,6 +826,46 @@ async function compilePipeline(device, kernel, code, access, dimsBinding) {
  * @param {TensorSpec} spec @param {GPUBuffer} buffer @param {number[]} [shape]
  * @returns {number}
  */
+/**
+ * Each plan step's GPU objects: its kernel's pipeline and bind group, then its variants' (scheduled for another range
+ * of run-time dims: setDims picks one); made at load and again when growable buffers grow.
+ * @param {GPUDevice} device @param {WebGPUTarget} spec @param {KernelStep[]} flat the plan's kernel steps
+ * @param {{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}[]} pipelines @param {GPUBuffer[]} buffers
+ * @param {GPUBuffer | null} dimsBuffer @param {string} root the package's name, for errors
+ * @returns {any[]}
+ * @throws {PackageError} a step naming a kernel that does not exist
+ */
+function bindSteps(device, spec, flat, pipelines, buffers, dimsBuffer, root) {
+  return flat.map((step, index) => {
+    const alternatives = [step.kernel, ...(step.variants ?? []).map((v) => v.kernel)].map((kernel) => {
+      const {pipeline, layout} = pipelines[kernel] ?? {};
+      if (!pipeline) throw new PackageError(`${root}: plan step ${index} names kernel ${kernel}, which does not exist`);
+      const entries = step.buffers.map((id, binding) => ({binding, resource: {buffer: buffers[id]}}));
+      const dimsBinding = spec.kernels[kernel].dims_binding;
+      if (dimsBinding !== undefined) entries.push({binding: dimsBinding, resource: {buffer: dimsBuffer}});
+      return {pipeline, bindGroup: device.createBindGroup({label: step.node, layout, entries})};
+    });
+    return {...alternatives[0], alternatives, dispatch: step.dispatch, step};
+  });
+}
+
+/**
+ * The mappable buffer the outputs are read back through: output `i` at `offsets[i]` (8-aligned), `sizes[i]` bytes.
+ * @param {GPUDevice} device @param {number[]} sizes
+ * @returns {{buffer: GPUBuffer, offsets: number[], sizes: number[]}}
+ */
+function makeStaging(device, sizes) {
+  const offsets = [];
+  let end = 0;
+  for (const size of sizes) {
+    offsets.push(end);
+    end += Math.ceil(Math.max(4, size) / 8) * 8;
+  }
+  return {sizes, offsets, buffer: device.createBuffer({
+    label: 'kiln_readback', size: Math.max(8, end), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  })};
+}
+
 function copySize(spec, buffer, shape = spec.shape) {
   const storage = spec.storage ?? storageType(spec.dtype);
   return Math.min(buffer.size, Math.ceil(product(shape) * DTYPES[storage].bytes / 4) * 4);

@@ -19,6 +19,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
+from kiln.arith import symbolic
 from kiln.errors import KilnError, PackageError
 from kiln.ir.printer import format_graph
 from kiln.package import dynamic
@@ -193,6 +194,8 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         buffers = []
         for b in plan.buffers:
             entry: dict[str, Any] = {"id": b.id, "kind": b.kind, "bytes": b.nbytes, "values": b.values}
+            if b.grow is not None:  # (format 1.10) its size at run time: it grows with a growable dim
+                entry["grow"] = symbolic.to_json(b.grow)
             if b.id in values:
                 vname, varray, vdtype = values[b.id]
                 entry.update(kind="weight", tensor=vname, file=where[b.id], dtype=str(stored[b.id].dtype),

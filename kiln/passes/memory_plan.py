@@ -12,8 +12,10 @@ write and read them at any time; weights get one buffer each.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kiln.arith import symbolic
+from kiln.arith.expr import call, const
 from kiln.errors import KilnError
 from kiln.ir import dtypes, ops
 from kiln.ir.graph import Graph, Node, Value
@@ -28,10 +30,11 @@ def needs_buffer(node: Node, v: Value) -> bool:
 
 def max_size(v: Value) -> int:
     """Elements of ``v``; for a shape with run-time dims, the most for any dims in bounds
-    (:func:`kiln.arith.symbolic.upper`)."""
+    (:func:`kiln.arith.symbolic.upper`), or, for one that grows with a growable dim, its size at the dims' lower
+    bounds (the buffer's first size; it grows at run time: :func:`kiln.arith.symbolic.planned`)."""
     size = v.size
     if not isinstance(size, int):
-        size = symbolic.upper(size)
+        size = symbolic.planned(size)
     return size
 
 
@@ -56,6 +59,12 @@ def aligned(nbytes: int) -> int:
     return max(4, (nbytes + 3) // 4 * 4)
 
 
+def aligned_expr(nbytes: Any) -> Any:
+    """:func:`aligned` of a size expression (bytes of a growable value)."""
+    e = symbolic.simplify((symbolic._expr(nbytes) + 3) // 4 * 4)
+    return symbolic.simplify(call("max", symbolic._expr(e), const(4, "int32")))
+
+
 @dataclass
 class Buffer:
     """A device buffer of the plan.
@@ -64,14 +73,27 @@ class Buffer:
         id: index in :attr:`MemoryPlan.buffers`.
         kind: ``input``, ``output``, ``weight``, ``activation`` or ``state`` (an input the runtime keeps between
             runs, updated in place: :attr:`Graph.state`).
-        nbytes: size (a multiple of 4).
+        nbytes: size (a multiple of 4); for a growable buffer, its first size (at the dims' ``opt``).
         values: names of the values stored in it over the run.
+        grow: for a buffer whose size grows with a growable dim (docs/dynamic-shapes.md, *Growable buffers*), its
+            bytes as a size expression (a multiple of 4): the runtimes make it at least that large for the run's
+            dims; None for a buffer of fixed size.
     """
 
     id: int
     kind: str
     nbytes: int
     values: list[str] = field(default_factory=list)
+    grow: Any = None
+
+    def take(self, nbytes: int, grow: Any = None) -> None:
+        """Make the buffer large enough for a value of ``nbytes`` (its first size) and, when it grows, ``grow``
+        bytes (a size expression): the buffer's :attr:`grow` becomes the larger of the two expressions."""
+        if grow is not None or self.grow is not None:
+            a = self.grow if self.grow is not None else self.nbytes
+            b = grow if grow is not None else nbytes
+            self.grow = symbolic.max_of(symbolic.max_terms(a) + symbolic.max_terms(b))
+        self.nbytes = max(self.nbytes, nbytes)
 
 
 @dataclass
@@ -168,10 +190,16 @@ def plan_memory(graph: Graph, groups: list[Group], half: bool = False) -> Memory
             return max_size(v) * 2
         return storage_bytes(v)
 
+    def grows(v: Value) -> Any:  # the aligned bytes of a value that grows with a growable dim, else None
+        if not symbolic.grows(v.size):
+            return None
+        item = 2 if id(v) in halves else dtypes.itemsize(STORAGE.get(v.dtype, v.dtype))
+        return aligned_expr(symbolic.simplify(symbolic._expr(v.size) * item))
+
     def new(kind: str, v: Value) -> int:
         if kind in ("input", "output", "state"):
             io.add(id(v))
-        b = Buffer(len(buffers), kind, aligned(nbytes(v)), [v.name])
+        b = Buffer(len(buffers), kind, aligned(nbytes(v)), [v.name], grows(v))
         buffers.append(b)
         of[id(v)] = b.id
         return b.id
@@ -224,12 +252,12 @@ def plan_memory(graph: Graph, groups: list[Group], half: bool = False) -> Memory
             b, iv = min(fits, key=lambda s: s[0].nbytes)
         elif free:
             b, iv = max(free, key=lambda s: s[0].nbytes)
-            b.nbytes = size
         else:
             b = Buffer(len(buffers), "activation", size)
             buffers.append(b)
             iv = []
             slots.append((b, iv))
+        b.take(size, grows(v))
         iv.append((lo, hi))
         b.values.append(v.name)
         of[key] = b.id

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import PackageError
+from kiln.package import arena
 from kiln.package.format import from_storage, read_manifest, read_weights, sha256_file, verify_weights
 from kiln.runtime import dynamic
 from kiln.runtime.feeds import storage_feeds
@@ -71,6 +72,7 @@ class ArenaSession(GenerationMixin):
 
     def _load(self, poison: bool) -> None:
         """Write every weight at its buffer's offset; with ``poison``, fill activations and outputs with NaN."""
+        self._grown: dict[int, int] = {}  # growable buffers' bytes for the current dims
         for b, data in read_weights(self.path, self.manifest):
             self._view(b["id"], data.nbytes)[:] = data.reshape(-1).view(np.uint8)
         self.poison = poison
@@ -81,6 +83,7 @@ class ArenaSession(GenerationMixin):
         #: data-dependent dims (format 1.9): where a run stops to read counts, and each dim's entry
         self._binds = dynamic.bind_points(self.plan)
         self._counts = dynamic.count_dims(self.manifest)
+        self._grow = dynamic.GrowSizes(self.manifest)  # buffers that grow with growable dims (format 1.10)
         self.tiles = [int(s["total"]) for s in self.plan]  # each step's tiles in the last run
         self.kernels = [int(s["kernel"]) for s in self.plan]  # each step's kernel in the last run (or a variant's)
         if poison:
@@ -89,10 +92,11 @@ class ArenaSession(GenerationMixin):
                     self._fill_nan(b["id"])
 
     def _view(self, buffer_id: int, nbytes: int | None = None) -> np.ndarray:
-        """The bytes of buffer ``buffer_id`` in the arena (a writable view)."""
+        """The bytes of buffer ``buffer_id`` in the arena (a writable view; a growable buffer's run-time size)."""
         start = self.offsets[buffer_id]
-        n = self.manifest["buffers"][buffer_id]["bytes"] if nbytes is None else nbytes
-        return self.mem[start:start + n]
+        if nbytes is None:
+            nbytes = self._grown.get(buffer_id, self.manifest["buffers"][buffer_id]["bytes"])
+        return self.mem[start:start + nbytes]
 
     def _fill_nan(self, buffer_id: int) -> None:
         self._view(buffer_id).view(np.float32)[:] = np.nan
@@ -154,9 +158,43 @@ class ArenaSession(GenerationMixin):
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
+            if self._grow:
+                self._relayout(env)
             self._apply_dims(env)
             self._dims_env, self._shapes = env, dynamic.output_shapes(self.manifest, env)
         return self._shapes
+
+    def _relayout(self, env: dict[str, int]) -> None:
+        """Lay the growable buffers (format 1.10, docs/dynamic-shapes.md *Growable buffers*) out for dims ``env``
+        (:func:`kiln.package.arena.regrow`: after the fixed ones, which never move), growing the memory when they
+        need more of it.
+
+        Raises:
+            ShapeError: a buffer over 2 GiB, or more memory than the target can have.
+        """
+        self._grown = self._grow(env)
+        offsets, total = arena.regrow(self.manifest["targets"][self.target]["memory"], self._grown)
+        if total > self.mem.size:
+            self._grow_memory(dynamic.grown(self.mem.size, total))
+        if offsets != self.offsets:
+            self.offsets = offsets
+            self._moved()
+            if self.poison:
+                for b in self.manifest["buffers"]:
+                    if "grow" in b and b["kind"] in ("activation", "output"):
+                        self._fill_nan(b["id"])
+
+    def _grow_memory(self, nbytes: int) -> None:
+        """Make the arena at least ``nbytes`` long, keeping its contents (:attr:`mem` then views the new memory).
+
+        Raises:
+            ShapeError: the target's memory cannot grow that far.
+        """
+        raise NotImplementedError
+
+    def _moved(self) -> None:
+        """Buffers moved (:attr:`offsets` changed): point the steps at them."""
+        raise NotImplementedError
 
     def _apply_dims(self, env: dict[str, int]) -> None:
         """Evaluate each step's tiles and kernel for dims ``env`` and pass the dims to the kernels."""

@@ -116,15 +116,13 @@ class CpuSession(ArenaSession):
         except UnicodeDecodeError as e:
             raise PackageError(f"{source_path}: the cpu kernel source is not UTF-8 text (byte {e.start})") from None
         self.lib = ctypes.CDLL(str(build_library(source)))
-        self.lib.kiln_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        self.lib.kiln_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                      ctypes.c_void_p]
         self.lib.kiln_run.restype = ctypes.c_int
         layout = tgt["memory"]
-        raw = np.zeros(int(layout["bytes"]) + ALIGN, np.uint8)
-        start = -raw.ctypes.data % ALIGN
-        self._raw = raw
-        self.mem = raw[start:start + int(layout["bytes"])]
-        self._ptr = ctypes.c_void_p(self.mem.ctypes.data)
+        self._allocate(int(layout["bytes"]))
         self.offsets: list[int] = layout["offsets"]
+        self._moved()
         self.kernel_names = [k["name"] for k in tgt["kernels"]]
         if self.lib.kiln_steps() != len(tgt["plan"]):
             raise PackageError(f"{source_path}: the library has {self.lib.kiln_steps()} steps, the plan "
@@ -139,12 +137,28 @@ class CpuSession(ArenaSession):
         threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
         return {"device": f"{platform.processor() or platform.machine()}", "backend_type": f"cpu (C, {threads})"}
 
+    def _allocate(self, nbytes: int) -> None:
+        """A zeroed arena of ``nbytes`` (:attr:`mem`, 64-byte aligned) holding the old one's bytes, if any."""
+        raw = np.zeros(nbytes + ALIGN, np.uint8)
+        start = -raw.ctypes.data % ALIGN
+        mem = raw[start:start + nbytes]
+        if hasattr(self, "mem"):
+            mem[:self.mem.size] = self.mem
+        self._raw, self.mem = raw, mem
+        self._ptr = ctypes.c_void_p(self.mem.ctypes.data)
+
+    def _grow_memory(self, nbytes: int) -> None:
+        self._allocate(nbytes)
+
+    def _moved(self) -> None:
+        self._offsets = np.asarray(self.offsets, np.int64)  # where kiln_run finds the growable buffers
+
     def _set_dims(self, words: np.ndarray) -> None:
         self._dims[:len(words)] = words
 
     def _call(self, first: int, last: int) -> None:
         # (returns the threads it could start)
-        self.lib.kiln_run(self._ptr, first, last, self.threads, self._dims.ctypes.data)
+        self.lib.kiln_run(self._ptr, first, last, self.threads, self._dims.ctypes.data, self._offsets.ctypes.data)
 
     def _compute_range(self, first: int, last: int) -> None:
         if first < last:

@@ -233,3 +233,41 @@ def dims_words(manifest: dict[str, Any], env: dict[str, int]) -> bytes:
 def output_shapes(manifest: dict[str, Any], env: dict[str, int]) -> dict[str, list[int]]:
     """Each output's shape for dims ``env``."""
     return {o["name"]: [eval_json(d, env) for d in o.get("dynamic_shape", o["shape"])] for o in manifest["outputs"]}
+
+
+#: the most bytes a growable buffer may take (2 GiB: WebGPU's maxStorageBufferBindingSize in browsers, wasm32's
+#: signed offsets); a run needing more is refused
+MAX_GROW_BYTES = 2**31 - 4
+
+
+class GrowSizes:
+    """The growable buffers of a package (format 1.10, docs/dynamic-shapes.md *Growable buffers*): ``buffers[i].grow``
+    compiled once; :meth:`__call__` gives each one's bytes for a run's dims."""
+
+    def __init__(self, manifest: dict[str, Any]):
+        self.exprs = [(b["id"], compile_json(b["grow"])) for b in manifest["buffers"] if "grow" in b]
+
+    def __bool__(self) -> bool:
+        return bool(self.exprs)
+
+    def __call__(self, env: dict[str, int]) -> dict[int, int]:
+        """Buffer id -> bytes its values take for dims ``env``.
+
+        Raises:
+            ShapeError: a buffer over :data:`MAX_GROW_BYTES` (dims too large for one buffer), naming the dims.
+        """
+        sizes = {b: int(f(env)) for b, f in self.exprs}
+        over = [b for b, n in sizes.items() if n > MAX_GROW_BYTES]
+        if over:
+            dims = ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+            raise ShapeError(f"dims {dims} need a buffer of {sizes[over[0]] / 2**30:.2f} GiB (buffer {over[0]}); one "
+                             f"buffer holds at most 2 GiB: run smaller inputs")
+        return sizes
+
+
+def grown(have: int, need: int) -> int:
+    """The new size of a buffer of ``have`` bytes that must hold ``need``: at least half as large again (a
+    sequence growing a token a run reallocates rarely), a multiple of 256, at most :data:`MAX_GROW_BYTES`."""
+    if need <= have:
+        return have
+    return max(need, min(-(-max(need, have * 3 // 2) // 256) * 256, MAX_GROW_BYTES))

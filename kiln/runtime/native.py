@@ -41,15 +41,16 @@ from kiln.runtime.timing import wall_clock_ms
 from kiln.runtime.training import TrainingMixin
 
 
-def _request_device(limits: dict[str, int], features: list[str], optional: tuple[str, ...] = ()):
+def _request_device(limits: dict[str, int], features: list[str], optional: tuple[str, ...] = (), grows: bool = False):
     """An adapter and a device with the ``limits`` (package needs, spec names) and ``features`` the package uses.
 
     Only limits above WebGPU's defaults are requested; ``optional`` features are requested when the
-    adapter has them. Raises DeviceError if the adapter falls short.
+    adapter has them; a package whose buffers grow (``grows``) gets the adapter's largest buffers. Raises
+    DeviceError if the adapter falls short.
     """
     adapter = gpu.request_adapter()
     have = adapter.limits
-    required = {}
+    required = {k: have[k] for k in ("max-buffer-size", "max-storage-buffer-binding-size")} if grows else {}
     for name, value in limits.items():
         key = "".join("-" + c.lower() if c.isupper() else c for c in name)
         if key not in have:
@@ -58,7 +59,7 @@ def _request_device(limits: dict[str, int], features: list[str], optional: tuple
             raise DeviceError(f"adapter {adapter.info.get('device', '?')} has {name}={have[key]}, the package "
                               f"needs {value}")
         if value > DEFAULT_LIMITS.get(name, 0):
-            required[key] = value
+            required[key] = max(value, required.get(key, 0))
     missing = [f for f in features if f not in adapter.features]
     if missing:
         why = (" (the package computes in fp16: compile it with --precision fp32 for this adapter)"
@@ -68,7 +69,7 @@ def _request_device(limits: dict[str, int], features: list[str], optional: tuple
     return adapter, adapter.request_device_sync(required_features=features, required_limits=required)
 
 
-def _session_device(tgt: dict[str, Any], device):
+def _session_device(tgt: dict[str, Any], device, grows: bool = False):
     """The adapter and device a session runs on: ``"shared"`` (the process-wide device,
     :func:`~kiln.runtime.gpu.shared_device`), ``"own"`` (a device of its own) or a wgpu device.
 
@@ -80,7 +81,7 @@ def _session_device(tgt: dict[str, Any], device):
     if device == "shared":
         return gpu.adapter(), shared_device(limits, features)
     if device == "own":
-        return _request_device(limits, features, optional=("timestamp-query",))
+        return _request_device(limits, features, optional=("timestamp-query",), grows=grows)
     if isinstance(device, str) or not hasattr(device, "create_buffer"):
         raise KilnError(f"device must be 'shared', 'own' or a wgpu device (e.g. another session's .device), "
                         f"got {device!r}")
@@ -154,7 +155,8 @@ class Session(TrainingMixin, GenerationMixin):
         if verify:
             verify_weights(self.path, self.manifest)
         tgt = self.manifest["targets"][target]
-        self.adapter, self.device = _session_device(tgt, device)
+        grows = any("grow" in b for b in self.manifest["buffers"])
+        self.adapter, self.device = _session_device(tgt, device, grows)
         dev = self.device
         t_device = time.perf_counter()
         cache = pipeline_cache(dev)
@@ -195,20 +197,8 @@ class Session(TrainingMixin, GenerationMixin):
         #: runs plans with run-time If/Loop (format 1.4); None for a flat plan
         self.control = ControlPlan(self, tgt["plan"]) if is_control_plan(tgt["plan"]) else None
         plan = self.control.kernel_steps if self.control is not None else tgt["plan"]
-        def bind(s: dict[str, Any], kernel: int) -> tuple[Any, Any]:
-            pipeline, layout = self.pipelines[kernel]
-            entries = [{"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0,
-                                                   "size": self.buffers[bid].size}} for i, bid in enumerate(s["buffers"])]
-            if "dims_binding" in tgt["kernels"][kernel]:
-                entries.append({"binding": tgt["kernels"][kernel]["dims_binding"], "resource": {
-                    "buffer": self.dims_buffer, "offset": 0, "size": self.dims_buffer.size}})
-            return pipeline, dev.create_bind_group(layout=layout, entries=entries)
-
-        #: per step, its kernel's (pipeline, bind group) and its variants' (kernels scheduled for another range of
-        #: run-time dims, docs/dynamic-shapes.md); self.steps holds the ones the current dims choose
-        self._alternatives = [[bind(s, s["kernel"])] + [bind(s, v["kernel"]) for v in s.get("variants", ())]
-                              for s in plan]
         self._plan = plan
+        self._make_bind_groups()
         self._sizes = dynamic.StepSizes(plan, "groups") if self._dyn else None
         #: data-dependent dims (format 1.9): where the run stops to read counts back, and each dim's entry
         self._binds = dynamic.bind_points(plan) if self.control is None else []
@@ -220,6 +210,7 @@ class Session(TrainingMixin, GenerationMixin):
         self._raw = self._raw_steps()
         self._calls: dict[tuple, Any] = {}  # _encode_raw's calls per (plan, dispatches, steps)
         self._ran = False
+        self._grow = dynamic.GrowSizes(self.manifest)  # buffers that grow with growable dims (format 1.10)
         chunks = os.environ.get("KILN_SUBMIT_CHUNKS")
         self.submit_chunks = max(1, int(chunks)) if chunks else 2 if len(self.steps) >= CHUNKED_STEPS else 1
         self._init_training(tgt)
@@ -235,6 +226,62 @@ class Session(TrainingMixin, GenerationMixin):
         t_end = time.perf_counter()
         self.load_ms = {"device": (t_device - t_start) * 1e3, "weights": (t_weights - t_device) * 1e3,
                         "pipelines": compile_s * 1e3, "total": (t_end - t_start) * 1e3}
+
+    def _make_bind_groups(self) -> None:
+        """:attr:`_alternatives`: per plan step, its kernel's (pipeline, bind group) and its variants' (kernels scheduled
+        for another range of run-time dims, docs/dynamic-shapes.md); made at load and again when buffers grow."""
+        tgt, dev = self.manifest["targets"]["webgpu"], self.device
+
+        def bind(s: dict[str, Any], kernel: int) -> tuple[Any, Any]:
+            pipeline, layout = self.pipelines[kernel]
+            entries = [{"binding": i, "resource": {"buffer": self.buffers[bid], "offset": 0,
+                                                   "size": self.buffers[bid].size}} for i, bid in enumerate(s["buffers"])]
+            if "dims_binding" in tgt["kernels"][kernel]:
+                entries.append({"binding": tgt["kernels"][kernel]["dims_binding"], "resource": {
+                    "buffer": self.dims_buffer, "offset": 0, "size": self.dims_buffer.size}})
+            return pipeline, dev.create_bind_group(layout=layout, entries=entries)
+
+        self._alternatives = [[bind(s, s["kernel"])] + [bind(s, v["kernel"]) for v in s.get("variants", ())]
+                              for s in self._plan]
+
+    def _grow_buffers(self, env: dict[str, int]) -> None:
+        """Make every growable buffer (format 1.10, docs/dynamic-shapes.md *Growable buffers*) large enough for dims
+        ``env``: a larger one replaces it (a state buffer keeps its contents), and the bind groups are made again.
+
+        Raises:
+            ShapeError: a buffer over 2 GiB (:class:`~kiln.runtime.dynamic.GrowSizes`).
+            DeviceError: a buffer over the device's maxBufferSize or maxStorageBufferBindingSize.
+        """
+        need = {b: n for b, n in self._grow(env).items() if n > self.buffers[b].size}
+        if not need:
+            return
+        limit = min(self.device.limits["max-buffer-size"], self.device.limits["max-storage-buffer-binding-size"])
+        enc = None
+        for b, n in need.items():
+            if n > limit:
+                raise DeviceError(f"{self.path}: dims {env} need a buffer of {n} bytes; the device allows {limit} "
+                                  "(maxStorageBufferBindingSize): run smaller inputs")
+            spec, old = self.manifest["buffers"][b], self.buffers[b]
+            new = self.device.create_buffer(size=dynamic.grown(old.size, n), usage=old.usage,
+                                            label=f"b{b}_{spec['kind']}")
+            if spec["kind"] == "state":
+                enc = enc or self.device.create_command_encoder()
+                enc.copy_buffer_to_buffer(old, 0, new, 0, old.size)
+            self.buffers[b] = new
+            if self.poison and spec["kind"] in ("activation", "output"):
+                self._fill_nan(b)
+        if enc is not None:
+            self.device.queue.submit([enc.finish()])
+        self._make_bind_groups()
+        self.steps = [(*alts[c], d) for alts, c, (_, _, d) in zip(self._alternatives, self._choice, self.steps)]
+        self._raw = self._raw_steps()
+        self._calls.clear()
+        self._validated = {self._choice}
+        self._ran = False  # (the first run of new bind groups goes through the checked API)
+        # (the staging buffer takes a grown output whole: the run's shape is known only when it runs)
+        self._out_bytes = [self.buffers[o["buffer"]].size if o["buffer"] in need else n
+                           for o, n in zip(self.outputs, self._out_bytes)]
+        self._readback = gpu.Readback(self.device, self._out_bytes)
 
     def _raw_steps(self):
         """The plan as raw wgpu-native handles, for :meth:`_encode_raw`; ``None`` where the backend differs."""
@@ -471,6 +518,8 @@ class Session(TrainingMixin, GenerationMixin):
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
+            if self._grow:
+                self._grow_buffers(env)
             choice, counts = self._sizes.dispatches(env)
             evaluated = counts, dynamic.output_shapes(self.manifest, env)
             self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))

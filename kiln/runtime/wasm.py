@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import KilnError, PackageError, one_line
+from kiln.errors import KilnError, PackageError, ShapeError, one_line
 from kiln.runtime.arena import ArenaSession
 
 
@@ -86,7 +86,9 @@ class WasmSession(ArenaSession):
             if self.threads > 1:
                 _SharedMemory = _shared_memory_class()
                 pages = int(layout["pages"])
-                shared = _SharedMemory(self.engine, wasmtime.MemoryType(wasmtime.Limits(pages, pages), shared=True))
+                most = int(layout.get("max_pages", pages))  # (format 1.10: growable buffers grow the memory)
+                shared = _SharedMemory(self.engine, wasmtime.MemoryType(wasmtime.Limits(pages, most), shared=True))
+                self._memory = shared
                 self.workers = []
                 for _ in range(self.threads):
                     store = wasmtime.Store(self.engine)
@@ -101,6 +103,7 @@ class WasmSession(ArenaSession):
                 memory = self.instance.exports(self.store).get("memory")
                 if not isinstance(memory, wasmtime.Memory):
                     raise PackageError(f"{module_path}: the wasm module exports no memory")
+                self._memory = memory
                 if memory.data_len(self.store) < layout["bytes"]:
                     memory.grow(self.store, -(-(layout["bytes"] - memory.data_len(self.store)) // 65536))
                 size, ptr = memory.data_len(self.store), memory.data_ptr(self.store)
@@ -140,6 +143,25 @@ class WasmSession(ArenaSession):
         """Per step, each worker's ``(function, store)`` of kernel ``kernels[step]``."""
         stores = [w[0] for w in self.workers]
         return [[(fns[k], st) for st, fns in zip(stores, self._per_worker)] for k in kernels]
+
+    def _grow_memory(self, nbytes: int) -> None:
+        import wasmtime
+
+        shared = self.threads > 1
+        have = self._memory.data_len() if shared else self._memory.data_len(self.store)
+        pages = -(-(nbytes - have) // 65536)
+        try:
+            self._memory.grow(pages) if shared else self._memory.grow(self.store, pages)
+        except wasmtime.WasmtimeError:
+            raise ShapeError(f"{self.path}: the run's dims need {nbytes / 2**20:.0f} MiB of wasm memory, more than the "
+                             "module can grow to (2 GiB): run smaller inputs") from None
+        size = self._memory.data_len() if shared else self._memory.data_len(self.store)
+        ptr = self._memory.data_ptr() if shared else self._memory.data_ptr(self.store)
+        self.mem = np.ctypeslib.as_array(ptr, shape=(size,))
+
+    def _moved(self) -> None:
+        self.steps = [(fn, tuple(self.offsets[b] for b in s["buffers"]), tiles)
+                      for (fn, _, tiles), s in zip(self.steps, self.plan)]
 
     def _set_dims(self, words: np.ndarray) -> None:
         self.mem[self._dims_at:self._dims_at + words.nbytes] = words.view(np.uint8)

@@ -20,6 +20,7 @@ from typing import Any
 from kiln.codegen import c
 from kiln.codegen.c_kernels import CKernel, CStep, build_c_kernels
 from kiln.codegen.cpu.vector import PRELUDE, vector_body_native
+from kiln.package import arena
 from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
 from kiln.te.compute import Tensor
@@ -121,15 +122,20 @@ static void kiln_after_fork(void) {
 }
 __attribute__((constructor)) static void kiln_init(void) { pthread_atfork(0, 0, kiln_after_fork); }
 
-// plan steps [first, last) on `threads` threads, the kernels reading run-time dims `dims` (KILN_MAX_DIMS words);
-// returns the threads used (fewer when some could not start)
-KILN_EXPORT("kiln_run") int kiln_run(unsigned char* m, int first, int last, int threads, const int* dims) {
+// plan steps [first, last) on `threads` threads, the kernels reading run-time dims `dims` (KILN_MAX_DIMS words), the
+// buffers at byte `offsets` (one per buffer; read only in a package with growable buffers); returns the threads used
+// (fewer when some could not start)
+KILN_EXPORT("kiln_run") int kiln_run(unsigned char* m, int first, int last, int threads, const int* dims,
+                                     const long long* offsets) {
     kiln_pool_t* p = &kiln_pool;
     if (first >= last) return 0;  // (no epoch for an empty run: a worker waking late would run the next one twice)
     if (threads < 1) threads = 1;
     if (threads > KILN_MAX_THREADS) threads = KILN_MAX_THREADS;
     pthread_mutex_lock(&p->run);
     for (int i = 0; i < KILN_MAX_DIMS; i++) kiln_dims[i] = dims[i];  // (under the lock: runs of other dims wait)
+#if KILN_GROWS
+    for (int i = 0; i < KILN_BUFFERS; i++) kiln_off[i] = offsets[i];  // where the growable buffers are this run
+#endif
     while (p->started < threads - 1) {  // start the workers this run needs (kept for later runs)
         p->born[p->started + 1] = atomic_load_explicit(&p->epoch, memory_order_relaxed);
         if (pthread_create(&p->tids[p->started + 1], 0, kiln_worker, (void*)(long)(p->started + 1)) != 0) break;
@@ -172,7 +178,7 @@ class CpuProgram:
             "source": SOURCE,
             "sha256": hashlib.sha256(self.source.encode()).hexdigest(),
             "bytes": len(self.source.encode()),
-            "memory": {"bytes": self.bytes, "align": ALIGN, "offsets": self.offsets},
+            "memory": {"bytes": self.bytes, "align": ALIGN, "slack": SLACK, "offsets": self.offsets},
             "kernels": [{"name": k.name, "ops": k.ops, "schedule": k.schedule, "vectorized": k.vectorized}
                         for k in self.kernels],
             "plan": [s.to_json() for s in self.steps],
@@ -180,22 +186,16 @@ class CpuProgram:
         return entry, {SOURCE: self.source}
 
 
-def plan_layout(sizes: list[int]) -> tuple[list[int], int]:
-    """Byte offsets of buffers of ``sizes`` bytes (in buffer-id order), each :data:`ALIGN`-aligned after
-    :data:`SLACK` bytes, and the arena's total bytes (with slack after the last)."""
-    offsets, at = [], SLACK
-    for n in sizes:
-        offsets.append(at)
-        at += -(-max(n, 1) // ALIGN) * ALIGN
-    return offsets, at + SLACK
-
-
-def _plan_source(kernels: list[CKernel], steps: list[CStep], offsets: list[int]) -> str:
-    lines = ["", "// the plan: step s over tiles [b, e)",
+def _plan_source(kernels: list[CKernel], steps: list[CStep], offsets: list[int], grows: list[bool]) -> str:
+    lines = ["", f"#define KILN_BUFFERS {max(len(offsets), 1)}", f"#define KILN_GROWS {int(any(grows))}",
+             "// where each buffer is in the arena this run (a package with growable buffers)",
+             "static long long kiln_off[KILN_BUFFERS];",
+             "// the plan: step s over tiles [b, e)",
              "static void kiln_step(unsigned char* m, int s, int b, int e) {", "    switch (s) {"]
     for i, s in enumerate(steps):
         k = kernels[s.kernel]
-        args = ", ".join(f"({'const ' if ro else ''}{ctype}*)(m + {offsets[b]})" for (ctype, ro), b in zip(k.params, s.buffers))
+        args = ", ".join(f"({'const ' if ro else ''}{ctype}*)(m + {f'kiln_off[{b}]' if grows[b] else offsets[b]})"
+                         for (ctype, ro), b in zip(k.params, s.buffers))
         call = f"{k.name}({args}, b, e); return;"
         for v in s.variants:  # (a variant's kernel has the same parameters)
             call = f"if ({v.condition()}) {{ {kernels[v.kernel].name}({args}, b, e); return; }} " + call
@@ -221,8 +221,9 @@ def build_cpu(groups: list[Group], plan: MemoryPlan, schedule: Callable[[Tensor]
         KilnError: a group the kernels do not support.
     """
     kernels, steps = build_c_kernels(groups, plan, schedule, vector_body_native, "cpu", progress)
-    offsets, nbytes = plan_layout([b.nbytes for b in plan.buffers])
+    grows = [b.grow is not None for b in plan.buffers]
+    offsets, nbytes = arena.layout([b.nbytes for b in plan.buffers], grows, SLACK, ALIGN, SLACK)
     header = "// Kiln kernels for the CPU; generated from tensor expressions, do not edit.\n"
     source = (header + c.PRELUDE + PRELUDE + "\n" + "\n".join(k.source for k in kernels)
-              + _plan_source(kernels, steps, offsets))
+              + _plan_source(kernels, steps, offsets, grows))
     return CpuProgram(source, offsets, nbytes, kernels, steps)

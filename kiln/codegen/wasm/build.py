@@ -40,9 +40,10 @@ def build_wasm(groups: list[Group], plan: MemoryPlan, progress: bool = False, th
         KilnError: a group the kernels do not support (naming its node), or the C compiler failed.
     """
     kernels, steps = build_c_kernels(groups, plan, schedule, simd.vectorize, "wasm", progress)
-    layout = wasm.plan_layout([b.nbytes for b in plan.buffers])
+    layout = wasm.plan_layout([b.nbytes for b in plan.buffers], [b.grow is not None for b in plan.buffers])
     source = simd.PRELUDE + "\n" + "\n".join(k.source for k in kernels)
-    module, *rest = wasm.compile_modules(source, layout.pages, (False, True) if threads else (False,))
+    module, *rest = wasm.compile_modules(source, layout.pages, (False, True) if threads else (False,),
+                                         layout.max_pages)
     top = wasm.heap_base(module)
     if top > wasm.ARENA:
         raise KilnError(f"the wasm module's stack and data end at {top}, past the buffer arena at {wasm.ARENA}")
@@ -66,7 +67,8 @@ def section(program: wasm.WasmProgram) -> tuple[dict[str, Any], dict[str, str | 
         "simd": True,
         "threads": threads,
         "memory": {"bytes": program.layout.bytes, "pages": program.layout.pages, "page_bytes": wasm.PAGE,
-                   "arena": wasm.ARENA, "offsets": program.layout.offsets},
+                   "arena": wasm.ARENA, "offsets": program.layout.offsets, "align": wasm.ALIGN, "slack": wasm.SLACK,
+                   **({"max_pages": program.layout.max_pages} if program.layout.grows else {})},
         "kernels": [{"name": k.name, "export": k.name, "params": len(k.params), "ops": k.ops,
                      "schedule": k.schedule, "vectorized": k.vectorized} for k in program.kernels],
         "plan": [s.to_json() for s in program.steps],

@@ -26,6 +26,7 @@ from kiln.codegen.c_kernels import CKernel, CStep
 from kiln.codegen.cpu_schedule import cpu_schedule, grid_shape  # noqa: F401  (grid_shape re-exported)
 from kiln.codegen.wasm.simd import PRELUDE
 from kiln.errors import KilnError
+from kiln.package import arena
 
 #: bytes of clang's stack at the bottom of linear memory
 STACK = 64 * 1024
@@ -59,31 +60,42 @@ class Layout:
     Attributes:
         offsets: buffer id -> byte offset (16-byte aligned).
         bytes: the memory the plan needs, from address 0 to the end of the last buffer's slack.
+        grows: some buffers grow at run time (the memory may grow to :data:`GROW_PAGES` pages).
     """
 
     offsets: list[int]
     bytes: int = 0
+    grows: bool = False
 
     @property
     def pages(self) -> int:
         """64 KiB pages of :attr:`bytes`."""
         return -(-self.bytes // PAGE)
 
+    @property
+    def max_pages(self) -> int:
+        """The most pages the memory may grow to: :attr:`pages`, or :data:`GROW_PAGES` when buffers grow."""
+        return max(self.pages, GROW_PAGES) if self.grows else self.pages
 
-def plan_layout(sizes: list[int]) -> Layout:
-    """Place buffers of ``sizes`` bytes (in buffer-id order) one after another from :data:`ARENA`.
+
+#: the pages a module with growable buffers may grow its memory to (2 GiB: offsets stay positive int32)
+GROW_PAGES = 32768
+#: buffers' alignment in linear memory (bytes)
+ALIGN = 16
+
+
+def plan_layout(sizes: list[int], grows: list[bool] | None = None) -> Layout:
+    """Place buffers of ``sizes`` bytes one after another from :data:`ARENA` (:func:`kiln.package.arena.layout`: in
+    buffer-id order, those that ``grows`` last).
 
     Raises:
         KilnError: the buffers do not fit a wasm32 memory (4 GiB).
     """
-    offsets, at = [], ARENA + SLACK
-    for n in sizes:
-        offsets.append(at)
-        at += -(-n // 16) * 16
-    total = at + SLACK
+    grows = grows or [False] * len(sizes)
+    offsets, total = arena.layout(sizes, grows, ARENA + SLACK, ALIGN, SLACK)
     if total > MAX_MEMORY:
         raise KilnError(f"the package needs {total / 2**30:.2f} GiB of linear memory; wasm32 addresses at most 4 GiB")
-    return Layout(offsets, total)
+    return Layout(offsets, total, any(grows))
 
 
 def _zig() -> list[str]:
@@ -94,21 +106,23 @@ def _zig() -> list[str]:
     return [sys.executable, "-m", "ziglang"]
 
 
-def compile_module(source: str, pages: int, threads: bool = False) -> bytes:
-    """Compile C ``source`` (kernels exported by name) into a WebAssembly module with ``pages`` pages of memory.
+def compile_module(source: str, pages: int, threads: bool = False, max_pages: int | None = None) -> bytes:
+    """Compile C ``source`` (kernels exported by name) into a WebAssembly module with ``pages`` pages of memory,
+    growable to ``max_pages`` (default ``pages``).
 
     Single-threaded modules define and export ``memory``; threaded ones import a shared
-    ``env.memory`` of exactly ``pages`` pages.
+    ``env.memory`` of ``pages`` pages, at most ``max_pages``.
 
     Raises:
         KilnError: the C compiler failed (its message attached) or ziglang is missing.
     """
-    return compile_modules(source, pages, (threads,))[0]
+    return compile_modules(source, pages, (threads,), max_pages)[0]
 
 
-def compile_modules(source: str, pages: int, variants: tuple[bool, ...] = (False, True)) -> list[bytes]:
+def compile_modules(source: str, pages: int, variants: tuple[bool, ...] = (False, True),
+                    max_pages: int | None = None) -> list[bytes]:
     """:func:`compile_module` for each of ``variants`` (``threads`` flags), the compilers running in parallel."""
-    base = CFLAGS + [f"-Wl,--initial-memory={pages * PAGE}", f"-Wl,--max-memory={pages * PAGE}"]
+    base = CFLAGS + [f"-Wl,--initial-memory={pages * PAGE}", f"-Wl,--max-memory={(max_pages or pages) * PAGE}"]
     with tempfile.TemporaryDirectory(prefix="kiln-wasm-") as tmp:
         src = Path(tmp) / "kernels.c"
         src.write_text(source)

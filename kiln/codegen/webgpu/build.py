@@ -137,7 +137,7 @@ class WebGPUKernels(KernelTable):
 
     @staticmethod
     def _dispatch(k) -> tuple[int, int, int]:
-        return k.schedule.dispatch(symbolic.upper(k.groups) * k.schedule.workgroup_size)
+        return k.schedule.dispatch(symbolic.planned(k.groups) * k.schedule.workgroup_size)
 
 
 def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, progress: bool = False,

@@ -9,10 +9,11 @@ convert nodes in order with the opset-versioned converters of
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from collections import ChainMap
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -186,11 +187,13 @@ def dim_key(input_name: str, index: int, dim: onnx.TensorShapeProto.Dimension) -
     return f"{input_name}_dim{index}"
 
 
-def parse_dim_spec(key: str, value: Any) -> int | tuple[int, ...]:
+def parse_dim_spec(key: str, value: Any) -> int | tuple[Any, ...]:
     """A ``--dim`` value: an int (a static binding), or ``(lo, hi)``, ``(lo, hi, opt)``, ``(lo, hi, opt, multiple)``,
     ``"lo..hi"``, ``"lo..hi@opt"`` or ``"lo..hi@opt%multiple"`` (a run-time dim with bounds; ``opt``, default ``hi``,
     is the value schedules are chosen for; ``%multiple`` says every value is a multiple of it, as PP-OCR's
-    detector needs of its height and width). A multiple of 1 gives the 3-tuple.
+    detector needs of its height and width). A multiple of 1 gives the 3-tuple. Without ``hi`` (``"lo.."``,
+    ``"lo..@opt"``, ``"auto"`` for ``"1.."``; ``(lo, None)`` in Python) the dim is *growable*: no upper bound, its
+    buffers grow at run time (docs/dynamic-shapes.md) and ``hi`` in the result is None.
 
     Raises:
         KilnError: a malformed value.
@@ -198,6 +201,8 @@ def parse_dim_spec(key: str, value: Any) -> int | tuple[int, ...]:
     multiple = 1
     if isinstance(value, str):
         text = value.strip()
+        if text == "auto":
+            text = "1.."
         try:
             if ".." not in text:
                 return int(text)
@@ -205,24 +210,29 @@ def parse_dim_spec(key: str, value: Any) -> int | tuple[int, ...]:
             multiple = int(mult) if mult else 1
             rng, _, opt = text.partition("@")
             lo, _, hi = rng.partition("..")
-            lo_i, hi_i = int(lo), int(hi)
+            lo_i, hi_i = int(lo), (int(hi) if hi.strip() else None)
             spec = (lo_i, hi_i, int(opt) if opt else hi_i)
         except ValueError:
-            raise KilnError(f"--dim {key}={value}: expected SIZE, LO..HI, LO..HI@OPT or LO..HI[@OPT]%MULTIPLE "
-                            "(integers)") from None
+            raise KilnError(f"--dim {key}={value}: expected SIZE, LO..HI, LO..HI@OPT, LO..HI[@OPT]%MULTIPLE, LO.. "
+                            "or auto (integers)") from None
     elif isinstance(value, (tuple, list, range)):
-        v = (value.start, value.stop - 1) if isinstance(value, range) else tuple(int(x) for x in value)
-        if len(v) not in (2, 3, 4):
+        v = (value.start, value.stop - 1) if isinstance(value, range) else \
+            tuple(None if x is None else int(x) for x in value)
+        if len(v) not in (2, 3, 4) or v[0] is None or any(x is None for x in v[2:]):
             raise KilnError(f"dim {key}: a run-time dim is (lo, hi), (lo, hi, opt) or (lo, hi, opt, multiple), "
-                            f"got {value!r}")
+                            f"hi None for no bound, got {value!r}")
         spec = (v[0], v[1], v[2] if len(v) >= 3 else v[1])
         multiple = v[3] if len(v) == 4 else 1
     else:
         return int(value)
-    if not 0 <= spec[0] <= spec[2] <= spec[1]:
-        raise KilnError(f"dim {key}: a run-time dim needs 0 <= lo <= opt <= hi, got {spec[0]}..{spec[1]}@{spec[2]}")
-    if multiple < 1 or any(x % multiple for x in spec):
-        raise KilnError(f"dim {key}: {spec[0]}..{spec[1]}@{spec[2]} must be multiples of {multiple}")
+    lo, hi, opt = spec
+    if hi is None:
+        if lo < 0 or (opt is not None and opt < lo):
+            raise KilnError(f"dim {key}: a growable dim needs 0 <= lo <= opt, got {lo}..@{opt}")
+    elif not 0 <= lo <= opt <= hi:
+        raise KilnError(f"dim {key}: a run-time dim needs 0 <= lo <= opt <= hi, got {lo}..{hi}@{opt}")
+    if multiple < 1 or any(x % multiple for x in spec if x is not None):
+        raise KilnError(f"dim {key}: {lo}..{'' if hi is None else hi}@{opt} must be multiples of {multiple}")
     return spec if multiple == 1 else (*spec, multiple)
 
 
@@ -246,7 +256,8 @@ def _derived_dim(key: str, text: str, size_vars: dict[str, Any]) -> Any:
     return symbolic.simplify(total)
 
 
-def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int | str, ...]]:
+def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, Any],
+                grow: Callable[[str], Any] | None = None) -> tuple[tuple[int, ...], tuple[int | str, ...]]:
     if not t.HasField("tensor_type"):
         raise KilnError(f"input {name!r}: only tensor inputs are supported")
     if not t.tensor_type.HasField("shape"):
@@ -262,7 +273,7 @@ def _bind_shape(name: str, t: onnx.TypeProto, dims: dict[str, Any]) -> tuple[tup
             sym.append(key)
             if key not in dims:
                 if d.dim_param and d.dim_param != "?":
-                    dims[key] = 1
+                    dims[key] = 1 if grow is None else grow(key)
                 else:
                     raise ShapeError(f"input {name!r} dim {i} is unknown; bind it with --dim {key}=SIZE")
             concrete.append(dims[key] if not isinstance(dims[key], (int, np.integer)) else int(dims[key]))
@@ -283,21 +294,28 @@ def _call(fn, b: Builder, inputs: list[Value | None], attrs: dict[str, Any], nod
 
 
 def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int] | None = None,
-                 variables: Collection[str] = ()) -> Graph:
+                 variables: Collection[str] = (), unbound: str = "static") -> Graph:
     """Convert an ONNX model to a :class:`~kiln.ir.graph.Graph`.
 
     Args:
         model: a loaded ``ModelProto`` or a path to an ``.onnx`` file.
-        dims: values for symbolic dims (``{"N": 1}``); an unbound named dim defaults to 1.
+        dims: values for symbolic dims (``{"N": 1}``, ``{"seq": (1, 512)}``, ``{"batch": (1, None)}``: see
+            :func:`parse_dim_spec`).
         variables: initializer names to import as graph inputs (appended after the model's
             inputs, in this order) instead of constants, so nothing folds them: the trainable
             weights of a train-step graph (:mod:`kiln.train`).
+        unbound: what a named symbolic dim without an entry in ``dims`` becomes: ``"static"`` (bound to 1) or
+            ``"grow"`` (a growable run-time dim, ``1..``; docs/dynamic-shapes.md). A growable dim the model bounds
+            (a Slice of a constant table by it) gets that bound: the model is converted again with it, and
+            ``graph.inferred_bounds`` says why.
 
     Raises:
         ModelFormatError: the file is not a valid ONNX model.
         UnsupportedOpError: listing every operator Kiln lacks, before any conversion.
         ShapeError: a graph input has unknown dims, or shapes do not fit.
     """
+    if unbound not in ("static", "grow"):
+        raise KilnError(f"unbound dims are 'static' or 'grow', not {unbound!r}")
     if not isinstance(model, onnx.ModelProto):
         model = load_model(model)
     missing = unsupported_ops(model)
@@ -307,6 +325,34 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001, S110  (ONNX's inference is advisory; Kiln's own shape rules decide)
         pass
+    inferred: dict[str, tuple[int, str]] = {}
+    while True:
+        try:
+            graph = _import(model, dims, variables, unbound, inferred)
+        except symbolic.BoundInferred as e:
+            if e.dim in inferred:  # (a second bound for the same dim: the first did not settle it)
+                raise KilnError(f"{e}; give the dim's bounds with --dim {e.dim}=LO..HI") from None
+            inferred[e.dim] = (e.hi, str(e))
+            continue
+        graph.inferred_bounds = {k: why for k, (_, why) in inferred.items() if k in graph.size_vars}
+        return graph
+
+
+def _import(model: onnx.ModelProto, dims: dict[str, Any] | None, variables: Collection[str], unbound: str,
+            inferred: dict[str, tuple[int, str]]) -> Graph:
+    """One conversion of :func:`import_model` with the bounds ``inferred`` so far (dim -> (hi, why))."""
+
+    def make_var(key: str, spec: tuple[Any, ...]) -> Any:
+        v = symbolic.size_var(key, len(size_vars), *spec)
+        if v.grow and key in inferred:
+            hi = inferred[key][0]
+            v = dataclasses.replace(v, hi=hi, opt=min(v.opt, hi))
+        return v
+
+    def grow(key: str) -> Any:  # a named dim left unbound: growable
+        size_vars[key] = make_var(key, (1, None, None))
+        return size_vars[key]
+
     g = model.graph
     dims = dict(dims or {})
     graph = Graph(name=g.name or "model")
@@ -317,8 +363,7 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
             continue
         spec = parse_dim_spec(key, value)
         if isinstance(spec, tuple):
-            size_vars[key] = symbolic.size_var(key, len(size_vars), *spec)
-            dims[key] = size_vars[key]
+            size_vars[key] = dims[key] = make_var(key, spec)
         else:
             dims[key] = spec
     for key, text in derived.items():
@@ -328,7 +373,7 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, dims: dict[str, int
     for inp in g.input:
         if inp.name in init_names:
             continue
-        shape, sym = _bind_shape(inp.name, inp.type, dims)
+        shape, sym = _bind_shape(inp.name, inp.type, dims, grow if unbound == "grow" else None)
         v = Value(inp.name, dtypes.from_onnx(inp.type.tensor_type.elem_type), shape, sym_shape=sym)
         graph.inputs.append(v)
         env[inp.name] = v

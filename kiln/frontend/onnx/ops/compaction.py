@@ -47,7 +47,7 @@ def compact(b: Builder, data: Value, keep: Value, axis: int, hint: str) -> Value
     """``data``'s slices along ``axis`` whose int32 flag in ``keep`` (``[data.shape[axis]]``) is non-zero, in order:
     a ``Compact`` whose extent along ``axis`` is a new data-dependent dim named after ``hint``."""
     pos, count = prefix_count(b, keep)
-    dim = b.data_dim(count, symbolic.upper(data.shape[axis]), hint)
+    dim = b.data_dim(count, data.shape[axis], hint)
     return b.op("Compact", [data, keep, pos], axis=axis, count=dim)
 
 
@@ -127,7 +127,7 @@ def topk_count(b: Builder, k: Value, extent) -> object:
     """The data-dependent dim of TopK's run-time ``k`` (an integer ``[1]`` or scalar value), at most ``extent``; the
     runtimes refuse a ``k`` outside ``[0, extent]`` (ONNX TopK requires ``k <= extent``)."""
     count = b.op("Cast", [reshape(b, k, (1,))], to="int32")
-    return b.data_dim(count, symbolic.upper(extent), f"{b.scope or 'TopK'}.k")
+    return b.data_dim(count, extent, f"{b.scope or 'TopK'}.k")
 
 
 @onnx_op("Unique", since=11)

@@ -1,0 +1,101 @@
+"""Growable dims (docs/dynamic-shapes.md, *Growable buffers*): a run-time dim without an upper bound, whose buffers grow
+at run time. all-MiniLM-L6-v2 compiled with no bounds runs batches and sequences of every size from one package on
+webgpu, wasm and cpu (natively; tests/test_dynamic_browser.py runs it in Chromium), against onnxruntime, with the
+shapes growing and shrinking between runs; the bound the model itself implies (512 positions) is inferred and
+enforced."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import SHARED_MODELS
+
+import kiln
+from kiln.arith import symbolic
+from kiln.errors import KilnError, ShapeError
+from kiln.frontend.onnx.importer import parse_dim_spec
+from kiln.package import arena
+from tools.dynamic_minilm import feeds as minilm_feeds
+
+MODEL = SHARED_MODELS / "all_minilm_l6_v2.onnx"
+
+
+@pytest.fixture(scope="module")
+def growable_minilm(tmp_path_factory):
+    return kiln.compile(MODEL, tmp_path_factory.mktemp("grow") / "minilm", dims={"batch": "1..", "seq": "auto"},
+                        device_class="cpu", target="webgpu,wasm,cpu")
+
+
+def test_manifest_marks_growable_dims_and_buffers(growable_minilm):
+    m = json.loads((growable_minilm / "manifest.json").read_text())
+    dims = {d["name"]: d for d in m["dynamic_dims"]}
+    assert dims["batch"]["grow"] and dims["batch"]["max"] == symbolic.GROW_HI and "inferred" not in dims["batch"]
+    # the position table has 512 rows: the import bounds seq by it, and says where from
+    assert dims["seq"]["grow"] and dims["seq"]["max"] == 512 and "/m/embeddings/Slice" in dims["seq"]["inferred"]
+    grows = [b for b in m["buffers"] if "grow" in b]
+    assert {b["kind"] for b in grows} == {"input", "output", "activation"}
+    assert not any("grow" in b for b in m["buffers"] if b["kind"] == "weight")
+    # first sizes at the dims' lower bounds: a 1x1 batch, not the largest one
+    out = next(b for b in m["buffers"] if b["id"] == m["outputs"][0]["buffer"])
+    assert out["bytes"] == 384 * 4 and out["grow"] == ["*", ["*", "batch", "seq"], 1536]
+    for name in ("wasm", "cpu"):  # the fixed buffers first, the growable ones after them
+        offsets = m["targets"][name]["memory"]["offsets"]
+        assert min(offsets[b["id"]] for b in grows) > max(offsets[b["id"]] for b in m["buffers"] if "grow" not in b)
+
+
+@pytest.mark.parametrize("target", ["webgpu", "wasm", "cpu"])
+def test_minilm_every_shape_from_one_growable_package(growable_minilm, target, rng):
+    """Batch 1-8 x seq 1-512 from one package with no stated bounds, the buffers growing and the arena relaid out as
+    the shapes grow and shrink: within 1e-4 of onnxruntime."""
+    session = kiln.load(growable_minilm, target=target, poison=True)
+    ref = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
+    shapes = [(1, 1), (2, 7), (8, 64), (1, 3), (1, 512)] if target == "webgpu" else [(1, 1), (2, 7), (8, 40), (1, 3),
+                                                                                      (1, 160)]
+    for batch, seq in shapes:
+        feeds = minilm_feeds(rng, batch, seq)
+        got = session.run(feeds)["last_hidden_state"]
+        want = ref.run(["last_hidden_state"], feeds)[0]
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1e-4, (target, batch, seq)
+    with pytest.raises(ShapeError, match="seq.*513.*1..512"):  # the inferred bound holds
+        session.run(minilm_feeds(rng, 1, 513))
+
+
+def test_parse_growable_dim_specs():
+    assert parse_dim_spec("b", "1..") == (1, None, None) and parse_dim_spec("b", "auto") == (1, None, None)
+    assert parse_dim_spec("b", "0..@8") == (0, None, 8) and parse_dim_spec("b", (2, None)) == (2, None, None)
+    assert parse_dim_spec("h", "32..@64%32") == (32, None, 64, 32)
+    for bad in ("4..@2", "x.."):
+        with pytest.raises(KilnError):
+            parse_dim_spec("b", bad)
+    v = symbolic.size_var("b", 0, 1, None)
+    assert v.grow and v.hi == symbolic.GROW_HI and v.opt == 64
+    assert symbolic.planned(symbolic.simplify(v * 4)) == 4  # a growable buffer's first size: at the lower bound
+
+
+def test_growable_layout_moves_only_growable_buffers():
+    """kiln/package/arena.py: the compile-time layout and a run's layout agree on the fixed buffers."""
+    sizes, grows = [100, 8, 4000, 64], [False, True, False, True]
+    offsets, total = arena.layout(sizes, grows, 64, 64, 64)
+    assert offsets == [64, 4224, 192, 4288] and total == 4416
+    memory = {"offsets": offsets, "bytes": total, "align": 64, "slack": 64}
+    moved, need = arena.regrow(memory, {1: 1000, 3: 10})
+    assert moved[0] == 64 and moved[2] == 192 and moved[1] == 4224 and moved[3] == 4224 + 1024 and need == 5376
+    assert arena.regrow(memory, {}) == (offsets, total)
+
+
+def test_data_dependent_dim_over_a_growable_dim_is_refused(tmp_path):
+    """A NonZero over a growable dim would size its result by a bound that grows with the input: a clear error."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, [1, "k"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "nonzero.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(KilnError, match="grows with n, which have no upper bound"):
+        kiln.compile(path, tmp_path / "pkg", dims={"n": "1.."})
