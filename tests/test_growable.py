@@ -68,6 +68,7 @@ def test_parse_growable_dim_specs():
     assert parse_dim_spec("b", "1..") == (1, None, None) and parse_dim_spec("b", "auto") == (1, None, None)
     assert parse_dim_spec("b", "0..@8") == (0, None, 8) and parse_dim_spec("b", (2, None)) == (2, None, None)
     assert parse_dim_spec("h", "32..@64%32") == (32, None, 64, 32)
+    assert parse_dim_spec("b", parse_dim_spec("b", "auto")) == (1, None, None)  # (the CLI parses, then the importer)
     for bad in ("4..@2", "x.."):
         with pytest.raises(KilnError):
             parse_dim_spec("b", bad)
@@ -99,3 +100,18 @@ def test_data_dependent_dim_over_a_growable_dim_is_refused(tmp_path):
     path.write_bytes(model.SerializeToString())
     with pytest.raises(KilnError, match="grows with n, which have no upper bound"):
         kiln.compile(path, tmp_path / "pkg", dims={"n": "1.."})
+
+
+def test_cli_compiles_growable_dims_and_info_says_so(tmp_path):
+    """``kiln compile --dim batch=auto --dim seq=auto`` (parsed by the CLI, then by the importer), and ``kiln info``
+    naming the growable dims and the inferred bound."""
+    from test_cli import kiln as kiln_cli
+
+    out = kiln_cli("compile", MODEL, "-o", tmp_path / "pkg", "--dim", "batch=auto", "--dim", "seq=auto",
+                   "--device-class", "cpu", "--no-validate")
+    assert out.returncode == 0, out.stderr
+    info = kiln_cli("info", tmp_path / "pkg")
+    assert info.returncode == 0, info.stderr
+    assert "batch=1..@64 (growable)" in info.stdout
+    assert "seq=1..512@64 (growable; bound inferred from node '/m/embeddings/Slice'" in info.stdout
+    assert "growable buffers: 11 of" in info.stdout

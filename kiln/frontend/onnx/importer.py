@@ -218,7 +218,7 @@ def parse_dim_spec(key: str, value: Any) -> int | tuple[Any, ...]:
     elif isinstance(value, (tuple, list, range)):
         v = (value.start, value.stop - 1) if isinstance(value, range) else \
             tuple(None if x is None else int(x) for x in value)
-        if len(v) not in (2, 3, 4) or v[0] is None or any(x is None for x in v[2:]):
+        if len(v) not in (2, 3, 4) or v[0] is None or any(x is None for x in v[3:]):
             raise KilnError(f"dim {key}: a run-time dim is (lo, hi), (lo, hi, opt) or (lo, hi, opt, multiple), "
                             f"hi None for no bound, got {value!r}")
         spec = (v[0], v[1], v[2] if len(v) >= 3 else v[1])
@@ -226,6 +226,9 @@ def parse_dim_spec(key: str, value: Any) -> int | tuple[Any, ...]:
     else:
         return int(value)
     lo, hi, opt = spec
+    if opt is None and hi is not None:
+        opt = hi
+        spec = (lo, hi, opt)
     if hi is None:
         if lo < 0 or (opt is not None and opt < lo):
             raise KilnError(f"dim {key}: a growable dim needs 0 <= lo <= opt, got {lo}..@{opt}")
