@@ -13,7 +13,9 @@
 // the export kiln_dims()), written when they change, and each step runs over its `tiles` size expression.
 // See kiln.js for the backend interface this module implements.
 
-import {bindPoints, checkCount, chosenStep, dimsWords, evalDims, growSizes, outputShape, regrow} from './dims.js';
+import {
+  bindPoints, checkCount, chosenStep, dimsWords, evalDims, growSizes, grownSize, outputShape, regrow,
+} from './dims.js';
 import {DeviceError, KilnError, PackageError, ShapeError} from './errors.js';
 import {readWeights, sha256Hex} from './package.js';
 import {DTYPES, product} from './tensor.js';
@@ -282,14 +284,10 @@ export class WasmBackend {
     const have = this.memory.buffer.byteLength;
     if (bytes > have) {
       try {
-        this.memory.grow(Math.ceil((Math.max(bytes, Math.floor(have * 3 / 2)) - have) / 65536));
+        this.memory.grow(Math.ceil((grownSize(have, bytes) - have) / 65536));
       } catch {
-        try {
-          this.memory.grow(Math.ceil((bytes - have) / 65536));
-        } catch {
-          throw new ShapeError(`the run's dims need ${Math.ceil(bytes / 2 ** 20)} MiB of wasm memory, more than the ` +
-            'module can grow to (2 GiB): run smaller inputs');
-        }
+        throw new ShapeError(`the run's dims need ${Math.ceil(bytes / 2 ** 20)} MiB of wasm memory, more than the ` +
+          'module can grow to (2 GiB): run smaller inputs');
       }
     }
     if (offsets.every((o, i) => o === this.offsets[i])) return;

@@ -277,6 +277,8 @@ export class WebGPUBackend {
     this.dimsBuffer = null;
     /** @private makes the steps' bind groups again (growable buffers grew) @type {(() => any[]) | null} */
     this.rebind = null;
+    /** @private whether buffers grow with growable dims (format 1.10) */
+    this.grows = manifest.buffers.some((b) => b.grow !== undefined);
     /** @private */ this.manifest = manifest;
     /** @private the dims last written into the uniform (JSON), and the dispatches they give @type {string | null} */
     this.dimsKey = null;
@@ -444,7 +446,7 @@ export class WebGPUBackend {
     if (!dims || !this.dimsBuffer) return;
     const key = JSON.stringify(dims);
     if (key === this.dimsKey) return;
-    if (this.manifest.buffers.some((b) => b.grow !== undefined)) this.grow(dims);
+    if (this.grows) this.grow(dims);
     this.device.queue.writeBuffer(this.dimsBuffer, 0, dimsWords(this.manifest, dims));
     this.dispatches = this.steps.map((s) => stepDispatch(s.step, dims));
     for (const s of this.steps) Object.assign(s, s.alternatives[variantIndex(s.step, dims)]);  // (a variant's kernel)
@@ -473,7 +475,8 @@ export class WebGPUBackend {
           '(maxStorageBufferBindingSize): run smaller inputs');
       }
       const {kind} = this.manifest.buffers[id];
-      const fresh = device.createBuffer({label: `b${id}_${kind}`, size: grownSize(buffer.size, need), usage: buffer.usage});
+      const size = Math.min(grownSize(buffer.size, need), limit);
+      const fresh = device.createBuffer({label: `b${id}_${kind}`, size, usage: buffer.usage});
       if (kind === 'state') {
         encoder ??= device.createCommandEncoder();
         encoder.copyBufferToBuffer(buffer, 0, fresh, 0, buffer.size);

@@ -73,7 +73,8 @@ class Buffer:
         id: index in :attr:`MemoryPlan.buffers`.
         kind: ``input``, ``output``, ``weight``, ``activation`` or ``state`` (an input the runtime keeps between
             runs, updated in place: :attr:`Graph.state`).
-        nbytes: size (a multiple of 4); for a growable buffer, its first size (at the dims' ``opt``).
+        nbytes: size (a multiple of 4); for a growable buffer, its first size (the growable dims at their lower
+            bounds).
         values: names of the values stored in it over the run.
         grow: for a buffer whose size grows with a growable dim (docs/dynamic-shapes.md, *Growable buffers*), its
             bytes as a size expression (a multiple of 4): the runtimes make it at least that large for the run's

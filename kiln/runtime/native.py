@@ -262,7 +262,7 @@ class Session(TrainingMixin, GenerationMixin):
                 raise DeviceError(f"{self.path}: dims {env} need a buffer of {n} bytes; the device allows {limit} "
                                   "(maxStorageBufferBindingSize): run smaller inputs")
             spec, old = self.manifest["buffers"][b], self.buffers[b]
-            new = self.device.create_buffer(size=dynamic.grown(old.size, n), usage=old.usage,
+            new = self.device.create_buffer(size=min(dynamic.grown(old.size, n), limit), usage=old.usage,
                                             label=f"b{b}_{spec['kind']}")
             if spec["kind"] == "state":
                 enc = enc or self.device.create_command_encoder()

@@ -96,7 +96,6 @@ class WasmSession(ArenaSession):
                     linker.define(store, "env", "memory", shared)
                     self.workers.append((store, linker.instantiate(store, module)))
                 self.store, self.instance = self.workers[0]
-                size, ptr = shared.data_len(), shared.data_ptr()
             else:
                 self.store = wasmtime.Store(self.engine)
                 self.instance = wasmtime.Instance(self.store, module, [])
@@ -106,13 +105,13 @@ class WasmSession(ArenaSession):
                 self._memory = memory
                 if memory.data_len(self.store) < layout["bytes"]:
                     memory.grow(self.store, -(-(layout["bytes"] - memory.data_len(self.store)) // 65536))
-                size, ptr = memory.data_len(self.store), memory.data_ptr(self.store)
         except wasmtime.WasmtimeError as e:
             raise PackageError(f"{module_path}: cannot instantiate the wasm module ({one_line(e)})") from None
+        self._map_memory()
+        size = self.mem.size
         if size < layout["bytes"]:
             raise PackageError(f"{module_path}: the wasm module's memory holds {size} bytes, the package needs "
                                f"{layout['bytes']}")
-        self.mem = np.ctypeslib.as_array(ptr, shape=(size,))
         self.offsets: list[int] = layout["offsets"]
         exports = self.instance.exports(self.store)
         self.kernel_names = [k["name"] for k in tgt["kernels"]]
@@ -147,14 +146,17 @@ class WasmSession(ArenaSession):
     def _grow_memory(self, nbytes: int) -> None:
         import wasmtime
 
-        shared = self.threads > 1
-        have = self._memory.data_len() if shared else self._memory.data_len(self.store)
-        pages = -(-(nbytes - have) // 65536)
+        pages = -(-(nbytes - self.mem.size) // 65536)
         try:
-            self._memory.grow(pages) if shared else self._memory.grow(self.store, pages)
+            self._memory.grow(pages) if self.threads > 1 else self._memory.grow(self.store, pages)
         except wasmtime.WasmtimeError:
             raise ShapeError(f"{self.path}: the run's dims need {nbytes / 2**20:.0f} MiB of wasm memory, more than the "
                              "module can grow to (2 GiB): run smaller inputs") from None
+        self._map_memory()
+
+    def _map_memory(self) -> None:
+        """:attr:`mem`: a numpy view of the module's whole linear memory (again after it grows)."""
+        shared = self.threads > 1
         size = self._memory.data_len() if shared else self._memory.data_len(self.store)
         ptr = self._memory.data_ptr() if shared else self._memory.data_ptr(self.store)
         self.mem = np.ctypeslib.as_array(ptr, shape=(size,))
