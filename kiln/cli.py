@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -22,7 +23,9 @@ class KilnGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():  # a warning is one line on stderr: "warning: ..."
+                warnings.showwarning = _show_warning
+                return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, BrokenPipeError):
             raise
         except KilnError as e:
@@ -41,6 +44,10 @@ class KilnGroup(click.Group):
             ctx.exit(2)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
 @click.group(cls=KilnGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
 @click.version_option(package_name="kiln", prog_name="kiln")
@@ -55,9 +62,13 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Package directory to write.")
 @click.option("--target", default="webgpu", show_default=True, metavar="TARGETS",
               help="Code generation targets, a comma list of webgpu, webgl2, wasm and cpu (e.g. webgpu,webgl2,wasm).")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim (default 1), e.g. --dim N=4; a range makes it a run-time dim: "
+@click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help="Bind a symbolic dim statically, e.g. --dim N=4 (see --unbound for dims left out); a range makes it a run-time dim: "
               "--dim seq=1..512 (--dim seq=1..512@128: schedules chosen for 128; --dim H=32..960%32: multiples of 32 only); "
               "--dim batch=1.. or --dim batch=auto: no upper bound, buffers grow at run time.")
+@click.option("--unbound", type=click.Choice(["auto", "grow", "static"]), default="auto", show_default=True,
+              help="ONNX models: what a symbolic dim without --dim becomes. auto: a run-time dim whose buffers grow "
+                   "at run time, or 1 with a warning where a target (webgl2), --train or the model needs static dims; "
+                   "grow: a growable run-time dim or the error; static: 1.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
 @click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,
               help="Pre/post-processing for the demo page and `kiln run --image`.")
@@ -91,7 +102,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--momentum", type=float, default=0.0, show_default=True, help="With --train: SGD momentum.")
 @click.option("--weight-decay", type=float, default=0.0, show_default=True,
               help="With --train: L2 penalty (sgd, adam) or decoupled weight decay (adamw).")
-def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: str, labels, no_validate: bool,
+def compile_cmd(model: Path, out: Path, target: str, dims, unbound: str, force: bool, preset: str, labels, no_validate: bool,
                 print_ir: bool, device_class: str, precision: str, tuning_db, adapter, max_context: int, beams: int,
                 train: bool,
                 trainable: str, loss: str, optimizer: str, lr: float | None, momentum: float,
@@ -116,7 +127,7 @@ def compile_cmd(model: Path, out: Path, target: str, dims, force: bool, preset: 
     path = compile_model(model, out, target=target, dims=parse_dims(dims), force=force, preset=preset,
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
                          device_class=device_class, schedule=schedule, train=train_options, precision=precision,
-                         max_context=max_context, beams=beams)
+                         max_context=max_context, beams=beams, unbound=unbound)
     if (path / "speech.json").is_file():  # a speech package: one line per part
         for part in ("resample", "log_mel", "encoder", "decoder"):
             _summary(read_manifest(path / part), f"{model} ({part})", path / part, targets, tuning_db, precision,
@@ -438,8 +449,11 @@ def info_cmd(package: Path, as_json: bool) -> None:
                        f"(first size {_fmt_bytes(sum(b['bytes'] for b in grows))})")
     for name, tgt in m["targets"].items():
         uses: dict[int, int] = {}
+        as_variant: dict[int, int] = {}  # steps running the kernel for some dims (docs/dynamic-shapes.md, variants)
         for s in kernel_steps(tgt["plan"]):
             uses[s["kernel"]] = uses.get(s["kernel"], 0) + 1
+            for v in s.get("variants", ()):
+                as_variant[v["kernel"]] = as_variant.get(v["kernel"], 0) + 1
         extra = (f", features {tgt['features']}" if tgt.get("features") else "")
         if name == "wasm":
             extra += (f", {_fmt_bytes(tgt['bytes'])} module, {_fmt_bytes(tgt['memory']['bytes'])} memory"
@@ -450,7 +464,8 @@ def info_cmd(package: Path, as_json: bool) -> None:
                    f"{ {'webgpu': 'dispatches', 'webgl2': 'draws'}.get(name, 'calls')}{extra}")
         for i, k in enumerate(tgt["kernels"]):
             tuned = f"  tuned {k['tuning'].get('speedup', 1):.2f}x" if k.get("tuned") else ""
-            click.echo(f"  {k['name']:<40} {'+'.join(k['ops']):<28} x{uses.get(i, 0)}{tuned}")
+            variant = f" (+{as_variant[i]} as a variant)" if i in as_variant else ""
+            click.echo(f"  {k['name']:<40} {'+'.join(k['ops']):<28} x{uses.get(i, 0)}{variant}{tuned}")
         tuned = [k for k in tgt["kernels"] if k.get("tuned")]
         if tuned:
             adapters = sorted({k["tuning"].get("adapter", "?") for k in tuned})

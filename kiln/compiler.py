@@ -7,6 +7,7 @@ loop over the targets (:mod:`kiln.codegen.target`). Nothing here knows a target'
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +15,9 @@ from typing import Any
 
 from kiln.codegen.lowering import group_expr, steps_for
 from kiln.codegen.target import Program, Target, TargetBuild, bind_steps, get_target, target_names
-from kiln.errors import KilnError, UnsupportedOpError
+from kiln.errors import KilnError, UnsupportedOpError, one_line
 from kiln.frontend.gguf import import_gguf
-from kiln.frontend.onnx.importer import import_model, load_model, unsupported_ops
+from kiln.frontend.onnx.importer import import_model, load_model, unbound_dims, unsupported_ops
 from kiln.frontend.sampling import sampler_graph
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
@@ -170,7 +171,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
                   labels: str | os.PathLike | None = None, validate: bool = True, progress: bool = False,
                   device_class: str = "gpu", wasm_threads: bool = True,
                   schedule: Callable[[Tensor], Schedule] | None = None, train: Any = None,
-                  precision: str = "fp32", max_context: int = 2048, beams: int = 5, unbound: str = "static") -> Path:
+                  precision: str = "fp32", max_context: int = 2048, beams: int = 5, unbound: str = "auto") -> Path:
     """Compile an ONNX model, a GGUF language model, or a CTranslate2 Whisper model folder into a package directory
     (a speech package for Whisper: :func:`compile_whisper`).
 
@@ -201,8 +202,10 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
             The package's dims (batch size) serve both training and inference.
         max_context: GGUF models: the most tokens the KV cache holds (prompt and answer).
         beams: Whisper models: the widest beam search the decoder's cache holds (:func:`compile_whisper`).
-        unbound: ONNX models: what a named symbolic dim absent from ``dims`` becomes: ``"static"`` (1, the default)
-            or ``"grow"`` (a growable run-time dim, docs/dynamic-shapes.md *Growable buffers*).
+        unbound: ONNX models: what a named symbolic dim absent from ``dims`` becomes: ``"auto"`` (the default: a
+            growable run-time dim, docs/dynamic-shapes.md *Growable buffers*; bound to 1 with a
+            :class:`StaticDimsWarning` where run-time dims cannot be built: a webgl2 target, a train step, or a
+            model that fails to compile with them), ``"grow"`` (growable, or the error) or ``"static"`` (1).
         precision: ``fp32`` (default), ``fp16`` (float weights and activations stored as f16, arithmetic
             in f16 with f32 accumulation and f32 for fragile ops, see :mod:`kiln.te.half`; the package
             needs WebGPU's ``shader-f16``; webgpu target only) or ``fp16-acc16`` (dot products also
@@ -244,17 +247,68 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         raise UnsupportedOpError(missing)
     if device_class not in DEVICE_CLASSES:
         raise KilnError(f"device class must be one of {', '.join(DEVICE_CLASSES)}, not {device_class!r}")
-    training = None
-    if train is not None:
-        training = build_train_graph(onnx_model, train, dims)
-        graph = training.graph
-    else:
-        graph = import_model(onnx_model, dims, unbound=unbound)
-    if graph.name in ("", "main_graph", "model", "torch_jit"):
-        graph.name = Path(model).stem
-    compiled = compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
+
+    def build(mode: str) -> Compiled:
+        training = None
+        if train is not None:
+            training = build_train_graph(onnx_model, train, dims)
+            graph = training.graph
+        else:
+            graph = import_model(onnx_model, dims, unbound=mode)
+        if graph.name in ("", "main_graph", "model", "torch_jit"):
+            graph.name = Path(model).stem
+        return compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
                              wasm_threads=wasm_threads, schedule=schedule, training=training, precision=precision)
+
+    mode, open_dims = unbound_mode(onnx_model, dims, unbound, target, train)
+    try:
+        compiled = build(mode)
+    except KilnError as e:
+        if unbound != "auto" or mode != "grow":
+            raise
+        compiled = build("static")  # (if that fails too, its error is the one to show)
+        warn_static(open_dims, f"as growable run-time dims the model does not compile: {e}")
     return write_package(compiled, out, force=force, preset=preset, labels=labels, source=Path(model).name)
+
+
+class StaticDimsWarning(UserWarning):
+    """Symbolic dims the user left unbound were bound to 1 (a target, a train step or the model needs static dims):
+    the package takes only size 1 for them. ``--dim NAME=SIZE`` or ``--dim NAME=LO..HI`` says what to build."""
+
+
+def warn_static(names: list[str], why: str) -> None:
+    """Warn (:class:`StaticDimsWarning`, one line) that the unbound dims ``names`` are bound to 1, and why."""
+    s = "s" if len(names) > 1 else ""
+    warnings.warn(one_line(f"dim{s} {', '.join(names)} left unbound {'are' if s else 'is'} bound to 1 ({why}); "
+                           f"give {'them' if s else 'it'} with --dim NAME=SIZE or NAME=LO..HI"),
+                  StaticDimsWarning, stacklevel=3)
+
+
+def unbound_mode(onnx_model: Any, dims: dict[str, Any] | None, unbound: str, target: str | list[str],
+                 train: Any) -> tuple[str, list[str]]:
+    """What the ONNX importer makes of the named symbolic dims ``dims`` leaves unbound (:func:`compile_model`'s
+    ``unbound``): ``("grow" or "static", their names)``. ``"auto"`` makes them growable unless there are none, a
+    target takes static dims only (webgl2) or a train step is built: then static, with a warning.
+
+    Raises:
+        KilnError: ``unbound`` is not ``auto``, ``grow`` or ``static``; ``grow`` with a train step.
+    """
+    if unbound not in ("auto", "grow", "static"):
+        raise KilnError(f"unbound dims are 'auto', 'grow' or 'static', not {unbound!r}")
+    names = unbound_dims(onnx_model, dims)
+    if unbound == "grow" and names and train is not None:
+        raise KilnError(f"--unbound grow: a train step takes static dims; give {', '.join(names)} with --dim NAME=SIZE")
+    if unbound != "auto":
+        return unbound, names
+    if not names:
+        return "static", names
+    fixed = [t for t in parse_targets(target) if not get_target(t).run_time_dims]
+    why = (f"the {', '.join(fixed)} target{'s take' if len(fixed) > 1 else ' takes'} static dims" if fixed
+           else "a train step takes static dims" if train is not None else None)
+    if why:
+        warn_static(names, why)
+        return "static", names
+    return "grow", names
 
 
 def is_whisper_folder(model: str | os.PathLike) -> bool:

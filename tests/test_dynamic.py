@@ -273,8 +273,15 @@ def test_manifest(models):
         assert ("kiln_dims" in src) == ("dims_binding" in k)
 
 
-def test_static_package_unchanged(mobilenet_package):
-    m = json.loads((mobilenet_package / "manifest.json").read_text())
+def test_static_package_unchanged(tmp_path):
+    """``unbound="static"`` binds a symbolic dim to 1: no run-time dims machinery in the package."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [_vi("y", TensorProto.FLOAT, ["N", 4])],
+                   {"w": np.ones((8, 4), np.float32)}, "static")
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", unbound="static")
+    m = json.loads((pkg / "manifest.json").read_text())
+    assert m["inputs"][0]["shape"] == [1, 8]
     assert "dynamic_dims" not in m and all("groups" not in s for s in m["targets"]["webgpu"]["plan"])
     assert all("dims_binding" not in k for k in m["targets"]["webgpu"]["kernels"])
 

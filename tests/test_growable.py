@@ -15,6 +15,7 @@ from conftest import SHARED_MODELS
 
 import kiln
 from kiln.arith import symbolic
+from kiln.codegen.target import variant_values
 from kiln.errors import KilnError, ShapeError
 from kiln.frontend.onnx.importer import parse_dim_spec
 from kiln.package import arena
@@ -25,8 +26,9 @@ MODEL = SHARED_MODELS / "all_minilm_l6_v2.onnx"
 
 @pytest.fixture(scope="module")
 def growable_minilm(tmp_path_factory):
-    return kiln.compile(MODEL, tmp_path_factory.mktemp("grow") / "minilm", dims={"batch": "1..", "seq": "auto"},
-                        device_class="cpu", target="webgpu,wasm,cpu")
+    """MiniLM compiled with no dims at all: its symbolic batch and seq become growable run-time dims by default."""
+    return kiln.compile(MODEL, tmp_path_factory.mktemp("grow") / "minilm", device_class="cpu",
+                        target="webgpu,wasm,cpu")
 
 
 def test_manifest_marks_growable_dims_and_buffers(growable_minilm):
@@ -73,7 +75,8 @@ def test_parse_growable_dim_specs():
         with pytest.raises(KilnError):
             parse_dim_spec("b", bad)
     v = symbolic.size_var("b", 0, 1, None)
-    assert v.grow and v.hi == symbolic.GROW_HI and v.opt == 64
+    assert v.grow and v.hi == symbolic.GROW_HI and v.opt == 1
+    assert variant_values([v]) == {"b": 64}  # kernels over it also get a variant scheduled at 64
     assert symbolic.planned(symbolic.simplify(v * 4)) == 4  # a growable buffer's first size: at the lower bound
 
 
@@ -90,28 +93,68 @@ def test_growable_layout_moves_only_growable_buffers():
 
 def test_data_dependent_dim_over_a_growable_dim_is_refused(tmp_path):
     """A NonZero over a growable dim would size its result by a bound that grows with the input: a clear error."""
+    path = _nonzero_model(tmp_path / "nonzero.onnx")
+    with pytest.raises(KilnError, match="grows with n, which have no upper bound"):
+        kiln.compile(path, tmp_path / "pkg", dims={"n": "1.."})
+
+
+@pytest.mark.parametrize("dims", [(), ("--dim", "batch=auto", "--dim", "seq=1..")], ids=["default", "stated"])
+def test_cli_compiles_growable_dims_and_info_says_so(tmp_path, dims):
+    """``kiln compile`` with no --dim (the default makes MiniLM's batch and seq growable) or with them stated as
+    growable (parsed by the CLI, then by the importer), and ``kiln info`` naming the growable dims and the inferred
+    bound."""
+    from test_cli import kiln as kiln_cli
+
+    out = kiln_cli("compile", MODEL, "-o", tmp_path / "pkg", *dims, "--device-class", "cpu", "--no-validate")
+    assert out.returncode == 0, out.stderr
+    assert "warning" not in out.stderr
+    info = kiln_cli("info", tmp_path / "pkg")
+    assert info.returncode == 0, info.stderr
+    assert "batch=1..@1 (growable)" in info.stdout
+    assert "seq=1..512@1 (growable; bound inferred from node '/m/embeddings/Slice'" in info.stdout
+    assert "growable buffers: 11 of" in info.stdout
+
+
+def _nonzero_model(path):
+    """``NonZero(x)`` over an input of symbolic length ``n``."""
     from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
                               [helper.make_tensor_value_info("y", TensorProto.INT64, [1, "k"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    path = tmp_path / "nonzero.onnx"
-    path.write_bytes(model.SerializeToString())
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return path
+
+
+def test_unbound_dims_fall_back_to_static_with_a_warning(tmp_path):
+    """By default an unbound dim is growable; where that cannot compile (a NonZero over it; the webgl2 target) it is
+    bound to 1 with one warning saying why, and ``unbound="grow"`` gives the error instead."""
+    from kiln.compiler import StaticDimsWarning
+
+    path = _nonzero_model(tmp_path / "nonzero.onnx")
+    with pytest.warns(StaticDimsWarning, match=r"dim n left unbound is bound to 1 \(as growable run-time dims the "
+                                               r"model does not compile: .*grows with n"):
+        pkg = kiln.compile(path, tmp_path / "pkg", device_class="cpu")
+    m = json.loads((pkg / "manifest.json").read_text())
+    assert [d["name"] for d in m["dynamic_dims"]] == ["NonZero_0.count"] and m["inputs"][0]["shape"] == [1]
     with pytest.raises(KilnError, match="grows with n, which have no upper bound"):
-        kiln.compile(path, tmp_path / "pkg", dims={"n": "1.."})
+        kiln.compile(path, tmp_path / "pkg2", unbound="grow")
+    with pytest.warns(StaticDimsWarning, match=r"dims batch, seq left unbound are bound to 1 \(the webgl2 target "
+                                               r"takes static dims\)"):
+        pkg = kiln.compile(MODEL, tmp_path / "gl", target="webgl2", validate=False)
+    m = json.loads((pkg / "manifest.json").read_text())
+    assert "dynamic_dims" not in m and m["inputs"][0]["shape"] == [1, 1]
+    with pytest.raises(KilnError, match="unbound dims are 'auto', 'grow' or 'static'"):
+        kiln.compile(MODEL, tmp_path / "bad", unbound="dynamic")
 
 
-def test_cli_compiles_growable_dims_and_info_says_so(tmp_path):
-    """``kiln compile --dim batch=auto --dim seq=auto`` (parsed by the CLI, then by the importer), and ``kiln info``
-    naming the growable dims and the inferred bound."""
-    from test_cli import kiln as kiln_cli
-
-    out = kiln_cli("compile", MODEL, "-o", tmp_path / "pkg", "--dim", "batch=auto", "--dim", "seq=auto",
-                   "--device-class", "cpu", "--no-validate")
-    assert out.returncode == 0, out.stderr
-    info = kiln_cli("info", tmp_path / "pkg")
-    assert info.returncode == 0, info.stderr
-    assert "batch=1..@64 (growable)" in info.stdout
-    assert "seq=1..512@64 (growable; bound inferred from node '/m/embeddings/Slice'" in info.stdout
-    assert "growable buffers: 11 of" in info.stdout
+def test_growable_kernels_stay_vectorised(growable_minilm):
+    """The grid over run-time dims unravels by divisors like ``((seq + 3) / 4) * 576``: the lane vectorisers see that
+    a multiple of the row keeps the lanes in one row, so the QKV projection's seq variant loads weight vectors and
+    divides once per tile, not per lane (5x slower on the cpu target before)."""
+    src = (growable_minilm / "kernels" / "kiln-cpu.c").read_text()
+    kernels = src.split("\n// ")
+    qkv = [k for k in kernels if k.startswith("matmul_add: MatMul -> Add [batch, seq, 1152]") and "i1o * (4)" in k]
+    assert qkv, "no seq variant of the QKV projection tiling 4 rows"
+    vector = qkv[0][qkv[0].index("_v("):]
+    assert "kv_v128_load(&in1[" in vector and "KILN_MAP_I2(kiln_idiv" not in vector

@@ -391,8 +391,8 @@ def size_var(name: str, index: int, lo: int, hi: int | None, opt: int | None = N
     """A run-time dim ``name`` with bounds ``lo..hi`` (``0 <= lo <= hi``), schedule value ``opt`` (default ``hi``)
     and, when ``multiple > 1``, the constraint that every value is a multiple of ``multiple`` (the bounds and
     ``opt`` must be multiples too; runtimes refuse other values). ``hi=None`` makes a *growable* dim
-    (``SizeVar.grow``): bounded by :data:`GROW_HI`, ``opt`` by default ``max(lo, 64)``, the buffers it sizes
-    growing at run time.
+    (``SizeVar.grow``): bounded by :data:`GROW_HI`, ``opt`` by default ``max(lo, 1)`` (kernels over it also get a
+    variant scheduled at 64: kiln.codegen.target.variant_values), the buffers it sizes growing at run time.
 
     Raises:
         KilnError: bad bounds.
@@ -400,7 +400,7 @@ def size_var(name: str, index: int, lo: int, hi: int | None, opt: int | None = N
     grow = hi is None
     if grow:
         hi = GROW_HI // multiple * multiple
-        opt = max(lo, min(64, hi)) if opt is None else opt
+        opt = max(lo, 1) if opt is None else opt
         opt = -(-opt // multiple) * multiple
     opt = hi if opt is None else opt
     if not (0 <= lo <= hi and lo <= opt <= hi):

@@ -111,8 +111,13 @@ def variant_values(size_vars: Iterable[Any]) -> dict[str, int]:
     """The run-time dims a kernel over ``size_vars`` gets a variant for (name -> the value its schedule is chosen
     at): those whose ``opt`` is below :data:`VARIANT_AT` and their bound. A decoder step's kernel scheduled at
     ``sequence = 1`` is a matrix-vector product that reloads (and dequantizes) every weight for each prompt
-    token; its variant at 64 tiles the tokens too."""
-    return {v.name: min(v.hi, VARIANT_AT) for v in size_vars if v.opt < VARIANT_AT and v.opt < v.hi}
+    token; its variant at 64 tiles the tokens too. Of several such dims only the last declared gets it (a model's
+    ``seq`` after its ``batch``: the innermost of the row axes, which the variant's tiles split): a variant with
+    both at 64 would split ``batch`` too and run only where both exceed their ``opt``, so that batch 1 x seq 128
+    ran the matrix-vector kernels (MiniLM with growable dims on the cpu target, 5x slower than static)."""
+    below = [v for v in size_vars if v.opt < VARIANT_AT and v.opt < v.hi]
+    last = max(below, key=lambda v: v.index, default=None)
+    return {} if last is None else {last.name: min(last.hi, VARIANT_AT)}
 
 
 def scheduled_variant(size_vars: Iterable[Any], build: Callable[[], Any]) -> tuple[dict[str, list[int]], Any] | None:
@@ -160,7 +165,9 @@ def bind_steps(graph, groups, plan_steps: list[dict[str, Any]]) -> None:
 
 def describe(group: Group, shape_text: str | None = None) -> str:
     """``Op -> Op [shape]``: the comment a kernel's source carries."""
-    return " -> ".join(n.op for n in group.nodes) + f" {shape_text if shape_text is not None else list(group.output.shape)}"
+    if shape_text is None:
+        shape_text = "[" + ", ".join(symbolic.to_text(d) for d in group.output.shape) + "]"
+    return " -> ".join(n.op for n in group.nodes) + f" {shape_text}"
 
 
 def progress_over(groups: Iterable[Group], show: bool, description: str) -> Iterator[Group]:

@@ -71,6 +71,15 @@ class Val:
 _CMP = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
 
 
+def const_factor(e: Expr) -> int:
+    """A constant ``c`` with ``e`` = ``c`` times an integer (the product of ``e``'s constant factors; 1 if none)."""
+    if isinstance(e, Const):
+        return abs(int(e.value))
+    if isinstance(e, Bin) and e.op == "*":
+        return const_factor(e.a) * const_factor(e.b)
+    return 1
+
+
 class Vectoriser:
     """Renders the statements of one kernel for ``lanes`` tiles at once; ``env`` maps variable names to
     their :class:`Val` (scalar code comes from :class:`kiln.codegen.c.C`)."""
@@ -189,7 +198,11 @@ class Vectoriser:
             sb = b.stride if b.kind == "a" else 0
             s = sa + sb if op == "+" else sa - sb
             code = f"({a.code} {op} {b.code})"
-            return Val("a", code, "int32", s) if s else Val("u", code, "int32")
+            # lanes in one block, moved by a uniform multiple of the block, stay in one block
+            block = (a.block if a.kind == "a" and b.kind == "u" and a.block and const_factor(eb) % a.block == 0
+                     else b.block if op == "+" and b.kind == "a" and a.kind == "u" and b.block
+                     and const_factor(ea) % b.block == 0 else 0)
+            return Val("a", code, "int32", s, block) if s else Val("u", code, "int32")
         if op == "*":
             ka = int(ea.value) if isinstance(ea, Const) else None
             x, m = (a, k) if a.kind == "a" else (b, ka)
@@ -200,6 +213,13 @@ class Vectoriser:
             return Val("u", f"({a.code} / {k})", "int32")
         if op == "%" and a.kind == "a" and k and a.block and k % a.block == 0:
             return Val("a", f"({a.code} % {k})", "int32", a.stride, a.block)
+        if op in ("//", "/", "%") and a.kind == "a" and b.kind == "u" and a.block and k is None:
+            # a run-time divisor with a constant factor that is a multiple of the block (a grid unravelled over
+            # run-time dims: gid / (((seq + 3) / 4) * 576) with rows of 576): the lanes stay in one block
+            f = const_factor(eb)
+            if f > 0 and f % a.block == 0:
+                code = _C.bin_code(op, "int32", a.code, b.code, eb)
+                return Val("u", code, "int32") if op != "%" else Val("a", code, "int32", a.stride, a.block)
         return None
 
     @staticmethod

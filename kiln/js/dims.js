@@ -42,6 +42,15 @@ export function evalDims(e, env) {
 }
 
 /**
+ * A manifest shape as error messages show it, as the static checks do: `[N, 3, 224, 224]` (a size expression as its
+ * JSON).
+ * @param {(number | string | object)[]} shape @returns {string}
+ */
+function dimsText(shape) {
+  return `[${shape.map((w) => (typeof w === 'object' ? JSON.stringify(w) : String(w))).join(', ')}]`;
+}
+
+/**
  * Each run-time dim's value from the fed tensors' shapes (and the values of `value_dim` inputs).
  * @param {Manifest} manifest
  * @param {Record<string, {dims: number[], data?: ArrayLike<number|bigint>}>} feeds input name -> tensor (names and
@@ -61,7 +70,7 @@ export function bindDims(manifest, feeds) {
     const want = spec.dynamic_shape ?? spec.shape;
     const got = feeds[spec.name].dims;
     if (got.length !== want.length) {
-      throw new ShapeError(`input '${spec.name}': expected rank ${want.length} ${JSON.stringify(want)}, got shape [${got.join(', ')}]`);
+      throw new ShapeError(`input '${spec.name}': expected rank ${want.length} ${dimsText(want)}, got shape [${got.join(', ')}]`);
     }
     /** @type {[string, string, number][]} (where, dim, value) of each dim this input gives */
     const found = [];
@@ -92,7 +101,7 @@ export function bindDims(manifest, feeds) {
     const got = feeds[spec.name].dims;
     if (expected.some((v, i) => v !== got[i])) {
       throw new ShapeError(`input '${spec.name}': expected shape [${expected.join(', ')}] (symbolic ` +
-        `${JSON.stringify(want)}), got [${got.join(', ')}]`);
+        `${dimsText(want)}), got [${got.join(', ')}]`);
     }
   }
   for (const d of manifest.dynamic_dims) {  // data-dependent dims: at their bounds until the run reads them back

@@ -34,6 +34,7 @@ from websockets.sync.client import connect as ws_connect
 from kiln.errors import AuthError, KilnError, PackageError, ProtocolError, RemoteError, RpcError
 from kiln.package.format import MANIFEST, MANIFEST_DIGEST, read_manifest, sha256_file, verify_weights
 from kiln.rpc import protocol
+from kiln.runtime.dynamic import bind_dims
 from kiln.runtime.feeds import check_feeds
 
 #: seconds to wait for the server to accept a connection
@@ -251,7 +252,10 @@ class RemotePackage:
             self._remote._current = None
 
     def _feeds(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {spec["name"]: array for spec, array in check_feeds(self.inputs, feeds)}
+        checked = {spec["name"]: array for spec, array in check_feeds(self.inputs, feeds)}
+        if self.manifest.get("dynamic_dims"):  # run-time dims: their bounds and agreement, before sending
+            bind_dims(self.manifest, checked)
+        return checked
 
 
 class Remote:

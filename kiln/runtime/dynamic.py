@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import PackageError, ShapeError
+from kiln.runtime.feeds import shape_text
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "//": lambda a, b: a // b,
         "%": lambda a, b: a % b, "max": max, "min": min}
@@ -179,10 +180,10 @@ def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]
         name = spec["name"]
         want = spec.get("dynamic_shape", spec["shape"])
         if name not in feeds:
-            raise ShapeError(f"missing input {name!r} ({spec['dtype']}{want})")
+            raise ShapeError(f"missing input {name!r} ({spec['dtype']}{shape_text(want)})")
         shape = np.shape(feeds[name])
         if len(shape) != len(want):
-            raise ShapeError(f"input {name!r}: expected rank {len(want)} {want}, got shape {list(shape)}")
+            raise ShapeError(f"input {name!r}: expected rank {len(want)} {shape_text(want)}, got shape {list(shape)}")
         found = [(f"input {name!r} dim {axis}", w, int(got)) for axis, (got, w) in enumerate(zip(shape, want))
                  if isinstance(w, str) and w in dims]
         if "value_dim" in spec:  # an integer [1] input whose value is a dim (a decoder's past_sequence_length)
@@ -209,7 +210,7 @@ def bind_dims(manifest: dict[str, Any], feeds: dict[str, Any]) -> dict[str, int]
             raise ShapeError(f"input {spec['name']!r}: cannot bind dims {missing} from its shape")
         exp = [eval_json(w, env) for w in want]
         if exp != got:
-            raise ShapeError(f"input {spec['name']!r}: expected shape {exp} (symbolic {want}), got {got}")
+            raise ShapeError(f"input {spec['name']!r}: expected shape {exp} (symbolic {shape_text(want)}), got {got}")
     for name, d in dims.items():  # data-dependent dims: their largest value until the run reads them back
         if "count" in d:
             env[name] = d["max"]

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 
 from kiln.errors import ShapeError
 from kiln.package.format import numpy_dtype, to_storage
+
+
+def shape_text(shape: list) -> str:
+    """A manifest shape as error messages show it, as the static checks do: ``[N, 3, 224, 224]`` (a size expression
+    as its JSON)."""
+    return "[" + ", ".join(str(w) if isinstance(w, (int, str)) else json.dumps(w) for w in shape) + "]"
 
 
 def check_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tuple[dict[str, Any], np.ndarray]]:
@@ -38,10 +45,10 @@ def check_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tupl
         if "dynamic_shape" in spec:  # run-time dims: the runtime binds and checks them (kiln.runtime.dynamic)
             if a.ndim != len(spec["dynamic_shape"]):
                 raise ShapeError(f"input {spec['name']!r}: expected rank {len(spec['dynamic_shape'])} "
-                                 f"{spec['dynamic_shape']}, got shape {list(a.shape)}")
+                                 f"{shape_text(spec['dynamic_shape'])}, got shape {list(a.shape)}")
         elif list(a.shape) != list(spec["shape"]):
             raise ShapeError(f"input {spec['name']!r}: expected shape {spec['shape']} "
-                             f"(symbolic {spec.get('symbolic_shape', spec['shape'])}), got {list(a.shape)}")
+                             f"(symbolic {shape_text(spec.get('symbolic_shape', spec['shape']))}), got {list(a.shape)}")
         out.append((spec, np.ascontiguousarray(a)))
     return out
 

@@ -187,6 +187,23 @@ def dim_key(input_name: str, index: int, dim: onnx.TensorShapeProto.Dimension) -
     return f"{input_name}_dim{index}"
 
 
+def unbound_dims(model: onnx.ModelProto, dims: dict[str, Any] | None = None) -> list[str]:
+    """The named symbolic dims of ``model``'s inputs (``dim_param``, in input order) that ``dims`` gives no value:
+    those :func:`import_model`'s ``unbound`` decides (static 1, or growable run-time dims)."""
+    dims = dims or {}
+    inits = {t.name for t in model.graph.initializer}
+    out: list[str] = []
+    for inp in model.graph.input:
+        if inp.name in inits or not inp.type.HasField("tensor_type"):
+            continue
+        for i, d in enumerate(inp.type.tensor_type.shape.dim):
+            if d.HasField("dim_param") and d.dim_param not in ("", "?"):
+                key = dim_key(inp.name, i, d)
+                if key not in dims and key not in out:
+                    out.append(key)
+    return out
+
+
 def parse_dim_spec(key: str, value: Any) -> int | tuple[Any, ...]:
     """A ``--dim`` value: an int (a static binding), or ``(lo, hi)``, ``(lo, hi, opt)``, ``(lo, hi, opt, multiple)``,
     ``"lo..hi"``, ``"lo..hi@opt"`` or ``"lo..hi@opt%multiple"`` (a run-time dim with bounds; ``opt``, default ``hi``,
