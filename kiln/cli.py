@@ -67,7 +67,7 @@ def main(ctx: click.Context, debug: bool) -> None:
               "--dim batch=1.. or --dim batch=auto: no upper bound, buffers grow at run time.")
 @click.option("--unbound", type=click.Choice(["auto", "grow", "static"]), default="auto", show_default=True,
               help="ONNX models: what a symbolic dim without --dim becomes. auto: a run-time dim whose buffers grow "
-                   "at run time, or 1 with a warning where a target (webgl2), --train or the model needs static dims; "
+                   "at run time, or 1 with a warning where --train or the model needs static dims; "
                    "grow: a growable run-time dim or the error; static: 1.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it is an existing Kiln package.")
 @click.option("--preset", type=click.Choice(["auto", "imagenet", "none"]), default="auto", show_default=True,

@@ -204,8 +204,8 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         beams: Whisper models: the widest beam search the decoder's cache holds (:func:`compile_whisper`).
         unbound: ONNX models: what a named symbolic dim absent from ``dims`` becomes: ``"auto"`` (the default: a
             growable run-time dim, docs/dynamic-shapes.md *Growable buffers*; bound to 1 with a
-            :class:`StaticDimsWarning` where run-time dims cannot be built: a webgl2 target, a train step, or a
-            model that fails to compile with them), ``"grow"`` (growable, or the error) or ``"static"`` (1).
+            :class:`StaticDimsWarning` where run-time dims cannot be built: a train step, a target without them, or
+            a model that fails to compile with them), ``"grow"`` (growable, or the error) or ``"static"`` (1).
         precision: ``fp32`` (default), ``fp16`` (float weights and activations stored as f16, arithmetic
             in f16 with f32 accumulation and f32 for fragile ops, see :mod:`kiln.te.half`; the package
             needs WebGPU's ``shader-f16``; webgpu target only) or ``fp16-acc16`` (dot products also
@@ -288,7 +288,8 @@ def unbound_mode(onnx_model: Any, dims: dict[str, Any] | None, unbound: str, tar
                  train: Any) -> tuple[str, list[str]]:
     """What the ONNX importer makes of the named symbolic dims ``dims`` leaves unbound (:func:`compile_model`'s
     ``unbound``): ``("grow" or "static", their names)``. ``"auto"`` makes them growable unless there are none, a
-    target takes static dims only (webgl2) or a train step is built: then static, with a warning.
+    target takes static dims only (none of Kiln's since webgl2 has run-time dims) or a train step is built: then
+    static, with a warning.
 
     Raises:
         KilnError: ``unbound`` is not ``auto``, ``grow`` or ``static``; ``grow`` with a train step.

@@ -256,7 +256,7 @@ def test_c_targets_many_shapes(models, c_sessions, name, target, rng):
 def test_manifest(models):
     _, pkg, _ = models["attention"]
     m = json.loads((pkg / "manifest.json").read_text())
-    assert m["version"] == VERSION == "1.10"
+    assert m["version"] == VERSION == "1.11"
     assert m["dynamic_dims"] == [{"name": "batch", "index": 0, "min": 1, "max": 4, "opt": 4},
                                  {"name": "seq", "index": 1, "min": 1, "max": 16, "opt": 8}]
     x = next(i for i in m["inputs"] if i["name"] == "x")
@@ -301,9 +301,6 @@ def test_bad_feeds(models):
 
 def test_compile_errors(models, tmp_path):
     path, _, _ = models["attention"]
-    with pytest.raises(KilnError, match=r"run-time dims \(batch=1\.\.4, seq=1\.\.16\) are supported by the webgpu, "
-                                        r"wasm, cpu targets \(asked for webgl2\)"):
-        kiln.compile(path, tmp_path / "w", dims=DIMS, target="webgpu,webgl2")
     with pytest.raises(KilnError, match="name no input dim"):
         kiln.compile(path, tmp_path / "u", dims={"sequence": (1, 8)})
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])

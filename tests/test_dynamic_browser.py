@@ -62,7 +62,7 @@ def _feeds(rng, batch, seq):
 @pytest.fixture(scope="module")
 def minilm_package(tmp_path_factory):
     return kiln.compile(MODEL, tmp_path_factory.mktemp("dyn") / "minilm", dims={"batch": (1, 4), "seq": (1, 64, 16)},
-                        device_class="cpu", target="webgpu,wasm")
+                        device_class="cpu", target="webgpu,wasm,webgl2")
 
 
 def _run_and_check(browser, pkg, runs, target) -> list:
@@ -87,7 +87,7 @@ def _run_and_check(browser, pkg, runs, target) -> list:
     return results[len(runs):]
 
 
-@pytest.mark.parametrize("target", ["webgpu", "wasm"])
+@pytest.mark.parametrize("target", ["webgpu", "wasm", "webgl2"])
 def test_minilm_two_shapes_one_package(browser, minilm_package, rng, target):
     rest = _run_and_check(browser, minilm_package, [_feeds(rng, 1, 7), _feeds(rng, 2, 12)], target)
     assert rest[0] == ("ShapeError: inconsistent dim seq: input 'attention_mask' dim 1 is 4 but input "
@@ -99,14 +99,14 @@ def growable_package(tmp_path_factory):
     """MiniLM compiled with no dims: by default its batch and seq are growable (docs/dynamic-shapes.md *Growable
     buffers*)."""
     return kiln.compile(MODEL, tmp_path_factory.mktemp("grow") / "minilm",
-                        device_class="cpu", target="webgpu,wasm")
+                        device_class="cpu", target="webgpu,wasm,webgl2")
 
 
-@pytest.mark.parametrize("target", ["webgpu", "wasm"])
+@pytest.mark.parametrize("target", ["webgpu", "wasm", "webgl2"])
 def test_minilm_growable_package_in_chromium(browser, growable_package, rng, target):
-    """kiln.js grows the WebGPU buffers (new buffers and bind groups) and the wasm arena (memory.grow, the workers
-    told the new addresses) as the shapes grow, and keeps them when they shrink: each run within 1e-4 of
-    onnxruntime."""
+    """kiln.js grows the WebGPU buffers (new buffers and bind groups), the wasm arena (memory.grow, the workers
+    told the new addresses) and the WebGL2 textures (more rows, framebuffers attached again) as the shapes grow, and
+    keeps them when they shrink: each run within 1e-4 of onnxruntime."""
     runs = [_feeds(rng, 1, 3), _feeds(rng, 4, 24), _feeds(rng, 1, 5), _feeds(rng, 8, 40)]
     rest = _run_and_check(browser, growable_package, runs, target)
     assert rest[0].startswith("ShapeError: inconsistent dim seq")

@@ -127,7 +127,7 @@ def _nonzero_model(path):
 
 
 def test_unbound_dims_fall_back_to_static_with_a_warning(tmp_path):
-    """By default an unbound dim is growable; where that cannot compile (a NonZero over it; the webgl2 target) it is
+    """By default an unbound dim is growable; where that cannot compile (a NonZero over it; a train step) it is
     bound to 1 with one warning saying why, and ``unbound="grow"`` gives the error instead."""
     from kiln.compiler import StaticDimsWarning
 
@@ -139,11 +139,21 @@ def test_unbound_dims_fall_back_to_static_with_a_warning(tmp_path):
     assert [d["name"] for d in m["dynamic_dims"]] == ["NonZero_0.count"] and m["inputs"][0]["shape"] == [1]
     with pytest.raises(KilnError, match="grows with n, which have no upper bound"):
         kiln.compile(path, tmp_path / "pkg2", unbound="grow")
-    with pytest.warns(StaticDimsWarning, match=r"dims batch, seq left unbound are bound to 1 \(the webgl2 target "
-                                               r"takes static dims\)"):
-        pkg = kiln.compile(MODEL, tmp_path / "gl", target="webgl2", validate=False)
-    m = json.loads((pkg / "manifest.json").read_text())
-    assert "dynamic_dims" not in m and m["inputs"][0]["shape"] == [1, 1]
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kiln.train import TrainOptions
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "lin",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+                              [numpy_helper.from_array(np.ones((3, 2), np.float32), "w")])
+    lin = tmp_path / "lin.onnx"
+    lin.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with pytest.warns(StaticDimsWarning, match=r"dim N left unbound is bound to 1 \(a train step takes static dims\)"):
+        pkg = kiln.compile(lin, tmp_path / "train", train=TrainOptions(loss="mse"), device_class="cpu")
+    assert json.loads((pkg / "manifest.json").read_text())["inputs"][0]["shape"] == [1, 3]
+    with pytest.raises(KilnError, match="--unbound grow: a train step takes static dims; give N with --dim"):
+        kiln.compile(lin, tmp_path / "train2", train=TrainOptions(loss="mse"), unbound="grow")
     with pytest.raises(KilnError, match="unbound dims are 'auto', 'grow' or 'static'"):
         kiln.compile(MODEL, tmp_path / "bad", unbound="dynamic")
 
@@ -158,3 +168,23 @@ def test_growable_kernels_stay_vectorised(growable_minilm):
     assert qkv, "no seq variant of the QKV projection tiling 4 rows"
     vector = qkv[0][qkv[0].index("_v("):]
     assert "kv_v128_load(&in1[" in vector and "KILN_MAP_I2(kiln_idiv" not in vector
+
+
+def test_webgl2_kernels_read_run_time_dims(growable_minilm_webgl2):
+    """The webgl2 target takes run-time dims (format 1.11): kernels read them from the KilnDims uniform block and
+    lay tensors out by their run-time sizes; steps carry their output's element count, growable buffers' textures
+    grow. (tests/test_dynamic_browser.py runs such packages in Chromium against onnxruntime.)"""
+    m = json.loads((growable_minilm_webgl2 / "manifest.json").read_text())
+    assert m["version"] == "1.11" and {d["name"] for d in m["dynamic_dims"]} == {"batch", "seq"}
+    gl = m["targets"]["webgl2"]
+    assert any(t.get("grow") for t in gl["textures"]) and all(t["width"] == gl["texture_width"]
+                                                              for t in gl["textures"] if t.get("grow"))
+    steps = [s for s in gl["plan"] if "elements" in s]
+    assert steps and "seq" in json.dumps(steps[0]["elements"])
+    src = (growable_minilm_webgl2 / gl["kernels"][steps[0]["kernel"]]["source"]).read_text()
+    assert "uniform KilnDims { ivec4 kiln_dims[1]; }" in src and "discard;" in src
+
+
+@pytest.fixture(scope="module")
+def growable_minilm_webgl2(tmp_path_factory):
+    return kiln.compile(MODEL, tmp_path_factory.mktemp("growgl") / "minilm", target="webgl2", validate=False)

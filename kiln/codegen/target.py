@@ -194,6 +194,8 @@ class Target:
     name: ClassVar[str] = ""
     #: whether the target's kernels and runtimes take run-time dims (docs/dynamic-shapes.md)
     run_time_dims: ClassVar[bool] = False
+    #: whether its runtimes read a data-dependent dim back mid-run (NonZero's count: docs/dynamic-shapes.md)
+    data_dependent: ClassVar[bool] = True
     #: whether a kernel may write part of a buffer in place (an in-place TensorScatter: a KV cache as state);
     #: WebGL2's fragment shaders write whole textures, each pixel its own
     in_place: ClassVar[bool] = True
@@ -212,10 +214,10 @@ class Target:
         """Refuse, with a :class:`KilnError` naming the reason, a program this target cannot build: by default
         run-time dims (unless :attr:`run_time_dims`), state (unless :attr:`in_place`), run-time control flow, fp16
         compute and train steps (webgpu overrides)."""
-        if graph.data_dims and (not self.run_time_dims or control or training is not None):
+        if graph.data_dims and (not (self.run_time_dims and self.data_dependent) or control or training is not None):
             what = "run-time control flow" if control else "train steps" if training is not None else \
                 f"the {self.name} target"
-            known = ", ".join(n for n, cls in REGISTRY.items() if cls.run_time_dims)
+            known = ", ".join(n for n, cls in REGISTRY.items() if cls.run_time_dims and cls.data_dependent)
             raise KilnError(f"data-dependent shapes (NonZero, Compress or TopK on run-time values: "
                             f"{', '.join(graph.data_dims)}) are supported by the {known} targets without run-time "
                             f"control flow or train steps; not with {what}")

@@ -12,7 +12,7 @@ export interface Manifest {
   /** Always "kiln-package". */
   format: "kiln-package";
   /**
-   * The package format version "MAJOR.MINOR" ("1.10" today). A runtime reads every package of its own major version
+   * The package format version "MAJOR.MINOR" ("1.11" today). A runtime reads every package of its own major version
    * and refuses a newer major version with a message saying to upgrade Kiln.
    */
   version: string;
@@ -656,6 +656,11 @@ export interface WebGL2Texture {
   width: number;
   /** Enough rows for the buffer. */
   height: number;
+  /**
+   * (1.11) true for the texture of a growable buffer (buffers[].grow): width is texture_width, height the rows of its
+   * first size; a runtime makes it again with more rows when the dims need them.
+   */
+  grow?: boolean;
 }
 
 /**
@@ -702,6 +707,12 @@ export interface WebGL2Step {
   output: number;
   /** The output tensor's [w, h] texels; the fragment at (x, y) computes flat output element y * w + x. */
   viewport: [number, number];
+  /**
+   * (1.11) For a step over run-time dims: its output's element count n as a size expression; the runtime draws
+   * [min(n, texture_width), ceil(n / that)] (viewport then holds it at the dims' opt values) and skips the step when
+   * n is 0.
+   */
+  elements?: SizeExpression;
   /** The first graph node of the kernel. */
   node?: string;
 }

@@ -8,8 +8,14 @@
 // triangle into the framebuffer of its output texture, over a viewport of the output's texels.
 // Outputs are read back with readPixels from float (EXT_color_buffer_float) or integer
 // render targets. See kiln.js for the backend interface this module implements.
+//
+// A package with run-time dims (docs/dynamic-shapes.md): the kernels read the dims from the uniform block KilnDims
+// (one uniform buffer at binding point 0, written when the dims change); a step over them lays its output out as
+// `elements` gives (rows of min(elements, texture_width) texels) and draws that viewport; a texture of a growable
+// buffer (`grow`) is made again with more rows when the dims need them.
 
 import {DeviceError, PackageError} from './errors.js';
+import {dimsWords, evalDims, growSizes, outputShape} from './dims.js';
 import {kernelText, readWeights} from './package.js';
 
 /** @typedef {import('./manifest').Manifest} Manifest */
@@ -122,8 +128,12 @@ export class WebGL2Backend {
     /** @private @type {WebGLProgram[]} */ this.programs = [];
     /** @private @type {Map<number, WebGLFramebuffer>} framebuffer of each output texture */
     this.framebuffers = new Map();
-    /** @private @type {{program: WebGLProgram, inputs: WebGLTexture[], framebuffer: WebGLFramebuffer, viewport: number[]}[]} */
+    /** @private @type {{program: WebGLProgram, inputs: number[], output: number, viewport: number[]}[]} */
     this.steps = [];
+    /** @private the uniform buffer of run-time dims (null for a static package) @type {WebGLBuffer | null} */
+    this.dimsBuffer = null;
+    /** @private the dims last written (JSON) @type {string | null} */
+    this.dimsKey = null;
     /** @private */ this.lost = false;
     /** @private */ this.poison = poison;
     gl.canvas.addEventListener?.('webglcontextlost', (event) => {
@@ -150,14 +160,7 @@ export class WebGL2Backend {
     for (const [index, t] of spec.textures.entries()) {
       if (!FORMATS[t.format]) throw new PackageError(`${root}: texture ${index} has unknown format ${t.format}`);
       if (!manifest.buffers[t.buffer]) throw new PackageError(`${root}: texture ${index} names buffer ${t.buffer}, which does not exist`);
-      const texture = gl.createTexture();
-      gl.bindTexture(gl.TEXTURE_2D, texture);
-      gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MIN_FILTER, gl.NEAREST);
-      gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MAG_FILTER, gl.NEAREST);
-      gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_WRAP_S, gl.CLAMP_TO_EDGE);
-      gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_WRAP_T, gl.CLAMP_TO_EDGE);
-      gl.texStorage2D(gl.TEXTURE_2D, 1, gl[t.format], t.width, t.height);
-      this.textures.push(texture);
+      this.textures.push(this.createTexture(t.format, t.width, t.height));
     }
     const error = gl.getError();
     if (error === gl.OUT_OF_MEMORY) throw new DeviceError('out of GPU memory creating the package\'s textures');
@@ -182,9 +185,86 @@ export class WebGL2Backend {
       if (textures.some((t) => !this.textures[t])) {
         throw new PackageError(`${root}: plan step ${index} names a texture that does not exist`);
       }
-      return {program, inputs: step.inputs.map((t) => this.textures[t]), framebuffer: this.framebuffer(step.output),
-        viewport: step.viewport};
+      this.framebuffer(step.output);
+      return {program, inputs: step.inputs, output: step.output, viewport: step.viewport};
     });
+    if (manifest.dynamic_dims?.length) {
+      this.dimsBuffer = gl.createBuffer();
+      gl.bindBuffer(gl.UNIFORM_BUFFER, this.dimsBuffer);
+      gl.bufferData(gl.UNIFORM_BUFFER, dimsWords(manifest, {}).byteLength, gl.DYNAMIC_DRAW);
+      gl.bindBufferBase(gl.UNIFORM_BUFFER, 0, this.dimsBuffer);
+    }
+  }
+
+  /**
+   * Make run-time dims `env` current (a static package: nothing): write the uniform block, grow the textures of
+   * growable buffers that need more rows, and lay out each step's viewport. Steps left without elements draw nothing.
+   * @param {Record<string, number> | null | undefined} env @private
+   * @throws {DeviceError} a texture would need more rows than MAX_TEXTURE_SIZE.
+   */
+  setDims(env) {
+    if (!env || !this.dimsBuffer) return;
+    const key = JSON.stringify(env);
+    if (key === this.dimsKey) return;
+    const {gl, spec, manifest} = this;
+    gl.bindBuffer(gl.UNIFORM_BUFFER, this.dimsBuffer);
+    gl.bufferSubData(gl.UNIFORM_BUFFER, 0, dimsWords(manifest, env));
+    const sizes = growSizes(manifest, env);
+    const most = gl.getParameter(gl.MAX_TEXTURE_SIZE);
+    for (const [index, t] of spec.textures.entries()) {
+      if (!t.grow) continue;
+      const rows = Math.max(1, Math.ceil(/** @type {number} */ (sizes.get(t.buffer)) / 4 / t.width));
+      if (rows <= t.height) continue;
+      const height = Math.min(Math.max(rows, Math.ceil(t.height * 3 / 2)), most);
+      if (rows > most) {
+        const dims = Object.entries(env).sort().map(([k, v]) => `${k}=${v}`).join(', ');
+        throw new DeviceError(`dims ${dims} need a texture of ${t.width}x${rows} texels, more than this device's ` +
+          `MAX_TEXTURE_SIZE ${most}: run smaller inputs`);
+      }
+      this.replaceTexture(index, height);
+    }
+    spec.plan.forEach((step, i) => {
+      if (step.elements === undefined) return;
+      const n = evalDims(step.elements, env);
+      const w = Math.min(n, spec.texture_width);
+      this.steps[i].viewport = n ? [w, Math.ceil(n / w)] : [0, 0];
+    });
+    this.dimsKey = key;
+  }
+
+  /**
+   * Make texture `index` (of a growable buffer) again with `height` rows (its contents are not kept: no texture of a
+   * WebGL2 package holds state) and point its framebuffer at it.
+   * @param {number} index @param {number} height @private
+   */
+  replaceTexture(index, height) {
+    const {gl} = this;
+    const t = this.spec.textures[index];
+    gl.deleteTexture(this.textures[index]);
+    this.textures[index] = this.createTexture(t.format, t.width, height);
+    t.height = height;
+    const fb = this.framebuffers.get(index);
+    if (fb) {
+      gl.bindFramebuffer(gl.FRAMEBUFFER, fb);
+      gl.framebufferTexture2D(gl.FRAMEBUFFER, gl.COLOR_ATTACHMENT0, gl.TEXTURE_2D, this.textures[index], 0);
+    }
+    if (gl.getError() === gl.OUT_OF_MEMORY) throw new DeviceError('out of GPU memory growing a texture');
+  }
+
+  /**
+   * A new R32F or R32I texture of `width` x `height` texels, nearest sampling.
+   * @param {string} format @param {number} width @param {number} height @returns {WebGLTexture} @private
+   */
+  createTexture(format, width, height) {
+    const {gl} = this;
+    const texture = gl.createTexture();
+    gl.bindTexture(gl.TEXTURE_2D, texture);
+    gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MIN_FILTER, gl.NEAREST);
+    gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MAG_FILTER, gl.NEAREST);
+    gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_WRAP_S, gl.CLAMP_TO_EDGE);
+    gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_WRAP_T, gl.CLAMP_TO_EDGE);
+    gl.texStorage2D(gl.TEXTURE_2D, 1, gl[format], width, height);
+    return texture;
   }
 
   /**
@@ -224,6 +304,8 @@ export class WebGL2Backend {
       }
       gl.useProgram(program);
       kernel.inputs.forEach((input, unit) => gl.uniform1i(gl.getUniformLocation(program, input.name), unit));
+      const block = gl.getUniformBlockIndex(program, 'KilnDims');  // run-time dims: binding point 0
+      if (block !== gl.INVALID_INDEX) gl.uniformBlockBinding(program, block, 0);
       gl.deleteShader(fragments[i]);
     }
     gl.deleteShader(vertex);
@@ -310,16 +392,17 @@ export class WebGL2Backend {
   draw() {
     const {gl} = this;
     let current = null;
-    for (const {program, inputs, framebuffer, viewport} of this.steps) {
+    for (const {program, inputs, output, viewport} of this.steps) {
+      if (!viewport[0]) continue;  // run-time dims left the step no elements
       if (program !== current) {
         gl.useProgram(program);
         current = program;
       }
-      gl.bindFramebuffer(gl.DRAW_FRAMEBUFFER, framebuffer);
+      gl.bindFramebuffer(gl.DRAW_FRAMEBUFFER, this.framebuffer(output));
       gl.viewport(0, 0, viewport[0], viewport[1]);
       for (let unit = 0; unit < inputs.length; unit++) {
         gl.activeTexture(gl.TEXTURE0 + unit);
-        gl.bindTexture(gl.TEXTURE_2D, inputs[unit]);
+        gl.bindTexture(gl.TEXTURE_2D, this.textures[inputs[unit]]);
       }
       gl.drawArrays(gl.TRIANGLES, 0, 3);
       // unbind the inputs: the next step may draw into one of them (a feedback loop while bound)
@@ -352,19 +435,22 @@ export class WebGL2Backend {
   /**
    * Run the plan once.
    * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs every manifest input, its data in storage form
+   * @param {{dims?: Record<string, number> | null}} [options] run-time dims bound from the inputs (kiln.js)
    * @returns {Promise<Record<string, ArrayBuffer>>} each output's elements in its storage type
    * @throws {DeviceError} the context was lost or WebGL reported an error.
    */
-  async run(inputs) {
+  async run(inputs, options = {}) {
     this.checkLost();
     const {gl} = this;
+    const env = options.dims;
+    this.setDims(env);
     if (this.poison) this.fillPoison();
     this.writeInputs(inputs);
     this.draw();
     /** @type {Record<string, ArrayBuffer>} */
     const results = {};
     for (const output of this.manifest.outputs) {
-      const count = output.shape.reduce((a, b) => a * b, 1);
+      const count = (env ? outputShape(output, env) : output.shape).reduce((a, b) => a * b, 1);
       results[output.name] = this.read(this.ioTexture(output), count);
     }
     const error = gl.getError();
@@ -376,13 +462,14 @@ export class WebGL2Backend {
    * Time the draws: inputs written once, then `warmup + repeat` runs of every plan step, each
    * waited for by reading one texel of the last step's output (readPixels waits for the GPU).
    * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs in storage form
-   * @param {{repeat: number, warmup: number}} options
+   * @param {{repeat: number, warmup: number, dims?: Record<string, number> | null}} options
    * @returns {Promise<{clock: 'wall', times: number[], wall: number[]}>} milliseconds
    * @throws {DeviceError} the context was lost or WebGL reported an error.
    */
-  async time(inputs, {repeat, warmup}) {
+  async time(inputs, {repeat, warmup, dims}) {
     this.checkLost();
     const {gl} = this;
+    this.setDims(dims);
     this.writeInputs(inputs);
     const last = this.spec.plan.at(-1)?.output;
     const times = [];
@@ -402,6 +489,7 @@ export class WebGL2Backend {
   dispose() {
     const {gl} = this;
     for (const t of this.textures) gl.deleteTexture(t);
+    if (this.dimsBuffer) gl.deleteBuffer(this.dimsBuffer);
     for (const p of this.programs) gl.deleteProgram(p);
     for (const fb of this.framebuffers.values()) gl.deleteFramebuffer(fb);
     this.textures = [];

@@ -23,6 +23,8 @@ class WebGL2Target(Target):
 
     name = "webgl2"
     in_place = False
+    run_time_dims = True  # sizes from a uniform block, viewports per run (kiln/js/webgl2.js)
+    data_dependent = False
 
     def __init__(self, limits: dict[str, int] | None = None, features: tuple[str, ...] = ()):
         super().__init__(limits or {"MAX_TEXTURE_IMAGE_UNITS": glsl.MAX_TEXTURE_IMAGE_UNITS},

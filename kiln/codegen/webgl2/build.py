@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.arith import symbolic
 from kiln.codegen.lowering import build_group, kernel_groups
 from kiln.codegen.target import KernelTable, describe, progress_over
 from kiln.codegen.webgl2 import glsl
@@ -75,15 +76,20 @@ def build(graph, groups, plan, progress: bool = False, width: int = glsl.TEXTURE
     """
     code = WebGL2Code(width=width)
     by_key: dict[tuple[int, str], int] = {}
-    nbytes = {b.id: b.nbytes for b in plan.buffers}
+    buffers = {b.id: b for b in plan.buffers}
 
     def texture(value, fmt_dtype: str) -> int:
         bid = plan.of[id(value)]
         key = (bid, fmt_dtype)
         if key not in by_key:
-            w, h = glsl.layout(nbytes[bid] // 4, width)
+            b = buffers[bid]
+            if b.grow is not None:  # a growable buffer (format 1.10): rows of `width`, as many as its size needs
+                w, h = width, glsl.layout(b.nbytes // 4, width)[1]
+            else:
+                w, h = glsl.layout(b.nbytes // 4, width)
             by_key[key] = len(code.textures)
-            code.textures.append({"buffer": bid, "format": glsl.TEXTURES[fmt_dtype][1], "width": w, "height": h})
+            code.textures.append({"buffer": bid, "format": glsl.TEXTURES[fmt_dtype][1], "width": w, "height": h,
+                                  **({"grow": True} if b.grow is not None else {})})
         return by_key[key]
 
     for v in (*graph.inputs, *graph.outputs):  # inputs and outputs have textures even where no kernel touches them
@@ -106,11 +112,14 @@ def build(graph, groups, plan, progress: bool = False, width: int = glsl.TEXTURE
             "ops": [n.op for n in g.nodes],
         })
         out = k.params[-1]
+        dynamic = symbolic.is_symbolic(out.size)
         code.steps.append({
             "kernel": index,
             "inputs": [texture(v, p.dtype) for v, p in zip(ins, k.params[:-1])],
             "output": texture(g.output, out.dtype),
-            "viewport": list(glsl.layout(out.size, width)),
+            # over run-time dims: the viewport at the dims' opt values, and the output's elements to lay out per run
+            "viewport": list(glsl.layout(symbolic.at_opt(out.size) if dynamic else out.size, width)),
+            **({"elements": symbolic.to_json(out.size)} if dynamic else {}),
             "node": node,
         })
     code.kernels = table.kernels

@@ -24,7 +24,8 @@ workgroup barriers do not (:func:`check`). This module shares only the target-ne
 
 from __future__ import annotations
 
-from kiln.arith.expr import Bin, Call, Expr
+from kiln.arith import symbolic
+from kiln.arith.expr import Bin, Call, Expr, SizeVar
 from kiln.codegen.cstyle import CStyle
 from kiln.errors import KilnError
 from kiln.te.loops import Barrier, BufLoad, Let, LoweredKernel, Store
@@ -90,6 +91,12 @@ void main() {
 """
 
 
+#: the uniform block of run-time dims (docs/dynamic-shapes.md): dim ``i`` is ``kiln_dims[i / 4][i % 4]``, the
+#: block bound to uniform buffer binding point 0 (std140: an ``ivec4`` array's stride is 16 bytes, GLSL ES 3.00 §4.3.7)
+DIMS = "kiln_dims"
+DIMS_BLOCK = "KilnDims"
+
+
 def layout(elements: int, width: int = TEXTURE_WIDTH) -> tuple[int, int]:
     """Texels ``(w, h)`` holding a tensor (or buffer) of ``elements`` elements in rows of at most ``width``."""
     w = max(1, min(elements, width))
@@ -107,9 +114,14 @@ class GLSL(CStyle):
     def __init__(self, out_name: str = "kiln_out"):
         self.out_name = out_name
 
+    def x_SizeVar(self, e: SizeVar) -> str:
+        return f"{DIMS}[{e.index // 4}][{e.index % 4}]"
+
     def x_BufLoad(self, e: BufLoad) -> str:
         idx = self.expr(e.index)
-        if e.guard:
+        if e.guard and isinstance(e.size, Expr):
+            idx = f"clamp({idx}, 0, max({self.expr(e.size)} - 1, 0))"
+        elif e.guard:
             idx = f"clamp({idx}, 0, {e.size - 1})"
         return f"load_{e.buf}({idx})"
 
@@ -162,7 +174,7 @@ def check(k: LoweredKernel, node: str = "") -> None:
     where = f"node {node!r}" if node else f"kernel {k.name}"
     if k.lanes > 1 or k.shared:
         raise KilnError(f"{where}: the webgl2 target cannot run reduce lanes (no workgroup memory in fragment shaders)")
-    if k.total != k.params[-1].size:
+    if symbolic.to_json(k.total) != symbolic.to_json(k.params[-1].size):
         raise KilnError(f"{where}: the webgl2 target computes one element per fragment; the schedule has register "
                         f"tiles ({k.total} invocations for {k.params[-1].size} elements)")
     stores = [s for s in k.body if isinstance(s, Store)]
@@ -188,27 +200,38 @@ def render(k: LoweredKernel, comment: str = "", width: int = TEXTURE_WIDTH, node
     """
     check(k, node)
     out = k.params[-1]
-    out_w, _ = layout(out.size, width)
+    r = GLSL("kiln_out")
     lines = ["#version 300 es", f"// Kiln kernel {k.name}" + (f": {comment}" if comment else ""),
              "// generated from a tensor expression; do not edit", "precision highp float;", "precision highp int;",
              "precision highp sampler2D;", "precision highp isampler2D;", ""]
-    for p in k.params[:-1]:
-        sampler, fmt = TEXTURES[p.dtype]
+    dims = k.size_vars
+    if dims:  # run-time dims: a tensor's row width is min(its elements, width), evaluated per fragment
+        lines += [f"layout(std140) uniform {DIMS_BLOCK} {{ ivec4 {DIMS}[{dims[-1].index // 4 + 1}]; }};", ""]
+
+    def rows(p) -> str:
+        if isinstance(p.size, Expr):
+            return f"{p.dtype}[{r.expr(p.size)}]: {TEXTURES[p.dtype][1]}, rows of min(elements, {width})"
         w, h = layout(p.size, width)
-        lines.append(f"uniform {sampler} {p.name};  // {p.dtype}[{p.size}]: {fmt} {w}x{h}")
-    lines.append(f"layout(location = 0) out {TYPES[out.dtype]} kiln_out;  // {out.dtype}[{out.size}]: "
-                 f"{TEXTURES[out.dtype][1]} {out_w}x{layout(out.size, width)[1]}")
+        return f"{p.dtype}[{p.size}]: {TEXTURES[p.dtype][1]} {w}x{h}"
+
+    for p in k.params[:-1]:
+        lines.append(f"uniform {TEXTURES[p.dtype][0]} {p.name};  // {rows(p)}")
+    lines.append(f"layout(location = 0) out {TYPES[out.dtype]} kiln_out;  // {rows(out)}")
     lines.append("")
     for p in k.params[:-1]:
-        w, _ = layout(p.size, width)
-        if w >= p.size:
-            coord = "ivec2(i, 0)"
-        elif w & (w - 1) == 0:
-            coord = f"ivec2(i & {w - 1}, i >> {w.bit_length() - 1})"
-        else:
+        if isinstance(p.size, Expr):
+            w = f"min({r.expr(p.size)}, {width})"
             coord = f"ivec2(i % {w}, i / {w})"
+        else:
+            w, _ = layout(p.size, width)
+            if w >= p.size:
+                coord = "ivec2(i, 0)"
+            elif w & (w - 1) == 0:
+                coord = f"ivec2(i & {w - 1}, i >> {w.bit_length() - 1})"
+            else:
+                coord = f"ivec2(i % {w}, i / {w})"
         lines.append(f"{TYPES[p.dtype]} load_{p.name}(int i) {{ return texelFetch({p.name}, {coord}, 0).x; }}")
-    body = GLSL("kiln_out").stmts(k.body, 1)
+    body = r.stmts(k.body, 1)
     text = "\n".join(body)
     if "kiln_rem(" in text:
         lines.append("int kiln_rem(int a, int b) { return a - (a / b) * b; }")
@@ -216,9 +239,15 @@ def render(k: LoweredKernel, comment: str = "", width: int = TEXTURE_WIDTH, node
         lines.append(SINCOS)
     if "kiln_round_f16(" in text:
         lines.append(ROUND_F16)
-    lines += ["", "void main() {", f"    int {k.gid.name} = int(gl_FragCoord.y) * {out_w} + int(gl_FragCoord.x);"]
-    if out.size % out_w:
-        lines += [f"    if ({k.gid.name} >= {out.size}) {{", "        discard;", "    }"]
+    if isinstance(out.size, Expr):
+        n = r.expr(out.size)
+        gid = f"    int {k.gid.name} = int(gl_FragCoord.y) * min({n}, {width}) + int(gl_FragCoord.x);"
+        lines += ["", "void main() {", gid, f"    if ({k.gid.name} >= {n}) {{", "        discard;", "    }"]
+    else:
+        out_w, _ = layout(out.size, width)
+        lines += ["", "void main() {", f"    int {k.gid.name} = int(gl_FragCoord.y) * {out_w} + int(gl_FragCoord.x);"]
+        if out.size % out_w:
+            lines += [f"    if ({k.gid.name} >= {out.size}) {{", "        discard;", "    }"]
     for name, bits in SPECIAL_FLOATS.items():
         if name in text:  # made from a run-time value, so compilers cannot fold it into a literal they reject
             lines.append(f"    float {name} = intBitsToFloat({bits} + min({k.gid.name}, 0));")
