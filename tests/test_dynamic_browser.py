@@ -5,6 +5,7 @@ dim."""
 from __future__ import annotations
 
 import base64
+import json
 
 import numpy as np
 import onnxruntime as ort
@@ -110,3 +111,30 @@ def test_minilm_growable_package_in_chromium(browser, growable_package, rng, tar
     runs = [_feeds(rng, 1, 3), _feeds(rng, 4, 24), _feeds(rng, 1, 5), _feeds(rng, 8, 40)]
     rest = _run_and_check(browser, growable_package, runs, target)
     assert rest[0].startswith("ShapeError: inconsistent dim seq")
+
+
+OWN_DEVICE_LIMITS = """async () => {
+  const kiln = await import('./kiln.js');
+  const session = await kiln.load('./', {target: 'webgpu', device: 'own'});
+  const adapter = await navigator.gpu.requestAdapter({powerPreference: 'high-performance'});
+  const names = ['maxStorageBufferBindingSize', 'maxBufferSize'];
+  const result = names.map((n) => [session.device.limits[n], adapter.limits[n]]);
+  session.destroy();
+  return result;
+}"""
+
+
+def test_growable_package_on_its_own_device_asks_for_the_largest_buffers(browser, growable_package):
+    """A growable package on a device of its own (kiln.js ``device: 'own'``) requests the adapter's largest buffers,
+    not the first sizes its manifest's limits name, so that its buffers can grow as far as the GPU allows."""
+    page = browser.new_page()
+    log = ConsoleLog(page)
+    try:
+        with serving(growable_package) as url:
+            page.goto(url + "manifest.json")
+            limits = log.evaluate(OWN_DEVICE_LIMITS)
+    finally:
+        page.close()
+    assert all(have == adapter for have, adapter in limits), limits
+    m = json.loads((growable_package / "manifest.json").read_text())
+    assert m["targets"]["webgpu"]["limits"]["maxStorageBufferBindingSize"] < limits[0][1]

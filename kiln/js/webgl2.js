@@ -134,6 +134,8 @@ export class WebGL2Backend {
     this.dimsBuffer = null;
     /** @private the dims last written (JSON) @type {string | null} */
     this.dimsKey = null;
+    /** @private each texture's rows now (a growable buffer's texture gets more; the manifest keeps the first) */
+    this.heights = this.spec.textures.map((t) => t.height);
     /** @private */ this.lost = false;
     /** @private */ this.poison = poison;
     gl.canvas.addEventListener?.('webglcontextlost', (event) => {
@@ -214,8 +216,8 @@ export class WebGL2Backend {
     for (const [index, t] of spec.textures.entries()) {
       if (!t.grow) continue;
       const rows = Math.max(1, Math.ceil(/** @type {number} */ (sizes.get(t.buffer)) / 4 / t.width));
-      if (rows <= t.height) continue;
-      const height = Math.min(Math.max(rows, Math.ceil(t.height * 3 / 2)), most);
+      if (rows <= this.heights[index]) continue;
+      const height = Math.min(Math.max(rows, Math.ceil(this.heights[index] * 3 / 2)), most);
       if (rows > most) {
         const dims = Object.entries(env).sort().map(([k, v]) => `${k}=${v}`).join(', ');
         throw new DeviceError(`dims ${dims} need a texture of ${t.width}x${rows} texels, more than this device's ` +
@@ -242,7 +244,7 @@ export class WebGL2Backend {
     const t = this.spec.textures[index];
     gl.deleteTexture(this.textures[index]);
     this.textures[index] = this.createTexture(t.format, t.width, height);
-    t.height = height;
+    this.heights[index] = height;
     const fb = this.framebuffers.get(index);
     if (fb) {
       gl.bindFramebuffer(gl.FRAMEBUFFER, fb);

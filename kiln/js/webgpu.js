@@ -66,7 +66,8 @@ export async function create(source, manifest, options) {
   const {verify, powerPreference = 'high-performance', timing = false, device: wanted = 'shared'} = options;
   const spec = manifest.targets.webgpu;
   const started = performance.now();
-  const {adapter, device, shared} = await chooseDevice(spec, powerPreference, timing, wanted);
+  const grows = manifest.buffers.some((b) => b.grow !== undefined);
+  const {adapter, device, shared} = await chooseDevice(spec, powerPreference, timing, wanted, grows);
   const deviceMs = performance.now() - started;
   try {
     const backend = await WebGPUBackend.create(source, manifest, adapter, device, verify);
@@ -89,11 +90,13 @@ const SHARED = [];
  * GPUDevice the caller gives (another session's `device`), checked against the package's needs.
  * @param {WebGPUTarget} spec @param {GPUPowerPreference} powerPreference @param {boolean} timing
  * @param {'shared' | 'own' | GPUDevice} wanted
+ * @param {boolean} [grows=false] the package's buffers grow (format 1.10): a new device of its own asks for the
+ *   adapter's largest buffers, as the Python runtime does, so that growth is bounded by the GPU, not the first size
  * @returns {Promise<{adapter: any, device: GPUDevice, shared: boolean}>}
  * @throws {DeviceError} as {@link requestDevice}, or a given device that lacks a feature or limit.
  */
-async function chooseDevice(spec, powerPreference, timing, wanted) {
-  if (wanted === 'own') return {...await requestDevice(spec, powerPreference, timing), shared: false};
+async function chooseDevice(spec, powerPreference, timing, wanted, grows = false) {
+  if (wanted === 'own') return {...await requestDevice(spec, powerPreference, timing, false, grows), shared: false};
   if (wanted !== 'shared') {
     if (!(globalThis.GPUDevice && wanted instanceof GPUDevice)) {
       throw new DeviceError(`load: device must be 'shared', 'own' or a GPUDevice (e.g. another session's device), ` +
@@ -151,9 +154,11 @@ function fitsDevice(device, spec, timestamps) {
  * @param {boolean} timing also request 'timestamp-query' if the adapter has it
  * @param {boolean} [maximal=false] request the adapter's own value of every limit the package names, and
  *   'timestamp-query' when the adapter has it (a device to share with later packages)
+ * @param {boolean} [grows=false] also request the adapter's maxStorageBufferBindingSize and maxBufferSize (buffers
+ *   that grow at run time)
  * @returns {Promise<{adapter: GPUAdapter, device: GPUDevice}>}
  */
-async function requestDevice(spec, powerPreference, timing, maximal = false) {
+async function requestDevice(spec, powerPreference, timing, maximal = false, grows = false) {
   const gpu = globalThis.navigator?.gpu;
   if (!gpu) {
     throw new DeviceError('WebGPU is not available in this browser (navigator.gpu is missing); use a recent ' +
@@ -181,6 +186,11 @@ async function requestDevice(spec, powerPreference, timing, maximal = false) {
       throw new DeviceError(`adapter ${name} has ${limit}=${have}, the package needs ${needed}`);
     }
     requiredLimits[limit] = maximal ? have : needed;
+  }
+  if (grows || maximal) {  // growable buffers: as large as the adapter allows
+    for (const limit of ['maxStorageBufferBindingSize', 'maxBufferSize']) {
+      if (adapter.limits[limit] !== undefined) requiredLimits[limit] = adapter.limits[limit];
+    }
   }
   const requiredFeatures = /** @type {GPUFeatureName[]} */ ([...features]);
   if ((timing || maximal) && adapter.features.has('timestamp-query') && !requiredFeatures.includes('timestamp-query')) {
