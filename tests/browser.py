@@ -61,6 +61,20 @@ def serving(package_dir: str | os.PathLike) -> Iterator[str]:
         thread.join()
 
 
+def evaluate_in_package(browser: Any, package: str | os.PathLike, script: str, arg: Any = None) -> Any:
+    """Serve ``package`` on loopback, open its ``manifest.json`` in a new page of ``browser`` (so that
+    ``import('./kiln.js')`` resolves inside the package) and return ``script``'s result (:meth:`ConsoleLog.evaluate`);
+    the page is closed afterwards."""
+    page = browser.new_page()
+    log = ConsoleLog(page)
+    try:
+        with serving(package) as url:
+            page.goto(url + "manifest.json")
+            return log.evaluate(script, arg)
+    finally:
+        page.close()
+
+
 def launch_chromium(playwright: Any):
     """Launch headless Chromium with WebGPU from a started ``sync_playwright()`` instance.
 

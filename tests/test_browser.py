@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from browser import CHROMIUM, ConsoleLog, serving
+from browser import CHROMIUM, ConsoleLog, evaluate_in_package, serving
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
@@ -187,15 +187,8 @@ def test_corrupted_weights_are_refused(browser, package, tmp_path):
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # same size, different bytes
     weights.write_bytes(bytes(data))
-    page = browser.new_page()
-    log = ConsoleLog(page)
-    try:
-        with serving(broken) as url:
-            page.goto(url + "manifest.json")
-            error = log.evaluate(LOAD_EXPECTING_ERROR)
-        assert error.startswith("PackageError: weights file weights.safetensors: SHA-256 checksum mismatch"), error
-    finally:
-        page.close()
+    error = evaluate_in_package(browser, broken, LOAD_EXPECTING_ERROR)
+    assert error.startswith("PackageError: weights file weights.safetensors: SHA-256 checksum mismatch"), error
 
 
 def test_newer_format_version_is_refused(browser, package, package_url):

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import onnxruntime as ort
 import pytest
-from browser import CHROMIUM, ConsoleLog, serving
+from browser import CHROMIUM, evaluate_in_package
 from conftest import SHARED_MODELS
 
 import kiln
@@ -71,14 +71,7 @@ def _run_and_check(browser, pkg, runs, target) -> list:
     output against onnxruntime within 1e-4 and return the rest of the page's results (the bad-shape run)."""
     wire = [{k: {"dims": list(v.shape), "data": base64.b64encode(v.tobytes()).decode()} for k, v in f.items()}
             for f in runs]
-    page = browser.new_page()
-    log = ConsoleLog(page)
-    try:
-        with serving(pkg) as url:
-            page.goto(url + "manifest.json")
-            results = log.evaluate(RUN_SHAPES, {"runs": wire, "target": target})
-    finally:
-        page.close()
+    results = evaluate_in_package(browser, pkg, RUN_SHAPES, {"runs": wire, "target": target})
     ref = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
     for feeds, got in zip(runs, results):
         want = ref.run(["last_hidden_state"], feeds)[0]
@@ -127,14 +120,7 @@ OWN_DEVICE_LIMITS = """async () => {
 def test_growable_package_on_its_own_device_asks_for_the_largest_buffers(browser, growable_package):
     """A growable package on a device of its own (kiln.js ``device: 'own'``) requests the adapter's largest buffers,
     not the first sizes its manifest's limits name, so that its buffers can grow as far as the GPU allows."""
-    page = browser.new_page()
-    log = ConsoleLog(page)
-    try:
-        with serving(growable_package) as url:
-            page.goto(url + "manifest.json")
-            limits = log.evaluate(OWN_DEVICE_LIMITS)
-    finally:
-        page.close()
+    limits = evaluate_in_package(browser, growable_package, OWN_DEVICE_LIMITS)
     assert all(have == adapter for have, adapter in limits), limits
     m = json.loads((growable_package / "manifest.json").read_text())
     assert m["targets"]["webgpu"]["limits"]["maxStorageBufferBindingSize"] < limits[0][1]
