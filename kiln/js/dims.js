@@ -8,6 +8,7 @@
 // or [op, a, b] with op one of + - * // % max min, evaluated here (never with eval).
 
 import {PackageError, ShapeError} from './errors.js';
+import {shapeText} from './tensor.js';
 
 /** @typedef {import('./manifest').Manifest} Manifest */
 /** @typedef {import('./manifest').SizeExpression} SizeExpression */
@@ -42,15 +43,6 @@ export function evalDims(e, env) {
 }
 
 /**
- * A manifest shape as error messages show it, as the static checks do: `[N, 3, 224, 224]` (a size expression as its
- * JSON).
- * @param {(number | string | object)[]} shape @returns {string}
- */
-function dimsText(shape) {
-  return `[${shape.map((w) => (typeof w === 'object' ? JSON.stringify(w) : String(w))).join(', ')}]`;
-}
-
-/**
  * Each run-time dim's value from the fed tensors' shapes (and the values of `value_dim` inputs).
  * @param {Manifest} manifest
  * @param {Record<string, {dims: number[], data?: ArrayLike<number|bigint>}>} feeds input name -> tensor (names and
@@ -70,7 +62,7 @@ export function bindDims(manifest, feeds) {
     const want = spec.dynamic_shape ?? spec.shape;
     const got = feeds[spec.name].dims;
     if (got.length !== want.length) {
-      throw new ShapeError(`input '${spec.name}': expected rank ${want.length} ${dimsText(want)}, got shape [${got.join(', ')}]`);
+      throw new ShapeError(`input '${spec.name}': expected rank ${want.length} ${shapeText(want)}, got shape [${got.join(', ')}]`);
     }
     /** @type {[string, string, number][]} (where, dim, value) of each dim this input gives */
     const found = [];
@@ -101,7 +93,7 @@ export function bindDims(manifest, feeds) {
     const got = feeds[spec.name].dims;
     if (expected.some((v, i) => v !== got[i])) {
       throw new ShapeError(`input '${spec.name}': expected shape [${expected.join(', ')}] (symbolic ` +
-        `${dimsText(want)}), got [${got.join(', ')}]`);
+        `${shapeText(want)}), got [${got.join(', ')}]`);
     }
   }
   for (const d of manifest.dynamic_dims) {  // data-dependent dims: at their bounds until the run reads them back

@@ -136,9 +136,13 @@ export function product(dims) {
   return dims.reduce((a, b) => a * b, 1);
 }
 
-/** @param {readonly (number|string)[]} dims @returns {string} */
+/**
+ * A shape as error messages show it: `[N, 3, 224, 224]` (a manifest's size expression as its JSON), as
+ * kiln/runtime/feeds.py's `shape_text`.
+ * @param {readonly (number | string | object)[]} dims @returns {string}
+ */
 export function shapeText(dims) {
-  return `[${dims.join(', ')}]`;
+  return `[${dims.map((d) => (typeof d === 'object' ? JSON.stringify(d) : String(d))).join(', ')}]`;
 }
 
 /** A dense n-dimensional array: element type, flat row-major data and dimensions. */
