@@ -1,5 +1,5 @@
 """Data-dependent output shapes (docs/dynamic-shapes.md, *Data-dependent shapes*): NonZero, Compress on a run-time
-condition, Unique and TopK with a run-time ``k``, and what consumes their results (GatherND on NonZero's indices, Shape ->
+condition, Unique, TopK with a run-time ``k`` and NonMaxSuppression, and what consumes their results (GatherND on NonZero's indices, Shape ->
 Range/Expand), against onnxruntime on fresh inputs with counts that change from run to run, from one package, on
 webgpu (wgpu-py), wasm (wasmtime), cpu (native C) and in headless Chromium (kiln.js on WebGPU and wasm)."""
 
@@ -78,6 +78,42 @@ def unique_model(shape, axis, sorted_) -> onnx.ModelProto:
     return _model([h.make_node("Unique", ["x"], ["y", "indices", "inverse_indices", "counts"], **attrs)], [x],
                   [_out("y", T.FLOAT, rank), _out("indices", T.INT64, 1), _out("inverse_indices", T.INT64, 1),
                    _out("counts", T.INT64, 1)])
+
+
+def nms_model(batches, classes, boxes, *, center=0, limit=None, iou=None, score=True) -> onnx.ModelProto:
+    """``NonMaxSuppression``: ``max_output_boxes_per_class`` a constant ``limit`` or (None) an input, the IoU threshold
+    a constant ``iou`` or (None) an input, the score threshold an input or (``score=False``) omitted."""
+    ins = [h.make_tensor_value_info("boxes", T.FLOAT, [batches, boxes, 4]),
+           h.make_tensor_value_info("scores", T.FLOAT, [batches, classes, boxes])]
+    inits = []
+    if limit is None:
+        ins.append(h.make_tensor_value_info("max_out", T.INT64, [1]))
+    else:
+        inits.append(h.make_tensor("max_out", T.INT64, [1], [limit]))
+    if iou is None:
+        ins.append(h.make_tensor_value_info("iou", T.FLOAT, [1]))
+    else:
+        inits.append(h.make_tensor("iou", T.FLOAT, [], [iou]))
+    if score:
+        ins.append(h.make_tensor_value_info("score", T.FLOAT, [1]))
+    node = h.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "score" if score else ""],
+                       ["selected"], center_point_box=center)
+    return _model([node], ins, [_out("selected", T.INT64, 2)], inits)
+
+
+def nms_inputs(rng, batches, classes, n, center=0):
+    """Boxes in a few clusters (so that many overlap), some with their corners swapped and some of no area, and
+    scores rounded to 0.05 (ties)."""
+    middle = rng.uniform(0, 10, (batches, 4, 2))[:, rng.integers(0, 4, n)] + rng.normal(0, 0.4, (batches, n, 2))
+    size = rng.uniform(0.5, 3, (batches, n, 2)) * (rng.random((batches, n, 1)) > 0.05)
+    if center:
+        boxes = np.concatenate([middle[..., ::-1], size[..., ::-1]], -1)
+    else:
+        lo, hi = middle - size / 2, middle + size / 2
+        boxes = np.concatenate([lo, hi], -1)
+        flip = rng.random((batches, n)) < 0.3
+        boxes[flip] = boxes[flip][:, [2, 3, 0, 1]]
+    return boxes.astype(np.float32), np.round(rng.random((batches, classes, n)) * 20).astype(np.float32) / 20
 
 
 def _sparse(rng, shape, density, dtype=np.float32):
@@ -170,6 +206,58 @@ def test_topk_runtime_k(tmp_path, rng, target, shape, axis):
         session.run({"x": rng.standard_normal(shape).astype(np.float32), "k": np.array([-1], np.int64)})
 
 
+def test_nms_runtime_limits(tmp_path, rng, target):
+    """NonMaxSuppression with its limit and thresholds fed at run time: from nothing kept to every box."""
+    session, ref = _compile(tmp_path, nms_model(2, 3, 40), target)
+    for limit, iou, score in [(5, 0.5, 0.3), (40, 0.3, 0.0), (1, 0.7, 0.5), (0, 0.5, 0.0), (100, 1.0, -1.0),
+                              (3, 0.5, 2.0)]:
+        boxes, scores = nms_inputs(rng, 2, 3, 40)
+        _check(session, ref, {"boxes": boxes, "scores": scores, "max_out": np.array([limit], np.int64),
+                              "iou": np.array([iou], np.float32), "score": np.array([score], np.float32)})
+
+
+@pytest.mark.parametrize("center", [0, 1])
+def test_nms_constant_limit(tmp_path, rng, center):
+    """A constant ``max_output_boxes_per_class`` bounds the count (and the buffers) by ``B * C * limit``; center-point
+    boxes; no score threshold; 2 x 300 flags counted in rows (beyond 512)."""
+    session, ref = _compile(tmp_path, nms_model(1, 2, 300, center=center, limit=25, iou=0.45, score=False), "webgpu")
+    assert [d["max"] for d in read_manifest(tmp_path / "pkg")["dynamic_dims"] if "count" in d] == [50]
+    for _ in range(2):
+        boxes, scores = nms_inputs(rng, 1, 2, 300, center)
+        _check(session, ref, {"boxes": boxes, "scores": scores})
+
+
+def test_stated_bound_of_a_data_dependent_dim(tmp_path, rng, target):
+    """``--dim NonZero_0.count=0..6`` plans the buffers for 6 and makes a run with more a clear error (before the
+    kernels that would write past them run); a misspelt name lists the data-dependent dims."""
+    onnx.save(nonzero_model((3, 5)), tmp_path / "m.onnx")
+    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", target=target, dims={"NonZero_0.count": "0..6"})
+    assert [(d["name"], d["min"], d["max"]) for d in read_manifest(pkg)["dynamic_dims"]] == [("NonZero_0.count", 0, 6)]
+    session = kiln.load(pkg, target=target)
+    x = _sparse(rng, (3, 5), 0.3)
+    x.ravel()[:6] = 1  # (at least 6)
+    x.ravel()[6:] *= np.arange(9) < 0  # exactly 6 non-zero
+    np.testing.assert_array_equal(session.run({"x": x})["nz"], np.array(np.nonzero(x)))
+    with pytest.raises(ShapeError, match=r"NonZero_0.count is 15 at run time, outside its bounds 0\.\.6"):
+        session.run({"x": np.ones((3, 5), np.float32)})
+    np.testing.assert_array_equal(session.run({"x": x})["nz"], np.array(np.nonzero(x)))  # (still usable)
+    with pytest.raises(kiln.KilnError, match="NonZero.count names no input dim or data-dependent dim; .* the "
+                                             "data-dependent dims NonZero_0.count"):
+        kiln.compile(tmp_path / "m.onnx", tmp_path / "bad", target=target, dims={"NonZero.count": "0..6"})
+
+
+@pytest.mark.parametrize("n,axis", [(300, 1), (1000, 0)])
+def test_topk_long_axis(tmp_path, rng, n, axis):
+    """TopK over a long axis ranks by comparison counts and a scatter (n steps per element): recounting the ranks
+    for every output (n^2 steps) ran past lavapipe's 65535 loop iterations per invocation, which it cuts silently."""
+    shape = (3, n) if axis == 1 else (n, 2)
+    x = h.make_tensor_value_info("x", T.FLOAT, list(shape))
+    model = _model([h.make_node("TopK", ["x", "k"], ["values", "indices"], axis=axis, largest=axis)], [x],
+                   [_out("values", T.FLOAT, 2), _out("indices", T.INT64, 2)], [h.make_tensor("k", T.INT64, [1], [7])])
+    session, ref = _compile(tmp_path, model, "webgpu")
+    _check(session, ref, {"x": np.round(rng.standard_normal(shape) * 4).astype(np.float32)})  # (ties)
+
+
 def test_data_dependent_dims_refused_where_unsupported(tmp_path):
     onnx.save(nonzero_model((3, 4)), tmp_path / "m.onnx")
     with pytest.raises(kiln.KilnError, match="data-dependent shapes .* are supported by the webgpu, wasm, cpu targets"):
@@ -196,7 +284,9 @@ def _check_in_browser(rng, js_target, run_in_browser):
                          (compress_model((6, 4), 0), {"x": rng.standard_normal((6, 4)).astype(np.float32)}),
                          (unique_model((5, 2), 0, 1), {"x": rng.integers(0, 2, (5, 2)).astype(np.float32)}),
                          (topk_model((4, 9), 1), {"x": rng.standard_normal((4, 9)).astype(np.float32),
-                                                  "k": np.array([3], np.int64)})]:
+                                                  "k": np.array([3], np.int64)}),
+                         (nms_model(1, 2, 12, limit=4, iou=0.5, score=False),
+                          dict(zip(("boxes", "scores"), nms_inputs(rng, 1, 2, 12))))]:
         got = run_in_browser(model, feeds, f"browser:{js_target}", name=f"dd_{js_target}")
         ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         for o, want in zip(ref.get_outputs(), ref.run(None, feeds)):

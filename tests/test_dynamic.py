@@ -301,7 +301,7 @@ def test_bad_feeds(models):
 
 def test_compile_errors(models, tmp_path):
     path, _, _ = models["attention"]
-    with pytest.raises(KilnError, match="name no input dim"):
+    with pytest.raises(KilnError, match="run-time dim sequence names no input dim; the inputs. dims are batch, seq"):
         kiln.compile(path, tmp_path / "u", dims={"sequence": (1, 8)})
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])
     scales = np.array([1, 0.5], np.float32)  # an antialiased Resize is a constant matrix per axis: static sizes only

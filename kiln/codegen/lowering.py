@@ -99,6 +99,8 @@ def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "
         axes = dict(zip(result.axes, final.axes))
         final.attrs = {**final.attrs, "store": (shape, tuple(substitute(e, axes) for e in coords),
                                                 substitute(keep, axes))}
+    if "scan" in result.attrs and "scan" not in final.attrs:  # (a scan's state reads stay reads of its output)
+        final.attrs = {**final.attrs, "scan": result.attrs["scan"]}
     if group.rows:  # a row kernel (kiln.te.rows): default_schedule gives it a workgroup per row
         final.attrs = {**final.attrs, "rows": True}
     return final

@@ -191,6 +191,10 @@ class Builder:
         self._names: set[str] = {v.name for v in graph.inputs}
         self._counter = itertools.count()
         self.scope = ""
+        #: bounds the user stated for data-dependent dims (``--dim NonZero_3.count=0..100``): name -> (lo, hi), and
+        #: the names :meth:`data_dim` used
+        self.data_bounds: dict[str, tuple[int, int]] = {}
+        self.data_bounds_used: set[str] = set()
 
     def fresh(self, hint: str) -> str:
         """A value name unique in this graph, derived from ``hint``."""
@@ -204,7 +208,8 @@ class Builder:
         """A new data-dependent run-time dim (docs/dynamic-shapes.md *Data-dependent shapes*) whose value is the
         element of ``count`` (an int32 ``[1]`` value computed by the graph) at run time, at most ``most`` (a dim:
         its upper bound): the shapes after a NonZero or a Compress. ``count`` becomes a hidden graph output
-        (:attr:`Graph.data_dims`).
+        (:attr:`Graph.data_dims`). Bounds the user stated for the dim's name (:attr:`data_bounds`) narrow its
+        bounds: buffers are planned for the stated ``hi``, and a run whose count exceeds it is a ShapeError.
 
         Raises:
             KilnError: ``count`` is not a computed int32 ``[1]`` value, ``most`` does not fit in int32, or grows with
@@ -223,7 +228,14 @@ class Builder:
         while name in self.graph.size_vars or name in self.graph.dims:
             k += 1
             name = f"{hint}_{k}"
-        dim = symbolic.size_var(name, len(self.graph.size_vars), 0, int(hi), int(hi))
+        lo = 0
+        if name in self.data_bounds:
+            lo, stated = self.data_bounds[name]
+            hi = min(int(hi), stated)
+            self.data_bounds_used.add(name)
+            if lo > hi:
+                raise KilnError(f"data-dependent dim {name}: stated bounds {lo}..{stated} are above its most, {hi}")
+        dim = symbolic.size_var(name, len(self.graph.size_vars), lo, int(hi), int(hi))
         self.graph.size_vars[name] = dim
         self.graph.data_dims[name] = count
         self.graph.outputs.append(count)

@@ -287,6 +287,47 @@ def _topk_eval(xs, a):
 register("TopKIndices", "gather", _topk_infer, _topk_eval)
 
 
+# ----------------------------------------------------------------------------- NonMaxSuppression's greedy selection
+def _nms_infer(ts, a):
+    (bt, boxes), (ot, order), (kt, ok), (tt, thr) = ts
+    if len(boxes) != 3 or boxes[2] != 4 or len(order) != 3 or order[0] != boxes[0] or order[2] != boxes[1] or \
+            tuple(ok) != tuple(order) or tuple(thr) != () or bt != "float32" or ot != kt != "int32" or tt != "float32":
+        raise ShapeError(f"NmsSelect: boxes float32 [B, N, 4], order and ok int32 [B, C, N], threshold float32 []; got "
+                         f"{bt}{list(boxes)}, {ot}{list(order)}, {kt}{list(ok)}, {tt}{list(thr)}")
+    return [("int32", tuple(order))]
+
+
+def overlaps(box: np.ndarray, others: np.ndarray, threshold: np.float32) -> np.ndarray:
+    """Whether ``box`` (float32 ``[4]``: ymin, xmin, ymax, xmax) overlaps each of ``others`` (``[k, 4]``) by an
+    intersection over union above ``threshold``, as onnxruntime's NonMaxSuppression computes it (float32; boxes of no
+    area, or that do not intersect, never overlap): bool ``[k]``."""
+    lo, hi = np.maximum(box[:2], others[:, :2]), np.minimum(box[2:], others[:, 2:])
+    inter = np.maximum(hi[:, 1] - lo[:, 1], np.float32(0)) * np.maximum(hi[:, 0] - lo[:, 0], np.float32(0))
+    area = (box[3] - box[1]) * (box[2] - box[0])
+    areas = (others[:, 3] - others[:, 1]) * (others[:, 2] - others[:, 0])
+    union = area + areas - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (inter > 0) & (area > 0) & (areas > 0) & (union > 0) & (inter / union > threshold)
+
+
+def _nms_eval(xs, a):
+    boxes, order, ok, thr = xs
+    keep = np.zeros(order.shape, np.int32)
+    for b, c in np.ndindex(*order.shape[:2]):
+        kept: list[int] = []
+        for r in range(order.shape[2]):
+            i = order[b, c, r]
+            if ok[b, c, r] and not overlaps(boxes[b, i], boxes[b, kept].reshape(-1, 4), np.float32(thr)).any():
+                keep[b, c, r] = 1
+                kept.append(i)
+    return [keep]
+
+
+# keep[b, c, r] = ok[b, c, r] and no kept box of rank s < r overlaps box order[b, c, r] by IoU > threshold: greedy
+# non-maximum suppression in rank order (ONNX NonMaxSuppression-11; kiln.frontend.onnx.ops.detection), a scan
+register("NmsSelect", "scan", _nms_infer, _nms_eval)
+
+
 # ----------------------------------------------------------------------------- TensorScatter (KV cache update)
 def _tensor_scatter_infer(ts, a):
     (dp, sp), (du, su) = ts[0], ts[1]

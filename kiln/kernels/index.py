@@ -7,7 +7,7 @@ from __future__ import annotations
 from kiln.arith.expr import Expr, binop, call, cast, const, highest, lowest, reduce, reduce_axis, select
 from kiln.kernels.elementwise import bcast_load
 from kiln.kernels.layout import ravel
-from kiln.te.compute import Tensor, compute
+from kiln.te.compute import Tensor, compute, scan
 
 
 def _wrap_index(i: Expr, dim: int) -> Expr:
@@ -327,3 +327,32 @@ def compact(data: Tensor, keep: Tensor, pos: Tensor, axis: int, out_shape, name:
     coords = tuple(cast(pos[(j,)], "int32") if d == axis else a for d, a in enumerate(t.axes))
     t.attrs["store"] = (tuple(out_shape), coords, binop("!=", cast(keep[(j,)], "int32"), const(0, "int32")))
     return t
+
+
+def nms_select(boxes: Tensor, order: Tensor, ok: Tensor, threshold: Tensor, out_shape, name: str = "nms") -> Tensor:
+    """Greedy non-maximum suppression (``NmsSelect``, kiln.ir.ops_data) as a scan along the rank axis: one
+    invocation per (batch, class) walks the boxes from the highest score down, keeping one when ``ok`` and no box it
+    kept before overlaps it by an intersection over union above ``threshold`` (onnxruntime's NonMaxSuppression
+    arithmetic: boxes of no area never overlap). N (N - 1) / 2 comparisons per (batch, class), each rank against
+    every earlier one (the loop over them runs to the current rank)."""
+    zero, one = const(0, "int32"), const(1, "int32")
+    s = reduce_axis(out_shape[2], "rs")  # the ranks before r (a triangular loop)
+
+    def body(b, c, r, state):
+        def corners(i):
+            return [boxes[b, i, k] for k in range(4)]  # ymin, xmin, ymax, xmax
+
+        (y0, x0, y1, x1), (v0, u0, v1, u1) = corners(order[b, c, r]), corners(order[b, c, s])
+        fzero = const(0.0, "float32")
+        w = call("max", call("min", x1, u1) - call("max", x0, u0), fzero)
+        h = call("max", call("min", y1, v1) - call("max", y0, v0), fzero)
+        inter = w * h
+        area, other = (x1 - x0) * (y1 - y0), (u1 - u0) * (v1 - v0)
+        union = area + other - inter
+        over = binop(">", inter, fzero) & binop(">", area, fzero) & binop(">", other, fzero) & \
+            binop(">", union, fzero) & binop(">", inter / union, threshold[()])
+        hit = binop("<", s, r) & binop("!=", state[b, c, s], zero) & over
+        suppressed = reduce("max", select(hit, one, zero), [s])
+        return select(binop("!=", ok[b, c, r], zero) & binop("<", suppressed, one), one, zero)  # (rank 0: no loop)
+
+    return scan(tuple(out_shape), 2, "int32", body, name, triangular=(s,))

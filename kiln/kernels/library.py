@@ -96,6 +96,7 @@ _INDEX = {
     "TensorScatter": lambda xs, a, shape, name: index.tensor_scatter(
         xs[0], xs[1], xs[2] if len(xs) > 2 else None, a["axis"], a["mode"], bool(a.get("in_place")), shape, name),
     "Compact": lambda xs, a, shape, name: index.compact(xs[0], xs[1], xs[2], a["axis"], shape, name),
+    "NmsSelect": lambda xs, a, shape, name: index.nms_select(xs[0], xs[1], xs[2], xs[3], shape, name),
     "TopKIndices": lambda xs, a, shape, name: index.topk_indices(xs[0], a["axis"], a["k"], a["largest"], shape,
                                                                  name),
 }

@@ -107,7 +107,8 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
         if id(node) in assigned:
             continue
         assigned.add(id(node))
-        if ops.kind(node.op) == "control" or node.op in STORES:  # If/Loop (kiln.codegen.webgpu.control), Compact
+        # If/Loop (kiln.codegen.webgpu.control), Compact, and scans (their kernel reads its own output as it goes)
+        if ops.kind(node.op) in ("control", "scan") or node.op in STORES:
             groups.append((position[id(node)], Group([node], list(dict.fromkeys(node.inputs)))))
             continue
         if ops.kind(node.op) == "view":

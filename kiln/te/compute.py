@@ -83,6 +83,28 @@ def compute(shape: tuple[int, ...], fcompute: Callable[..., Expr], name: str = "
     return Tensor(name, _dims(shape), body.dtype, axes, body)
 
 
+def scan(shape: tuple[int, ...], axis: int, dtype: str, fcompute: Callable[..., Expr], name: str = "scan",
+         triangular: tuple[Var, ...] = ()) -> Tensor:
+    """A tensor computed serially along ``axis``: its element at ``axes`` is ``fcompute(*axes, state)``, where
+    ``state`` (a placeholder of the tensor's own shape and ``dtype``) reads elements computed before it along
+    ``axis`` (TVM's ``te.scan`` in spirit). Lowering gives each invocation one line along ``axis`` and loops over
+    it in order, reading ``state`` from the output buffer (:func:`kiln.te.lower.lower`); the tensor is a kernel of
+    its own (never inlined into a consumer). Reads of ``state`` at or after the current element read undefined
+    values: guard them. Reduction axes in ``triangular`` (of the scan axis's extent, their body guarded to the elements
+    before the current one) loop only up to the current element.
+
+    Raises:
+        TypeError: ``fcompute`` returns a value of another dtype than ``dtype``.
+    """
+    state = placeholder(shape, dtype, f"{name}_state")
+    n = next(_ids)
+    axes = tuple(Var(f"i{k}_{n}") for k in range(len(shape)))
+    body = as_expr(fcompute(*axes, state))
+    if body.dtype != dtype:
+        raise TypeError(f"scan {name}: the body is {body.dtype}, the tensor {dtype}")
+    return Tensor(name, _dims(shape), dtype, axes, body, {"scan": (axis, state, tuple(triangular))})
+
+
 def inline(t: Tensor) -> Tensor:
     """``t`` with every computed tensor it reads (transitively) substituted into its body."""
 

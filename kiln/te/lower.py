@@ -83,6 +83,9 @@ def canonical(out: Tensor) -> Tensor:
     if "store" in attrs:  # a store view's coordinates are expressions of the axes too
         shape, coords, keep = attrs["store"]
         attrs = {**attrs, "store": (shape, tuple(transform(e, rename) for e in coords), transform(keep, rename))}
+    if "scan" in attrs:  # a scan's triangular reduction axes
+        axis, state, tri = attrs["scan"]
+        attrs = {**attrs, "scan": (axis, state, tuple(names[a] for a in tri if a in names))}
     return Tensor(out.name, out.shape, out.dtype, tuple(names[a] for a in out.axes), body, attrs)
 
 
@@ -151,12 +154,19 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     """
     schedule = schedule or Schedule()
     out = canonical(out)
-    ins = placeholders(out)
+    # a scan (kiln.te.compute.scan): a line along ``axis`` per invocation, ``state`` read from ``out``, the reduction
+    # axes ``tri`` looping only up to the current element
+    scan = out.attrs.get("scan")
+    ins = [t for t in placeholders(out) if scan is None or t is not scan[1]]
     if "store" in out.attrs:  # buffers a store view's coordinates read (a TensorScatter's write indices)
         _, coords, keep = out.attrs["store"]
         for e in (*coords, keep):
             ins += [t for t in placeholders(Tensor("view", (), e.dtype, (), e)) if all(t is not i for i in ins)]
     pname = {id(t): f"in{k}" for k, t in enumerate(ins)}
+    if scan is not None:
+        pname[id(scan[1])] = "out"
+        schedule = Schedule(workgroup_size=schedule.workgroup_size, max_groups_x=schedule.max_groups_x,
+                            unroll=schedule.unroll)
     params = [Param(pname[id(t)], t.dtype, t.size, "read") for t in ins]
     # a store view (``attrs["store"]``: the buffer's shape, each element's coordinates in it and whether to store
     # it, expressions of the axes): the kernel writes its elements into part of a larger buffer (an in-place
@@ -191,7 +201,8 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
               if s.factor > 1 and (is_symbolic(out.shape[s.axis]) or out.shape[s.axis] > 1)}
     outer_shape = [ceil_div(d, splits[a].factor) if a in splits else d for a, d in enumerate(out.shape)]
     outer = [Var(f"{ax.name}o") if a in splits else ax for a, ax in enumerate(out.axes)]
-    total = simplify(prod(outer_shape))
+    par = [a for a in range(len(out.shape)) if scan is None or a != scan[0]]  # axes spread over invocations
+    total = simplify(prod([outer_shape[a] for a in par]))
     gid = Var("gid")
     lanes = schedule.reduce_lanes
     body: list = []
@@ -201,7 +212,12 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         lid, wid, lane, tile = Var("lid"), Var("wid"), Var("lane"), Var("tile")
         body += [Let(lane, lid % lanes), Let(tile, wid * (schedule.workgroup_size // lanes) + lid // lanes),
                  Let(gid, call("min", tile, total - 1))]
-    body += unravel(gid, outer, outer_shape, total)
+    body += unravel(gid, [outer[a] for a in par], [outer_shape[a] for a in par], total)
+    kernel_body = body
+    if scan is not None:  # the scan axis in order, each element stored before the next reads it
+        loop = For(out.axes[scan[0]], out.shape[scan[0]])
+        body.append(loop)
+        body = loop.body
     split_accs: list[tuple[Var, str]] = []
 
     # the elements of the register tile: axis values, clamped values for loads, in-range condition
@@ -266,15 +282,17 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             axes = axes[1:]
             split_accs.extend((accs[r], r.op) for r in group)
         n_unrolled, product = 0, 1
+        tri = scan[2] if scan is not None else ()
         for ax in reversed(axes):
-            if is_symbolic(ax.extent) or product * ax.extent > schedule.unroll:
+            if is_symbolic(ax.extent) or product * ax.extent > schedule.unroll or ax in tri:
                 break
             product *= ax.extent
             n_unrolled += 1
         # the innermost axis too long to unroll whole: unroll it partially by its largest divisor
         # within the budget (``ax = outer * f + c`` for constant ``c``)
         partial = None
-        if n_unrolled == 0 and axes and schedule.unroll > 1 and not is_symbolic(axes[-1].extent):
+        if n_unrolled == 0 and axes and schedule.unroll > 1 and not is_symbolic(axes[-1].extent) and \
+                axes[-1] not in tri:
             ax = axes[-1]
             f = max((d for d in range(2, schedule.unroll + 1) if ax.extent % d == 0), default=0)
             if f:
@@ -283,7 +301,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         if partial:
             looped[-1] = partial[1]
         for ax in looped:
-            loop = For(ax, ax.extent)
+            loop = For(ax, out.axes[scan[0]] if ax in tri else ax.extent)
             inner.append(loop)
             inner = loop.body
         unrolled = axes[len(axes) - n_unrolled:]
@@ -326,7 +344,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             index = linear(ravel([vals.get(ax, ax) for ax in out.axes], out.shape))
         store = Store("out", index, value)
         body.append(If(cond, [store]) if not (isinstance(cond, Const) and cond.value) else store)
-    return LoweredKernel(name or out.name, params, ins, total, gid, body, schedule, shared)
+    return LoweredKernel(name or out.name, params, ins, total, gid, kernel_body, schedule, shared)
 
 
 __all__ = ["canonical", "flatten", "lower"]

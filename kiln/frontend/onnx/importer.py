@@ -378,10 +378,21 @@ def _import(model: onnx.ModelProto, dims: dict[str, Any] | None, variables: Coll
     graph = Graph(name=g.name or "model")
     size_vars = {}
     derived = {k: v for k, v in dims.items() if isinstance(v, str) and "+" in v}  # total=past+seq
+    init_names = {t.name for t in g.initializer}
+    keys = {dim_key(i.name, k, d) for i in g.input if i.name not in init_names and i.type.HasField("tensor_type")
+            for k, d in enumerate(i.type.tensor_type.shape.dim) if not (d.HasField("dim_value") and d.dim_value >= 0)}
+    stated: dict[str, tuple[int, int]] = {}  # bounds of data-dependent dims (NonZero_3.count=0..100), or a mistake
     for key, value in list(dims.items()):
         if key in derived:
             continue
         spec = parse_dim_spec(key, value)
+        if key not in keys and isinstance(spec, tuple):
+            if spec[1] is None:
+                raise KilnError(f"--dim {key}={value}: {key} names no input dim; bounds of a data-dependent dim are "
+                                "given as LO..HI")
+            stated[key] = spec[:2]
+            del dims[key]
+            continue
         if isinstance(spec, tuple):
             size_vars[key] = dims[key] = make_var(key, spec)
         else:
@@ -389,7 +400,6 @@ def _import(model: onnx.ModelProto, dims: dict[str, Any] | None, variables: Coll
     for key, text in derived.items():
         dims[key] = _derived_dim(key, text, size_vars)
     env: dict[str, Value] = {}
-    init_names = {t.name for t in g.initializer}
     for inp in g.input:
         if inp.name in init_names:
             continue
@@ -400,11 +410,8 @@ def _import(model: onnx.ModelProto, dims: dict[str, Any] | None, variables: Coll
     used = {k for x in graph.inputs for k in (x.sym_shape or ()) if isinstance(k, str)}
     graph.dims = {k: v for k, v in dims.items() if k in used and k not in size_vars and k not in derived}
     graph.size_vars = {k: v for k, v in size_vars.items() if k in used}
-    unused = sorted(set(size_vars) - used)
-    if unused:
-        raise KilnError(f"run-time dim{'s' if len(unused) > 1 else ''} {', '.join(unused)} name no input dim; the "
-                        f"inputs' dims are {', '.join(sorted(used)) or '(none symbolic)'}")
     b = Builder(graph, fold=True)
+    b.data_bounds = stated
     inits = {t.name: t for t in g.initializer}
     for name in variables:
         t = inits[name]
@@ -421,6 +428,14 @@ def _import(model: onnx.ModelProto, dims: dict[str, Any] | None, variables: Coll
     b.subgraph = _inline(model, b, env)
     b.region = _region(model, b, env)
     _convert_nodes(model, b, g.node, env)
+    unused = sorted(set(b.data_bounds) - b.data_bounds_used)
+    if unused:
+        data = [k for k in graph.size_vars if k in graph.data_dims]
+        raise KilnError(f"run-time dim{'s' if len(unused) > 1 else ''} {', '.join(unused)} "
+                        f"name{'' if len(unused) > 1 else 's'} no input dim"
+                        f"{' or data-dependent dim' if data else ''}; the inputs' dims are "
+                        f"{', '.join(sorted(used)) or '(none symbolic)'}"
+                        + (f", the data-dependent dims {', '.join(data)}" if data else ""))
     _name_outputs(graph, b, [(o.name, env[o.name]) for o in g.output], g.output, dims)
     return graph
 

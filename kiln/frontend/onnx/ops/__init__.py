@@ -9,6 +9,7 @@ from kiln.frontend.onnx.ops import (  # noqa: F401
     contrib_nn,
     contrib_quant,
     control,
+    detection,
     einsum,
     elementwise,
     indexing,

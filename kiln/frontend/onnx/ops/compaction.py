@@ -43,11 +43,12 @@ def prefix_count(b: Builder, keep: Value) -> tuple[Value, Value]:
     return pos, b.op("ReduceSum", [reshape(b, totals, (rows,))], axes=(0,), keepdims=1)
 
 
-def compact(b: Builder, data: Value, keep: Value, axis: int, hint: str) -> Value:
+def compact(b: Builder, data: Value, keep: Value, axis: int, hint: str, most=None) -> Value:
     """``data``'s slices along ``axis`` whose int32 flag in ``keep`` (``[data.shape[axis]]``) is non-zero, in order:
-    a ``Compact`` whose extent along ``axis`` is a new data-dependent dim named after ``hint``."""
+    a ``Compact`` whose extent along ``axis`` is a new data-dependent dim named after ``hint``, at most ``most``
+    (default: every slice kept)."""
     pos, count = prefix_count(b, keep)
-    dim = b.data_dim(count, data.shape[axis], hint)
+    dim = b.data_dim(count, data.shape[axis] if most is None else most, hint)
     return b.op("Compact", [data, keep, pos], axis=axis, count=dim)
 
 

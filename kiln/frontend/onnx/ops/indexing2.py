@@ -12,6 +12,7 @@ from kiln.frontend.onnx.ops.compaction import topk_count
 from kiln.frontend.onnx.ops.indexing import _pad, _slice, slice_attrs
 from kiln.frontend.onnx.ops.nn import _reshape, window_attrs
 from kiln.frontend.onnx.registry import onnx_op
+from kiln.frontend.shapes import reshape
 from kiln.ir import dtypes
 from kiln.ir.graph import Builder, Value
 
@@ -42,9 +43,38 @@ def scatter_nd(b: Builder, x: Value, indices: Value, updates: Value, *, reductio
     return b.op("ScatterND", [x, indices, updates], reduction=reduction)
 
 
+#: axis lengths beyond which TopK ranks by comparison counts and a scatter (:func:`rank_order`) rather than
+#: ``TopKIndices``, whose every output element recounts the ranks (n^2 steps each)
+RANKED = 32
+
+
+def rank_order(b: Builder, x: Value, axis: int, largest: int = 1) -> Value:
+    """int32 of ``x``'s (static) shape: along ``axis``, the index of the element of each rank (descending when
+    ``largest``, else ascending; ties: the lower index first, as ONNX TopK orders them). Each element's rank is a
+    count of comparisons (n steps per element, one kernel), then a ScatterElements writes each index at its rank."""
+    shape, rank = tuple(x.shape), len(x.shape)
+    n = shape[axis]
+    col = reshape(b, x, shape[:axis + 1] + (1,) + shape[axis + 1:])  # [.., e, 1, ..]
+    row = reshape(b, x, shape[:axis] + (1,) + shape[axis:])  # [.., 1, f, ..]
+    before = b.const(np.tril(np.ones((n, n), bool), -1).reshape((n, n) + (1,) * (rank - axis - 1)))  # f < e
+    better = b.op("Greater" if largest else "Less", [row, col])
+    ahead = b.op("Or", [better, b.op("And", [b.op("Equal", [row, col]), before])])
+    ranks = b.op("ReduceSum", [b.op("Cast", [ahead], to="int32")], axes=(axis + 1,), keepdims=0)
+    index = b.op("Expand", [b.const(np.arange(n, dtype=np.int32).reshape((n,) + (1,) * (rank - axis - 1)))],
+                 shape=shape)
+    zeros = b.op("Expand", [b.const(np.zeros((), np.int32))], shape=shape)
+    return b.op("ScatterElements", [zeros, ranks, index], axis=axis, reduction="none")
+
+
 def _topk(b: Builder, x: Value, k: int, axis: int, largest: int) -> list[Value]:
     ax = norm_axis(axis, len(x.shape))
-    idx = b.op("TopKIndices", [x], axis=ax, k=k if symbolic.is_symbolic(k) else int(k), largest=int(largest))
+    if symbolic.is_static([k, *x.shape]) and x.shape[ax] > RANKED:
+        order = rank_order(b, x, ax, largest)
+        ends = tuple(int(k) if d == ax else n for d, n in enumerate(x.shape))
+        idx = b.op("Cast", [b.op("Slice", [order], starts=(0,) * len(ends), ends=ends, steps=(1,) * len(ends))],
+                   to="int64")
+    else:
+        idx = b.op("TopKIndices", [x], axis=ax, k=k if symbolic.is_symbolic(k) else int(k), largest=int(largest))
     return [b.op("GatherElements", [x, idx], axis=ax), idx]
 
 
