@@ -141,6 +141,11 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     targets = [get_target(name, **({"threads": wasm_threads} if name == "wasm" else {}))
                for name in parse_targets(target)]
     check_targets(targets, graph, precision, training)
+    if graph.state and len(targets) > 1 and not all(t.in_place for t in targets):
+        raise KilnError(f"state kept between runs ({', '.join(graph.state)}: a run counter of random draws, a KV cache) "
+                        f"is updated in place by the {', '.join(t.name for t in targets if t.in_place)} target(s) and "
+                        f"copied back by {', '.join(t.name for t in targets if not t.in_place)}; compile those in "
+                        "separate packages")
     program = Program(graph, [], MemoryPlan([], {}, 0), device_class=device_class, precision=precision,
                       accumulate=accumulate, schedule=schedule, training=training)
     if has_control(graph):  # If/Loop decided at run time: the webgpu target plans each graph level

@@ -164,3 +164,54 @@ def test_random_ops_refuse_integer_dtypes(tmp_path):
     onnx.save(model, tmp_path / "m.onnx")
     with pytest.raises(KilnError, match="dtype int32 is not supported"):
         kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg")
+
+
+#: loads the package, runs it ``runs`` times on ``feeds`` (name -> float32 array) and returns each run's outputs
+RUNS_IN_PAGE = """async ({target, runs, feeds}) => {
+  const kiln = await import('./kiln.js');
+  const session = await kiln.load('./', {target, poison: true});
+  const inputs = {};
+  for (const [name, {dims, data}] of Object.entries(feeds)) inputs[name] = new kiln.Tensor('float32', Float32Array.from(data), dims);
+  const results = [];
+  try {
+    for (let i = 0; i < runs; i++) {
+      const out = await session.run(inputs);
+      results.push(Object.fromEntries(Object.entries(out).map(([k, t]) => [k, Array.from(t.data)])));
+    }
+  } finally {
+    session.destroy();
+  }
+  return results;
+}"""
+
+
+@pytest.mark.browser
+def test_random_ops_on_webgl2_in_chromium(tmp_path, browser):
+    """WebGL2 kernels cannot update the run counter in place: the package computes the next value into another
+    texture and kiln.js copies it back after every run (format 1.12 ``state[].update_buffer``). Three runs in
+    Chromium draw what the webgpu target draws run for run (uniforms and Bernoulli bit for bit, normals to float
+    rounding), afresh each run; a package with both targets is refused."""
+    from browser import evaluate_in_package
+
+    n, rows = 4096, 2000
+    p = np.broadcast_to(np.array([0.1, 0.5, 0.9], np.float32), (rows, 3)).copy()
+    nodes = [helper.make_node("RandomUniform", [], ["u"], shape=[n], seed=5.0),
+             helper.make_node("RandomNormal", [], ["z"], shape=[n], seed=2.0),
+             helper.make_node("Bernoulli", ["p"], ["y"], seed=3.0)]
+    model = _model(nodes, [helper.make_tensor_value_info("p", TensorProto.FLOAT, [rows, 3])],
+                   [helper.make_tensor_value_info("u", TensorProto.FLOAT, [n]),
+                    helper.make_tensor_value_info("z", TensorProto.FLOAT, [n]),
+                    helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 3])], opset=15)
+    onnx.save(model, tmp_path / "m.onnx")
+    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "gl", target="webgl2")
+    native = kiln.load(kiln.compile(tmp_path / "m.onnx", tmp_path / "gpu", target="webgpu"))
+    want = [native.run({"p": p}) for _ in range(3)]
+    got = evaluate_in_package(browser, pkg, RUNS_IN_PAGE, {"target": "webgl2", "runs": 3,
+                                                           "feeds": {"p": {"dims": [rows, 3], "data": p.ravel().tolist()}}})
+    for run, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(np.float32(g["u"]), w["u"], err_msg=f"run {run}")
+        np.testing.assert_array_equal(np.float32(g["y"]).reshape(rows, 3), w["y"], err_msg=f"run {run}")
+        np.testing.assert_allclose(np.float32(g["z"]), w["z"], rtol=1e-5, atol=1e-5, err_msg=f"run {run}")
+    assert not np.array_equal(got[0]["u"], got[1]["u"]) and not np.array_equal(got[1]["u"], got[2]["u"])
+    with pytest.raises(KilnError, match="copied back by webgl2; compile those in separate packages"):
+        kiln.compile(tmp_path / "m.onnx", tmp_path / "both", target="webgpu,webgl2")

@@ -199,6 +199,9 @@ class Target:
     #: whether a kernel may write part of a buffer in place (an in-place TensorScatter: a KV cache as state);
     #: WebGL2's fragment shaders write whole textures, each pixel its own
     in_place: ClassVar[bool] = True
+    #: whether, without :attr:`in_place`, its runtime keeps state by copying each next value into the state's buffer
+    #: after every run (``state[].update_buffer``, format 1.12: webgl2's run counter of random draws, a KV cache)
+    state_copy: ClassVar[bool] = False
     limits: dict[str, int]
     features: tuple[str, ...]
 
@@ -226,8 +229,8 @@ class Target:
             known = ", ".join(n for n, cls in REGISTRY.items() if cls.run_time_dims)
             raise KilnError(f"run-time dims ({dims}) are supported by the {known} targets (asked for {self.name}); "
                             "bind them statically with --dim NAME=SIZE for this one")
-        if graph.state and not self.in_place:
-            known = ", ".join(n for n, cls in REGISTRY.items() if cls.in_place)
+        if graph.state and not (self.in_place or self.state_copy):
+            known = ", ".join(n for n, cls in REGISTRY.items() if cls.in_place or cls.state_copy)
             raise KilnError(f"state updated in place (a KV cache: {', '.join(graph.state)}) is supported by the "
                             f"{known} targets (asked for {self.name})")
         if control:

@@ -12,7 +12,7 @@ export interface Manifest {
   /** Always "kiln-package". */
   format: "kiln-package";
   /**
-   * The package format version "MAJOR.MINOR" ("1.11" today). A runtime reads every package of its own major version
+   * The package format version "MAJOR.MINOR" ("1.12" today). A runtime reads every package of its own major version
    * and refuses a newer major version with a message saying to upgrade Kiln.
    */
   version: string;
@@ -204,6 +204,12 @@ export interface StateTensor {
   buffer: number;
   /** The buffer's size. */
   bytes: number;
+  /**
+   * (1.12) Present where the plan computes the next value into another buffer (the webgl2 target, whose kernels
+   * cannot write in place; such a package has that target only): the runtime copies that buffer into buffer after
+   * every run.
+   */
+  update_buffer?: number;
 }
 
 /**

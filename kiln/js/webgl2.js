@@ -128,6 +128,18 @@ export class WebGL2Backend {
     /** @private @type {WebGLProgram[]} */ this.programs = [];
     /** @private @type {Map<number, WebGLFramebuffer>} framebuffer of each output texture */
     this.framebuffers = new Map();
+    /**
+     * @private state copied back after every run (format 1.12 `state[].update_buffer`): the texture of the next
+     * value, the state's texture and its size in texels
+     * @type {{from: number, to: number, width: number, height: number}[]}
+     */
+    this.stateCopies = (manifest.state ?? []).filter((s) => s.update_buffer !== undefined).map((s) => {
+      const to = this.spec.textures.findIndex((t) => t.buffer === s.buffer);
+      const from = this.spec.textures.findIndex((t) => t.buffer === s.update_buffer);
+      if (to < 0 || from < 0) throw new PackageError(`the webgl2 target has no texture for state '${s.name}'`);
+      const [a, b] = [this.spec.textures[to], this.spec.textures[from]];
+      return {from, to, width: Math.min(a.width, b.width), height: Math.min(a.height, b.height)};
+    });
     /** @private @type {{program: WebGLProgram, inputs: number[], output: number, viewport: number[]}[]} */
     this.steps = [];
     /** @private the uniform buffer of run-time dims (null for a static package) @type {WebGLBuffer | null} */
@@ -390,7 +402,7 @@ export class WebGL2Backend {
     }
   }
 
-  /** Draw every plan step. @private */
+  /** Draw every plan step, then copy each next state value into its state's texture. @private */
   draw() {
     const {gl} = this;
     let current = null;
@@ -412,6 +424,13 @@ export class WebGL2Backend {
         gl.activeTexture(gl.TEXTURE0 + unit);
         gl.bindTexture(gl.TEXTURE_2D, null);
       }
+    }
+    for (const {from, to, width, height} of this.stateCopies) {  // (WebGL2 kernels cannot update a texture in place)
+      gl.bindFramebuffer(gl.READ_FRAMEBUFFER, this.framebuffer(from));
+      gl.activeTexture(gl.TEXTURE0);
+      gl.bindTexture(gl.TEXTURE_2D, this.textures[to]);
+      gl.copyTexSubImage2D(gl.TEXTURE_2D, 0, 0, 0, 0, 0, width, height);
+      gl.bindTexture(gl.TEXTURE_2D, null);
     }
   }
 

@@ -212,8 +212,11 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         counts = {id(v) for v in graph.data_dims.values()}
         model_outputs = [v for v in model_outputs if id(v) not in counts]
         given = {v.name: v for v in graph.inputs}
+        updated = {v.name: plan.of[id(v)] for v in graph.outputs if v.name in graph.state.values()}
         state = [{"name": name, "update": update, "dtype": given[name].dtype, "shape": list(given[name].shape),
-                  "buffer": plan.of[id(given[name])], "bytes": buffers[plan.of[id(given[name])]]["bytes"]}
+                  "buffer": plan.of[id(given[name])], "bytes": buffers[plan.of[id(given[name])]]["bytes"],
+                  # (1.12) a next value computed into another buffer (webgl2), copied back by the runtime
+                  **({"update_buffer": updated[update]} if updated[update] != plan.of[id(given[name])] else {})}
                  for name, update in graph.state.items()]
         manifest: dict[str, Any] = {
             "format": FORMAT,

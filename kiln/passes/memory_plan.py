@@ -131,7 +131,7 @@ def mark_in_place(graph: Graph, enabled: bool = True) -> None:
     (:func:`kiln.kernels.index.tensor_scatter`) and :func:`plan_memory` gives the result the input's buffer.
 
     Raises:
-        KilnError: a state pair (:attr:`Graph.state`) whose output is not such a scatter of its input.
+        KilnError: ``enabled`` and a state pair (:attr:`Graph.state`) whose output is not such a scatter of its input.
     """
     uses = graph.consumers()
     inputs = {id(v) for v in graph.inputs}
@@ -146,7 +146,7 @@ def mark_in_place(graph: Graph, enabled: bool = True) -> None:
             node.attrs["in_place"] = int(ok)
             if ok:
                 done[past.name] = out.name
-    for name, update in graph.state.items():
+    for name, update in graph.state.items() if enabled else ():  # (disabled: the runtime copies it back)
         if done.get(name) != update:
             raise KilnError(f"state {name!r}: its next value {update!r} is not an in-place TensorScatter of it")
 

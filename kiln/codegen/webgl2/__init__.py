@@ -23,6 +23,7 @@ class WebGL2Target(Target):
 
     name = "webgl2"
     in_place = False
+    state_copy = True  # kiln/js/webgl2.js copies each next state value into its texture after a run
     run_time_dims = True  # sizes from a uniform block, viewports per run (kiln/js/webgl2.js)
     data_dependent = False
 
