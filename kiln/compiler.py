@@ -114,10 +114,17 @@ def check_precision(precision: str, training: Any = None) -> str | None:
 
 
 def check_targets(targets: list[Target], graph: Graph, precision: str, training: Any = None) -> None:
-    """Each target refuses, with a clear error, what it cannot build (:meth:`Target.check`)."""
+    """Each target refuses, with a clear error, what it cannot build (:meth:`Target.check`), and state is refused
+    where targets that update it in place share a package with targets that copy it back (one memory plan serves
+    every target: the update is in the state's buffer or in its own)."""
     control = has_control(graph)
     for t in targets:
         t.check(graph, precision=precision, training=training, control=control)
+    if graph.state and len({t.in_place for t in targets}) > 1:
+        raise KilnError(f"state kept between runs ({', '.join(graph.state)}: a run counter of random draws, a KV cache) "
+                        f"is updated in place by the {', '.join(t.name for t in targets if t.in_place)} target(s) and "
+                        f"copied back by {', '.join(t.name for t in targets if not t.in_place)}; compile those in "
+                        "separate packages")
 
 
 def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bool = True, progress: bool = False,
@@ -141,11 +148,6 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     targets = [get_target(name, **({"threads": wasm_threads} if name == "wasm" else {}))
                for name in parse_targets(target)]
     check_targets(targets, graph, precision, training)
-    if graph.state and len(targets) > 1 and not all(t.in_place for t in targets):
-        raise KilnError(f"state kept between runs ({', '.join(graph.state)}: a run counter of random draws, a KV cache) "
-                        f"is updated in place by the {', '.join(t.name for t in targets if t.in_place)} target(s) and "
-                        f"copied back by {', '.join(t.name for t in targets if not t.in_place)}; compile those in "
-                        "separate packages")
     program = Program(graph, [], MemoryPlan([], {}, 0), device_class=device_class, precision=precision,
                       accumulate=accumulate, schedule=schedule, training=training)
     if has_control(graph):  # If/Loop decided at run time: the webgpu target plans each graph level

@@ -191,10 +191,8 @@ class Builder:
         self._names: set[str] = {v.name for v in graph.inputs}
         self._counter = itertools.count()
         self.scope = ""
-        #: bounds the user stated for data-dependent dims (``--dim NonZero_3.count=0..100``): name -> (lo, hi), and
-        #: the names :meth:`data_dim` used
+        #: bounds the user stated for data-dependent dims (``--dim NonZero_3.count=0..100``): name -> (lo, hi)
         self.data_bounds: dict[str, tuple[int, int]] = {}
-        self.data_bounds_used: set[str] = set()
 
     def fresh(self, hint: str) -> str:
         """A value name unique in this graph, derived from ``hint``."""
@@ -232,7 +230,6 @@ class Builder:
         if name in self.data_bounds:
             lo, stated = self.data_bounds[name]
             hi = min(int(hi), stated)
-            self.data_bounds_used.add(name)
             if lo > hi:
                 raise KilnError(f"data-dependent dim {name}: stated bounds {lo}..{stated} are above its most, {hi}")
         dim = symbolic.size_var(name, len(self.graph.size_vars), lo, int(hi), int(hi))

@@ -291,7 +291,7 @@ register("TopKIndices", "gather", _topk_infer, _topk_eval)
 def _nms_infer(ts, a):
     (bt, boxes), (ot, order), (kt, ok), (tt, thr) = ts
     if len(boxes) != 3 or boxes[2] != 4 or len(order) != 3 or order[0] != boxes[0] or order[2] != boxes[1] or \
-            tuple(ok) != tuple(order) or tuple(thr) != () or bt != "float32" or ot != kt != "int32" or tt != "float32":
+            tuple(ok) != tuple(order) or tuple(thr) != () or (bt, ot, kt, tt) != ("float32", "int32", "int32", "float32"):
         raise ShapeError(f"NmsSelect: boxes float32 [B, N, 4], order and ok int32 [B, C, N], threshold float32 []; got "
                          f"{bt}{list(boxes)}, {ot}{list(order)}, {kt}{list(ok)}, {tt}{list(thr)}")
     return [("int32", tuple(order))]

@@ -133,13 +133,7 @@ export class WebGL2Backend {
      * value, the state's texture and its size in texels
      * @type {{from: number, to: number, width: number, height: number}[]}
      */
-    this.stateCopies = (manifest.state ?? []).filter((s) => s.update_buffer !== undefined).map((s) => {
-      const to = this.spec.textures.findIndex((t) => t.buffer === s.buffer);
-      const from = this.spec.textures.findIndex((t) => t.buffer === s.update_buffer);
-      if (to < 0 || from < 0) throw new PackageError(`the webgl2 target has no texture for state '${s.name}'`);
-      const [a, b] = [this.spec.textures[to], this.spec.textures[from]];
-      return {from, to, width: Math.min(a.width, b.width), height: Math.min(a.height, b.height)};
-    });
+    this.stateCopies = [];
     /** @private @type {{program: WebGLProgram, inputs: number[], output: number, viewport: number[]}[]} */
     this.steps = [];
     /** @private the uniform buffer of run-time dims (null for a static package) @type {WebGLBuffer | null} */
@@ -202,6 +196,12 @@ export class WebGL2Backend {
       this.framebuffer(step.output);
       return {program, inputs: step.inputs, output: step.output, viewport: step.viewport};
     });
+    this.stateCopies = (manifest.state ?? []).filter((s) => s.update_buffer !== undefined).map((s) => {
+      const to = this.ioTexture(s);
+      const from = this.ioTexture({...s, buffer: s.update_buffer});
+      const [a, b] = [spec.textures[to], spec.textures[from]];
+      return {from, to, width: Math.min(a.width, b.width), height: Math.min(a.height, b.height)};
+    });
     if (manifest.dynamic_dims?.length) {
       this.dimsBuffer = gl.createBuffer();
       gl.bindBuffer(gl.UNIFORM_BUFFER, this.dimsBuffer);
@@ -247,8 +247,8 @@ export class WebGL2Backend {
   }
 
   /**
-   * Make texture `index` (of a growable buffer) again with `height` rows (its contents are not kept: no texture of a
-   * WebGL2 package holds state) and point its framebuffer at it.
+   * Make texture `index` (of a growable buffer) again with `height` rows (its contents are not kept: state textures
+   * never grow, state shapes being static) and point its framebuffer at it.
    * @param {number} index @param {number} height @private
    */
   replaceTexture(index, height) {
@@ -364,8 +364,9 @@ export class WebGL2Backend {
   }
 
   /**
-   * The texture holding a manifest input or output in its storage type.
-   * @param {TensorSpec} spec the manifest's input or output entry @returns {number} @private
+   * The texture holding a manifest input, output or state tensor in its storage type.
+   * @param {TensorSpec} spec the manifest's input or output entry (or a state entry: name, dtype, buffer)
+   * @returns {number} @private
    */
   ioTexture(spec) {
     const format = (spec.storage ?? spec.dtype) === 'float32' ? 'R32F' : 'R32I';

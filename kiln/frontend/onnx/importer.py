@@ -13,7 +13,7 @@ import dataclasses
 import inspect
 import os
 from collections import ChainMap
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -187,21 +187,23 @@ def dim_key(input_name: str, index: int, dim: onnx.TensorShapeProto.Dimension) -
     return f"{input_name}_dim{index}"
 
 
+def _symbolic_input_dims(graph: onnx.GraphProto) -> Iterator[tuple[str, bool]]:
+    """``(key, named)`` for every symbolic dim of ``graph``'s inputs (initializers excluded), in input order: its
+    :func:`dim_key` and whether the model names it (``dim_param``)."""
+    inits = {t.name for t in graph.initializer}
+    for inp in graph.input:
+        if inp.name in inits or not inp.type.HasField("tensor_type"):
+            continue
+        for i, d in enumerate(inp.type.tensor_type.shape.dim):
+            if not (d.HasField("dim_value") and d.dim_value >= 0):
+                yield dim_key(inp.name, i, d), d.HasField("dim_param") and d.dim_param not in ("", "?")
+
+
 def unbound_dims(model: onnx.ModelProto, dims: dict[str, Any] | None = None) -> list[str]:
     """The named symbolic dims of ``model``'s inputs (``dim_param``, in input order) that ``dims`` gives no value:
     those :func:`import_model`'s ``unbound`` decides (static 1, or growable run-time dims)."""
     dims = dims or {}
-    inits = {t.name for t in model.graph.initializer}
-    out: list[str] = []
-    for inp in model.graph.input:
-        if inp.name in inits or not inp.type.HasField("tensor_type"):
-            continue
-        for i, d in enumerate(inp.type.tensor_type.shape.dim):
-            if d.HasField("dim_param") and d.dim_param not in ("", "?"):
-                key = dim_key(inp.name, i, d)
-                if key not in dims and key not in out:
-                    out.append(key)
-    return out
+    return list(dict.fromkeys(k for k, named in _symbolic_input_dims(model.graph) if named and k not in dims))
 
 
 def parse_dim_spec(key: str, value: Any) -> int | tuple[Any, ...]:
@@ -378,9 +380,7 @@ def _import(model: onnx.ModelProto, dims: dict[str, Any] | None, variables: Coll
     graph = Graph(name=g.name or "model")
     size_vars = {}
     derived = {k: v for k, v in dims.items() if isinstance(v, str) and "+" in v}  # total=past+seq
-    init_names = {t.name for t in g.initializer}
-    keys = {dim_key(i.name, k, d) for i in g.input if i.name not in init_names and i.type.HasField("tensor_type")
-            for k, d in enumerate(i.type.tensor_type.shape.dim) if not (d.HasField("dim_value") and d.dim_value >= 0)}
+    keys = {k for k, _ in _symbolic_input_dims(g)}
     stated: dict[str, tuple[int, int]] = {}  # bounds of data-dependent dims (NonZero_3.count=0..100), or a mistake
     for key, value in list(dims.items()):
         if key in derived:
@@ -400,6 +400,7 @@ def _import(model: onnx.ModelProto, dims: dict[str, Any] | None, variables: Coll
     for key, text in derived.items():
         dims[key] = _derived_dim(key, text, size_vars)
     env: dict[str, Value] = {}
+    init_names = {t.name for t in g.initializer}
     for inp in g.input:
         if inp.name in init_names:
             continue
@@ -428,7 +429,7 @@ def _import(model: onnx.ModelProto, dims: dict[str, Any] | None, variables: Coll
     b.subgraph = _inline(model, b, env)
     b.region = _region(model, b, env)
     _convert_nodes(model, b, g.node, env)
-    unused = sorted(set(b.data_bounds) - b.data_bounds_used)
+    unused = sorted(set(b.data_bounds) - set(graph.data_dims))
     if unused:
         data = [k for k in graph.size_vars if k in graph.data_dims]
         raise KilnError(f"run-time dim{'s' if len(unused) > 1 else ''} {', '.join(unused)} "

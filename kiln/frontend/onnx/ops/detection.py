@@ -78,7 +78,7 @@ def non_max_suppression(b: Builder, boxes: Value, scores: Value, max_output_boxe
                                .reshape(-1)[0]), N))
     else:
         limit = None  # a run-time value
-    if limit == 0 or symbolic.is_static([N]) and N == 0:
+    if limit == 0 or N == 0:
         return b.const(np.zeros((0, 3), np.int64), name=b.scope)
     boxes = boxes if boxes.dtype == "float32" else b.op("Cast", [boxes], to="float32")
     scores = scores if scores.dtype == "float32" else b.op("Cast", [scores], to="float32")
