@@ -1,11 +1,26 @@
-"""Shared hypothesis strategies of the model-file fuzz harnesses (tests/test_fuzz_ctranslate2.py,
-tests/test_fuzz_gguf.py)."""
+"""Shared settings and hypothesis strategies of the fuzz harnesses (tests/test_fuzz_*.py).
+
+In the suite every harness is derandomized (the same inputs each run) and bounded; a campaign sets
+``KILN_FUZZ_RANDOM=1`` (fresh inputs) and ``KILN_FUZZ_EXAMPLES`` (inputs per test), as ``tools/fuzz_campaign.py``
+does for a given number of minutes.
+"""
 
 from __future__ import annotations
 
+import os
 import struct
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+
+
+def fuzz_settings(examples: int) -> settings:
+    """Hypothesis settings of a harness: ``examples`` inputs per test (``KILN_FUZZ_EXAMPLES`` overrides), no deadline,
+    no example database, derandomized unless ``KILN_FUZZ_RANDOM`` is set."""
+    return settings(max_examples=int(os.environ.get("KILN_FUZZ_EXAMPLES", examples)), deadline=None,
+                    derandomize=not os.environ.get("KILN_FUZZ_RANDOM"), database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                           HealthCheck.data_too_large])
 
 
 @st.composite

@@ -4,29 +4,26 @@ exception, a hang or an allocation the file's size does not bound.
 
 Hypothesis (derandomized: the same inputs every run, a bounded number of them) mutates a small valid WhisperSpec
 file (bit flips, truncations, spliced bytes, counts and sizes overwritten with extreme values) and generates
-``config.json`` contents; a longer campaign raises ``--hypothesis-seed``/``KILN_FUZZ_EXAMPLES``.
+``config.json`` contents; a longer campaign is ``python -m tools.fuzz_campaign ctranslate2``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
-from fuzzing import mutated
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings, mutated
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kiln.errors import KilnError
 from kiln.frontend import whisper
 from kiln.frontend.ctranslate2 import read_ctranslate2
 
-EXAMPLES = int(os.environ.get("KILN_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = fuzz_settings(300)
 
 _IDS = {"float32": 0, "int8": 1, "int16": 2, "int32": 3, "float16": 4}
 

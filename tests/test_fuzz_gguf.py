@@ -10,14 +10,13 @@ campaign raises ``KILN_FUZZ_EXAMPLES`` (``KILN_FUZZ_RANDOM=1`` for fresh inputs 
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
 import gguf
 import numpy as np
-from fuzzing import mutated
-from hypothesis import HealthCheck, assume, given, settings
+from fuzzing import fuzz_settings, mutated
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from kiln.errors import KilnError
@@ -25,9 +24,7 @@ from kiln.frontend.gguf import import_gguf
 from kiln.frontend.gguf.reader import read_gguf
 from kiln.frontend.gguf.tokenizer import tokenizer_json
 
-EXAMPLES = int(os.environ.get("KILN_FUZZ_EXAMPLES", "200"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("KILN_FUZZ_RANDOM"),
-                database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = fuzz_settings(200)
 
 WIDTH, FFN, HEADS, KV_HEADS, VOCAB = 32, 32, 2, 1, 8
 

@@ -19,17 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.errors import KilnError
 
-EXAMPLES = int(os.environ.get("KILN_FUZZ_EXAMPLES", "120"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("KILN_FUZZ_RANDOM"),
-                database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                                      HealthCheck.data_too_large])
+FUZZ = fuzz_settings(120)
 
 OPS = ["Relu", "Add", "Mul", "MatMul", "Conv", "MaxPool", "Reshape", "Transpose", "Softmax", "Concat", "Gather",
        "Slice", "ReduceSum", "Gemm", "Cast", "Expand", "Tile", "Pad", "Resize", "Split", "Squeeze", "Unsqueeze",

@@ -18,14 +18,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -33,12 +33,7 @@ import kiln
 from kiln.errors import KilnError
 from kiln.package.format import read_manifest, write_manifest
 
-EXAMPLES = int(os.environ.get("KILN_FUZZ_EXAMPLES", "150"))
-#: KILN_FUZZ_RANDOM=1: fresh random inputs (a campaign) instead of the suite's fixed ones
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("KILN_FUZZ_RANDOM"),
-                database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                       HealthCheck.data_too_large])
+FUZZ = fuzz_settings(150)
 
 FEEDS = {"x": np.array([[1.0, 2.0]], np.float32)}
 
