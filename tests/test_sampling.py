@@ -65,9 +65,12 @@ def test_draws_follow_the_exact_distribution(tmp_path, rng, options):
     """600 seeded draws on the device (lavapipe) over 40 logits: never a token the options exclude, and frequencies
     the exact distribution explains (chi-square over the kept tokens at the 1e-3 level)."""
     session = _sampler(tmp_path, 40)
-    x = rng.normal(0, 2, 40)
-    seen = [3, 17, int(np.argmax(x))]
-    p = exact_probabilities(x, seen, options)
+    for _ in range(100):  # logits whose distribution gives the test at least 4 cells of 5 expected draws or more
+        x = rng.normal(0, 2, 40)
+        seen = [3, 17, int(np.argmax(x))]
+        p = exact_probabilities(x, seen, options)
+        if (p * 600 >= 5).sum() >= 4:
+            break
     counts = np.zeros(40)
     for step in range(600):
         counts[int(session.run(_feeds(x, seen, options, 1234, step))["token"].reshape(-1)[0])] += 1

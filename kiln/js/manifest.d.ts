@@ -423,6 +423,12 @@ export interface WebGPUKernel {
   tuned?: boolean;
   /** What a tuned kernel records about its tuning-database record (informative). */
   tuning?: Tuning;
+  /**
+   * (1.13) The loop iterations one invocation runs in all (every loop counted with the trip counts of the loops
+   * around it; an upper bound where a loop sits in a branch). A runtime on Mesa's llvmpipe, which ends an invocation
+   * silently after 65535, refuses a kernel over that.
+   */
+  loop_iterations?: SizeExpression;
 }
 
 /** A storage-buffer binding of a WebGPU kernel. */

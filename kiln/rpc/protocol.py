@@ -227,7 +227,7 @@ def tensor_specs(header: dict[str, Any], key: str, blobs: Sequence[memoryview]) 
             raise ProtocolError(f"{header['type']!r} message: tensor {tensor!r} appears twice")
         seen.add(tensor)
         dtype = spec.get("dtype")
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:  # (a list or object is unhashable)
             raise ProtocolError(f"tensor {tensor!r}: dtype {str(dtype)[:20]!r} is not one of {', '.join(DTYPES)}")
         shape = spec.get("shape")
         if (not isinstance(shape, list) or len(shape) > MAX_DIMS

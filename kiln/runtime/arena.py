@@ -8,6 +8,7 @@ run, outputs read after it. Subclasses provide the memory and how plan step ``i`
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from kiln.runtime.timing import wall_clock_ms
 
 
 class ArenaSession(GenerationMixin):
-    """The shared part of the CPU sessions (the same API as :class:`kiln.runtime.native.Session`).
+    """The shared part of the CPU sessions (the same API as :class:`kiln.runtime.native.Session`; threads as there: the
+    runs of one session take turns).
 
     Subclasses set :attr:`path`, :attr:`manifest`, :attr:`target`, :attr:`mem` (a uint8 numpy view of the
     arena), :attr:`offsets` (buffer id -> byte offset), :attr:`kernel_names`, then call :meth:`_load`; and
@@ -73,6 +75,7 @@ class ArenaSession(GenerationMixin):
     def _load(self, poison: bool) -> None:
         """Write every weight at its buffer's offset; with ``poison``, fill activations and outputs with NaN."""
         self._grown: dict[int, int] = {}  # growable buffers' bytes for the current dims
+        self._lock = threading.RLock()
         for b, data in read_weights(self.path, self.manifest):
             self._view(b["id"], data.nbytes)[:] = data.reshape(-1).view(np.uint8)
         self.poison = poison
@@ -232,6 +235,10 @@ class ArenaSession(GenerationMixin):
                 inputs that disagree on one.
         """
         checked = storage_feeds(self.inputs, feeds)
+        with self._lock:  # (one run at a time: a run owns the arena from its inputs to its outputs)
+            return self._run(feeds, checked)
+
+    def _run(self, feeds: dict[str, np.ndarray], checked: list) -> dict[str, np.ndarray]:
         shapes = self._bind_dims(feeds) if self._dyn else {}
         for spec, a in checked:
             if a.size:  # (at its actual size: kernels index a run-time shape with run-time strides)
@@ -254,6 +261,10 @@ class ArenaSession(GenerationMixin):
     def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
         """Milliseconds of every plan step (wall clock around each), median over ``repeat`` runs after one
         warm-up run; rows as :meth:`kiln.runtime.native.Session.profile` returns them."""
+        with self._lock:  # (the profile's runs and dispatches use the session's buffers)
+            return self._profile(feeds, repeat)
+
+    def _profile(self, feeds: dict[str, np.ndarray], repeat: int) -> list[dict[str, Any]]:
         self.run(feeds)
         plan = self.plan
         samples: list[list[float]] = [[] for _ in plan]

@@ -14,6 +14,7 @@ output="gpu")``), and sessions share one device per process and its pipeline cac
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,6 +37,7 @@ from kiln.runtime.control import ControlPlan, is_control_plan
 from kiln.runtime.feeds import storage_feeds
 from kiln.runtime.generate import GenerationMixin
 from kiln.runtime.gpu import GPUTensor, shared_device, synchronize, to_gpu
+from kiln.runtime.loop_limit import LoopLimit
 from kiln.runtime.pipelines import KernelSpec, pipeline_cache
 from kiln.runtime.timing import wall_clock_ms
 from kiln.runtime.training import TrainingMixin
@@ -105,6 +107,10 @@ class Session(TrainingMixin, GenerationMixin):
     """A loaded package, ready to run natively (and, for train-step packages, to train: ``train_step``,
     ``state``, ``export_weights``; see :class:`~kiln.runtime.training.TrainingMixin`).
 
+    Threads: sessions run in parallel from several threads (each owns its buffers; on one device too); the runs of
+    one session take turns (:meth:`run` and :meth:`profile` hold its lock), so sharing a session between threads is
+    safe but serial, and its state (a KV cache, the random ops' counter) is shared by all its callers.
+
     Args:
         package: package directory (made by ``kiln compile``).
         target: the target to run (only ``webgpu`` natively).
@@ -130,7 +136,8 @@ class Session(TrainingMixin, GenerationMixin):
     Raises:
         PackageError: missing, malformed, corrupted, or newer-format package, a kernel that does not compile, or
             buffers and bindings the device refuses.
-        DeviceError: no adapter, or it lacks a limit or feature the package needs.
+        DeviceError: no adapter, or it lacks a limit or feature the package needs; a kernel that would run past the
+            adapter's loop limit (llvmpipe, :mod:`kiln.runtime.loop_limit`).
     """
 
     def __init__(self, package: str | os.PathLike, target: str = "webgpu", verify: bool = True, poison: bool = False,
@@ -157,6 +164,9 @@ class Session(TrainingMixin, GenerationMixin):
         tgt = self.manifest["targets"][target]
         grows = any("grow" in b for b in self.manifest["buffers"])
         self.adapter, self.device = _session_device(tgt, device, grows)
+        self._lock = threading.RLock()
+        #: kernels that would run past the adapter's loop limit (llvmpipe) are refused, not run wrong
+        self._loops = LoopLimit(tgt["kernels"], dict(self.adapter.info), str(self.path))
         dev = self.device
         t_device = time.perf_counter()
         cache = pipeline_cache(dev)
@@ -374,7 +384,8 @@ class Session(TrainingMixin, GenerationMixin):
                 input value that does not fit in int32; for run-time dims, a value outside its bounds or
                 inputs that disagree on one.
             DeviceError: a GPUTensor on another device; the device failed to map the outputs or refused the
-                work (a validation error: a package that does not fit the device).
+                work (a validation error: a package that does not fit the device); at these run-time dims, a kernel
+                would run past the adapter's loop limit (llvmpipe, :mod:`kiln.runtime.loop_limit`).
             DeviceLostError: the device was lost (a driver reset, ``destroy()``): load the package again.
             KilnError: a released GPUTensor, or an unknown ``output``.
         """
@@ -383,7 +394,8 @@ class Session(TrainingMixin, GenerationMixin):
         if gpu.is_lost(self.device):
             raise self._lost_error("")
         try:
-            return self._run(feeds, output)
+            with self._lock:  # (one run at a time: a run owns the session's buffers from upload to readback)
+                return self._run(feeds, output)
         except wgpu.GPUError as e:
             if "lost" in str(e).lower() or not gpu.is_usable(self.device):
                 gpu.mark_lost(self.device)
@@ -486,6 +498,7 @@ class Session(TrainingMixin, GenerationMixin):
             for name, v in zip(names, values):
                 env[name] = dynamic.check_count(self._counts[name], int(v))
             choice, dispatch = self._sizes.dispatches(env)
+            self._loops.check(self._plan, choice, dispatch, env)
             self._choose_variants(choice)
             self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))
             enc = self.device.create_command_encoder()
@@ -518,9 +531,10 @@ class Session(TrainingMixin, GenerationMixin):
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
+            choice, counts = self._sizes.dispatches(env)
+            self._loops.check(self._plan, choice, counts, env)
             if self._grow:
                 self._grow_buffers(env)
-            choice, counts = self._sizes.dispatches(env)
             evaluated = counts, dynamic.output_shapes(self.manifest, env)
             self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))
             self._dims_env, self._dims_eval = env, evaluated
@@ -640,6 +654,10 @@ class Session(TrainingMixin, GenerationMixin):
             One dict per dispatch in plan order: ``step``, ``kernel``, ``dispatch`` (workgroup
             counts), ``ms``, ``clock`` (``timestamp-query`` or ``wall``).
         """
+        with self._lock:  # (the profile's runs and dispatches use the session's buffers)
+            return self._profile(feeds, repeat)
+
+    def _profile(self, feeds: dict[str, np.ndarray], repeat: int) -> list[dict[str, Any]]:
         import wgpu
 
         self.run(feeds)

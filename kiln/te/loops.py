@@ -13,7 +13,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kiln.arith.expr import FLOATS, Const, Expr, Reduce, SizeVar, Var, binop, call, cast, const, highest, linear, lowest
+from kiln.arith.expr import (
+    FLOATS,
+    Const,
+    Expr,
+    Reduce,
+    SizeVar,
+    Var,
+    binop,
+    call,
+    cast,
+    const,
+    free_vars,
+    highest,
+    linear,
+    lowest,
+    substitute,
+)
 from kiln.arith.symbolic import ceil_div, is_symbolic, simplify
 from kiln.te.compute import Tensor
 
@@ -203,6 +219,37 @@ class LoweredKernel:
         return sorted(found.values(), key=lambda s: s.index)
 
 
+def loop_iterations(body: list, outer: int | Expr = 1, around: dict | None = None) -> int | Expr:
+    """Loop iterations one invocation runs in all, every loop of ``body`` counted with the trip counts of the loops
+    around it (loops under an ``If`` are counted as taken); an int, or a size expression of run-time dims.
+
+    A triangular loop (its trip count the variable of a loop around it, as a scan's, :mod:`kiln.te.lower`) counts
+    exactly; any other trip count naming a loop or axis variable counts at that variable's extent (an upper bound); a
+    loop of one trip is no loop (not counted).
+    Mesa's llvmpipe (lavapipe, the Vulkan driver of machines without a GPU) ends a shader invocation silently after
+    65535 loop iterations in all (``LP_MAX_TGSI_LOOP_ITERATIONS``, one counter shared by every loop of the shader);
+    the package records this count (``targets.webgpu.kernels[].loop_iterations``) so a runtime there refuses what
+    would come back wrong (docs/reliability.md).
+    """
+    around = around or {}
+    total: int | Expr = 0
+    for s in body:
+        if isinstance(s, For):
+            e = s.extent
+            if isinstance(e, Var) and e in around:  # 0, 1, ..., E - 1 over the loop of variable e
+                n = simplify(outer * (around[e] - 1) // 2)
+            else:
+                if isinstance(e, Expr):
+                    e = substitute(e, {v: v.extent for v in free_vars(e)})
+                n = simplify(outer * e)
+            # (a loop of one trip is no loop: the shader compilers remove it)
+            looped = n if is_symbolic(e) or e != 1 else 0
+            total = total + looped + loop_iterations(s.body, n, {**around, s.var: e})
+        elif isinstance(s, If):
+            total = total + loop_iterations(s.body, outer, around)
+    return simplify(total) if is_symbolic(total) else total
+
+
 def ravel(indices, shape) -> Expr:
     flat: Expr = const(0, "int32")
     for i, d in zip(indices, shape):
@@ -297,4 +344,5 @@ def combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: lis
 
 
 __all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Lane", "Let", "LoweredKernel", "Param", "Store", "Vec",
-           "VecLoad", "accumulator_init", "combine", "combine_lanes", "lane_loop", "prod", "ravel", "unravel"]
+           "VecLoad", "accumulator_init", "combine", "combine_lanes", "lane_loop", "loop_iterations", "prod", "ravel",
+           "unravel"]

@@ -21,6 +21,7 @@ from kiln.package import dynamic
 from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
 from kiln.te.compute import Tensor
+from kiln.te.loops import loop_iterations
 from kiln.te.schedule import Schedule, default_schedule
 
 
@@ -37,6 +38,8 @@ class Kernel:
     tuning: dict = field(default_factory=dict)
     #: True when the kernel reads the run-time dims uniform (binding after its storage buffers)
     dims: bool = False
+    #: loop iterations one invocation runs in all (:func:`kiln.te.loops.loop_iterations`): an int or a size expression
+    loop_iterations: Any = 0
 
     @property
     def workgroup_size(self) -> int:
@@ -54,6 +57,7 @@ class Kernel:
                 "workgroup_size": [self.workgroup_size, 1, 1],
                 "bindings": [{"binding": i, "access": a} for i, a in enumerate(self.access)],
                 "ops": self.ops, "schedule": self.schedule, **({"dims_binding": len(self.access)} if self.dims else {}),
+                **({"loop_iterations": symbolic.to_json(self.loop_iterations)} if self.loop_iterations else {}),
                 **({"tuned": True, "tuning": self.tuning} if self.tuning else {})}
 
 
@@ -131,7 +135,8 @@ class WebGPUKernels(KernelTable):
             if self.validate:
                 validate_wgsl(src, name, features=self.features)
             return Kernel(name, src, [p.access for p in k.params], [n.op for n in g.nodes], k.schedule.to_json(),
-                          dict(getattr(k.schedule, "tuning", None) or {}), dims=bool(k.size_vars))
+                          dict(getattr(k.schedule, "tuning", None) or {}), dims=bool(k.size_vars),
+                          loop_iterations=loop_iterations(k.body))
 
         return self.add(src, g.name, make)
 
