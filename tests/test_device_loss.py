@@ -38,6 +38,9 @@ def test_lost_device_natively(package, device):
     assert isinstance(info.value, DeviceError) and "kiln.load" in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(DeviceLostError):
         session.run({"x": X})  # and stays so
+    for other in (lambda: session.upload(X), lambda: session.profile({"x": X}, repeat=1)):  # (not runs only)
+        with pytest.raises(DeviceLostError, match="the GPU device was lost"):
+            other()
     again = kiln.load(package, device=device)
     assert again.device is not session.device
     np.testing.assert_allclose(again.run({"x": X})["y"], WANT, rtol=1e-6)

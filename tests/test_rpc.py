@@ -251,6 +251,30 @@ def test_failed_token_attempts_are_limited_per_address():
         rpc.stop_thread()
 
 
+def test_connections_in_their_handshake_are_capped():
+    """Sockets that connect and send nothing hold a handshake slot each (until the open timeout); beyond
+    ``max_handshakes`` of them a new connection is dropped at once; when they go, clients connect again."""
+    import socket
+
+    rpc = kiln.rpc.RpcServer("127.0.0.1", 0, max_handshakes=4).start_in_thread()
+    idle = []
+    try:
+        for _ in range(4):
+            idle.append(socket.create_connection(("127.0.0.1", rpc.port)))
+        time.sleep(0.3)  # (the server accepts them)
+        with pytest.raises(kiln.errors.RpcError):
+            kiln.rpc.connect(rpc.url, rpc.token, timeout=5)
+        for s in idle:
+            s.close()
+        time.sleep(0.3)
+        with kiln.rpc.connect(rpc.url, rpc.token) as remote:
+            assert remote.devices() == []
+    finally:
+        for s in idle:
+            s.close()
+        rpc.stop_thread()
+
+
 @needs_chromium
 def test_page_with_a_bad_token_does_not_join(browser, server, device_page):
     with kiln.rpc.connect(server.url, server.token) as remote:

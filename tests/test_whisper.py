@@ -8,6 +8,7 @@ The model is Whisper tiny.en from ``kiln zoo get whisper_tiny_en`` (setup.sh put
 from __future__ import annotations
 
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -280,7 +281,7 @@ def test_speech_json_is_checked_against_its_schema(package, tmp_path):
     from kiln.runtime.speech import read_speech_manifest
 
     spec = read_speech_manifest(package)
-    assert spec["format"] == "1.1" and spec["beams"] == 5
+    assert spec["format"] == "1.2" and spec["beams"] == 5
     for change, says in ((lambda s: s["parts"].update(decoder="../elsewhere"), "parts.decoder: '../elsewhere'"),
                          (lambda s: s["tokens"].update(eot=-1), "tokens.eot: -1 is less than the minimum of 0"),
                          (lambda s: s.pop("tokens"), "'tokens' is a required property"),
@@ -291,6 +292,38 @@ def test_speech_json_is_checked_against_its_schema(package, tmp_path):
         with pytest.raises(PackageError, match=re.escape(says)) as e:
             read_speech_manifest(tmp_path)
         assert "\n" not in str(e.value)
+
+
+def tampered_copy(package: Path, to: Path, name: str, edit) -> Path:
+    """A copy of speech package ``package`` at ``to`` (its parts linked, not copied) with file ``name`` replaced by
+    ``edit(its bytes)``; the digests are left as they were."""
+    to.mkdir()
+    for p in package.iterdir():
+        if p.is_dir():
+            (to / p.name).symlink_to(p, target_is_directory=True)
+        elif p.suffix not in (".wav", ".f32"):
+            shutil.copyfile(p, to / p.name)
+    (to / name).write_bytes(edit((package / name).read_bytes()))
+    return to
+
+
+def test_speech_files_are_checked(package, tmp_path):
+    """(speech format 1.2) speech.json is checked against speech.sha256 and the tokenizer against speech.json's
+    files: an edited copy of either, or a missing digest, is refused in one line naming the file."""
+    from kiln.runtime.speech import SpeechSession, read_speech_manifest
+
+    spec = read_speech_manifest(package)
+    assert {f["path"] for f in spec["files"]} >= {"tokenizer.json", "speech.js", "kiln.js", "transcribe.html"}
+    assert not any(f["path"].startswith(("encoder/", "decoder/")) for f in spec["files"])
+    edited = tampered_copy(package, tmp_path / "a", "speech.json", lambda s: s.replace(b'"beams": 5', b'"beams": 4'))
+    with pytest.raises(PackageError, match="speech.json SHA-256 checksum mismatch .* its manifest was edited"):
+        read_speech_manifest(edited)
+    (edited / "speech.sha256").unlink()
+    with pytest.raises(PackageError, match="no speech.sha256"):
+        read_speech_manifest(edited)
+    edited = tampered_copy(package, tmp_path / "b", "tokenizer.json", lambda s: s + b" ")
+    with pytest.raises(PackageError, match="tokenizer.json: SHA-256 checksum mismatch"):
+        SpeechSession(edited, target="wasm")
 
 
 def test_speech_package_refuses_overwrite(package, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from tests.browser import ConsoleLog, launch_chromium, serving
 from tests.speech_clips import CLIPS, espeak_available, make_clip
-from tests.test_whisper import MODEL, _reference_segments
+from tests.test_whisper import MODEL, _reference_segments, tampered_copy
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not (MODEL / "model.bin").exists(),
@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow,
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The speech package (webgpu, wasm) with the clips beside it: each clip's 16 kHz samples as raw float32
-    (``NAME.f32``) and espeak-ng's own 22050 Hz WAV file; the reference's segments; and Chromium."""
+    (``NAME.f32``) and espeak-ng's own 22050 Hz WAV file; the reference's segments; Chromium; and the package's
+    folder."""
     from faster_whisper import WhisperModel
     from playwright.sync_api import sync_playwright
 
@@ -44,7 +45,7 @@ def served(tmp_path_factory):
     (pkg / "junk.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEjunkjunkjunkjunk")
     with serving(pkg) as url, sync_playwright() as playwright:
         browser = launch_chromium(playwright)
-        yield url, browser, refs
+        yield url, browser, refs, pkg
         browser.close()
 
 
@@ -71,7 +72,7 @@ TRANSCRIBE = """async ({target, clips, timestamps}) => {
 
 
 def _run(served, target: str, clips: list[str], timestamps: bool) -> dict:
-    url, browser, _ = served
+    url, browser, *_ = served
     page = browser.new_context().new_page()
     log = ConsoleLog(page)
     page.goto(url + "transcribe.html?target=" + target)
@@ -114,7 +115,7 @@ def test_transcribe_page_takes_a_dropped_wav(served):
     on the device) streams the expected text and shows the real-time factor, greedy and with beam search (5, where
     the transcript differs: speech.js's beam search and the wasm runtime's state reordering); a file that is no
     audio gets a clear error."""
-    url, browser, refs = served
+    url, browser, refs, _ = served
     page = browser.new_context().new_page()
     log = ConsoleLog(page)
     page.goto(url + "transcribe.html?target=wasm")
@@ -147,7 +148,7 @@ def test_transcribe_page_takes_a_dropped_wav(served):
 
 
 def test_speech_js_loads_only_speech_packages(served):
-    url, browser, _ = served
+    url, browser, *_ = served
     page = browser.new_context().new_page()
     page.goto(url + "transcribe.html?target=wasm")
     error = page.evaluate("""async () => {
@@ -158,13 +159,33 @@ def test_speech_js_loads_only_speech_packages(served):
     page.context.close()
 
 
+def test_speech_js_refuses_edited_files(served):
+    """(speech format 1.2) loadSpeech checks speech.json against speech.sha256 and the tokenizer against speech.json's
+    files before it loads any part: an edited copy of either is refused, naming the file."""
+    url, browser, _, pkg = served
+    for name, edit in (("speech.json", lambda s: s.replace(b'"beams": 5', b'"beams": 4')),
+                       ("tokenizer.json", lambda s: s + b" ")):
+        copy = tampered_copy(pkg, pkg / "tampered", name, edit)
+        try:
+            page = browser.new_context().new_page()
+            page.goto(url + "transcribe.html?target=wasm")
+            error = page.evaluate("""async () => {
+              const kiln = await import('./kiln.js');
+              try { await kiln.loadSpeech('./tampered/'); return 'loaded'; } catch (e) { return `${e.name}: ${e.message}`; }
+            }""")
+            assert error.startswith("PackageError") and f"{name}" in error and "checksum mismatch" in error, error
+            page.context.close()
+        finally:
+            shutil.rmtree(copy)
+
+
 def test_transcribe_page_records_the_microphone(served):
     """transcribe.html's Record button: Chromium's fake microphone (a beeping tone) recorded for two seconds, then
     decoded (MediaRecorder's WebM/Opus through Web Audio), resampled and transcribed: the page finishes with the
     real-time factor shown, whatever the model makes of beeps."""
     from tests.browser import CHROMIUM, CHROMIUM_ARGS
 
-    url, shared, _ = served
+    url, shared, *_ = served
     browser = shared.browser_type.launch(executable_path=str(CHROMIUM), headless=True, args=[
         *CHROMIUM_ARGS, "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"])
     try:

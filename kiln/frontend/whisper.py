@@ -464,7 +464,7 @@ def speech_manifest(m: WhisperModel) -> dict:
 
     resample = {"taps": 2 * audio.HALF_TAPS, "max_outputs": audio.MAX_OUTPUTS, "rolloff": audio.ROLLOFF,
                 "zero_crossings": audio.ZERO_CROSSINGS, "min_rate": 4000, "max_rate": SAMPLE_RATE * audio.MAX_RATIO}
-    return {"format": "1.1", "kind": "speech-to-text", "architecture": "whisper",
+    return {"format": "1.2", "kind": "speech-to-text", "architecture": "whisper",
             "parts": {"resample": "resample", "log_mel": "log_mel", "encoder": "encoder", "decoder": "decoder"},
             "resample": resample,
             "tokenizer": "tokenizer.json", "sample_rate": SAMPLE_RATE, "n_fft": N_FFT, "hop": HOP,

@@ -20,6 +20,7 @@ import {KilnError, PackageError} from './errors.js';
 import {Tensor} from './tensor.js';
 import {GPUTensor} from './gputensor.js';
 import {load} from './kiln.js';
+import {sha256Hex} from './package.js';
 import {Tokenizer} from './vendor/tokenizers.mjs';
 
 /** The speech package format this runtime reads (its major version). */
@@ -88,27 +89,49 @@ export async function decodeAudio(data) {
  * @param {string | URL} url the package directory.
  * @param {import('./kiln.js').LoadOptions} [options] passed to each part's load (target, onProgress, ...).
  * @returns {Promise<SpeechSession>}
- * @throws {PackageError} not a speech package, or one of a newer major format; what {@link load} throws.
+ * @throws {PackageError} not a speech package, or one of a newer major format; (format 1.2, unless
+ *   `options.verify` is false) a speech.json or tokenizer that differs from its SHA-256; what {@link load} throws.
  */
 export async function loadSpeech(url, options = {}) {
   const root = new URL(url, globalThis.location?.href);
   if (!root.pathname.endsWith('/')) root.pathname += '/';
-  const fetchText = async (/** @type {string} */ path) => {
+  const fetchBytes = async (/** @type {string} */ path) => {
     const response = await fetch(new URL(path, root));
     if (!response.ok) throw new PackageError(`${root}: no ${path} (HTTP ${response.status}); not a speech package?`);
-    return response.text();
+    return response.arrayBuffer();
   };
+  const bytes = await fetchBytes('speech.json');
   let spec;
   try {
-    spec = JSON.parse(await fetchText('speech.json'));
+    spec = JSON.parse(new TextDecoder('utf-8', {fatal: true}).decode(bytes));
   } catch (error) {
-    if (error instanceof PackageError) throw error;
     throw new PackageError(`${root}speech.json is not readable JSON: ${error.message}`);
   }
-  if (Number(String(spec.format).split('.')[0]) !== SPEECH_FORMAT_MAJOR) {
-    throw new PackageError(`${root}: speech package format ${spec.format} is not ${SPEECH_FORMAT_MAJOR}.x; recompile it`);
+  const [major, minor] = String(spec?.format).split('.').map(Number);
+  if (major !== SPEECH_FORMAT_MAJOR) {
+    throw new PackageError(`${root}: speech package format ${spec?.format} is not ${SPEECH_FORMAT_MAJOR}.x; recompile it`);
   }
-  const tokenizer = new Tokenizer(JSON.parse(await fetchText(spec.tokenizer)), {});
+  const verify = options.verify ?? true;
+  // (format 1.2) speech.json against speech.sha256, and the files beside the parts against its `files`
+  const integrity = minor >= 2;
+  if (integrity && verify) {
+    const line = new TextDecoder().decode(await fetchBytes('speech.sha256')).trim().split(/\s+/)[0] ?? '';
+    const got = await sha256Hex(bytes);
+    if (got !== line.toLowerCase()) {
+      throw new PackageError(`${root}: speech.json SHA-256 checksum mismatch (expected ${line}, got ${got}); the ` +
+        'package is corrupted or its speech.json was edited');
+    }
+  }
+  const tokenizerBytes = await fetchBytes(spec.tokenizer);
+  if (integrity && verify) {
+    const entry = (spec.files ?? []).find((/** @type {{path: string}} */ f) => f.path === spec.tokenizer);
+    const got = await sha256Hex(tokenizerBytes);
+    if (!entry || entry.bytes !== tokenizerBytes.byteLength || entry.sha256 !== got) {
+      throw new PackageError(`${root}${spec.tokenizer}: ${entry ? `SHA-256 checksum mismatch (expected ${entry.sha256}, ` +
+        `got ${got})` : 'not listed in speech.json\'s files'}; the package is corrupted or was edited`);
+    }
+  }
+  const tokenizer = new Tokenizer(JSON.parse(new TextDecoder().decode(tokenizerBytes)), {});
   /** @type {Record<string, any>} */
   const parts = {};
   for (const name of ['resample', 'log_mel', 'encoder', 'decoder']) {

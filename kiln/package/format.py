@@ -165,9 +165,10 @@ def has_integrity(manifest: dict[str, Any]) -> bool:
         return False
 
 
-def digest_line(data: bytes) -> str:
-    """``manifest.sha256``'s text for manifest bytes ``data`` (``sha256sum``'s format)."""
-    return f"{hashlib.sha256(data).hexdigest()}  {MANIFEST}\n"
+def digest_line(data: bytes, name: str = MANIFEST) -> str:
+    """``manifest.sha256``'s text for manifest bytes ``data`` (``sha256sum``'s format; ``name``: the file it names,
+    ``speech.json`` for a speech package's ``speech.sha256``)."""
+    return f"{hashlib.sha256(data).hexdigest()}  {name}\n"
 
 
 def write_manifest(package: str | os.PathLike, manifest: dict[str, Any]) -> None:
@@ -180,21 +181,23 @@ def write_manifest(package: str | os.PathLike, manifest: dict[str, Any]) -> None
             tmp.write_bytes(content)
 
 
-def check_manifest_digest(data: bytes, digest: bytes | None, where: str) -> None:
-    """Check manifest bytes ``data`` against the text of ``manifest.sha256`` (None: missing).
+def check_manifest_digest(data: bytes, digest: bytes | None, where: str,
+                          names: tuple[str, str] = (MANIFEST, MANIFEST_DIGEST)) -> None:
+    """Check manifest bytes ``data`` against the text of ``manifest.sha256`` (None: missing); ``names``: the
+    manifest's and the digest's file names (``speech.json`` and ``speech.sha256`` for a speech package).
 
     Raises:
         PackageError: the digest file is missing or malformed, or the manifest's SHA-256 differs from it.
     """
+    manifest, digest_name = names
     if digest is None:
-        raise PackageError(f"{where}: no {MANIFEST_DIGEST} (a package of format 1.8 or later has one); the package "
-                           "is incomplete")
+        raise PackageError(f"{where}: no {digest_name} (a package of this format has one); the package is incomplete")
     want = digest.decode("ascii", "replace").split()
     if not want or len(want[0]) != 64:
-        raise PackageError(f"{where}: {MANIFEST_DIGEST} is malformed (expected a SHA-256 in sha256sum's format)")
+        raise PackageError(f"{where}: {digest_name} is malformed (expected a SHA-256 in sha256sum's format)")
     got = hashlib.sha256(data).hexdigest()
     if got != want[0].lower():
-        raise PackageError(f"{where}: {MANIFEST} SHA-256 checksum mismatch (expected {want[0]}, got {got}); the "
+        raise PackageError(f"{where}: {manifest} SHA-256 checksum mismatch (expected {want[0]}, got {got}); the "
                            "package is corrupted or its manifest was edited")
 
 

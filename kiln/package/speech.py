@@ -2,7 +2,8 @@
 
 ``speech.json`` names the parts (each an ordinary package in its own folder: ``log_mel``, ``encoder``,
 ``decoder``) and holds what transcription needs besides them (the front end's sizes, the special tokens, the
-decoding configuration); ``tokenizer.json`` is the model's own. The runtimes read it:
+decoding configuration); ``tokenizer.json`` is the model's own. Since format 1.2 ``speech.json`` lists the files
+beside the parts with their SHA-256 (``files``) and ``speech.sha256`` holds its own, as a part's manifest does. The runtimes read it:
 :class:`kiln.runtime.speech.SpeechSession` natively, ``kiln.js``'s ``loadSpeech`` in browsers.
 """
 
@@ -16,10 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from kiln.errors import PackageError
+from kiln.package.format import digest_line
 from kiln.package.manifest import validate_speech_manifest
-from kiln.package.writer import MANIFEST, RUNTIME_FILES, SPEECH_FILES, check_destination, copy_runtime, write_package
+from kiln.package.writer import (
+    MANIFEST,
+    RUNTIME_FILES,
+    SPEECH_FILES,
+    check_destination,
+    copy_runtime,
+    file_table,
+    write_package,
+)
 
 SPEECH = "speech.json"
+#: (speech format 1.2) speech.json's SHA-256 in sha256sum's format
+SPEECH_DIGEST = "speech.sha256"
 
 
 def check_speech_destination(out: str | os.PathLike, force: bool) -> None:
@@ -56,7 +68,12 @@ def write_speech_package(parts: dict[str, Any], out: str | os.PathLike, *, spec:
         for name, src in files.items():
             shutil.copyfile(src, tmp / name)
         copy_runtime(tmp, (*(f for f in RUNTIME_FILES if f != "index.html"), *SPEECH_FILES))
-        (tmp / SPEECH).write_text(json.dumps(spec, indent=1) + "\n")
+        # (1.2) the files beside the parts (the parts cover theirs), and speech.json's own digest
+        folders = {folder.split("/")[0] for folder in spec["parts"].values()}
+        spec = {**spec, "files": [f for f in file_table(tmp, set()) if f["path"].split("/")[0] not in folders]}
+        text = (json.dumps(spec, indent=1) + "\n").encode()
+        (tmp / SPEECH).write_bytes(text)
+        (tmp / SPEECH_DIGEST).write_text(digest_line(text, SPEECH))
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

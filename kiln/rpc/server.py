@@ -61,6 +61,10 @@ MAX_PACKAGES_PER_CLIENT = 32
 #: (HTTP 429) until the window ends: a 32-character token cannot be guessed, and this keeps trying slow
 MAX_TOKEN_FAILURES = 10
 TOKEN_FAILURE_WINDOW_S = 60.0
+#: connections still in their opening handshake at once (each may take OPEN_TIMEOUT_S); more are dropped at once
+MAX_HANDSHAKES = 64
+#: seconds a connection has to complete its opening handshake (HTTP upgrade)
+OPEN_TIMEOUT_S = 10.0
 #: close codes (RFC 6455): policy violation (malformed or hostile message), server going away
 CLOSE_POLICY = 1008
 CLOSE_GOING_AWAY = 1001
@@ -212,6 +216,8 @@ class RpcServer:
         request_timeout_s: seconds a device has to answer a request before the client gets an error.
         max_token_failures, token_failure_window_s: after this many handshakes with a wrong token from one
             address within the window, every handshake from it is refused (HTTP 429) until the window ends.
+        max_handshakes: connections allowed in their opening handshake at once (each has OPEN_TIMEOUT_S to
+            finish it); a TCP connection beyond them is dropped at once, so idle sockets cannot pile up.
 
     Use ``await start()`` then ``await stop()`` inside an event loop, or :meth:`start_in_thread`
     and :meth:`stop_thread` from synchronous code.
@@ -220,8 +226,10 @@ class RpcServer:
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, token: str | None = None,
                  max_message_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, max_token_failures: int = MAX_TOKEN_FAILURES,
-                 token_failure_window_s: float = TOKEN_FAILURE_WINDOW_S):
+                 token_failure_window_s: float = TOKEN_FAILURE_WINDOW_S, max_handshakes: int = MAX_HANDSHAKES):
         self.host = host
+        self.max_handshakes = max_handshakes
+        self._handshakes = 0  # connections in their opening handshake now
         self.max_token_failures = max_token_failures
         self.token_failure_window_s = token_failure_window_s
         self._token_failures: dict[str, tuple[int, float]] = {}  # address -> (failures, when the window began)
@@ -262,10 +270,26 @@ class RpcServer:
             OSError: the address cannot be bound (for example, the port is in use).
         """
         self._stopped = asyncio.Event()
+        rpc = self
+
+        class Connection(ServerConnection):
+            """A connection that counts against :attr:`max_handshakes` until its opening handshake ends."""
+
+            async def handshake(self, *args: Any, **kwargs: Any) -> None:
+                if rpc._handshakes >= rpc.max_handshakes:  # (the handler then finds it not open and drops it)
+                    log.warning("dropped a connection from %s: %d others are still in their handshake",
+                                _peer(self), rpc._handshakes)
+                    return
+                rpc._handshakes += 1
+                try:
+                    await super().handshake(*args, **kwargs)
+                finally:
+                    rpc._handshakes -= 1
+
         self._server = await serve(
             self._handle, self.host, self.port, process_request=self._process_request,
             max_size=self.max_message_bytes, max_queue=4, compression=None, ping_interval=20, ping_timeout=60,
-            logger=logging.getLogger("kiln.rpc.websockets"))
+            open_timeout=OPEN_TIMEOUT_S, create_connection=Connection, logger=logging.getLogger("kiln.rpc.websockets"))
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

@@ -13,6 +13,7 @@ output="gpu")``), and sessions share one device per process and its pipeline cac
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -389,18 +390,24 @@ class Session(TrainingMixin, GenerationMixin):
             DeviceLostError: the device was lost (a driver reset, ``destroy()``): load the package again.
             KilnError: a released GPUTensor, or an unknown ``output``.
         """
+        with self._device_work("run"), self._lock:  # (one run at a time: it owns the session's buffers)
+            return self._run(feeds, output)
+
+    @contextlib.contextmanager
+    def _device_work(self, what: str):
+        """Device work of a session (``what``: a run, an upload, a state reorder): refused at once on a lost device,
+        and wgpu's errors during it made a DeviceLostError (the device is lost: marked so) or a DeviceError."""
         import wgpu
 
         if gpu.is_lost(self.device):
             raise self._lost_error("")
         try:
-            with self._lock:  # (one run at a time: a run owns the session's buffers from upload to readback)
-                return self._run(feeds, output)
+            yield
         except wgpu.GPUError as e:
             if "lost" in str(e).lower() or not gpu.is_usable(self.device):
                 gpu.mark_lost(self.device)
                 raise self._lost_error(f" ({one_line(e)})") from None
-            raise DeviceError(f"{self.path}: the device refused the run ({one_line(e)})") from None
+            raise DeviceError(f"{self.path}: the device refused the {what} ({one_line(e)})") from None
 
     def _lost_error(self, why: str) -> DeviceLostError:
         return DeviceLostError(f"{self.path}: the GPU device was lost{why}; this session cannot run again: "
@@ -596,18 +603,25 @@ class Session(TrainingMixin, GenerationMixin):
 
         Raises:
             ShapeError: a dtype WebGPU buffers cannot hold, or int64 values outside int32's range.
+            DeviceLostError: the device was lost: load the package again.
         """
-        if isinstance(data, dict):
-            return {k: to_gpu(v, device=self.device) for k, v in data.items()}
-        return to_gpu(data, device=self.device)
+        with self._device_work("upload"):
+            if isinstance(data, dict):
+                return {k: to_gpu(v, device=self.device) for k, v in data.items()}
+            return to_gpu(data, device=self.device)
 
     def _move_rows(self, moves: list[tuple[int, int, list[tuple[int, int]]]]) -> None:
         """Copy state entries within their buffers (:func:`kiln.runtime.generate.state_row_moves`) on the
         device: the sources into a scratch buffer, then to their places, in one command buffer."""
-        import wgpu
 
         if not moves:
             return
+        with self._device_work("state reorder"), self._lock:
+            self._copy_rows(moves)
+
+    def _copy_rows(self, moves: list[tuple[int, int, list[tuple[int, int]]]]) -> None:
+        import wgpu
+
         total = sum(row * len({src for _, src in pairs}) for _, row, pairs in moves)
         scratch = self._scratch
         if scratch is None or scratch.size < total:  # kept for the next steps

@@ -38,13 +38,18 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import KilnError, PackageError
+from kiln.errors import KilnError, PackageError, one_line
+from kiln.package.format import check_file, check_manifest_digest
 from kiln.package.manifest import validate_speech_manifest
 from kiln.runtime import open_session
 from kiln.runtime.generate import host_array, release_tensors
 
 SPEECH = "speech.json"
+#: (format 1.2) speech.json's own SHA-256, as a package's manifest.sha256
+SPEECH_DIGEST = "speech.sha256"
 FORMAT_MAJOR = 1
+#: the first format whose speech.json lists its files (``files``) and has SPEECH_DIGEST
+INTEGRITY_VERSION = (1, 2)
 MAX_AUDIO_S = 4 * 3600  #: the longest recording transcribed, seconds (its features: 4 h = 1.4 M frames x 80)
 
 
@@ -105,26 +110,48 @@ class Transcript:
 
 
 def read_speech_manifest(package: str | os.PathLike) -> dict[str, Any]:
-    """``speech.json`` of a speech package.
+    """``speech.json`` of a speech package, checked (format 1.2) against ``speech.sha256``.
 
     Raises:
-        PackageError: no such file, malformed JSON, a newer major format, or a file the speech package's schema
-            (``kiln/package/speech.schema.json``) refuses (one line naming the JSON path).
+        PackageError: no such file, malformed JSON, a newer major format, a file the speech package's schema
+            (``kiln/package/speech.schema.json``) refuses (one line naming the JSON path), or (1.2) no
+            ``speech.sha256`` or a ``speech.json`` that differs from it.
     """
     p = Path(package) / SPEECH
     try:
-        spec = json.loads(p.read_text())
+        data = p.read_bytes()
+        spec = json.loads(data)
     except FileNotFoundError:
         raise PackageError(f"{package} is not a speech package (no {SPEECH}; kiln compile a Whisper model folder "
                            "makes one)") from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise PackageError(f"{p}: not readable JSON: {e}") from None
     major = str(spec.get("format", "0")).split(".")[0] if isinstance(spec, dict) else "0"
     if major != str(FORMAT_MAJOR):
         got = spec.get("format") if isinstance(spec, dict) else None
         raise PackageError(f"{p}: speech package format {got} is not {FORMAT_MAJOR}.x; recompile it with this Kiln")
     validate_speech_manifest(spec, str(p))
+    if tuple(int(v) for v in spec["format"].split(".")) >= INTEGRITY_VERSION:
+        digest = Path(package) / SPEECH_DIGEST
+        check_manifest_digest(data, digest.read_bytes() if digest.is_file() else None, str(package),
+                              (SPEECH, SPEECH_DIGEST))
     return spec
+
+
+def read_speech_file(package: str | os.PathLike, spec: dict[str, Any], relative: str) -> bytes:
+    """The bytes of file ``relative`` beside the parts (the tokenizer), checked (format 1.2) against speech.json's
+    ``files``.
+
+    Raises:
+        PackageError: the file is missing, or (1.2) unlisted or of another size or SHA-256.
+    """
+    try:
+        data = (Path(package) / relative).read_bytes()
+    except OSError as e:
+        raise PackageError(f"{package}: cannot read {relative} ({e.strerror or e})") from None
+    if "files" in spec:
+        check_file(data, {f["path"]: f for f in spec["files"]}.get(relative), f"{package}: {relative}")
+    return data
 
 
 def is_speech_package(package: str | os.PathLike) -> bool:
@@ -229,7 +256,12 @@ class SpeechSession:
         self.log_mel = open_session(self.path / parts["log_mel"], target, **options)
         self.encoder = open_session(self.path / parts["encoder"], target, **options)
         self.decoder = open_session(self.path / parts["decoder"], target, **options)
-        self.tokenizer = Tokenizer.from_file(str(self.path / self.spec["tokenizer"]))
+        data = read_speech_file(self.path, self.spec, self.spec["tokenizer"])
+        try:
+            self.tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as e:  # noqa: BLE001  (tokenizers raises a plain Exception for a malformed file)
+            raise PackageError(f"{self.path}: {self.spec['tokenizer']} is not a tokenizer ({one_line(e)[:200]})") \
+                from None
         self.tokens = self.spec["tokens"]
         self._gpu = hasattr(self.decoder, "upload")
         self._busy = False
