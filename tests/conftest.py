@@ -116,3 +116,26 @@ def pytest_sessionfinish(session, exitstatus):
     from browser import close_shared_runner
 
     close_shared_runner()
+
+
+@pytest.fixture(scope="module")
+def seed_package(tmp_path_factory) -> Path:
+    """``y = relu(x @ W) + b`` compiled for webgpu, wasm and cpu: what the package fuzzers' mutations start from
+    (tests/test_fuzz_package.py, tests/test_fuzz_browser.py)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import kiln
+
+    w = np.array([[1.0, -2.0, 0.5], [0.25, 1.0, -1.0]], np.float32)
+    b = np.array([0.5, 0.25, -0.125], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("Add", ["r", "b"], ["y"])], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    folder = tmp_path_factory.mktemp("fuzz_package")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "tiny.onnx")
+    return kiln.compile(str(folder / "tiny.onnx"), str(folder / "seed"), target="webgpu,wasm,cpu",
+                        device_class="cpu")

@@ -22,12 +22,10 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from fuzzing import fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.errors import KilnError
@@ -36,23 +34,6 @@ from kiln.package.format import read_manifest, write_manifest
 FUZZ = fuzz_settings(150)
 
 FEEDS = {"x": np.array([[1.0, 2.0]], np.float32)}
-
-
-@pytest.fixture(scope="module")
-def seed_package(tmp_path_factory) -> Path:
-    """``y = relu(x @ W) + b`` compiled for webgpu, wasm and cpu: what the mutations start from."""
-    w = np.array([[1.0, -2.0, 0.5], [0.25, 1.0, -1.0]], np.float32)
-    b = np.array([0.5, 0.25, -0.125], np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-         helper.make_node("Add", ["r", "b"], ["y"])], "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    folder = tmp_path_factory.mktemp("fuzz_package")
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "tiny.onnx")
-    return kiln.compile(str(folder / "tiny.onnx"), str(folder / "seed"), target="webgpu,wasm,cpu",
-                        device_class="cpu")
 
 
 def _paths(value, prefix=()):
@@ -168,17 +149,33 @@ def test_edited_files_end_in_kiln_errors(seed_package, tmp_path, data):
     files = [f["path"] for f in m["files"] if f["path"].startswith("kernels/") and not f["path"].endswith(".c")]
     files.append("weights.safetensors")
     path = data.draw(st.sampled_from(sorted(files)))
-    raw = bytearray((folder / path).read_bytes())
-    for _ in range(data.draw(st.integers(1, 4))):
-        at = data.draw(st.integers(0, max(len(raw) - 1, 0)))
-        kind = data.draw(st.sampled_from(["flip", "cut", "splice"]))
+    raw = data.draw(file_edits((folder / path).read_bytes()))
+    (folder / path).write_bytes(raw)
+    with_checksums(m, path, raw)
+    write_manifest(folder, m)
+    for target in _targets(data):
+        _load_and_run(folder, target)
+
+
+@st.composite
+def file_edits(draw, raw: bytes) -> bytes:
+    """``raw`` with 1 to 4 edits: a bit flipped, bytes cut or bytes spliced in."""
+    raw = bytearray(raw)
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, max(len(raw) - 1, 0)))
+        kind = draw(st.sampled_from(["flip", "cut", "splice"]))
         if kind == "flip" and raw:
-            raw[at] ^= 1 << data.draw(st.integers(0, 7))
+            raw[at] ^= 1 << draw(st.integers(0, 7))
         elif kind == "cut":
-            del raw[at:at + data.draw(st.integers(1, 256))]
+            del raw[at:at + draw(st.integers(1, 256))]
         else:
-            raw[at:at] = data.draw(st.binary(min_size=1, max_size=16))
-    (folder / path).write_bytes(bytes(raw))
+            raw[at:at] = draw(st.binary(min_size=1, max_size=16))
+    return bytes(raw)
+
+
+def with_checksums(m: dict, path: str, raw: bytes) -> None:
+    """Make manifest ``m``'s records of file ``path`` (the files table, the weights, a wasm module's own) match its new
+    bytes ``raw``, as a hostile compiler would."""
     digest = hashlib.sha256(raw).hexdigest()
     for entry in m["files"] + m["weights"]["files"]:
         if entry["path"] == path:
@@ -189,9 +186,6 @@ def test_edited_files_end_in_kiln_errors(seed_package, tmp_path, data):
                 mod.update(bytes=len(raw), sha256=digest)
             if isinstance(mod, dict) and mod.get("source") == path and "sha256" in mod:
                 mod.update(sha256=digest)
-    write_manifest(folder, m)
-    for target in _targets(data):
-        _load_and_run(folder, target)
 
 
 def test_a_json_bomb_is_refused(seed_package, tmp_path):

@@ -1,16 +1,22 @@
 """Limits (issue 19): a model too large for what it targets is refused when compiling, naming the limit, never a
 device error at run time; a malformed model cannot make the compiler allocate more than a tensor's bound on the
-host (constants it would fold: ConstantOfShape, Range, random draws, folded ops)."""
+host (constants it would fold: ConstantOfShape, Range, random draws, folded ops); a run of a wasm module that
+never ends is stopped at its time limit."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import onnx
 import pytest
+import wasmtime
+from conftest import save_tiny_relu_matmul
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.errors import KilnError
+from kiln.package.format import read_manifest, sha256_file, write_manifest
 
 
 def _save(tmp_path, nodes, inputs, outputs, inits, name="m"):
@@ -66,3 +72,29 @@ def test_huge_constants_are_refused_before_allocating(tmp_path, kind):
     # (random draws are made on the device: refused for their buffer, before anything is allocated too)
     _refused(path, tmp_path / "out", "beyond the 2 GiB a WebGPU storage buffer" if kind == "RandomNormal"
              else "beyond the 2 GiB Kiln allows a tensor")
+
+
+def test_an_endless_wasm_kernel_is_stopped_by_the_time_limit(tmp_path):
+    """A package whose wasm module loops forever (a damaged or hostile module; its checksums made to match) ends its
+    run in a KilnError naming the time limit, within a few ticks of it, run after run: never a hang."""
+    save_tiny_relu_matmul(tmp_path / "m.onnx", np.ones((2, 3), np.float32))
+    pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", target="webgpu,wasm")
+    m = read_manifest(pkg)
+    tgt = m["targets"]["wasm"]
+    funcs = "".join(f'(func (export "{k["export"]}") {"(param i32) " * (k["params"] + 2)}(loop $l (br $l)))'
+                    for k in tgt["kernels"])
+    module = pkg / tgt["module"]
+    module.write_bytes(wasmtime.wat2wasm(f'(module (memory (export "memory") {tgt["memory"]["pages"]}) {funcs})'))
+    tgt["sha256"], tgt["bytes"] = sha256_file(module), module.stat().st_size
+    for f in m["files"]:
+        if f["path"] == tgt["module"]:
+            f.update(bytes=module.stat().st_size, sha256=tgt["sha256"])
+    write_manifest(pkg, m)
+    session = kiln.load(pkg, target="wasm", timeout_s=0.5)
+    for _ in range(2):
+        start = time.perf_counter()
+        with pytest.raises(KilnError, match=r"took longer than its time limit of 0.5 s and was stopped"):
+            session.run({"x": np.ones((1, 2), np.float32)})
+        assert time.perf_counter() - start < 5
+    with pytest.raises(KilnError, match="timeout_s must be a number of seconds above 0"):
+        kiln.load(pkg, target="wasm", timeout_s=0)

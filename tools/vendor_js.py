@@ -1,4 +1,4 @@
-"""Vendor the npm libraries that language-model packages carry into kiln/js/vendor/.
+"""Vendor the npm libraries that packages carry into kiln/js/vendor/.
 
     python -m tools.vendor_js           # npm ci in kiln/js/vendor, then copy the ES module builds next to it
     python -m tools.vendor_js --check   # exit 1 when a committed file differs from what npm ci installed
@@ -6,8 +6,10 @@
 kiln/js/vendor/package.json names each library with an exact version and package-lock.json pins its integrity
 (sha512 of the registry tarball). ``npm ci`` installs them into kiln/js/vendor/node_modules (git-ignored; setup.sh
 runs it); this tool copies each library's ES module build and licence into kiln/js/vendor/, where they are
-committed and shipped with Kiln, and ``kiln compile`` copies them into every language-model package (the page
-loads them from ``./vendor/``: no CDN, no network at run time). tests/test_llm_browser.py runs the check.
+committed and shipped with Kiln, and ``kiln compile`` copies them into packages (the page loads them from
+``./vendor/``: no CDN, no network at run time): the JSON Schema validator package.js checks manifests with into every
+package, the tokenizer and chat-template engine into language-model packages. tests/test_llm_browser.py runs the
+check.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ FILES = {
     "LICENSE.tokenizers": "@huggingface/tokenizers/LICENSE",
     "jinja.mjs": "@huggingface/jinja/dist/index.js",
     "LICENSE.jinja": "@huggingface/jinja/LICENSE",
+    # (MIT, declared in its package.json, which goes along as the notice: the npm package has no LICENSE file)
+    **{f"json-schema/{name}.js": f"@cfworker/json-schema/dist/esm/{name}.js"
+       for name in ("index", "deep-compare-strict", "dereference", "format", "pointer", "types", "ucs2-length", "validate",
+                    "validator")},
+    "json-schema/package.json": "@cfworker/json-schema/package.json",
 }
 
 
@@ -71,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print("kiln/js/vendor: " + (f"differs from npm ci: {', '.join(bad)}" if bad else "matches npm ci"))
         return 1 if bad else 0
     for name, src in FILES.items():
+        (VENDOR / name).parent.mkdir(parents=True, exist_ok=True)
         (VENDOR / name).write_bytes((modules / src).read_bytes())
         print(f"kiln/js/vendor/{name} <- node_modules/{src}")
     return 0

@@ -1,10 +1,14 @@
 // Kiln browser runtime: the error classes every module raises (zero dependencies).
 
-/** Base class of the errors this runtime raises for bad packages, devices or inputs. */
+/**
+ * Base class of the errors this runtime raises for bad packages, devices or inputs. Its message is one line (as
+ * kiln.errors.one_line makes the Python runtimes'): line breaks in it, as in a browser's or a parser's message it
+ * quotes, are folded into spaces.
+ */
 export class KilnError extends Error {
   /** @param {string} message */
   constructor(message) {
-    super(message);
+    super(String(message).replace(/\s*[\r\n]+\s*/g, ' '));
     this.name = new.target.name;
   }
 }

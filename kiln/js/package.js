@@ -1,13 +1,17 @@
 // @ts-check
-// Kiln browser runtime: reading a package (zero dependencies besides errors.js and tensor.js).
+// Kiln browser runtime: reading a package.
 //
 // A package's files come from a URL (fetched) or from memory; this module reads and checks
-// `manifest.json` (format, version, sections), and reads the weights files, checking each one's
-// size and SHA-256 and handing every weight tensor's bytes to a backend to upload.
+// `manifest.json` (format, version, the package schema, its references and digest), and reads the weights files,
+// checking each one's size and SHA-256 and handing every weight tensor's bytes to a backend to upload. The schema
+// is validated with @cfworker/json-schema (vendored from npm into ./vendor/json-schema/, pinned by
+// kiln/js/vendor/package-lock.json; tools/vendor_js.py).
 
 import {PackageError} from './errors.js';
 import {DTYPES} from './tensor.js';
 import {kernelSteps} from './control.js';
+import SCHEMA from './manifest-schema.js';
+import {Validator} from './vendor/json-schema/index.js';
 
 // The manifest's types: kiln/js/manifest.d.ts, generated from the package contract's JSON Schema
 // (kiln/package/manifest.schema.json) by `python -m tools.manifest_types`.
@@ -222,15 +226,15 @@ async function fetchOk(url, what) {
 }
 
 /**
- * Read `manifest.json` and check its format, version and required sections (the manifest's shape is
- * kiln/package/manifest.schema.json; the native runtimes validate it whole, this runtime checks what it needs).
+ * Read `manifest.json` and check its format and version, then the whole of it against the package schema
+ * ({@link checkSchema}) and its references ({@link checkReferences}).
  * A package of format 1.8 or later also has `manifest.sha256` (the manifest's SHA-256 in sha256sum's format), which
  * `verify` checks the manifest's bytes against.
  * @param {PackageSource} source
  * @param {boolean} [verify=true] check the manifest's SHA-256 (format 1.8)
  * @returns {Promise<Manifest>} the manifest
- * @throws {PackageError} unreachable, malformed or newer-format, or (format 1.8) without manifest.sha256 or with a
- *   manifest whose SHA-256 differs from it.
+ * @throws {PackageError} unreachable, malformed, newer-format, of another shape than the schema's or inconsistent, or
+ *   (format 1.8) without manifest.sha256 or with a manifest whose SHA-256 differs from it.
  */
 export async function readManifest(source, verify = true) {
   const root = source.name;
@@ -254,9 +258,7 @@ export async function readManifest(source, verify = true) {
     throw new PackageError(`${root}: package format ${version} is newer than this kiln.js reads ` +
       `(${FORMAT_MAJOR}.x); use the kiln.js that came with the package or upgrade Kiln`);
   }
-  for (const key of ['inputs', 'outputs', 'buffers', 'targets', 'weights']) {
-    if (!(key in manifest)) throw new PackageError(`${url}: manifest lacks '${key}'`);
-  }
+  checkSchema(manifest, url);
   if (verify && hasIntegrity(manifest)) {
     let line;
     try {
@@ -281,6 +283,28 @@ export async function readManifest(source, verify = true) {
     }
   }
   return manifest;
+}
+
+/** @type {Validator | null} the package schema's validator, made on first use */
+let validator = null;
+
+/**
+ * Check a manifest against the package contract's JSON Schema (kiln/package/manifest.schema.json, as
+ * kiln/js/manifest-schema.js), as the Python runtimes do (kiln/package/manifest.py): so that a manifest of the wrong
+ * shape (an edited or damaged package, or a buggy compiler's) is refused here, not met as a TypeError deep in a
+ * backend.
+ * @param {any} manifest parsed manifest.json @param {string} url its name in messages
+ * @throws {PackageError} one line naming the JSON path of the innermost failure and the problem.
+ */
+export function checkSchema(manifest, url) {
+  validator ??= new Validator(/** @type {any} */ (SCHEMA), '2020-12', true);
+  const result = validator.validate(manifest);
+  if (!result.valid) {
+    const error = result.errors[result.errors.length - 1];
+    const at = (error?.instanceLocation ?? '#').replace(/^#/, '') || '/';
+    const why = String(error?.error ?? 'invalid').replace(/\s+/g, ' ').slice(0, 300);
+    throw new PackageError(`${url}: the manifest does not match the package schema at ${at}: ${why}`);
+  }
 }
 
 /**
@@ -441,6 +465,9 @@ export function parseSafetensors(bytes, path) {
   } catch (error) {
     throw new PackageError(`weights file ${path}: malformed safetensors header (${error.message})`);
   }
+  if (header === null || typeof header !== 'object' || Array.isArray(header)) {
+    throw new PackageError(`weights file ${path}: the safetensors header is not a JSON object`);
+  }
   return {header, dataStart};
 }
 
@@ -504,14 +531,18 @@ export async function readWeights(source, manifest, verify, upload) {
     if (!cached) await source.keep(file, bytes);
     const {header, dataStart} = parseSafetensors(bytes, file.path);
     const weights = byFile.get(file.path).map((b) => {
-      const entry = header[b.tensor];
-      if (!entry) throw new PackageError(`weights file ${file.path}: no tensor '${b.tensor}'`);
+      const entry = Object.hasOwn(header, b.tensor) ? header[b.tensor] : undefined;
+      if (entry === null || typeof entry !== 'object') {
+        throw new PackageError(`weights file ${file.path}: no tensor '${b.tensor}'`);
+      }
       const dtype = DTYPES[b.dtype];
       if (!dtype || entry.dtype !== dtype.safetensors) {
         throw new PackageError(`weights file ${file.path}: tensor '${b.tensor}' is ${entry.dtype}, the manifest says ${b.dtype}`);
       }
-      const [begin, end] = entry.data_offsets;
-      if (!(begin >= 0 && begin <= end && dataStart + end <= bytes.byteLength && end - begin <= b.bytes)) {
+      const offsets = entry.data_offsets;
+      const [begin, end] = Array.isArray(offsets) && offsets.length === 2 ? offsets : [NaN, NaN];
+      if (!(Number.isSafeInteger(begin) && Number.isSafeInteger(end) && begin >= 0 && begin <= end &&
+            dataStart + end <= bytes.byteLength && end - begin <= b.bytes)) {
         throw new PackageError(`weights file ${file.path}: tensor '${b.tensor}' has bad data offsets [${begin}, ${end}] ` +
           `(buffer ${b.id} holds ${b.bytes} bytes)`);
       }

@@ -42,9 +42,16 @@ from kiln.version import __version__
 SHARD_BYTES = 256 * 1024 * 1024
 
 #: the browser runtime (ES modules, kiln.js first) and the demo page, copied from kiln/js into every package
+#: the JSON Schema validator package.js checks manifests with (vendored from npm; tools/vendor_js.py)
+SCHEMA_VALIDATOR = tuple(f"vendor/json-schema/{name}" for name in (
+    "index.js", "deep-compare-strict.js", "dereference.js", "format.js", "pointer.js", "types.js", "ucs2-length.js",
+    "validate.js", "validator.js", "package.json"))
+
+#: the browser runtime (ES modules, kiln.js first; the package schema and its validator) and the demo page, copied
+#: from kiln/js into every package
 RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "webgl2.js",
-                 "wasm.js", "wasm-worker.js", "train.js", "control.js", "gputensor.js", "dims.js", "index.html",
-                 "kiln.css")
+                 "wasm.js", "wasm-worker.js", "train.js", "control.js", "gputensor.js", "dims.js", "manifest-schema.js",
+                 *SCHEMA_VALIDATOR, "index.html", "kiln.css")
 
 #: pages copied into train-step packages besides RUNTIME_FILES (the fine-tuning demo)
 TRAINING_FILES = ("train.html",)

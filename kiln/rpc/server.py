@@ -77,6 +77,9 @@ PAGES = {
     # rpc.js, kiln.js and the runtime's other ES modules (kiln.js imports them)
     **{f"/{f.name}": (f.name, "text/javascript; charset=utf-8") for f in sorted(_JS.glob("*.js"))},
     "/kiln.css": ("kiln.css", "text/css; charset=utf-8"),  # the pages' shared style sheet
+    # the JSON Schema validator package.js imports (vendored from npm)
+    **{f"/vendor/json-schema/{f.name}": (f"vendor/json-schema/{f.name}", "text/javascript; charset=utf-8")
+       for f in sorted((_JS / "vendor" / "json-schema").glob("*.js"))},
 }
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 

@@ -14,7 +14,11 @@ browser runtime does with Web Workers (wasmtime releases the GIL while wasm runs
 
 from __future__ import annotations
 
+import math
 import os
+import threading
+import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,6 +39,33 @@ def _shared_memory_class():
             return ffi.wasmtime_extern_t(ffi.WASMTIME_EXTERN_SHAREDMEMORY, union)
 
     return SharedMemory
+
+
+#: seconds between ticks of the wasm engines' epoch (the resolution of a run's time limit)
+TICK_S = 0.25
+#: a run's default time limit in seconds: kernels that run longer (a damaged or hostile module's endless loop) are
+#: interrupted and the run ends in a KilnError
+DEFAULT_RUN_TIMEOUT_S = 600.0
+_NEVER = 2**62  #: an epoch deadline never reached
+_engines: weakref.WeakSet = weakref.WeakSet()
+_ticker: threading.Thread | None = None
+_ticker_lock = threading.Lock()
+
+
+def _tick_epochs(engine) -> None:
+    """Keep ``engine``'s epoch advancing every :data:`TICK_S` (one daemon thread for every session's engine)."""
+    global _ticker
+    with _ticker_lock:
+        _engines.add(engine)
+        if _ticker is None:
+            def tick() -> None:
+                while True:
+                    time.sleep(TICK_S)
+                    for e in list(_engines):
+                        e.increment_epoch()
+
+            _ticker = threading.Thread(target=tick, name="kiln-wasm-epoch", daemon=True)
+            _ticker.start()
 
 
 def _function(exports, name: str):
@@ -58,15 +89,24 @@ class WasmSession(ArenaSession):
             run, so an element a kernel forgets to write shows up as NaN (for tests).
         threads: worker threads (1: the single-threaded module; more: the threaded module over a
             shared memory, which the package must have).
+        timeout_s: a run's time limit in seconds (default 600; None: none). wasmtime's epoch interruption stops
+            kernels that run longer (a damaged or hostile module's endless loop) and the run raises a KilnError
+            naming the limit; the session stays usable. The limit is checked every :data:`TICK_S` (0.25 s).
 
     Raises:
         PackageError: missing, malformed, corrupted or newer-format package, one without a
             ``wasm`` target, or without a threaded module when ``threads`` > 1.
+        KilnError: ``timeout_s`` not above 0.
     """
 
     def __init__(self, package: str | os.PathLike, target: str = "wasm", verify: bool = True, poison: bool = False,
-                 threads: int = 1):
+                 threads: int = 1, timeout_s: float | None = DEFAULT_RUN_TIMEOUT_S):
         import wasmtime
+
+        if timeout_s is not None and not timeout_s > 0:
+            raise KilnError(f"timeout_s must be a number of seconds above 0 or None, not {timeout_s!r}")
+        #: a run's time limit (epoch interruption: checked at the kernels' loop heads; None: none)
+        self.timeout_s = timeout_s
 
         tgt = self._open(package, "wasm", target, "compile it with --target webgpu,wasm")
         self.threads = max(1, int(threads))
@@ -79,7 +119,9 @@ class WasmSession(ArenaSession):
         config.wasm_threads = self.threads > 1
         config.shared_memory = self.threads > 1
         config.cranelift_opt_level = "speed"
+        config.epoch_interruption = True  # (the run's time limit)
         self.engine = wasmtime.Engine(config)
+        _tick_epochs(self.engine)
         layout = tgt["memory"]
         try:
             module = wasmtime.Module(self.engine, module_path.read_bytes())
@@ -92,12 +134,14 @@ class WasmSession(ArenaSession):
                 self.workers = []
                 for _ in range(self.threads):
                     store = wasmtime.Store(self.engine)
+                    store.set_epoch_deadline(_NEVER)  # (until a run sets its own)
                     linker = wasmtime.Linker(self.engine)
                     linker.define(store, "env", "memory", shared)
                     self.workers.append((store, linker.instantiate(store, module)))
                 self.store, self.instance = self.workers[0]
             else:
                 self.store = wasmtime.Store(self.engine)
+                self.store.set_epoch_deadline(_NEVER)
                 self.instance = wasmtime.Instance(self.store, module, [])
                 memory = self.instance.exports(self.store).get("memory")
                 if not isinstance(memory, wasmtime.Memory):
@@ -179,12 +223,23 @@ class WasmSession(ArenaSession):
         threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
         return {"device": f"wasmtime on {platform.machine()}", "backend_type": f"wasm (SIMD128, {threads})"}
 
+    def _set_deadline(self) -> None:
+        """Interrupt the kernels after :attr:`timeout_s` from now (the epoch ticks every :data:`TICK_S`)."""
+        ticks = _NEVER if self.timeout_s is None else math.ceil(self.timeout_s / TICK_S) + 1
+        for store in [w[0] for w in self.workers] if self.threads > 1 else [self.store]:
+            store.set_epoch_deadline(ticks)
+
     def _compute_range(self, first: int, last: int) -> None:
         import wasmtime
 
+        if first == 0:
+            self._set_deadline()
         try:
             self._compute_steps(first, last)
         except (wasmtime.WasmtimeError, wasmtime.Trap, TypeError) as e:
+            if isinstance(e, wasmtime.Trap) and e.trap_code == wasmtime.TrapCode.INTERRUPT:
+                raise KilnError(f"{self.path}: the run took longer than its time limit of {self.timeout_s:g} s and "
+                                "was stopped (kiln.load(..., timeout_s=...) sets it)") from None
             raise KilnError(f"{self.path}: a wasm kernel failed ({one_line(e)}); the package's module is damaged or "
                             "does not fit its manifest") from None
 
@@ -209,5 +264,6 @@ class WasmSession(ArenaSession):
             self._pool = None
 
     def _run_step(self, i: int) -> None:
+        self._set_deadline()
         fn, ptrs, total = self.steps[i]
         fn(self.store, *ptrs, 0, total)
