@@ -160,11 +160,13 @@ def test_speech_js_loads_only_speech_packages(served):
 
 
 def test_speech_js_refuses_edited_files(served):
-    """(speech format 1.2) loadSpeech checks speech.json against speech.sha256 and the tokenizer against speech.json's
-    files before it loads any part: an edited copy of either is refused, naming the file."""
+    """(speech format 1.2) loadSpeech checks speech.json against its schema and speech.sha256, and the tokenizer against
+    speech.json's files, before it loads any part: an edited copy of either is refused, naming the file."""
     url, browser, _, pkg = served
-    for name, edit in (("speech.json", lambda s: s.replace(b'"beams": 5', b'"beams": 4')),
-                       ("tokenizer.json", lambda s: s + b" ")):
+    for name, edit, says in (("speech.json", lambda s: s.replace(b'"beams": 5', b'"beams": 4'), "checksum mismatch"),
+                             ("tokenizer.json", lambda s: s + b" ", "checksum mismatch"),
+                             ("speech.json", lambda s: s.replace(b'"beams": 5', b'"beams": "5"'),
+                              "does not match its schema at /beams")):
         copy = tampered_copy(pkg, pkg / "tampered", name, edit)
         try:
             page = browser.new_context().new_page()
@@ -173,7 +175,7 @@ def test_speech_js_refuses_edited_files(served):
               const kiln = await import('./kiln.js');
               try { await kiln.loadSpeech('./tampered/'); return 'loaded'; } catch (e) { return `${e.name}: ${e.message}`; }
             }""")
-            assert error.startswith("PackageError") and f"{name}" in error and "checksum mismatch" in error, error
+            assert error.startswith("PackageError") and f"{name}" in error and says in error, error
             page.context.close()
         finally:
             shutil.rmtree(copy)

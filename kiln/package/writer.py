@@ -61,9 +61,9 @@ TRAINING_FILES = ("train.html",)
 GENERATION_FILES = ("generate.js", "chat.html", "vendor/tokenizers.mjs", "vendor/LICENSE.tokenizers",
                     "vendor/jinja.mjs", "vendor/LICENSE.jinja")
 
-#: copied into a speech package's folder (kiln/package/speech.py): the runtime, the speech module, its page and the
-#: tokenizer library speech.js imports
-SPEECH_FILES = ("speech.js", "transcribe.html", "vendor/tokenizers.mjs", "vendor/LICENSE.tokenizers")
+#: copied into a speech package's folder (kiln/package/speech.py): the runtime, the speech module, speech.json's
+#: schema, its page and the tokenizer library speech.js imports
+SPEECH_FILES = ("speech.js", "speech-schema.js", "transcribe.html", "vendor/tokenizers.mjs", "vendor/LICENSE.tokenizers")
 
 IMAGENET = {
     "preprocess": {"type": "image", "input": None, "resize": 256, "crop": 224, "scale": 1 / 255,
