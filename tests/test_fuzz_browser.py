@@ -20,7 +20,7 @@ from browser import CHROMIUM, serving
 from fuzzing import fuzz_settings
 from hypothesis import event, given
 from hypothesis import strategies as st
-from test_fuzz_package import FEEDS, file_edits, manifest_edits, with_checksums
+from test_fuzz_package import FEEDS, file_edits, manifest_byte_edits, manifest_edits, with_checksums
 
 from kiln.package.format import MANIFEST, MANIFEST_DIGEST, digest_line
 
@@ -109,14 +109,7 @@ def test_edited_manifests(page, seed_package, data):
 @given(data=st.data())
 def test_manifest_bytes(page, seed_package, data):
     files = _files(seed_package)
-    raw = bytearray(files[MANIFEST])
-    for _ in range(data.draw(st.integers(1, 3))):
-        at = data.draw(st.integers(0, len(raw) - 1))
-        if data.draw(st.booleans()):
-            raw[at] = data.draw(st.sampled_from(b'0123456789-.,:{}[]"ex \n\x00\xff'))
-        else:
-            del raw[at:at + data.draw(st.integers(1, 32))]
-    _check(page, _with_manifest(files, bytes(raw)), data)
+    _check(page, _with_manifest(files, data.draw(manifest_byte_edits(files[MANIFEST]))), data)
 
 
 @FUZZ

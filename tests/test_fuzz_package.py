@@ -126,14 +126,8 @@ def test_edited_manifests_end_in_kiln_errors(seed_package, tmp_path, data):
 @given(data=st.data())
 def test_manifest_bytes_end_in_kiln_errors(seed_package, tmp_path, data):
     folder = _fresh(seed_package, tmp_path)
-    raw = bytearray((folder / "manifest.json").read_bytes())
-    for _ in range(data.draw(st.integers(1, 3))):
-        at = data.draw(st.integers(0, len(raw) - 1))
-        if data.draw(st.booleans()):
-            raw[at] = data.draw(st.sampled_from(b'0123456789-.,:{}[]"ex \n\x00\xff'))
-        else:
-            del raw[at:at + data.draw(st.integers(1, 32))]
-    (folder / "manifest.json").write_bytes(bytes(raw))
+    raw = data.draw(manifest_byte_edits((folder / "manifest.json").read_bytes()))
+    (folder / "manifest.json").write_bytes(raw)
     (folder / "manifest.sha256").write_text(f"{hashlib.sha256(raw).hexdigest()}  manifest.json\n")
     for target in _targets(data):
         _load_and_run(folder, target)
@@ -155,6 +149,19 @@ def test_edited_files_end_in_kiln_errors(seed_package, tmp_path, data):
     write_manifest(folder, m)
     for target in _targets(data):
         _load_and_run(folder, target)
+
+
+@st.composite
+def manifest_byte_edits(draw, raw: bytes) -> bytes:
+    """A manifest's bytes with 1 to 3 edits: a byte replaced by one that matters to JSON, or bytes deleted."""
+    raw = bytearray(raw)
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.integers(0, len(raw) - 1))
+        if draw(st.booleans()):
+            raw[at] = draw(st.sampled_from(b'0123456789-.,:{}[]"ex \n\x00\xff'))
+        else:
+            del raw[at:at + draw(st.integers(1, 32))]
+    return bytes(raw)
 
 
 @st.composite

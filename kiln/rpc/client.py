@@ -154,6 +154,9 @@ def connect(url: str, token: str | None = None, *, timeout: float = CONNECT_TIME
         raise RpcError(f"{shown} refused the connection: HTTP {e.response.status_code}") from None
     except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as e:
         raise RpcError(f"cannot connect to a Kiln RPC server at {shown}: {e}") from None
+    except ConnectionClosed as e:  # (the server dropped the connection mid-handshake: too many at once)
+        raise RpcError(f"cannot connect to a Kiln RPC server at {shown}: the server closed the connection during the "
+                       f"handshake ({e}); try again") from None
     return Remote(ws, stack, shown, request_timeout)
 
 
