@@ -10,10 +10,10 @@ on the first large shape, buffer growth. Every ``--sample`` runs it records:
   ``--enable-precise-memory-info --js-flags=--expose-gc``) and the GPU buffers kiln.js holds (``createBuffer``
   minus ``destroy`` counted by the page), plus the wasm memory for the wasm target;
 
-and checks the outputs of every shape against onnxruntime (CPU) within 1e-3. Memory is *flat* when, from the sample
-after 10 % of the runs (warm-up: buffers grow to the largest shape) to the last, the resident memory or JS heap grows
-by less than 8 MiB and the GPU objects and bytes do not grow at all. Prints a table per session and writes
-``soak-<date>.json``::
+and checks the outputs of every shape against onnxruntime (CPU) within 1e-3 (``TOLERANCE``; in the page, the sum
+of |y|). Memory is *flat* when, from the sample after 10 % of the runs (warm-up: buffers grow to the largest shape)
+to the last, the resident memory or JS heap grows by less than 8 MiB and the GPU objects and bytes do not grow. Prints a table per session, writes
+``soak-<date>.json`` and exits with 1 when a session is not flat or not correct::
 
     .venv/bin/python -m bench.soak                                      # 10,000 runs: webgpu natively and in Chromium
     .venv/bin/python -m bench.soak --native webgpu,wasm,cpu --browser webgpu,wasm --runs 2000
@@ -40,6 +40,8 @@ MODEL = ROOT.parent / "shared" / "models" / "all_minilm_l6_v2.onnx"
 SHAPES = [(1, 8), (2, 6), (1, 12), (3, 4), (1, 5)]
 #: growth allowed from the warm-up sample to the last, in bytes of resident memory or JS heap
 FLAT_BYTES = 8 << 20
+#: the outputs' largest error against onnxruntime (natively: absolute; in the page: relative, of the sum of |y|)
+TOLERANCE = 1e-3
 
 #: the page: ``setup(target)`` loads the package, ``runMany(n, feeds)`` runs n times cycling through the feed sets and
 #: samples memory; the GPU buffers are counted by wrapping createBuffer and destroy before kiln.js loads
@@ -138,8 +140,8 @@ def soak_native(pkg: Path, target: str, runs: int, every: int, feeds: list, refs
                                 "gpu_objects": objects, "gpu_bytes": gpu_bytes})
                 t0 = time.perf_counter()
             progress.advance(task)
-    return {"where": "native", "target": target, "runs": runs, "max_abs_error": worst, "samples": samples,
-            **_verdict(samples, ("rss_bytes", "gpu_objects", "gpu_bytes"))}
+    return {"where": "native", "target": target, "runs": runs, "max_abs_error": worst, "correct": worst <= TOLERANCE,
+            "samples": samples, **_verdict(samples, ("rss_bytes", "gpu_objects", "gpu_bytes"))}
 
 
 def soak_browser(root: Path, targets: list[str], runs: int, every: int, feeds: list, refs: list,
@@ -178,7 +180,7 @@ def soak_browser(root: Path, targets: list[str], runs: int, every: int, feeds: l
                         progress.advance(task, every)
                 page.close()
                 results.append({"where": "chromium", "target": got, "runs": runs, "max_rel_sum_error": worst,
-                                "samples": samples,
+                                "correct": worst <= TOLERANCE, "samples": samples,
                                 **_verdict(samples, ("heap_bytes", "gpu_buffers", "gpu_bytes", "wasm_bytes"))})
             browser.close()
     finally:
@@ -226,7 +228,8 @@ def main(argv: list[str] | None = None) -> dict:
             results += soak_browser(root, browser, args.runs, args.sample, feeds, refs, console)
     table = Table(title=f"{args.model.name}: {args.runs} runs per session, shapes {SHAPES} in turn; growth from the "
                         "warm-up sample (10 % of the runs) to the last")
-    for col in ("where", "target", "ms/run", "error", "memory MiB", "GPU objects", "GPU MiB", "wasm MiB", "flat"):
+    for col in ("where", "target", "ms/run", "error", "memory MiB", "GPU objects", "GPU MiB", "wasm MiB", "flat",
+                "correct"):
         table.add_column(col, justify="left" if col in ("where", "target") else "right")
     for r in results:
         g = r["growth"]
@@ -236,12 +239,14 @@ def main(argv: list[str] | None = None) -> dict:
         table.add_row(r["where"] + (" RSS" if "rss_bytes" in g else " JS heap"), r["target"],
                       f"{np.median([s['ms'] for s in r['samples']]):.2f}", f"{error:.1e}", _mib(memory),
                       "-" if objects is None else f"{objects:+d}", _mib(g.get("gpu_bytes")), _mib(g.get("wasm_bytes")),
-                      "yes" if r["flat"] else "[red]NO[/]")
+                      "yes" if r["flat"] else "[red]NO[/]", "yes" if r["correct"] else "[red]NO[/]")
     console.print(table)
     record = {"benchmark": "soak", "model": args.model.name, "runs": args.runs, "sample_every": args.sample,
               "shapes": SHAPES, "flat_bytes": FLAT_BYTES, "results": results}
     path = write_record(record, args.out, "soak")
     console.print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    if not all(r["flat"] and r["correct"] for r in results):
+        raise SystemExit(1)
     return record
 
 

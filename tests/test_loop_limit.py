@@ -38,6 +38,10 @@ def test_loop_iterations_counts_every_loop_with_the_loops_around_it():
     assert loop_iterations([For(i, 4, [For(j, a + 1)])]) == 4 + 4 * 51  # an axis variable: at its extent
     n = SizeVar("n", 0, 1, 100, 1)
     assert to_json(loop_iterations([For(i, n, [For(j, 3)])])) == ["*", "n", 4]
+    assert loop_iterations([For(i, 10, [For(j, i + 1)])]) == 10 + 10 * 11  # i at its loop's trips: a bound
+    assert loop_iterations([For(i, 10, [For(j, i, [For(k, j)])])]) == 10 + 45 + 45 * 9 // 2  # nested triangles
+    with pytest.raises(kiln.KilnError, match="cannot bound the loop iterations"):
+        loop_iterations([For(j, Var("free") + 1)])
 
 
 def _run_loops(outer: int, inner: int) -> int:
@@ -113,3 +117,25 @@ def test_run_time_dims_over_the_limit_are_refused_when_bound(tmp_path, rng):
     with pytest.raises(kiln.DeviceError, match=r"runs 65536 loop iterations in one invocation at dims \{'n': 65536\}"):
         session.run({"x": np.ones((2, LLVMPIPE_LOOP_LIMIT + 1), np.float32)})
     np.testing.assert_array_equal(session.run({"x": np.ones((2, 9), np.float32)})["y"], [[9], [9]])
+
+
+@pytest.mark.skipif(not ON_LLVMPIPE, reason="the adapter is not llvmpipe")
+def test_data_dependent_dims_are_checked_once_counted(tmp_path):
+    """A sum over ``x[x != 0]`` of a 300 x 300 input loops over the count in one invocation: at the count's bound
+    (90,000) it would exceed the limit, so it is checked when the count is read back, not at its bound: a few
+    nonzeros run, 70,000 are refused, and the session runs again after."""
+    x = h.make_tensor_value_info("x", T.FLOAT, [300, 300])
+    nodes = [h.make_node("NonZero", ["x"], ["nz"]), h.make_node("Transpose", ["nz"], ["nzt"], perm=[1, 0]),
+             h.make_node("GatherND", ["x", "nzt"], ["kept"]), h.make_node("ReduceSum", ["kept"], ["y"], keepdims=0)]
+    model = h.make_model(h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("y", T.FLOAT, [])]),
+                         opset_imports=[h.make_opsetid("", 18)])
+    onnx.save(model, tmp_path / "m.onnx")
+    session = kiln.load(kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", device_class="cpu"))
+    few = np.zeros((300, 300), np.float32)
+    few[[1, 7, 50], [2, 9, 299]] = [1, 2, 3]
+    assert float(session.run({"x": few})["y"]) == 6
+    many = np.zeros((300, 300), np.float32)
+    many.reshape(-1)[:70000] = 1
+    with pytest.raises(kiln.DeviceError, match=r"loop iterations in one invocation at dims .*NonZero"):
+        session.run({"x": many})
+    assert float(session.run({"x": few})["y"]) == 6

@@ -294,13 +294,14 @@ def test_speech_json_is_checked_against_its_schema(package, tmp_path):
         assert "\n" not in str(e.value)
 
 
-def tampered_copy(package: Path, to: Path, name: str, edit) -> Path:
-    """A copy of speech package ``package`` at ``to`` (its parts linked, not copied) with file ``name`` replaced by
-    ``edit(its bytes)``; the digests are left as they were."""
+def tampered_copy(package: Path, to: Path, name: str, edit, parts: bool = True) -> Path:
+    """A copy of speech package ``package`` at ``to`` (its parts linked, not copied; left out with ``parts=False``)
+    with file ``name`` replaced by ``edit(its bytes)``; the digests are left as they were."""
     to.mkdir()
     for p in package.iterdir():
         if p.is_dir():
-            (to / p.name).symlink_to(p, target_is_directory=True)
+            if parts:
+                (to / p.name).symlink_to(p, target_is_directory=True)
         elif p.suffix not in (".wav", ".f32"):
             shutil.copyfile(p, to / p.name)
     (to / name).write_bytes(edit((package / name).read_bytes()))
@@ -321,7 +322,11 @@ def test_speech_files_are_checked(package, tmp_path):
     (edited / "speech.sha256").unlink()
     with pytest.raises(PackageError, match="no speech.sha256"):
         read_speech_manifest(edited)
-    edited = tampered_copy(package, tmp_path / "b", "tokenizer.json", lambda s: s + b" ")
+    downgraded = tampered_copy(package, tmp_path / "c", "speech.json", lambda s: s.replace(b'"1.2"', b'"1.1"'))
+    with pytest.raises(PackageError, match="speech.json SHA-256 checksum mismatch"):  # (no way around the digest)
+        read_speech_manifest(downgraded)
+    # the tokenizer is checked before any part loads: here there are none, and the tokenizer is what is refused
+    edited = tampered_copy(package, tmp_path / "b", "tokenizer.json", lambda s: s + b" ", parts=False)
     with pytest.raises(PackageError, match="tokenizer.json: SHA-256 checksum mismatch"):
         SpeechSession(edited, target="wasm")
 

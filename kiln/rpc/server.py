@@ -61,8 +61,10 @@ MAX_PACKAGES_PER_CLIENT = 32
 #: (HTTP 429) until the window ends: a 32-character token cannot be guessed, and this keeps trying slow
 MAX_TOKEN_FAILURES = 10
 TOKEN_FAILURE_WINDOW_S = 60.0
-#: connections still in their opening handshake at once (each may take OPEN_TIMEOUT_S); more are dropped at once
+#: connections still in their opening handshake at once (each may take OPEN_TIMEOUT_S), in all and from one address;
+#: more are dropped at once (so one address cannot hold every slot)
 MAX_HANDSHAKES = 64
+MAX_HANDSHAKES_PER_ADDRESS = 16
 #: seconds a connection has to complete its opening handshake (HTTP upgrade)
 OPEN_TIMEOUT_S = 10.0
 #: close codes (RFC 6455): policy violation (malformed or hostile message), server going away
@@ -219,8 +221,9 @@ class RpcServer:
         request_timeout_s: seconds a device has to answer a request before the client gets an error.
         max_token_failures, token_failure_window_s: after this many handshakes with a wrong token from one
             address within the window, every handshake from it is refused (HTTP 429) until the window ends.
-        max_handshakes: connections allowed in their opening handshake at once (each has OPEN_TIMEOUT_S to
-            finish it); a TCP connection beyond them is dropped at once, so idle sockets cannot pile up.
+        max_handshakes, max_handshakes_per_address: connections allowed in their opening handshake at once, in all
+            and from one address (each has OPEN_TIMEOUT_S to finish it); a TCP connection beyond them is dropped at
+            once, so idle sockets cannot pile up, and one address cannot hold every slot.
 
     Use ``await start()`` then ``await stop()`` inside an event loop, or :meth:`start_in_thread`
     and :meth:`stop_thread` from synchronous code.
@@ -229,10 +232,12 @@ class RpcServer:
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, token: str | None = None,
                  max_message_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, max_token_failures: int = MAX_TOKEN_FAILURES,
-                 token_failure_window_s: float = TOKEN_FAILURE_WINDOW_S, max_handshakes: int = MAX_HANDSHAKES):
+                 token_failure_window_s: float = TOKEN_FAILURE_WINDOW_S, max_handshakes: int = MAX_HANDSHAKES,
+                 max_handshakes_per_address: int = MAX_HANDSHAKES_PER_ADDRESS):
         self.host = host
         self.max_handshakes = max_handshakes
-        self._handshakes = 0  # connections in their opening handshake now
+        self.max_handshakes_per_address = max_handshakes_per_address
+        self._handshakes: dict[str, int] = {}  # address -> its connections in their opening handshake now
         self.max_token_failures = max_token_failures
         self.token_failure_window_s = token_failure_window_s
         self._token_failures: dict[str, tuple[int, float]] = {}  # address -> (failures, when the window began)
@@ -279,15 +284,20 @@ class RpcServer:
             """A connection that counts against :attr:`max_handshakes` until its opening handshake ends."""
 
             async def handshake(self, *args: Any, **kwargs: Any) -> None:
-                if rpc._handshakes >= rpc.max_handshakes:  # (the handler then finds it not open and drops it)
-                    log.warning("dropped a connection from %s: %d others are still in their handshake",
-                                _peer(self), rpc._handshakes)
+                address = self.remote_address[0] if self.remote_address else "?"
+                pending, here = sum(rpc._handshakes.values()), rpc._handshakes.get(address, 0)
+                if pending >= rpc.max_handshakes or here >= rpc.max_handshakes_per_address:
+                    # (the handler then finds it not open and drops it)
+                    log.warning("dropped a connection from %s: %d others (%d from there) are still in their "
+                                "handshake", _peer(self), pending, here)
                     return
-                rpc._handshakes += 1
+                rpc._handshakes[address] = here + 1
                 try:
                     await super().handshake(*args, **kwargs)
                 finally:
-                    rpc._handshakes -= 1
+                    rpc._handshakes[address] -= 1
+                    if not rpc._handshakes[address]:
+                        del rpc._handshakes[address]
 
         self._server = await serve(
             self._handle, self.host, self.port, process_request=self._process_request,

@@ -214,11 +214,12 @@ class ArenaSession(GenerationMixin):
 
     def _move_rows(self, moves: list[tuple[int, int, list[tuple[int, int]]]]) -> None:
         """Copy state entries within their buffers (:func:`kiln.runtime.generate.state_row_moves`)."""
-        for buffer, row, pairs in moves:
-            view = self._view(buffer)
-            entries = view[:len(view) // row * row].reshape(-1, row)
-            dst, src = zip(*pairs)
-            entries[list(dst)] = entries[list(src)]  # (the sources are read before any is written)
+        with self._lock:
+            for buffer, row, pairs in moves:
+                view = self._view(buffer)
+                entries = view[:len(view) // row * row].reshape(-1, row)
+                dst, src = zip(*pairs)
+                entries[list(dst)] = entries[list(src)]  # (the sources are read before any is written)
 
     def close(self) -> None:
         """Release worker threads (a closed session still runs, on one thread)."""

@@ -51,16 +51,18 @@ class LoopLimit:
                 self._refuse(i, k.get("loop_iterations", 0), None)
 
     def check(self, plan: list[dict[str, Any]], choice: tuple[int, ...], dispatch: list[tuple[int, int, int]],
-              env: dict[str, int]) -> None:
-        """Check the kernels plan steps run for dims ``env``: step ``i`` runs its kernel (``choice[i]`` 0) or
-        ``variants[choice[i] - 1]``'s, unless its ``dispatch[i]`` is empty.
+              env: dict[str, int], start: int = 0, stop: int | None = None) -> None:
+        """Check the kernels plan steps ``start:stop`` run for dims ``env``: step ``i`` runs its kernel
+        (``choice[i]`` 0) or ``variants[choice[i] - 1]``'s, unless its ``dispatch[i]`` is empty. (A data-dependent
+        dim holds its upper bound in ``env`` until the run reads it back: the steps after that point are checked
+        once it has.)
 
         Raises:
             DeviceError: a kernel over the adapter's limit at these dims.
         """
         if not self.limit:
             return
-        for s, c, d in zip(plan, choice, dispatch):
+        for s, c, d in list(zip(plan, choice, dispatch))[start:stop]:
             if d[0]:
                 k = s["kernel"] if not c else s["variants"][c - 1]["kernel"]
                 self._refuse(k, self._counts[k](env), env)

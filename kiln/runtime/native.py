@@ -505,7 +505,8 @@ class Session(TrainingMixin, GenerationMixin):
             for name, v in zip(names, values):
                 env[name] = dynamic.check_count(self._counts[name], int(v))
             choice, dispatch = self._sizes.dispatches(env)
-            self._loops.check(self._plan, choice, dispatch, env)
+            later = [b for b, _ in self._binds if b > stop]
+            self._loops.check(self._plan, choice, dispatch, env, start=stop, stop=later[0] if later else None)
             self._choose_variants(choice)
             self.device.queue.write_buffer(self.dims_buffer, 0, dynamic.dims_words(self.manifest, env))
             enc = self.device.create_command_encoder()
@@ -539,7 +540,8 @@ class Session(TrainingMixin, GenerationMixin):
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
             choice, counts = self._sizes.dispatches(env)
-            self._loops.check(self._plan, choice, counts, env)
+            # (steps after a data-dependent dim is read back are checked once it is: _encode_binding)
+            self._loops.check(self._plan, choice, counts, env, stop=self._binds[0][0] if self._binds else None)
             if self._grow:
                 self._grow_buffers(env)
             evaluated = counts, dynamic.output_shapes(self.manifest, env)
@@ -668,7 +670,7 @@ class Session(TrainingMixin, GenerationMixin):
             One dict per dispatch in plan order: ``step``, ``kernel``, ``dispatch`` (workgroup
             counts), ``ms``, ``clock`` (``timestamp-query`` or ``wall``).
         """
-        with self._lock:  # (the profile's runs and dispatches use the session's buffers)
+        with self._device_work("profile"), self._lock:  # (its runs and dispatches use the session's buffers)
             return self._profile(feeds, repeat)
 
     def _profile(self, feeds: dict[str, np.ndarray], repeat: int) -> list[dict[str, Any]]:

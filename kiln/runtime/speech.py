@@ -131,10 +131,13 @@ def read_speech_manifest(package: str | os.PathLike) -> dict[str, Any]:
         got = spec.get("format") if isinstance(spec, dict) else None
         raise PackageError(f"{p}: speech package format {got} is not {FORMAT_MAJOR}.x; recompile it with this Kiln")
     validate_speech_manifest(spec, str(p))
-    if tuple(int(v) for v in spec["format"].split(".")) >= INTEGRITY_VERSION:
-        digest = Path(package) / SPEECH_DIGEST
+    digest = Path(package) / SPEECH_DIGEST
+    # (the digest is checked wherever it is, so editing the format down to 1.1 does not turn the check off)
+    if digest.is_file() or tuple(int(v) for v in spec["format"].split(".")) >= INTEGRITY_VERSION:
         check_manifest_digest(data, digest.read_bytes() if digest.is_file() else None, str(package),
                               (SPEECH, SPEECH_DIGEST))
+        if "files" not in spec:
+            raise PackageError(f"{p}: no 'files' (a speech package of format 1.2 or later lists its files)")
     return spec
 
 
@@ -251,12 +254,12 @@ class SpeechSession:
         self.path = Path(package)
         self.spec = read_speech_manifest(self.path)
         self.target = target
+        data = read_speech_file(self.path, self.spec, self.spec["tokenizer"])  # (checked before any part loads)
         parts = self.spec["parts"]
         self.resampler = open_session(self.path / parts["resample"], target, **options)
         self.log_mel = open_session(self.path / parts["log_mel"], target, **options)
         self.encoder = open_session(self.path / parts["encoder"], target, **options)
         self.decoder = open_session(self.path / parts["decoder"], target, **options)
-        data = read_speech_file(self.path, self.spec, self.spec["tokenizer"])
         try:
             self.tokenizer = Tokenizer.from_str(data.decode("utf-8"))
         except Exception as e:  # noqa: BLE001  (tokenizers raises a plain Exception for a malformed file)

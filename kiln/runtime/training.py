@@ -67,6 +67,11 @@ class TrainingMixin:
             ShapeError: an unknown, missing, wrongly shaped or typed input.
         """
         training = self._need_training()
+        with self._device_work("train step"), self._lock:  # (a step owns the session's buffers, as a run does)
+            return self._train_step(training, feeds, return_outputs)
+
+    def _train_step(self, training: dict[str, Any], feeds: dict[str, np.ndarray],
+                    return_outputs: bool) -> float | dict[str, np.ndarray]:
         dev = self.device
         for spec, a in storage_feeds(training["inputs"], feeds):
             if a.size:
@@ -91,10 +96,11 @@ class TrainingMixin:
             State name (the ONNX initializer name for weights) -> a new float32 array of its shape.
         """
         out = {}
-        for s in self._need_training()["state"]:
-            if s["kind"] == "param" or optimizer:
-                raw = self.device.queue.read_buffer(self.buffers[s["buffer"]], 0, s["bytes"])
-                out[s["name"]] = from_storage(raw, s["dtype"], s["shape"])
+        with self._device_work("state read"), self._lock:
+            for s in self._need_training()["state"]:
+                if s["kind"] == "param" or optimizer:
+                    raw = self.device.queue.read_buffer(self.buffers[s["buffer"]], 0, s["bytes"])
+                    out[s["name"]] = from_storage(raw, s["dtype"], s["shape"])
         return out
 
     def export_weights(self, path: str | os.PathLike, optimizer: bool = False, force: bool = False) -> Path:

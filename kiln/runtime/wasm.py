@@ -14,12 +14,13 @@ browser runtime does with Web Workers (wasmtime releases the GIL while wasm runs
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -103,8 +104,8 @@ class WasmSession(ArenaSession):
                  threads: int = 1, timeout_s: float | None = DEFAULT_RUN_TIMEOUT_S):
         import wasmtime
 
-        if timeout_s is not None and not timeout_s > 0:
-            raise KilnError(f"timeout_s must be a number of seconds above 0 or None, not {timeout_s!r}")
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+            raise KilnError(f"timeout_s must be a finite number of seconds above 0, or None, not {timeout_s!r}")
         #: a run's time limit (epoch interruption: checked at the kernels' loop heads; None: none)
         self.timeout_s = timeout_s
 
@@ -225,17 +226,24 @@ class WasmSession(ArenaSession):
 
     def _set_deadline(self) -> None:
         """Interrupt the kernels after :attr:`timeout_s` from now (the epoch ticks every :data:`TICK_S`)."""
-        ticks = _NEVER if self.timeout_s is None else math.ceil(self.timeout_s / TICK_S) + 1
+        ticks = _NEVER if self.timeout_s is None else min(math.ceil(self.timeout_s / TICK_S) + 1, _NEVER)
         for store in [w[0] for w in self.workers] if self.threads > 1 else [self.store]:
             store.set_epoch_deadline(ticks)
 
     def _compute_range(self, first: int, last: int) -> None:
-        import wasmtime
 
         if first == 0:
             self._set_deadline()
-        try:
+        with self._kernel_errors():
             self._compute_steps(first, last)
+
+    @contextlib.contextmanager
+    def _kernel_errors(self):
+        """wasmtime's failures while kernels run as KilnErrors: the time limit reached, or a damaged module."""
+        import wasmtime
+
+        try:
+            yield
         except (wasmtime.WasmtimeError, wasmtime.Trap, TypeError) as e:
             if isinstance(e, wasmtime.Trap) and e.trap_code == wasmtime.TrapCode.INTERRUPT:
                 raise KilnError(f"{self.path}: the run took longer than its time limit of {self.timeout_s:g} s and "
@@ -254,16 +262,19 @@ class WasmSession(ArenaSession):
             bounds = [total * w // n for w in range(n + 1)]
             futures = [self._pool.submit(fn, store, *ptrs, bounds[w], bounds[w + 1])
                        for w, (fn, store) in enumerate(workers) if bounds[w + 1] > bounds[w]]
+            wait(futures)  # (every worker done before a failure is raised: none may outlive the run)
             for f in futures:
                 f.result()
 
     def close(self) -> None:
         """Stop the worker threads of a threaded session (later runs use one thread)."""
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
 
     def _run_step(self, i: int) -> None:
         self._set_deadline()
         fn, ptrs, total = self.steps[i]
-        fn(self.store, *ptrs, 0, total)
+        with self._kernel_errors():
+            fn(self.store, *ptrs, 0, total)

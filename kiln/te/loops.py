@@ -31,6 +31,7 @@ from kiln.arith.expr import (
     substitute,
 )
 from kiln.arith.symbolic import ceil_div, is_symbolic, simplify
+from kiln.errors import KilnError
 from kiln.te.compute import Tensor
 
 if TYPE_CHECKING:
@@ -224,8 +225,12 @@ def loop_iterations(body: list, outer: int | Expr = 1, around: dict | None = Non
     around it (loops under an ``If`` are counted as taken); an int, or a size expression of run-time dims.
 
     A triangular loop (its trip count the variable of a loop around it, as a scan's, :mod:`kiln.te.lower`) counts
-    exactly; any other trip count naming a loop or axis variable counts at that variable's extent (an upper bound); a
-    loop of one trip is no loop (not counted).
+    exactly; any other trip count naming a loop or axis variable counts with the variable at its loop's trip count or
+    its axis's extent (an upper bound for trip counts that grow with the variable, as the lowerings make them); a loop
+    of one trip is no loop (not counted).
+
+    Raises:
+        KilnError: a trip count over a variable of no known bound.
     Mesa's llvmpipe (lavapipe, the Vulkan driver of machines without a GPU) ends a shader invocation silently after
     65535 loop iterations in all (``LP_MAX_TGSI_LOOP_ITERATIONS``, one counter shared by every loop of the shader);
     the package records this count (``targets.webgpu.kernels[].loop_iterations``) so a runtime there refuses what
@@ -237,10 +242,11 @@ def loop_iterations(body: list, outer: int | Expr = 1, around: dict | None = Non
         if isinstance(s, For):
             e = s.extent
             if isinstance(e, Var) and e in around:  # 0, 1, ..., E - 1 over the loop of variable e
-                n = simplify(outer * (around[e] - 1) // 2)
+                e = around[e]  # (the most trips, for loops inside it)
+                n = simplify(outer * (e - 1) // 2)
             else:
                 if isinstance(e, Expr):
-                    e = substitute(e, {v: v.extent for v in free_vars(e)})
+                    e = substitute(e, {v: _bound(v, around) for v in free_vars(e)})
                 n = simplify(outer * e)
             # (a loop of one trip is no loop: the shader compilers remove it)
             looped = n if is_symbolic(e) or e != 1 else 0
@@ -248,6 +254,19 @@ def loop_iterations(body: list, outer: int | Expr = 1, around: dict | None = Non
         elif isinstance(s, If):
             total = total + loop_iterations(s.body, outer, around)
     return simplify(total) if is_symbolic(total) else total
+
+
+def _bound(v: Var, around: dict) -> int | Expr:
+    """The most trips a trip count's variable ``v`` allows: an enclosing loop's trip count, or an axis's extent.
+
+    Raises:
+        KilnError: neither is known (a trip count this count cannot bound).
+    """
+    if v in around:
+        return around[v]
+    if isinstance(v.extent, Expr) or v.extent:
+        return v.extent
+    raise KilnError(f"cannot bound the loop iterations of a trip count over {v.name} (no extent known)")
 
 
 def ravel(indices, shape) -> Expr:
