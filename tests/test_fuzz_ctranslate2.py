@@ -160,3 +160,13 @@ def test_tokenizer_json_of_any_shape_ends_in_kiln_errors(tmp_path, tokenizer):
         whisper.speech_manifest(whisper.read_whisper(tmp_path))
     except KilnError as e:
         assert "\n" not in str(e)
+
+
+def test_a_name_with_a_line_break_is_refused_in_one_line(tmp_path):
+    """(Found by the 30-minute campaign of 2026-11-27.) A variable name holding a newline went into the message of
+    the next error, which then spanned two lines; strings with control characters are refused where they are read."""
+    at = VALID.index(b"encoder/num_heads")
+    (tmp_path / "model.bin").write_bytes(VALID[:at + 8] + b"\n" + VALID[at + 9:])
+    with pytest.raises(KilnError, match="holds control characters") as e:
+        whisper.read_whisper(tmp_path)
+    assert "\n" not in str(e.value)

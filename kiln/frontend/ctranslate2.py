@@ -109,10 +109,14 @@ def read_ctranslate2(path: str | os.PathLike) -> CT2Model:
         raw = bytes(data[pos:pos + n - 1])
         pos += n
         try:
-            return raw.decode("utf-8")
+            value = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise ModelFormatError(f"{p}: a string at byte {pos - n} is not UTF-8: not a CTranslate2 model "
                                    "file") from None
+        if any(c < " " for c in value):  # (names and the spec: never control characters, which messages would carry)
+            raise ModelFormatError(f"{p}: a string at byte {pos - n} holds control characters: not a CTranslate2 "
+                                   "model file")
+        return value
 
     if len(data) < 4:
         raise ModelFormatError(f"{p} is {len(data)} bytes: not a CTranslate2 model file")
