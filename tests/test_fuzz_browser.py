@@ -27,7 +27,7 @@ from kiln.package.format import MANIFEST, MANIFEST_DIGEST, digest_line
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (Debian package chromium)")]
 
-FUZZ = fuzz_settings(25)
+FUZZ = fuzz_settings(15)
 
 #: loads the files (base64) from memory and runs the package once; the outcome, never a throw
 LOAD_AND_RUN = """async ({files, target, x}) => {
@@ -118,8 +118,10 @@ def test_manifest_bytes(page, seed_package, data):
 @given(data=st.data())
 def test_edited_files(page, seed_package, data):
     files = _files(seed_package)
+    # (not the wasm module: kiln.js runs it on the page's thread with no time limit, so an edit that loops for ever
+    # would hang the page; docs/reliability.md, Not yet)
     path = data.draw(st.sampled_from(sorted(p for p in files if p not in (MANIFEST, MANIFEST_DIGEST)
-                                            and not p.endswith(".c"))))
+                                            and not p.endswith((".c", ".wasm")))))
     raw = data.draw(file_edits(files[path]))
     m = json.loads(files[MANIFEST])
     with_checksums(m, path, raw)

@@ -88,7 +88,8 @@ def manifest_edits(draw, manifest: dict) -> dict:
 def _load_and_run(folder: Path, target: str) -> None:
     """Load ``folder`` and run it: a result, or a one-line KilnError."""
     try:
-        session = kiln.load(folder, target=target)
+        # (an edited module can loop for ever: a short time limit stops it, where the default is 600 s)
+        session = kiln.load(folder, target=target, **({"timeout_s": 10} if target == "wasm" else {}))
         session.run(FEEDS)
     except KilnError as e:
         assert str(e) and "\n" not in str(e), repr(e)

@@ -37,7 +37,7 @@ from kiln.errors import KilnError
 from kiln.rpc import protocol, server
 from kiln.rpc.protocol import decode, encode
 
-FUZZ = fuzz_settings(60)
+FUZZ = fuzz_settings(40)
 FAST = fuzz_settings(400)
 
 #: JSON values of any shape, the extremes included

@@ -781,7 +781,7 @@ export interface WasmModule {
 export interface WasmMemory {
   /** The memory the plan needs from address 0. */
   bytes: number;
-  /** The memory's initial size in pages (also its maximum, unless max_pages). */
+  /** The memory's initial size in pages (also its maximum, unless max_pages); wasm32 has at most 65536 (4 GiB). */
   pages: number;
   /** (1.10) Present when buffers grow: the most pages the memory may grow to (the module's maximum; 32768, 2 GiB). */
   max_pages?: number;

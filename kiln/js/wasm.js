@@ -101,9 +101,16 @@ export async function create(source, manifest, options) {
   } catch (error) {
     throw new DeviceError(`this browser cannot compile the package's wasm module ${entry.module}: ${error.message}`);
   }
-  const backend = threads > 1
-    ? await WasmBackend.threaded(module, manifest, threads)
-    : await WasmBackend.single(module, manifest);
+  let backend;
+  try {
+    backend = threads > 1
+      ? await WasmBackend.threaded(module, manifest, threads)
+      : await WasmBackend.single(module, manifest);
+  } catch (error) {  // (the engine's own errors: a module or memory layout that does not fit the manifest)
+    if (error instanceof KilnError) throw error;
+    throw new PackageError(`wasm module ${entry.module}: cannot instantiate it with the manifest's memory ` +
+      `(${error?.name}: ${error?.message}); the package is damaged or inconsistent`);
+  }
   backend.poison = Boolean(options.poison);
   try {
     await readWeights(source, manifest, options.verify, (file, weights) => {
