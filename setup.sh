@@ -2,8 +2,8 @@
 # Set up a fresh Debian machine for Kiln: system packages, then a virtual environment in .venv
 # with Kiln and its test and examples dependencies. Safe to run again.
 #   apt: chromium (browser tests and `kiln serve`), mesa-vulkan-drivers (lavapipe: WebGPU on the CPU
-#   through wgpu-py when there is no GPU), python3-venv, nodejs and npm (the libraries language-model packages vendor
-#   are pinned by kiln/js/vendor/package-lock.json and checked against npm ci's copies; tsc, which type-checks the
+#   through wgpu-py when there is no GPU), python3-venv, nodejs and npm (the libraries packages vendor (the manifest schema validator, a tokenizer
+#   and a template engine) are pinned by kiln/js/vendor/package-lock.json and checked against npm ci's copies; tsc, which type-checks the
 #   browser runtime against the manifest's types, is pinned by tools/typecheck/package-lock.json), espeak-ng
 #   (tests/test_whisper.py speaks its test clips with it).
 set -euo pipefail
@@ -26,7 +26,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test,examples]"
 # TypeScript for tests/test_manifest_schema.py's type check of kiln/js (exact version from its package-lock.json)
-# the libraries language-model packages vendor (kiln/js/vendor: tests compare the committed copies with these)
+# the libraries packages vendor (kiln/js/vendor: tests compare the committed copies with these)
 (cd kiln/js/vendor && npm ci --no-audit --no-fund --loglevel=error)
 (cd tools/typecheck && npm ci --no-audit --no-fund --loglevel=error)
 # the wasm target's C compiler (zig) builds its compiler-rt once per machine: do it now, not in the first test
