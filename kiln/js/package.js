@@ -285,25 +285,27 @@ export async function readManifest(source, verify = true) {
   return manifest;
 }
 
-/** @type {Validator | null} the package schema's validator, made on first use */
-let validator = null;
+/** @type {Map<object, Validator>} a validator per schema, made on first use */
+const validators = new Map();
 
 /**
- * Check a manifest against the package contract's JSON Schema (kiln/package/manifest.schema.json, as
- * kiln/js/manifest-schema.js), as the Python runtimes do (kiln/package/manifest.py): so that a manifest of the wrong
- * shape (an edited or damaged package, or a buggy compiler's) is refused here, not met as a TypeError deep in a
- * backend.
- * @param {any} manifest parsed manifest.json @param {string} url its name in messages
+ * Check a parsed JSON file against a JSON Schema (draft 2020-12) of the package contract, as the Python runtimes do
+ * (kiln/package/manifest.py): the manifest against kiln/package/manifest.schema.json (as kiln/js/manifest-schema.js,
+ * the default), speech.json against its own. So a file of the wrong shape (an edited or damaged package, or a buggy
+ * compiler's) is refused here, not met as a TypeError deep in a backend.
+ * @param {any} value the parsed file @param {string} url its name in messages
+ * @param {object} [schema=SCHEMA] @param {string} [what] the message's start (the file and its schema)
  * @throws {PackageError} one line naming the JSON path of the innermost failure and the problem.
  */
-export function checkSchema(manifest, url) {
-  validator ??= new Validator(/** @type {any} */ (SCHEMA), '2020-12', true);
-  const result = validator.validate(manifest);
+export function checkSchema(value, url, schema = SCHEMA, what = 'the manifest does not match the package schema') {
+  let validator = validators.get(schema);
+  if (!validator) validators.set(schema, validator = new Validator(/** @type {any} */ (schema), '2020-12', true));
+  const result = validator.validate(value);
   if (!result.valid) {
     const error = result.errors[result.errors.length - 1];
     const at = (error?.instanceLocation ?? '#').replace(/^#/, '') || '/';
     const why = String(error?.error ?? 'invalid').replace(/\s+/g, ' ').slice(0, 300);
-    throw new PackageError(`${url}: the manifest does not match the package schema at ${at}: ${why}`);
+    throw new PackageError(`${url}: ${what} at ${at}: ${why}`);
   }
 }
 

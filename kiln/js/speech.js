@@ -20,9 +20,8 @@ import {KilnError, PackageError} from './errors.js';
 import {Tensor} from './tensor.js';
 import {GPUTensor} from './gputensor.js';
 import {load} from './kiln.js';
-import {sha256Hex} from './package.js';
+import {checkSchema, sha256Hex} from './package.js';
 import SPEECH_SCHEMA from './speech-schema.js';
-import {Validator} from './vendor/json-schema/index.js';
 import {Tokenizer} from './vendor/tokenizers.mjs';
 
 /** The speech package format this runtime reads (its major version). */
@@ -113,7 +112,7 @@ export async function loadSpeech(url, options = {}) {
   if (major !== SPEECH_FORMAT_MAJOR) {
     throw new PackageError(`${root}: speech package format ${spec?.format} is not ${SPEECH_FORMAT_MAJOR}.x; recompile it`);
   }
-  checkSpeechSchema(spec, `${root}speech.json`);
+  checkSchema(spec, `${root}speech.json`, SPEECH_SCHEMA, 'speech.json does not match its schema');
   const verify = options.verify ?? true;
   // (format 1.2) speech.json against speech.sha256, and the files beside the parts against its `files`; a package
   // that lists its files is checked whatever format it states (editing it down to 1.1 turns nothing off)
@@ -142,20 +141,6 @@ export async function loadSpeech(url, options = {}) {
     parts[name] = await load(new URL(`${spec.parts[name]}/`, root), options);
   }
   return new SpeechSession(spec, parts, tokenizer);
-}
-
-/**
- * Check speech.json against its schema (kiln/package/speech.schema.json, as kiln/js/speech-schema.js), as the Python
- * runtime does. @param {any} spec @param {string} url its name in messages
- * @throws {PackageError} one line naming the JSON path of the innermost failure.
- */
-function checkSpeechSchema(spec, url) {
-  const result = new Validator(/** @type {any} */ (SPEECH_SCHEMA), '2020-12', true).validate(spec);
-  if (!result.valid) {
-    const error = result.errors[result.errors.length - 1];
-    const at = (error?.instanceLocation ?? '#').replace(/^#/, '') || '/';
-    throw new PackageError(`${url}: speech.json does not match its schema at ${at}: ${String(error?.error).slice(0, 300)}`);
-  }
 }
 
 /** @param {Tensor | GPUTensor} t @returns {Promise<Tensor>} */

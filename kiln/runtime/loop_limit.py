@@ -11,6 +11,7 @@ that would exceed the limit: at load for a fixed count, when the run-time dims a
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from kiln.errors import DeviceError
@@ -62,7 +63,7 @@ class LoopLimit:
         """
         if not self.limit:
             return
-        for s, c, d in list(zip(plan, choice, dispatch))[start:stop]:
+        for s, c, d in itertools.islice(zip(plan, choice, dispatch), start, stop):
             if d[0]:
                 k = s["kernel"] if not c else s["variants"][c - 1]["kernel"]
                 self._refuse(k, self._counts[k](env), env)

@@ -109,8 +109,8 @@ class Session(TrainingMixin, GenerationMixin):
     ``state``, ``export_weights``; see :class:`~kiln.runtime.training.TrainingMixin`).
 
     Threads: sessions run in parallel from several threads (each owns its buffers; on one device too); the runs of
-    one session take turns (:meth:`run` and :meth:`profile` hold its lock), so sharing a session between threads is
-    safe but serial, and its state (a KV cache, the random ops' counter) is shared by all its callers.
+    one session take turns (runs, profiles, train steps, state reads and reorders hold its lock), so sharing a session
+    between threads is safe but serial, and its state (a KV cache, the random ops' counter) is shared by all its callers.
 
     Args:
         package: package directory (made by ``kiln compile``).
@@ -615,7 +615,6 @@ class Session(TrainingMixin, GenerationMixin):
     def _move_rows(self, moves: list[tuple[int, int, list[tuple[int, int]]]]) -> None:
         """Copy state entries within their buffers (:func:`kiln.runtime.generate.state_row_moves`) on the
         device: the sources into a scratch buffer, then to their places, in one command buffer."""
-
         if not moves:
             return
         with self._device_work("state reorder"), self._lock:

@@ -97,7 +97,7 @@ class WasmSession(ArenaSession):
     Raises:
         PackageError: missing, malformed, corrupted or newer-format package, one without a
             ``wasm`` target, or without a threaded module when ``threads`` > 1.
-        KilnError: ``timeout_s`` not above 0.
+        KilnError: ``timeout_s`` not a finite number of seconds above 0 (nor None).
     """
 
     def __init__(self, package: str | os.PathLike, target: str = "wasm", verify: bool = True, poison: bool = False,
