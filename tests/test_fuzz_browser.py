@@ -1,6 +1,7 @@
 """Fuzzing the browser runtime (issue 19): whatever a package holds, kiln.js loading it (``kiln.loadFiles``) and running
 it in Chromium ends in a result or a rejected promise with a KilnError (PackageError, ShapeError, DeviceError) and a
-one-line message: never another exception, an uncaught error in the page, a hang, or a dead page.
+one-line message: never another exception, an uncaught error in the page, a hang, or a dead page (a wasm module
+edited to loop for ever is stopped at load's ``timeoutMs``, here 10 s).
 
 The inputs are those of ``tests/test_fuzz_package.py`` (the Python runtimes' harness), made the same way a hostile or
 buggy compiler would: the manifest edited structurally or byte-wise, or a kernel, the wasm module or the weights
@@ -30,13 +31,13 @@ pytestmark = [pytest.mark.browser,
 FUZZ = fuzz_settings(15)
 
 #: loads the files (base64) from memory and runs the package once; the outcome, never a throw
-LOAD_AND_RUN = """async ({files, target, x}) => {
+LOAD_AND_RUN = """async ({files, target, threads, x}) => {
   const kiln = await import('./kiln.js');
   const bytes = {};
   for (const [path, text] of Object.entries(files)) bytes[path] = Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
   let session;
   try {
-    session = await kiln.loadFiles(bytes, {target});
+    session = await kiln.loadFiles(bytes, {target, threads, timeoutMs: 10000});
     await session.run({x: new kiln.Tensor('float32', Float32Array.from(x), [1, 2])});
     return {ok: true};
   } catch (e) {
@@ -71,10 +72,12 @@ def _check(page, files: dict[str, bytes], data, record: bool = True) -> dict:
     """Load and run ``files`` in ``page``: a result, or a one-line KilnError; no uncaught error; the page alive.
     Returns the page's outcome."""
     target = "webgpu" if data.draw(st.integers(0, 3)) == 0 else "wasm"
+    threads = data.draw(st.integers(1, 2)) if target == "wasm" else None  # (one worker, or two over shared memory)
     wire = {p: base64.b64encode(b).decode() for p, b in files.items()}
-    got = page.evaluate(LOAD_AND_RUN, {"files": wire, "target": target, "x": FEEDS["x"].ravel().tolist()})
+    got = page.evaluate(LOAD_AND_RUN, {"files": wire, "target": target, "threads": threads,
+                                       "x": FEEDS["x"].ravel().tolist()})
     if record:  # (--hypothesis-show-statistics tells how the inputs ended)
-        event(f"{target}: {'ran' if got['ok'] else got['name']}")
+        event(f"{target}{threads or ''}: {'ran' if got['ok'] else got['name']}")
     if not got["ok"]:
         assert got["kiln"] and got["name"] in ("KilnError", "PackageError", "ShapeError", "DeviceError"), got
         assert got["message"] and "\n" not in got["message"], got
@@ -88,15 +91,15 @@ def _with_manifest(files: dict[str, bytes], manifest_bytes: bytes) -> dict[str, 
 
 
 def test_the_seed_package_runs_in_the_page(page, seed_package):
-    class Always:  # (a stand-in for hypothesis's data: both targets)
-        def __init__(self, n):
-            self.n = n
+    class Draws:  # (a stand-in for hypothesis's data: webgpu, wasm on one thread and on two)
+        def __init__(self, *values):
+            self.values = iter(values)
 
         def draw(self, _):
-            return self.n
+            return next(self.values)
 
-    for n in (0, 1):
-        assert _check(page, _files(seed_package), Always(n), record=False)["ok"]  # (kiln.js takes the valid one)
+    for values in ((0,), (1, 1), (1, 2)):
+        assert _check(page, _files(seed_package), Draws(*values), record=False)["ok"]  # (kiln.js takes the valid one)
 
 
 @FUZZ
@@ -118,10 +121,9 @@ def test_manifest_bytes(page, seed_package, data):
 @given(data=st.data())
 def test_edited_files(page, seed_package, data):
     files = _files(seed_package)
-    # (not the wasm module: kiln.js runs it on the page's thread with no time limit, so an edit that loops for ever
-    # would hang the page; docs/reliability.md, Not yet)
+    # (the wasm modules too: kiln.js runs them in workers, and an edit that loops for ever is stopped at timeoutMs)
     path = data.draw(st.sampled_from(sorted(p for p in files if p not in (MANIFEST, MANIFEST_DIGEST)
-                                            and not p.endswith((".c", ".wasm")))))
+                                            and not p.endswith(".c"))))
     raw = data.draw(file_edits(files[path]))
     m = json.loads(files[MANIFEST])
     with_checksums(m, path, raw)

@@ -74,22 +74,39 @@ def test_huge_constants_are_refused_before_allocating(tmp_path, kind):
              else "beyond the 2 GiB Kiln allows a tensor")
 
 
-def test_an_endless_wasm_kernel_is_stopped_by_the_time_limit(tmp_path):
-    """A package whose wasm module loops forever (a damaged or hostile module; its checksums made to match) ends its
-    run in a KilnError naming the time limit, within a few ticks of it, run after run: never a hang."""
+def _endless_wasm_package(tmp_path, where: str = "kernels"):
+    """The tiny relu-matmul package with its wasm modules (single-threaded and threaded) replaced by ones that loop for
+    ever, in every kernel or (``where="start"``) in a start function that instantiation runs; checksums made to
+    match, as a hostile compiler would."""
     save_tiny_relu_matmul(tmp_path / "m.onnx", np.ones((2, 3), np.float32))
     pkg = kiln.compile(tmp_path / "m.onnx", tmp_path / "pkg", target="webgpu,wasm")
     m = read_manifest(pkg)
     tgt = m["targets"]["wasm"]
-    funcs = "".join(f'(func (export "{k["export"]}") {"(param i32) " * (k["params"] + 2)}(loop $l (br $l)))'
-                    for k in tgt["kernels"])
-    module = pkg / tgt["module"]
-    module.write_bytes(wasmtime.wat2wasm(f'(module (memory (export "memory") {tgt["memory"]["pages"]}) {funcs})'))
-    tgt["sha256"], tgt["bytes"] = sha256_file(module), module.stat().st_size
-    for f in m["files"]:
-        if f["path"] == tgt["module"]:
-            f.update(bytes=module.stat().st_size, sha256=tgt["sha256"])
+    pages = tgt["memory"]["pages"]
+    body = "(loop $l (br $l))" if where == "kernels" else ""
+    kernels = "".join(f'(func (export "{k["export"]}") {"(param i32) " * (k["params"] + 2)}{body})'
+                      for k in tgt["kernels"])
+    start = '(func $s (loop $l (br $l))) (start $s)' if where == "start" else ""
+    memories = {tgt["module"]: f'(memory (export "memory") {pages})'}
+    if tgt.get("threads"):
+        most = tgt["memory"].get("max_pages", pages)
+        memories[tgt["threads"]["module"]] = f'(import "env" "memory" (memory {pages} {most} shared))'
+    for path, memory in memories.items():
+        module = pkg / path
+        module.write_bytes(wasmtime.wat2wasm(f"(module {memory} {kernels} {start})"))
+        entry = tgt if path == tgt["module"] else tgt["threads"]
+        entry["sha256"], entry["bytes"] = sha256_file(module), module.stat().st_size
+        for f in m["files"]:
+            if f["path"] == path:
+                f.update(bytes=entry["bytes"], sha256=entry["sha256"])
     write_manifest(pkg, m)
+    return pkg
+
+
+def test_an_endless_wasm_kernel_is_stopped_by_the_time_limit(tmp_path):
+    """A package whose wasm module loops forever (a damaged or hostile module; its checksums made to match) ends its
+    run in a KilnError naming the time limit, within a few ticks of it, run after run: never a hang."""
+    pkg = _endless_wasm_package(tmp_path)
     session = kiln.load(pkg, target="wasm", timeout_s=0.5)
     for _ in range(2):
         start = time.perf_counter()
@@ -99,3 +116,59 @@ def test_an_endless_wasm_kernel_is_stopped_by_the_time_limit(tmp_path):
     for bad in (0, float("inf"), "5"):
         with pytest.raises(KilnError, match="timeout_s must be a finite number of seconds above 0"):
             kiln.load(pkg, target="wasm", timeout_s=bad)
+
+
+#: loads the package on wasm with bad time limits, then with 0.5 s and runs it twice, on one thread and on two; each
+#: outcome with its milliseconds, and how often a 50 ms interval fired meanwhile (the page's thread stays free)
+ENDLESS_IN_THE_PAGE = """async () => {
+  const kiln = await import('./kiln.js');
+  const outcome = async (work) => {
+    const start = performance.now();
+    try { await work(); return {ok: true}; }
+    catch (e) { return {ok: false, name: e.name, message: e.message, ms: performance.now() - start}; }
+  };
+  const bad = [];
+  for (const timeoutMs of [0, -5, Infinity, '5']) bad.push(await outcome(() => kiln.load('./', {target: 'wasm', timeoutMs})));
+  const x = new kiln.Tensor('float32', new Float32Array(2), [1, 2]);
+  const out = {bad, isolated: crossOriginIsolated, threads: {}};
+  for (const threads of [1, 2]) {
+    let ticks = 0;
+    const timer = setInterval(() => { ticks += 1; }, 50);
+    const loaded = await outcome(async () => { out.session = await kiln.load('./', {target: 'wasm', timeoutMs: 500, threads}); });
+    const runs = [];
+    if (loaded.ok) {
+      for (let i = 0; i < 2; i++) runs.push(await outcome(() => out.session.run({x})));
+      runs.push(await outcome(() => out.session.time({x}, {repeat: 2})));
+      out.session.destroy();
+    }
+    clearInterval(timer);
+    out.threads[threads] = {loaded, runs, ticks};
+  }
+  delete out.session;
+  return out;
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("where", ["kernels", "start"])
+def test_an_endless_wasm_module_is_stopped_in_the_browser(browser, tmp_path, where):
+    """kiln.js runs wasm in workers, never on the page's thread: an endless kernel (or start function) is stopped at
+    load's ``timeoutMs``, the run (or load) rejects with a one-line DeviceError naming the limit, later calls say the
+    session was stopped, and the page's thread stays free meanwhile; on one thread and on two (shared memory)."""
+    from browser import evaluate_in_package
+
+    got = evaluate_in_package(browser, _endless_wasm_package(tmp_path, where), ENDLESS_IN_THE_PAGE)
+    assert [b["name"] for b in got["bad"]] == ["KilnError"] * 4, got["bad"]
+    assert all("timeoutMs must be a finite number of milliseconds above 0, or null" in b["message"] for b in got["bad"])
+    assert got["isolated"]
+    limit = "the wasm module ran longer than its time limit of 0.5 s and was stopped"
+    for threads, case in got["threads"].items():
+        outcomes = [case["loaded"]] if where == "start" else case["runs"]
+        assert case["loaded"]["ok"] == (where != "start"), (threads, case)
+        assert len(outcomes) == (1 if where == "start" else 3), (threads, case)
+        for o in outcomes:
+            assert not o["ok"] and o["name"] == "DeviceError" and limit in o["message"], (threads, o)
+            assert "\n" not in o["message"]
+        assert 400 < outcomes[0]["ms"] < 5000, (threads, outcomes[0])
+        assert all(o["ms"] < 100 for o in outcomes[1:]), (threads, outcomes)  # (stopped: refused at once)
+        assert case["ticks"] >= 6, (threads, case)  # (about 10 a half second: the page's thread was free)

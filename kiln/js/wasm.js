@@ -1,10 +1,13 @@
 // @ts-check
 // Kiln browser runtime: the WebAssembly backend (zero dependencies besides errors.js and package.js;
-// its Web Workers run wasm-worker.js).
+// its Web Workers run wasm-host.js and wasm-worker.js).
 //
 // Runs a package's `targets.wasm` (docs/package-format.md): every kernel is an exported function of one
 // SIMD128 module, and every buffer lives at a fixed offset of one linear memory. Single-threaded, the
-// module is instantiated on the calling thread and each plan step is one call over all its tiles.
+// module is instantiated in one worker (wasm-host.js runs a WasmBackend there; the page's thread keeps a
+// WorkerBackend that forwards each call) and each plan step is one call over all its tiles. Never on the page's
+// thread: a run that outlives the time limit (`timeoutMs`: an edited module that loops for ever) is stopped by
+// terminating its worker, and the page stays responsive meanwhile.
 // With threads (only where the page is cross-origin isolated, so SharedArrayBuffer exists), the
 // package's threaded module is instantiated in each of N workers over one shared memory; a run
 // posts one message to every worker, each computes its contiguous share of every step's tiles, the
@@ -38,6 +41,12 @@ const SIMD_PROBE = new Uint8Array([
 /** Most worker threads a session starts by default. */
 const MAX_DEFAULT_THREADS = 8;
 
+/** The default time limit of one run, in milliseconds (as the Python wasm runtime's `timeout_s`). */
+export const DEFAULT_TIMEOUT_MS = 600_000;
+
+/** @type {Record<string, new (message: string) => Error>} the error classes a worker's answer may name */
+const ERRORS = {KilnError, PackageError, DeviceError, ShapeError};
+
 /**
  * Why this browser cannot run WebAssembly packages, or null if it can: it needs WebAssembly with
  * SIMD128 (a tiny SIMD module must validate).
@@ -62,16 +71,24 @@ function canShareMemory() {
  * Instantiate the package's module (threaded where it can and `threads` allows) and write the weights.
  * @param {import('./package.js').PackageSource} source
  * @param {Manifest} manifest
- * @param {{verify: boolean, poison?: boolean, threads?: number}} options  `threads`: worker threads (default:
- *   the hardware's, at most 8, when the page is cross-origin isolated and the package has a threaded module;
- *   otherwise 1, on the calling thread). `poison` fills activation and output buffers with NaN before each run.
- * @returns {Promise<WasmBackend>}
+ * @param {{verify: boolean, poison?: boolean, threads?: number, timeoutMs?: number | null}} options  `threads`:
+ *   worker threads (default: the hardware's, at most 8, when the page is cross-origin isolated and the package has
+ *   a threaded module; otherwise 1, in one worker). `poison` fills activation and output buffers with NaN before
+ *   each run. `timeoutMs`: the longest one run (or one segment of a run with data-dependent dims, one timed run of
+ *   `time`, the start) may compute before its workers are stopped, in milliseconds (default 600,000; null: none).
+ * @returns {Promise<WasmBackend | WorkerBackend>}
+ * @throws {KilnError} a bad `threads` or `timeoutMs`.
  * @throws {DeviceError} threads asked for where the page is not cross-origin isolated, or a module this
  *   browser cannot compile.
  * @throws {PackageError} a missing or corrupted module or weights file.
  */
 export async function create(source, manifest, options) {
   const spec = manifest.targets.wasm;
+  const limitMs = options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs;
+  if (limitMs !== null && !(typeof limitMs === 'number' && Number.isFinite(limitMs) && limitMs > 0)) {
+    throw new KilnError('load: timeoutMs must be a finite number of milliseconds above 0, or null, got ' +
+      (typeof limitMs === 'number' ? limitMs : `${typeof limitMs} ${JSON.stringify(limitMs)}`));
+  }
   const sharing = canShareMemory() && Boolean(spec.threads);
   let threads = options.threads;
   if (threads === undefined || threads === null) {
@@ -104,8 +121,8 @@ export async function create(source, manifest, options) {
   let backend;
   try {
     backend = threads > 1
-      ? await WasmBackend.threaded(module, manifest, threads)
-      : await WasmBackend.single(module, manifest);
+      ? await WasmBackend.threaded(module, manifest, threads, limitMs)
+      : await WorkerBackend.start(module, manifest, {poison: Boolean(options.poison), limitMs});
   } catch (error) {  // (the engine's own errors: a module or memory layout that does not fit the manifest)
     if (error instanceof KilnError) throw error;
     throw new PackageError(`wasm module ${entry.module}: cannot instantiate it with the manifest's memory ` +
@@ -113,15 +130,65 @@ export async function create(source, manifest, options) {
   }
   backend.poison = Boolean(options.poison);
   try {
-    await readWeights(source, manifest, options.verify, (file, weights) => {
-      const memory = new Uint8Array(backend.memory.buffer);
-      for (const w of weights) memory.set(new Uint8Array(w.bytes, w.offset, w.length), backend.offsets[w.buffer.id]);
-    });
+    await readWeights(source, manifest, options.verify, (file, weights) => backend.writeWeights(weights));
   } catch (error) {
     backend.dispose();
     throw error;
   }
   return backend;
+}
+
+/**
+ * Post `message` to `worker` and wait for its answer; a `{type: 'tick'}` message (one timed run done) restarts the
+ * clock. After `limitMs` without an answer, `onTimeout()` (which stops the worker) runs and the promise rejects with
+ * the DeviceError it returns. While the answer is awaited, `pending` holds a function that rejects it at once (a
+ * backend disposed mid-run calls it).
+ * @param {Worker} worker @param {any} message
+ * @param {{transfer?: Transferable[], limitMs: number | null, onTimeout: () => DeviceError,
+ *   pending: Set<(error: Error) => void>}} options
+ * @returns {Promise<any>} the answer
+ * @throws {DeviceError} the worker failed or was stopped; a KilnError the worker answered with.
+ */
+function ask(worker, message, {transfer = [], limitMs, onTimeout, pending}) {
+  return new Promise((resolve, reject) => {
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    let timer;
+    /** @param {Error | null} error @param {any} [value] */
+    const settle = (error, value) => {
+      clearTimeout(timer);
+      pending.delete(settle);
+      if (error) reject(error); else resolve(value);
+    };
+    const arm = () => {
+      clearTimeout(timer);
+      if (limitMs !== null) timer = setTimeout(() => settle(onTimeout()), limitMs);
+    };
+    worker.onmessage = ({data}) => {
+      if (data.type === 'tick') return arm();
+      if (data.type !== 'error') return settle(null, data);
+      const Class = Object.hasOwn(ERRORS, data.name) ? ERRORS[data.name] : null;
+      if (Class) return settle(new Class(data.message));
+      const error = new Error(data.message);  // (the engine's own: create() says what it means)
+      error.name = String(data.name);
+      settle(error);
+    };
+    worker.onerror = (event) => {
+      event.preventDefault?.();
+      settle(new DeviceError(`wasm worker failed: ${event.message || 'its script did not load or threw'}`));
+    };
+    pending.add(settle);
+    arm();
+    worker.postMessage(message, transfer);
+  });
+}
+
+/**
+ * Why runs stop after a time limit ran out.
+ * @param {number} limitMs @returns {string}
+ */
+function timeLimitText(limitMs) {
+  return `the wasm module ran longer than its time limit of ${limitMs / 1000} s and was stopped ` +
+    '(load the package again to run it; raise load\'s timeoutMs if it is that slow)';
 }
 
 /** A package in WebAssembly linear memory. Create it with {@link create}. */
@@ -130,9 +197,10 @@ export class WasmBackend {
    * @param {WebAssembly.Memory} memory
    * @param {Manifest} manifest
    * @param {number} threads
+   * @param {number | null} [limitMs] the workers' time limit per compute (threaded)
    * @private
    */
-  constructor(memory, manifest, threads) {
+  constructor(memory, manifest, threads, limitMs = null) {
     /** The manifest target this backend runs. */
     this.target = target;
     /** What runs the kernels. */
@@ -175,6 +243,12 @@ export class WasmBackend {
     this.exports = /** @type {WebAssembly.Exports | null} */ (null);
     /** @private whether the workers have the current buffer addresses */
     this.ptrsSent = true;
+    /** @private the workers' time limit per compute, in ms (null: none) */
+    this.limitMs = limitMs;
+    /** @private why the backend cannot run any more (its workers were stopped), or null */
+    this.stopped = /** @type {string | null} */ (null);
+    /** @private the answers awaited from the workers (ask) @type {Set<(error: Error) => void>} */
+    this.pending = new Set();
   }
 
   /**
@@ -198,12 +272,13 @@ export class WasmBackend {
   /**
    * The threaded backend: `threads` workers, each with an instance over one shared memory.
    * @param {WebAssembly.Module} module @param {Manifest} manifest @param {number} threads
+   * @param {number | null} limitMs the time limit of the start and of each compute
    * @returns {Promise<WasmBackend>} (internal: create())
    */
-  static async threaded(module, manifest, threads) {
+  static async threaded(module, manifest, threads, limitMs) {
     const {pages, max_pages: maximum = pages} = manifest.targets.wasm.memory;  // (1.10: growable buffers grow it)
     const memory = new WebAssembly.Memory({initial: pages, maximum, shared: true});
-    const backend = new WasmBackend(memory, manifest, threads);
+    const backend = new WasmBackend(memory, manifest, threads, limitMs);
     const control = new SharedArrayBuffer(8);  // the barrier: [arrived, generation]
     const steps = backend.spec.plan.map((s) => ({
       export: backend.spec.kernels[s.kernel].export, ptrs: s.buffers.map((b) => backend.offsets[b]), total: s.total,
@@ -312,15 +387,28 @@ export class WasmBackend {
   }
 
   /**
-   * Post `message` to `worker` and wait for its answer.
+   * Post `message` to a worker thread and wait for its answer, within the time limit (which stops every worker).
    * @param {Worker} worker @param {any} message @returns {Promise<any>} @private
    */
   ask(worker, message) {
-    return new Promise((resolve, reject) => {
-      worker.onmessage = ({data}) => (data.type === 'error' ? reject(new DeviceError(data.message)) : resolve(data));
-      worker.onerror = (event) => reject(new DeviceError(`wasm worker failed: ${event.message ?? 'unknown error'}`));
-      worker.postMessage(message);
-    });
+    if (this.stopped) return Promise.reject(new DeviceError(this.stopped));
+    return ask(worker, message, {limitMs: this.limitMs, onTimeout: () => this.timedOut(), pending: this.pending});
+  }
+
+  /** Stop the workers: a compute outlived the time limit. @returns {DeviceError} @private */
+  timedOut() {
+    this.stopped ??= timeLimitText(/** @type {number} */ (this.limitMs));
+    this.dispose();
+    return new DeviceError(this.stopped);
+  }
+
+  /**
+   * Write weights into their buffers (create(), as readWeights reads each file).
+   * @param {{buffer: {id: number}, bytes: ArrayBuffer, offset: number, length: number}[]} weights
+   */
+  writeWeights(weights) {
+    const memory = new Uint8Array(this.memory.buffer);
+    for (const w of weights) memory.set(new Uint8Array(w.bytes, w.offset, w.length), this.offsets[w.buffer.id]);
   }
 
   /** Fill activation and output buffers with NaN. @private */
@@ -357,6 +445,7 @@ export class WasmBackend {
    * @param {number} [first] @param {number} [last] @private
    */
   async compute(first = 0, last = this.spec.plan.length) {
+    if (this.stopped) throw new DeviceError(this.stopped);
     if (!this.workers.length) {
       for (let i = first; i < last; i++) this.calls[i]();
       return;
@@ -429,10 +518,11 @@ export class WasmBackend {
   /**
    * Time the kernels: inputs written once, then `warmup + repeat` runs of every plan step.
    * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs in storage form
-   * @param {{repeat: number, warmup: number, dims?: Record<string, number> | null}} options (`dims`: as for run)
+   * @param {{repeat: number, warmup: number, dims?: Record<string, number> | null, onRun?: () => void}} options
+   *   (`dims`: as for run; `onRun`: called after each run, wasm-host.js's tick)
    * @returns {Promise<{clock: 'wall', times: number[], wall: number[]}>} milliseconds
    */
-  async time(inputs, {repeat, warmup, dims = null}) {
+  async time(inputs, {repeat, warmup, dims = null, onRun}) {
     this.setDims(dims);
     this.writeInputs(inputs);
     const times = [];
@@ -441,6 +531,7 @@ export class WasmBackend {
       await (this.binds.length && dims ? this.computeBinding({...dims}) : this.compute());
       const elapsed = performance.now() - start;
       if (i >= warmup) times.push(elapsed);
+      onRun?.();
     }
     return {clock: 'wall', times, wall: [...times]};
   }
@@ -450,5 +541,138 @@ export class WasmBackend {
     for (const worker of this.workers) worker.terminate();
     this.workers = [];
     this.calls = [];
+    this.stopped ??= 'the session was destroyed';
+    for (const settle of [...this.pending]) settle(new DeviceError(this.stopped));
+  }
+}
+
+/**
+ * The single-threaded backend, run in a worker (wasm-host.js holds its {@link WasmBackend}); this side forwards each
+ * call, within the time limit. Inputs are copied over, outputs moved back. Create it with {@link create}.
+ */
+export class WorkerBackend {
+  /** @param {Worker} worker @param {number | null} limitMs @private */
+  constructor(worker, limitMs) {
+    /** The manifest target this backend runs. */
+    this.target = target;
+    /** What runs the kernels. */
+    this.adapterInfo = {
+      vendor: 'WebAssembly', architecture: 'SIMD128', device: '1 thread', description: 'single-threaded, in a worker',
+    };
+    /** WebAssembly runs are timed with the wall clock. */
+    this.timestampQuery = false;
+    /** Worker threads computing the kernels. */
+    this.threads = 1;
+    /** whether runs fill activation and output buffers with NaN first (set by create(); the worker was told) */
+    this.poison = false;
+    /** @private */ this.worker = worker;
+    /** @private the time limit of each request, in ms (null: none) */
+    this.limitMs = limitMs;
+    /** @private why the backend cannot run any more, or null */
+    this.stopped = /** @type {string | null} */ (null);
+    /** @private the answer awaited from the worker (ask) @type {Set<(error: Error) => void>} */
+    this.pending = new Set();
+  }
+
+  /**
+   * Start the worker and instantiate the module there.
+   * @param {WebAssembly.Module} module @param {Manifest} manifest
+   * @param {{poison: boolean, limitMs: number | null}} options
+   * @returns {Promise<WorkerBackend>} (internal: create())
+   */
+  static async start(module, manifest, {poison, limitMs}) {
+    let worker;
+    try {
+      worker = new Worker(new URL('./wasm-host.js', import.meta.url), {type: 'module', name: 'kiln-wasm'});
+    } catch (error) {
+      throw new DeviceError(`cannot start the wasm worker: ${error.message}`);
+    }
+    const backend = new WorkerBackend(worker, limitMs);
+    try {
+      await backend.request({type: 'init', module, manifest, poison});
+    } catch (error) {
+      backend.dispose();
+      throw error;
+    }
+    return backend;
+  }
+
+  /**
+   * Send one request to the worker and wait for its answer's value, within the time limit (which stops the worker).
+   * @param {any} message @param {Transferable[]} [transfer] @returns {Promise<any>} @private
+   */
+  async request(message, transfer = []) {
+    if (this.stopped) throw new DeviceError(this.stopped);
+    const answer = await ask(this.worker, message, {
+      transfer, limitMs: this.limitMs, pending: this.pending,
+      onTimeout: () => {
+        this.stopped ??= timeLimitText(/** @type {number} */ (this.limitMs));
+        this.dispose();
+        return new DeviceError(this.stopped);
+      },
+    });
+    return answer.value;
+  }
+
+  /**
+   * Write weights into their buffers: the file's bytes are copied to the worker.
+   * @param {{buffer: {id: number}, bytes: ArrayBuffer, offset: number, length: number}[]} weights
+   * @returns {Promise<void>}
+   */
+  async writeWeights(weights) {
+    if (!weights.length) return;
+    await this.request({
+      type: 'write', bytes: weights[0].bytes,
+      weights: weights.map((w) => ({buffer: {id: w.buffer.id}, offset: w.offset, length: w.length})),
+    });
+  }
+
+  /**
+   * Copies of the inputs' bytes, to move to the worker.
+   * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs @private
+   */
+  static wire(inputs) {
+    return inputs.map(({spec, data}) => ({
+      spec, data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength).slice(),
+    }));
+  }
+
+  /**
+   * Run the plan once in the worker (WasmBackend.run).
+   * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs @param {{dims?: Record<string, number> | null}} [options]
+   *   `dims` is updated in place with the data-dependent dims the run bound
+   * @returns {Promise<Record<string, ArrayBuffer>>}
+   */
+  async run(inputs, {dims = null} = {}) {
+    const wire = WorkerBackend.wire(inputs);
+    const {results, bound} = await this.request({type: 'run', inputs: wire, dims}, wire.map((i) => i.data.buffer));
+    if (dims && bound) Object.assign(dims, bound);
+    return results;
+  }
+
+  /**
+   * Time the kernels in the worker (WasmBackend.time); the time limit applies to each run.
+   * @param {{spec: TensorSpec, data: ArrayBufferView}[]} inputs
+   * @param {{repeat: number, warmup: number, dims?: Record<string, number> | null}} options
+   * @returns {Promise<{clock: 'wall', times: number[], wall: number[]}>}
+   */
+  async time(inputs, {repeat, warmup, dims = null}) {
+    const wire = WorkerBackend.wire(inputs);
+    return this.request({type: 'time', inputs: wire, options: {repeat, warmup, dims}}, wire.map((i) => i.data.buffer));
+  }
+
+  /**
+   * Copy state entries within their buffers (WasmBackend.moveRows).
+   * @param {{buffer: number, rowBytes: number, pairs: number[][]}[]} moves @returns {Promise<void>}
+   */
+  async moveRows(moves) {
+    await this.request({type: 'moveRows', moves});
+  }
+
+  /** Stop the worker, dropping the memory. */
+  dispose() {
+    this.worker.terminate();
+    this.stopped ??= 'the session was destroyed';
+    for (const settle of [...this.pending]) settle(new DeviceError(this.stopped));
   }
 }
