@@ -16,6 +16,7 @@ import shutil
 import subprocess
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import opcheck
 import pytest
@@ -218,6 +219,40 @@ def test_strided_reads_become_lane_gathers():
     k = lower(t, wasm.wasm_schedule(t))
     src, vectorised = c.render(k, "f", wasm.grid_shape(t.shape, k.schedule))
     assert vectorised and ("KILN_GATHER" in src or "wasm_f32x4_make(in0[" in src)
+
+
+@pytest.mark.parametrize("target,lanes", [("wasm", 4), ("cpu", 8)])
+def test_reductions_along_rows_run_on_simd_lanes(tmp_path, rng, target, lanes):
+    """Sums that read rows along their axis but not along the output's (matrix products with their right operand
+    transposed: a linear layer's, attention scores against keys; a row sum) are scheduled ``simd_reduce``: their
+    lanes split the reduction and are added after the loop (``hsum``); the values match onnxruntime, for output
+    rows of a multiple of 4 (four a tile) and not, with a bias epilogue."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Transpose", ["b"], ["bt"], perm=[1, 0]), helper.make_node("MatMul", ["a", "bt"], ["ab"]),
+             helper.make_node("Add", ["ab", "bias"], ["y1"]),
+             helper.make_node("ReduceSum", ["c", "axes"], ["y2"], keepdims=0),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), helper.make_node("MatMul", ["q", "kt"], ["y3"])]
+    shapes = {"a": [3, 64], "b": [41, 64], "c": [5, 48], "q": [2, 3, 64], "k": [2, 40, 64]}
+    graph = helper.make_graph(
+        nodes, "rows", [helper.make_tensor_value_info(n, f, sh) for n, sh in shapes.items()],
+        [helper.make_tensor_value_info(n, f, sh) for n, sh in (("y1", [3, 41]), ("y2", [5]), ("y3", [2, 3, 40]))],
+        [numpy_helper.from_array(rng.standard_normal(41).astype(np.float32), "bias"),
+         numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "rows.onnx")
+    pkg = kiln.compile(tmp_path / "rows.onnx", tmp_path / "pkg", target=target, device_class="cpu")
+    section = json.loads((pkg / "manifest.json").read_text())["targets"][target]
+    dot = {k["name"] for k in section["kernels"] if k["schedule"].get("simd_reduce") == lanes}
+    assert len(dot) == 3 and any("matmul_add" in n for n in dot) and any("reducesum" in n for n in dot), dot
+    assert all(k["vectorized"] for k in section["kernels"] if k["name"] in dot)  # (the lane loops as vectors)
+    if target == "cpu":
+        assert "kv_f32_hsum(" in (pkg / section["source"]).read_text()
+    feeds = {n: rng.standard_normal(sh).astype(np.float32) for n, sh in shapes.items()}
+    got = kiln.load(pkg, target=target, poison=True).run(feeds)
+    want = ort.InferenceSession(str(tmp_path / "rows.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for name, w in zip(("y1", "y2", "y3"), want):
+        np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("target", ["wasm", "cpu"])

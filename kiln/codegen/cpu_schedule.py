@@ -3,9 +3,10 @@ lane vectorisers (:mod:`kiln.codegen.wasm.simd`, :mod:`kiln.codegen.cpu`)."""
 
 from __future__ import annotations
 
+from kiln.arith.expr import Load, Var, free_vars, transform
 from kiln.arith.symbolic import Dim, at_opt, ceil_div, is_symbolic
 from kiln.te.compute import Tensor
-from kiln.te.schedule import Schedule, Split, reduction_size, tile_axes
+from kiln.te.schedule import Schedule, Split, reduction_size, reductions, reuse_axes, tile_axes
 
 
 def grid_shape(shape: tuple[Dim, ...], schedule: Schedule) -> tuple[Dim, ...]:
@@ -14,6 +15,29 @@ def grid_shape(shape: tuple[Dim, ...], schedule: Schedule) -> tuple[Dim, ...]:
     splits = {s.axis: s.factor for s in schedule.splits if s.factor > 1 and (is_symbolic(shape[s.axis])
                                                                               or shape[s.axis] > 1)}
     return tuple(ceil_div(d, splits[a]) if a in splits else d for a, d in enumerate(shape))
+
+
+def reads_rows_across(t: Tensor, lanes: int) -> bool:
+    """Whether ``t``'s reductions read rows along their axis but not along the output's: float32 sums over one
+    innermost axis of a static multiple of ``lanes`` (four vectors or more), some load inside indexed last by that
+    axis itself, and none indexed last by anything varying along the output's innermost non-1 axis. Lanes over
+    neighbouring tiles would then gather a scalar per lane (a matrix product with its right operand transposed:
+    a tied embedding's output projection, attention scores against a key cache); lanes over the reduction read
+    whole vectors (``simd_reduce``)."""
+    found = reductions(t)
+    if not found or any(r.op != "sum" or r.dtype != "float32" for r in found) or len({r.axes for r in found}) != 1:
+        return False
+    axis = found[0].axes[-1]
+    if is_symbolic(axis.extent) or axis.extent % lanes or axis.extent < 4 * lanes:
+        return False
+    loads: list[Load] = []
+    for r in found:
+        transform(r.body, lambda y: loads.append(y) if isinstance(y, Load) else None)
+    dims = [a for a, d in enumerate(t.shape) if is_symbolic(d) or at_opt(d) > 1]
+    inner = t.axes[dims[-1]] if dims else None
+    along = any(ld.indices and isinstance(ld.indices[-1], Var) and ld.indices[-1].name == axis.name for ld in loads)
+    across = inner is not None and any(ld.indices and inner in free_vars(ld.indices[-1]) for ld in loads)
+    return along and not across
 
 
 def cpu_schedule(t: Tensor, lanes: int = 4) -> Schedule:
@@ -37,6 +61,11 @@ def cpu_schedule(t: Tensor, lanes: int = 4) -> Schedule:
     """
     if reduction_size(t) < 9:
         return Schedule()
+    if reads_rows_across(t, lanes):  # lanes over the reduction; four outputs a tile share their other operand
+        dims = [a for a, d in enumerate(t.shape) if is_symbolic(d) or at_opt(d) > 1]
+        inner = dims[-1] if dims else -1
+        share = inner in reuse_axes(t) and not is_symbolic(t.shape[inner]) and t.shape[inner] % 4 == 0
+        return Schedule(splits=(Split(inner, 4, contiguous=True),) if share else (), simd_reduce=lanes)
     axes = tile_axes(t)
     shape = [at_opt(d) for d in t.shape]
     dims = [a for a, d in enumerate(shape) if d > 1]

@@ -91,6 +91,9 @@ class Vectoriser:
         self.W, self.H = rows  # lanes cross rows of W tiles (in blocks of W*H): the ``d`` kind
         self.vector_accs = vector_accs if vector_accs is not None else set()
         self.promote: set[str] = set()  # accumulators found to need vectors (second pass)
+        self.in_lanes = 0  # inside a lane loop (For.lanes: a simd_reduce schedule's), whose lanes are the vector's
+        self.lane_sums: set[str] = set()  # accumulators summed in a lane loop: added across lanes after their loop
+        self.decl_indent: dict[str, int] = {}
 
     # ---------------------------------------------------------------- conversions
     def vec(self, x: Val) -> str:
@@ -374,6 +377,7 @@ class Vectoriser:
             elif isinstance(s, Decl):
                 x = self.ex(s.value)
                 name = s.var.name
+                self.decl_indent[name] = indent
                 if name in self.vector_accs:
                     out.append(f"{pad}v128_t {name} = {self.vec(x)};")
                     self.env[name] = Val("v", name, s.var.dtype)
@@ -383,6 +387,12 @@ class Vectoriser:
             elif isinstance(s, Assign):
                 x = self.ex(s.value)
                 name = s.var.name
+                if self.in_lanes:  # partial sums, one a lane
+                    v = s.value
+                    if not (isinstance(v, Bin) and v.op == "+" and isinstance(v.a, Var) and v.a.name == name
+                            and s.var.dtype == "float32"):
+                        raise VectorUnsupported("a lane loop assigning other than a float sum")
+                    self.lane_sums.add(name)
                 if self.env[name].kind == "v":
                     out.append(f"{pad}{name} = {self.vec(x)};")
                 elif x.kind != "u":
@@ -390,12 +400,24 @@ class Vectoriser:
                     out.append(f"{pad}/* {name} needs a vector */")
                 else:
                     out.append(f"{pad}{name} = {x.code};")
+            elif isinstance(s, For) and s.lanes:  # its iterations are the lanes: the body once, over vectors
+                if s.lanes != self.lanes or s.extent != self.lanes:
+                    raise VectorUnsupported(f"a lane loop of {s.extent} for {self.lanes} lanes")
+                self.env[s.var.name] = Val("a", "0", "int32", 1, self.lanes)
+                self.in_lanes += 1
+                out.extend(self.stmts(s.body, indent))
+                self.in_lanes -= 1
             elif isinstance(s, For):
                 v = s.var.name
                 out.append(f"{pad}for (int {v} = 0; {v} < {size_text(s.extent)}; {v}++) {{")
                 self.env[v] = Val("u", v, "int32")
                 out.extend(self.stmts(s.body, indent + 1))
                 out.append(f"{pad}}}")
+                # lane sums declared at this level are complete: one scalar each from here on
+                for name in sorted(self.lane_sums):
+                    if self.decl_indent.get(name) == indent and self.env[name].kind == "v":
+                        out.append(f"{pad}const float {name}_h = kiln_f32x4_hsum({name});")
+                        self.env[name] = Val("u", f"{name}_h", "float32")
             elif isinstance(s, If):
                 c = self.ex(s.cond)
                 if c.kind != "v":
@@ -441,14 +463,36 @@ class Vectoriser:
         return lines
 
 
+def _has_lane_loop(stmts) -> bool:
+    """Whether ``stmts`` hold a lane loop (``For.lanes``)."""
+    return any((isinstance(s, For) and (s.lanes or _has_lane_loop(s.body))) or (isinstance(s, If) and _has_lane_loop(s.body))
+               for s in stmts)
+
+
 def vector_body(k: LoweredKernel, grid: tuple[int, ...], lanes: int = LANES) -> VectorBody | None:
     """The body of ``lanes`` tiles at once and the block they must lie in (``None``: no vector path), in the
     SIMD128 vocabulary (:func:`rename` for another instruction set).
+
+    A kernel with a lane loop (a ``simd_reduce`` schedule: :class:`kiln.te.loops.For` ``lanes``) is vectorised
+    within each tile instead: the lane loop's iterations are the lanes, its sums vector accumulators added across
+    the lanes once their loop ends (``kiln_f32x4_hsum``), and everything else scalar; one tile a call.
 
     When the grid's innermost (non-1) extent ``W`` is a multiple of 4, vectors stay within a row
     (lane-affine ``gid``). Otherwise they run through rows of a ``W x H`` block (the two innermost
     axes), with the lanes' coordinates as vectors, so small feature maps (7 x 7) vectorise too.
     """
+    if _has_lane_loop(k.body):  # a simd_reduce schedule: the lanes are a reduction's, one tile a call
+        accs: set[str] = set()
+        for _ in range(8):
+            r = Vectoriser({k.gid.name: Val("u", k.gid.name, "int32")}, accs, (0, 0), lanes)
+            try:
+                lines = r.stmts(k.body, 3)
+            except VectorUnsupported:
+                return None
+            if not r.promote:
+                return VectorBody([line[8:] for line in lines], 1, 1)
+            accs |= r.promote
+        return None
     dims = [d for d in grid if is_symbolic(d) or d > 1]  # a run-time extent counts as more than 1
     if not dims or is_symbolic(dims[-1]):
         return None  # lanes must lie in one row of a known width

@@ -464,6 +464,12 @@ export interface Schedule {
   prefetch?: boolean;
   /** The kernel is a row kernel (row reductions fused with their consumers). */
   rows?: boolean;
+  /**
+   * (C targets) The SIMD lanes the innermost reduction axis is dealt to: each tile's sums accumulate in vectors
+   * (iteration outer * simd_reduce + lane in lane), added across the lanes after the loop; for reductions reading
+   * rows along their axis but not along the output's (informative).
+   */
+  simd_reduce?: number;
 }
 
 /**

@@ -104,11 +104,14 @@ class Assign:
 
 @dataclass
 class For:
-    """``for var in [0, extent)``."""
+    """``for var in [0, extent)``. With ``lanes`` (the C targets' ``simd_reduce`` schedules) the iterations may run
+    at once as the ``lanes`` lanes of one vector (``extent == lanes``; the body only accumulates sums); scalar
+    renderers run it as a loop."""
 
     var: Var
     extent: int
     body: list = field(default_factory=list)
+    lanes: int = 0
 
 
 @dataclass

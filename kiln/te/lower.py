@@ -275,6 +275,24 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             accs[r] = acc
         axes = group[0].axes
         inner = block
+        simd = schedule.simd_reduce
+        if simd and not split and scan is None and axes and not is_symbolic(axes[-1].extent) \
+                and axes[-1].extent % simd == 0 and all(r.op == "sum" and r.dtype == "float32" for r in group):
+            # (C targets) the innermost axis dealt to SIMD lanes: ax = outer * lanes + lane, the lane loop innermost
+            ax = axes[-1]
+            outer_ax, lane_ax = Var(f"{ax.name}o", ax.extent // simd), Var(f"{ax.name}l", simd)
+            for loop_ax in (*axes[:-1], outer_ax):
+                loop = For(loop_ax, loop_ax.extent)
+                inner.append(loop)
+                inner = loop.body
+            lanes_loop = For(lane_ax, simd, lanes=simd)
+            inner.append(lanes_loop)
+            fixed = {ax: outer_ax * simd + lane_ax}
+            updates = [(accs[r], accumulate(r, accs[r], hoist(substitute(r.body, fixed), lanes_loop.body, {})))
+                       for r in group]
+            values = _cse_loads([u for _, u in updates], lanes_loop.body, counter)
+            lanes_loop.body.extend(Assign(acc, v) for (acc, _), v in zip(updates, values))
+            return accs
         if split:
             loop, body = lane_loop(axes[0], lanes, lane, f"{axes[0].name}s")
             inner.append(loop)

@@ -76,6 +76,12 @@ class Schedule:
             elementwise work over the same rows, as a fused LayerNormalization or Softmax); its
             ``reduce_lanes`` (equal to ``workgroup_size``) invocations share the row's reductions and
             then its outputs. A kernel that is not such a row kernel is lowered without it.
+        simd_reduce: (C targets) 0, or the SIMD lanes the innermost reduction axis is dealt to: each tile's sums
+            accumulate in vectors, iteration ``ro * simd_reduce + lane`` in lane ``lane`` (a ``For`` with
+            ``lanes``), added across the lanes after the loop. For reductions that read rows contiguously along
+            their reduction axis but not along the output's innermost axis (a matrix product whose right operand
+            is read transposed: a tied embedding's output projection, attention scores), whose tile lanes would
+            otherwise gather a scalar per lane.
     """
 
     workgroup_size: int = 64
@@ -87,6 +93,7 @@ class Schedule:
     vector_width: int = 1
     prefetch: bool = False
     rows: bool = False
+    simd_reduce: int = 0
 
     def __post_init__(self):
         r = self.reduce_lanes
@@ -120,6 +127,8 @@ class Schedule:
             d["prefetch"] = True
         if self.rows:
             d["rows"] = True
+        if self.simd_reduce:
+            d["simd_reduce"] = self.simd_reduce
         return d
 
     @classmethod
@@ -129,7 +138,7 @@ class Schedule:
                    splits=tuple(Split(**s) for s in d.get("splits", ())), unroll=int(d.get("unroll", 1)),
                    reduce_lanes=int(d.get("reduce_lanes", 1)), shared_k=int(d.get("shared_k", 0)),
                    vector_width=int(d.get("vector_width", 1)), prefetch=bool(d.get("prefetch", False)),
-                   rows=bool(d.get("rows", False)))
+                   rows=bool(d.get("rows", False)), simd_reduce=int(d.get("simd_reduce", 0)))
 
 
 def reuse_axes(t: Tensor) -> dict[int, frozenset[int]]:

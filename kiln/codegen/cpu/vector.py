@@ -144,6 +144,11 @@ static inline kv_t kiln_load_s2(const void* p) {  // elements 0, 2, 4, ... of tw
 #define KILN_MAP_I(fn, v) ({ kv_t m_ = (v); for (int k_ = 0; k_ < KILN_LANES; k_++) m_[k_] = fn(m_[k_]); m_; })
 #define KILN_MAP_I2(fn, a, b) ({ kv_t m_ = (a), n_ = (b); \
     for (int k_ = 0; k_ < KILN_LANES; k_++) m_[k_] = fn(m_[k_], n_[k_]); m_; })
+static inline float kv_f32_hsum(kv_t v) {  // the sum of the lanes (simd_reduce accumulators)
+    kv_f f = (kv_f)v; float s = 0.0f;
+    for (int k = 0; k < KILN_LANES; k++) s += f[k];
+    return s;
+}
 #define KILN_GATHER(buf, idx) ({ kv_t i_ = (idx), g_; \
     for (int k_ = 0; k_ < KILN_LANES; k_++) __builtin_memcpy((int*)&g_ + k_, (const int*)(buf) + i_[k_], 4); g_; })
 """.replace("@LANES@", str(LANES)).replace("@SPLAT@", ", ".join(["x"] * LANES)).replace("@IOTA@", ", ".join(map(str, range(LANES)))).replace(

@@ -80,6 +80,11 @@ static inline v128_t kiln_f32x4_half_lo(v128_t x) {
     f = wasm_v128_bitselect(wasm_v128_or(em, wasm_i32x4_splat(0x7f800000)), f, special);
     return wasm_v128_or(f, wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x8000)), 16));
 }
+// the sum of the lanes (simd_reduce accumulators): lanes 0+2 and 1+3, then the two
+static inline float kiln_f32x4_hsum(v128_t v) {
+    v128_t s = wasm_f32x4_add(v, wasm_i32x4_shuffle(v, v, 2, 3, 0, 1));
+    return wasm_f32x4_extract_lane(s, 0) + wasm_f32x4_extract_lane(s, 1);
+}
 static inline v128_t kiln_iota(int base, int stride) {
     return wasm_i32x4_make(base, base + stride, base + 2 * stride, base + 3 * stride);
 }
