@@ -19,7 +19,6 @@ import math
 import os
 import threading
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
@@ -48,25 +47,36 @@ TICK_S = 0.25
 #: interrupted and the run ends in a KilnError
 DEFAULT_RUN_TIMEOUT_S = 600.0
 _NEVER = 2**62  #: an epoch deadline never reached
-_engines: weakref.WeakSet = weakref.WeakSet()
-_ticker: threading.Thread | None = None
-_ticker_lock = threading.Lock()
+_engines: dict[bool, Any] = {}  #: threads? -> the process's engine of that configuration (never freed)
+_engines_lock = threading.Lock()
 
 
-def _tick_epochs(engine) -> None:
-    """Keep ``engine``'s epoch advancing every :data:`TICK_S` (one daemon thread for every session's engine)."""
-    global _ticker
-    with _ticker_lock:
-        _engines.add(engine)
-        if _ticker is None:
-            def tick() -> None:
-                while True:
-                    time.sleep(TICK_S)
-                    for e in list(_engines):
-                        e.increment_epoch()
+def _engine(threads: bool):
+    """The process's wasmtime Engine for single-threaded (``threads`` False) or threaded modules: SIMD, epoch
+    interruption, Cranelift at ``speed``. Engines are thread-safe and meant to be shared; each of the two lives as
+    long as the process, and one daemon thread advances their epochs every :data:`TICK_S`. (An engine per session,
+    ticked through a weak set, could be ticked while the garbage collector was freeing it: a segmentation fault.)"""
+    import wasmtime
 
-            _ticker = threading.Thread(target=tick, name="kiln-wasm-epoch", daemon=True)
-            _ticker.start()
+    with _engines_lock:
+        if threads not in _engines:
+            config = wasmtime.Config()
+            config.wasm_simd = True
+            config.wasm_threads = threads
+            config.shared_memory = threads
+            config.cranelift_opt_level = "speed"
+            config.epoch_interruption = True  # (the run's time limit)
+            first = not _engines
+            _engines[threads] = wasmtime.Engine(config)
+            if first:
+                def tick() -> None:
+                    while True:
+                        time.sleep(TICK_S)
+                        for e in list(_engines.values()):
+                            e.increment_epoch()
+
+                threading.Thread(target=tick, name="kiln-wasm-epoch", daemon=True).start()
+        return _engines[threads]
 
 
 def _function(exports, name: str):
@@ -115,14 +125,7 @@ class WasmSession(ArenaSession):
             raise PackageError(f"{self.path}: the package's wasm target has no threaded module")
         entry = tgt["threads"] if self.threads > 1 else tgt
         module_path = self._check_file(entry["module"], entry["sha256"], "wasm module", verify)
-        config = wasmtime.Config()
-        config.wasm_simd = True
-        config.wasm_threads = self.threads > 1
-        config.shared_memory = self.threads > 1
-        config.cranelift_opt_level = "speed"
-        config.epoch_interruption = True  # (the run's time limit)
-        self.engine = wasmtime.Engine(config)
-        _tick_epochs(self.engine)
+        self.engine = _engine(self.threads > 1)
         layout = tgt["memory"]
         try:
             module = wasmtime.Module(self.engine, module_path.read_bytes())
