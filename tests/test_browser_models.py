@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from browser import CHROMIUM, close_shared_runner
-from conftest import MOBILENET, PPOCR_CASES, SHARED_MODELS
+from conftest import MOBILENET, PPOCR_CASES, SEED, SHARED_MODELS
 from opcheck import TOLERANCE, run_in_browser
 
 pytestmark = [
@@ -31,10 +31,10 @@ def _close_browser():
     close_shared_runner()
 
 
-def _run(path, feeds, dims=None):
+def _run(path, feeds, dims=None, targets=TARGETS):
     """Each target's outputs (in the model's output order) and onnxruntime's."""
     model = onnx.load(str(path))
-    got = run_in_browser(model, feeds, TARGETS, name=path.stem, dims=dims)
+    got = run_in_browser(model, feeds, targets, name=path.stem, dims=dims)
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
     return {t: [outs[o.name] for o in model.graph.output] for t, outs in got.items()}, expected
 
@@ -58,8 +58,11 @@ def test_minilm():
 
 @pytest.mark.parametrize("name,shape,dims", PPOCR_CASES)
 def test_ppocr(rng, name, shape, dims):
+    """Every PP-OCR model on wasm; on WebGL2 (SwiftShader: the slowest) one of them a session, sampled by the session
+    seed (KILN_TEST_SEED replays it)."""
     x = rng.uniform(-1, 1, size=shape).astype(np.float32)
-    got, expected = _run(SHARED_MODELS / f"{name}.onnx", {"x": x}, dims)
+    sampled = [case[0] for case in PPOCR_CASES].index(name) == SEED % len(PPOCR_CASES)
+    got, expected = _run(SHARED_MODELS / f"{name}.onnx", {"x": x}, dims, TARGETS if sampled else ("browser:wasm",))
     for target, outs in got.items():
         for g, e in zip(outs, expected):
             np.testing.assert_allclose(g, e, atol=1e-4 * TOLERANCE[target], rtol=0, err_msg=target)

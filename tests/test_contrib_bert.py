@@ -140,8 +140,8 @@ def test_attention_refuses_a_past_cache(rng):
 def test_minilm_fused_by_onnxruntime_optimizer(rng, tmp_path):
     """MiniLM (all-MiniLM-L6-v2's architecture, random weights, exported from PyTorch here) after
     ``onnxruntime.transformers.optimizer.optimize_model`` (model_type bert): its Attention (key lengths from the
-    attention mask), SkipLayerNormalization and BiasGelu nodes run on webgpu and wasm, NaN-poisoned, within 1e-4 of
-    onnxruntime running the same optimised file, on a batch with a padded sentence; then, quantized by
+    attention mask), SkipLayerNormalization and BiasGelu nodes run on webgpu and wasm, NaN-poisoned, and in Chromium on wasm, within
+    1e-4 of onnxruntime running the same optimised file, on a batch with a padded sentence; then, quantized by
     ``quantize_dynamic`` (QAttention, MatMulInteger), within the bounds of tests/test_quant_models.py."""
     import sys
     from collections import Counter
@@ -173,7 +173,9 @@ def test_minilm_fused_by_onnxruntime_optimizer(rng, tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=target)
     from opcheck import run_in_browser
 
-    browser = run_in_browser(optimized.model, feeds, ("browser:webgpu", "browser:wasm"), name="minilm_opt",
+    # (kiln.js on wasm; on WebGPU it would run the WGSL checked natively above through the backend every browser
+    # model test exercises: dropped to keep the suite's time)
+    browser = run_in_browser(optimized.model, feeds, ("browser:wasm",), name="minilm_opt",
                              dims={"batch": batch, "seq": seq})
     for target, outs in browser.items():
         np.testing.assert_allclose(outs["last_hidden_state"], want, rtol=1e-4, atol=1e-4, err_msg=target)

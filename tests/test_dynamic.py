@@ -406,7 +406,7 @@ def test_fp16_run_time_dims(models, tmp_path, rng):
 
 def test_ppocr_det_one_package(tmp_path_factory):
     """PP-OCRv4's DBNet detector (Resize x2 nearest, ConvTranspose, stride-2 convolutions) from ONE package with
-    run-time height and width, multiples of 32 as the model needs (``--dim H=32..256@128%32``), at three sizes
+    run-time height and width, multiples of 32 as the model needs (``--dim H=32..256@128%32``), at two sizes
     against onnxruntime within the static PP-OCR test's tolerance (tests/test_models.py); a size that is not a
     multiple of 32 is refused."""
     model = SHARED_MODELS / "ch_PP-OCRv4_det_infer.onnx"
@@ -419,7 +419,7 @@ def test_ppocr_det_one_package(tmp_path_factory):
     session = kiln.load(pkg, poison=True)
     ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(3)
-    for shape in [(1, 3, 64, 96), (1, 3, 256, 160), (1, 3, 96, 256)]:
+    for shape in [(1, 3, 64, 96), (1, 3, 96, 256)]:  # (a third, 256 x 160, trimmed for the suite's time)
         x = rng.uniform(-1, 1, size=shape).astype(np.float32)
         (got,) = session.run({"x": x}).values()
         (want,) = ref.run(None, {"x": x})
