@@ -377,6 +377,8 @@ class Vectoriser:
             elif isinstance(s, Decl):
                 x = self.ex(s.value)
                 name = s.var.name
+                if self.in_lanes:  # (a reduction nested in the lane loop: its sums are per lane, not across)
+                    raise VectorUnsupported("a reduction inside a lane loop")
                 self.decl_indent[name] = indent
                 if name in self.vector_accs:
                     out.append(f"{pad}v128_t {name} = {self.vec(x)};")
