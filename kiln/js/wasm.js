@@ -183,12 +183,43 @@ function ask(worker, message, {transfer = [], limitMs, onTimeout, pending}) {
 }
 
 /**
- * Why runs stop after a time limit ran out.
- * @param {number} limitMs @returns {string}
+ * The answers a backend awaits from its workers, within its time limit: past it, `stop()` (which terminates the
+ * workers) runs and the backend refuses every later call with the reason.
  */
-function timeLimitText(limitMs) {
-  return `the wasm module ran longer than its time limit of ${limitMs / 1000} s and was stopped ` +
-    '(load the package again to run it; raise load\'s timeoutMs if it is that slow)';
+class WorkerCalls {
+  /** @param {number | null} limitMs @param {() => void} stop */
+  constructor(limitMs, stop) {
+    /** the time limit of each answer, in ms (null: none) */
+    this.limitMs = limitMs;
+    /** @private */ this.stop = stop;
+    /** why the backend cannot run any more (its workers were stopped), or null */
+    this.stopped = /** @type {string | null} */ (null);
+    /** @private the answers awaited (ask) @type {Set<(error: Error) => void>} */
+    this.pending = new Set();
+  }
+
+  /**
+   * Post `message` to `worker` and wait for its answer (module ask), unless the backend was stopped.
+   * @param {Worker} worker @param {any} message @param {Transferable[]} [transfer] @returns {Promise<any>}
+   */
+  ask(worker, message, transfer = []) {
+    if (this.stopped) return Promise.reject(new DeviceError(this.stopped));
+    return ask(worker, message, {
+      transfer, limitMs: this.limitMs, pending: this.pending,
+      onTimeout: () => {
+        this.stopped ??= `the wasm module ran longer than its time limit of ${this.limitMs / 1000} s and was ` +
+          'stopped (load the package again to run it; raise load\'s timeoutMs if it is that slow)';
+        this.stop();
+        return new DeviceError(this.stopped);
+      },
+    });
+  }
+
+  /** The backend was disposed: later calls are refused, and the answers awaited are rejected at once. */
+  end() {
+    this.stopped ??= 'the session was destroyed';
+    for (const settle of [...this.pending]) settle(new DeviceError(this.stopped));
+  }
 }
 
 /** A package in WebAssembly linear memory. Create it with {@link create}. */
@@ -243,12 +274,8 @@ export class WasmBackend {
     this.exports = /** @type {WebAssembly.Exports | null} */ (null);
     /** @private whether the workers have the current buffer addresses */
     this.ptrsSent = true;
-    /** @private the workers' time limit per compute, in ms (null: none) */
-    this.limitMs = limitMs;
-    /** @private why the backend cannot run any more (its workers were stopped), or null */
-    this.stopped = /** @type {string | null} */ (null);
-    /** @private the answers awaited from the workers (ask) @type {Set<(error: Error) => void>} */
-    this.pending = new Set();
+    /** @private the answers awaited from the workers, within the time limit of each compute */
+    this.answers = new WorkerCalls(limitMs, () => this.dispose());
   }
 
   /**
@@ -287,7 +314,7 @@ export class WasmBackend {
       const ready = await Promise.all(Array.from({length: threads}, (_, index) => {
         const worker = new Worker(new URL('./wasm-worker.js', import.meta.url), {type: 'module', name: `kiln-wasm-${index}`});
         backend.workers.push(worker);
-        return backend.ask(worker, {type: 'init', module, memory, control, index, workers: threads, steps});
+        return backend.answers.ask(worker, {type: 'init', module, memory, control, index, workers: threads, steps});
       }));
       if (manifest.dynamic_dims?.length) {
         if (!ready[0].dims) throw new Error('the threaded module has no kiln_dims export (run-time dims)');
@@ -387,22 +414,6 @@ export class WasmBackend {
   }
 
   /**
-   * Post `message` to a worker thread and wait for its answer, within the time limit (which stops every worker).
-   * @param {Worker} worker @param {any} message @returns {Promise<any>} @private
-   */
-  ask(worker, message) {
-    if (this.stopped) return Promise.reject(new DeviceError(this.stopped));
-    return ask(worker, message, {limitMs: this.limitMs, onTimeout: () => this.timedOut(), pending: this.pending});
-  }
-
-  /** Stop the workers: a compute outlived the time limit. @returns {DeviceError} @private */
-  timedOut() {
-    this.stopped ??= timeLimitText(/** @type {number} */ (this.limitMs));
-    this.dispose();
-    return new DeviceError(this.stopped);
-  }
-
-  /**
    * Write weights into their buffers (create(), as readWeights reads each file).
    * @param {{buffer: {id: number}, bytes: ArrayBuffer, offset: number, length: number}[]} weights
    */
@@ -445,7 +456,7 @@ export class WasmBackend {
    * @param {number} [first] @param {number} [last] @private
    */
   async compute(first = 0, last = this.spec.plan.length) {
-    if (this.stopped) throw new DeviceError(this.stopped);
+    if (this.answers.stopped) throw new DeviceError(this.answers.stopped);
     if (!this.workers.length) {
       for (let i = first; i < last; i++) this.calls[i]();
       return;
@@ -454,7 +465,8 @@ export class WasmBackend {
     const tiles = this.tilesSent ? null : this.tiles;
     const kernels = this.tilesSent ? null : this.kernels.map((k) => this.spec.kernels[k].export);
     const ptrs = this.ptrsSent ? null : this.spec.plan.map((s) => s.buffers.map((b) => this.offsets[b]));
-    await Promise.all(this.workers.map((worker) => this.ask(worker, {type: 'run', tiles, kernels, ptrs, first, last})));
+    const message = {type: 'run', tiles, kernels, ptrs, first, last};
+    await Promise.all(this.workers.map((worker) => this.answers.ask(worker, message)));
     this.tilesSent = true;
     this.ptrsSent = true;
   }
@@ -541,8 +553,7 @@ export class WasmBackend {
     for (const worker of this.workers) worker.terminate();
     this.workers = [];
     this.calls = [];
-    this.stopped ??= 'the session was destroyed';
-    for (const settle of [...this.pending]) settle(new DeviceError(this.stopped));
+    this.answers.end();
   }
 }
 
@@ -566,12 +577,8 @@ export class WorkerBackend {
     /** whether runs fill activation and output buffers with NaN first (set by create(); the worker was told) */
     this.poison = false;
     /** @private */ this.worker = worker;
-    /** @private the time limit of each request, in ms (null: none) */
-    this.limitMs = limitMs;
-    /** @private why the backend cannot run any more, or null */
-    this.stopped = /** @type {string | null} */ (null);
-    /** @private the answer awaited from the worker (ask) @type {Set<(error: Error) => void>} */
-    this.pending = new Set();
+    /** @private the answer awaited from the worker, within the time limit of each request */
+    this.answers = new WorkerCalls(limitMs, () => this.dispose());
   }
 
   /**
@@ -602,16 +609,7 @@ export class WorkerBackend {
    * @param {any} message @param {Transferable[]} [transfer] @returns {Promise<any>} @private
    */
   async request(message, transfer = []) {
-    if (this.stopped) throw new DeviceError(this.stopped);
-    const answer = await ask(this.worker, message, {
-      transfer, limitMs: this.limitMs, pending: this.pending,
-      onTimeout: () => {
-        this.stopped ??= timeLimitText(/** @type {number} */ (this.limitMs));
-        this.dispose();
-        return new DeviceError(this.stopped);
-      },
-    });
-    return answer.value;
+    return (await this.answers.ask(this.worker, message, transfer)).value;
   }
 
   /**
@@ -672,7 +670,6 @@ export class WorkerBackend {
   /** Stop the worker, dropping the memory. */
   dispose() {
     this.worker.terminate();
-    this.stopped ??= 'the session was destroyed';
-    for (const settle of [...this.pending]) settle(new DeviceError(this.stopped));
+    this.answers.end();
   }
 }
