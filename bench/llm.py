@@ -54,6 +54,7 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
     ``sampled`` also decode steps that sample (:func:`sampled_decode`)."""
     import kiln
     from kiln.compiler import compile_model
+    from kiln.runtime.dynamic import StepSizes
 
     max_context = max(prompts + contexts) + 8
     out = Path(tempfile.mkdtemp(prefix="kiln-llm-")) / "pkg"
@@ -65,7 +66,12 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
     load_s = time.perf_counter() - t0
     gen = session.manifest["generation"]
     rng = np.random.default_rng(0)
-    rec = {"precision": precision, "dispatches": len(session.manifest["targets"]["webgpu"]["plan"]),
+    plan = session.manifest["targets"]["webgpu"]["plan"]
+    sizes = StepSizes(plan, "groups")
+    rec = {"precision": precision, "plan_steps": len(plan),
+           # a decode step runs the steps with workgroups at its dims (attention's alternatives: one or the other)
+           "dispatches": {str(c): sum(1 for d in sizes.dispatches({"sequence": 1, "past_sequence": c - 1})[1] if d[0])
+                          for c in contexts},
            "compile_s": compile_s, "load_s": load_s, "weight_bytes": session.manifest["memory"]["weight_bytes"],
            "device_bytes": sum(b["bytes"] for b in session.manifest["buffers"]),
            "adapter": session.adapter_info(), "prefill": {}, "decode": {}}
@@ -340,7 +346,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name in ("kiln", "kiln_fp16"):
         if name in record:
             k = record[name]
-            Console().print(f"{name}: {k['dispatches']} dispatches a step, compile {k['compile_s']:.1f} s, load "
+            Console().print(f"{name}: {k['dispatches']} dispatches a decode step (by context), compile {k['compile_s']:.1f} s, load "
                             f"{k['load_s']:.2f} s, weights {k['weight_bytes'] / 1e6:.1f} MB, device buffers "
                             f"{k['device_bytes'] / 1e6:.1f} MB")
     path = write_record(record, a.out, "llm")

@@ -80,3 +80,133 @@ def test_row_kernel_in_the_browser(tmp_path, rng):
         close_shared_runner()  # its Playwright must not overlap the browser fixture's in later modules
     want = ort.InferenceSession(str(tmp_path / "ln.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def _gqa(s, past, attrs: dict, rotary: bool = False, heads: int = 4, kv: int = 2, hd: int = 16):
+    """A GroupQueryAttention (com.microsoft) node; ``s``/``past`` are sizes or dim names."""
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("q", f, [1, s, heads * hd]), helper.make_tensor_value_info("k", f, [1, s, kv * hd]),
+           helper.make_tensor_value_info("v", f, [1, s, kv * hd]),
+           helper.make_tensor_value_info("past_key", f, [1, kv, past, hd]),
+           helper.make_tensor_value_info("past_value", f, [1, kv, past, hd]),
+           helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+           helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    names = ["q", "k", "v", "past_key", "past_value", "seqlens_k", "total_sequence_length"]
+    inits = []
+    if rotary:
+        ang = np.arange(1024)[:, None] * 10000.0 ** (-np.arange(0, hd, 2) / hd)[None]
+        inits = [helper.make_tensor(n, f, list(ang.shape), fn(ang).astype(np.float32).ravel())
+                 for n, fn in (("cos", np.cos), ("sin", np.sin))]
+        names += ["cos", "sin"]
+    node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"], domain="com.microsoft",
+                            num_heads=heads, kv_num_heads=kv, do_rotary=int(rotary), **attrs)
+    graph = helper.make_graph([node], "gqa", ins, [helper.make_tensor_value_info(n, f, None)
+                                                   for n in ("out", "present_key", "present_value")], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return model
+
+
+def _gqa_feeds(rng, s, past, heads=4, kv=2, hd=16):
+    return {"q": rng.standard_normal((1, s, heads * hd)).astype(np.float32),
+            "k": rng.standard_normal((1, s, kv * hd)).astype(np.float32),
+            "v": rng.standard_normal((1, s, kv * hd)).astype(np.float32),
+            "past_key": rng.standard_normal((1, kv, past, hd)).astype(np.float32),
+            "past_value": rng.standard_normal((1, kv, past, hd)).astype(np.float32),
+            "seqlens_k": np.array([past + s - 1], np.int32), "total_sequence_length": np.array(past + s, np.int32)}
+
+
+@pytest.mark.parametrize("s,past,attrs,rotary", [
+    (1, 7, {}, True),                                       # a decode step, RoPE applied to the query in the kernel
+    (1, 40, {"local_window_size": 3, "softcap": 5.0}, False),  # sliding window, soft cap
+    (2, 3, {"smooth_softmax": 1, "scale": 0.3}, False),      # two query rows a head, the sink's extra logit
+])
+def test_attention_is_one_row_kernel(tmp_path, rng, s, past, attrs, rotary):
+    """Attention over static shapes with few query rows (kiln.passes.fusion.fuse_attention): QK^T, the mask, the
+    softmax and P V in one row kernel (the scores staged in workgroup memory, kiln.te.rows), against onnxruntime with
+    NaN-poisoned buffers."""
+    import onnxruntime as ort
+
+    import kiln
+    from kiln.package.writer import write_package
+
+    model = _gqa(s, past, attrs, rotary)
+    feeds = _gqa_feeds(rng, s, past)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    compiled = compile_graph(import_model(model), "webgpu", device_class="gpu")
+    fused = [k for k in compiled.kernels if k.ops.count("MatMul") == 2]
+    assert len(fused) == 1 and fused[0].schedule.get("rows") and "ReduceMax" in fused[0].ops, \
+        [k.ops for k in compiled.kernels]
+    got = kiln.load(write_package(compiled, tmp_path / "pkg"), poison=True).run(feeds)
+    for name, w in zip(("out", "present_key", "present_value"), want):
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_attention_alternative_runs_where_it_is_faster(tmp_path, rng):
+    """Over run-time dims the one-kernel attention is the plan's alternative to the three kernels it fuses
+    (kiln.codegen.webgpu.build.alternative_range): it runs for one query token and at most MAX_FUSED_KEYS keys, the
+    three everywhere else, each step of the other set with no workgroups. Decode steps on both sides of the key bound
+    and a prefill, against onnxruntime, natively with poisoned buffers."""
+    import onnxruntime as ort
+
+    import kiln
+    from kiln.codegen.webgpu.build import MAX_FUSED_KEYS
+    from kiln.package.writer import write_package
+    from kiln.runtime.dynamic import StepSizes
+
+    model = _gqa("S", "P", {}, rotary=True)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    compiled = compile_graph(import_model(model, dims={"S": (1, 8), "P": (0, 512)}), "webgpu")
+    session = kiln.load(write_package(compiled, tmp_path / "pkg"), poison=True)
+    plan = session.manifest["targets"]["webgpu"]["plan"]
+    sizes = StepSizes(plan, "groups")
+
+    def running(s, past):
+        _, counts = sizes.dispatches({"S": s, "P": past})
+        return [session.manifest["targets"]["webgpu"]["kernels"][st["kernel"]]["ops"] for st, c in zip(plan, counts)
+                if c[0]]
+
+    def attention_kernels(s, past):
+        return [ops for ops in running(s, past) if "ReduceMax" in ops or "MatMul" in ops]
+
+    assert [ops.count("MatMul") for ops in attention_kernels(1, 7)] == [2]  # the one kernel
+    assert sorted(ops.count("MatMul") for ops in attention_kernels(1, MAX_FUSED_KEYS)) == [0, 1, 1]  # 385 keys: three
+    assert sorted(ops.count("MatMul") for ops in attention_kernels(5, 7)) == [0, 1, 1]  # a prefill: three
+    for s, past in ((1, 7), (1, MAX_FUSED_KEYS - 1), (1, MAX_FUSED_KEYS + 20), (5, 7), (1, 0)):
+        feeds = _gqa_feeds(rng, s, past)
+        got = session.run(feeds)
+        for name, w in zip(("out", "present_key", "present_value"), ref.run(None, feeds)):
+            np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5, err_msg=f"{name} at S={s}, P={past}")
+
+
+def test_attention_kernels_in_the_browser(tmp_path, rng):
+    """The one-kernel attention through Chromium's shader compiler (Tint's uniformity analysis around its barriers) and
+    kiln.js: over static shapes, and over run-time dims as the plan's alternative (kiln.js skips the steps whose
+    workgroups are zero at the run's dims), a decode step on each side of the key bound and a prefill, against
+    onnxruntime."""
+    import onnxruntime as ort
+    from browser import close_shared_runner, shared_runner
+
+    from kiln.codegen.webgpu.build import MAX_FUSED_KEYS
+    from kiln.package.writer import write_package
+
+    runner = shared_runner()
+    cases = []
+    try:
+        static = _gqa(1, 9, {"softcap": 4.0}, rotary=True)
+        pkg = write_package(compile_graph(import_model(static), "webgpu"), runner.package_dir("gqa_static"))
+        cases.append((static, pkg, 1, 9))
+        dynamic = _gqa("S", "P", {}, rotary=True)
+        pkg = write_package(compile_graph(import_model(dynamic, dims={"S": (1, 8), "P": (0, 512)}), "webgpu"),
+                            runner.package_dir("gqa_dynamic"))
+        cases += [(dynamic, pkg, s, past) for s, past in ((1, 11), (1, MAX_FUSED_KEYS + 5), (4, 3))]
+        for model, pkg, s, past in cases:
+            feeds = _gqa_feeds(rng, s, past)
+            got = runner.run(pkg, feeds, "webgpu")
+            want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+            for name, w in zip(("out", "present_key", "present_value"), want):
+                np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5, err_msg=f"{name} at S={s}, P={past}")
+    finally:
+        close_shared_runner()

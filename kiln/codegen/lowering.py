@@ -38,19 +38,19 @@ def steps_for(groups: list[Group], outputs: list[Any]) -> list[int]:
     Running a subset of the steps in order is safe with the shared activation buffers: every value is
     still written before it is read and not overwritten in between (dropping steps drops only writes).
     """
-    producer: dict[int, Group] = {}
+    producer: dict[int, list[Group]] = {}  # (an alternative group computes a value another group computes too)
     for g in groups:
         for n in g.nodes:
             for o in n.outputs:
-                producer[id(o)] = g
+                producer.setdefault(id(o), []).append(g)
     needed: set[int] = set()
-    todo = [producer[id(v)] for v in outputs if id(v) in producer]
+    todo = [g for v in outputs for g in producer.get(id(v), [])]
     while todo:
         g = todo.pop()
         if id(g) in needed:
             continue
         needed.add(id(g))
-        todo += [producer[id(v)] for n in g.nodes for v in n.inputs if id(v) in producer]
+        todo += [p for n in g.nodes for v in n.inputs for p in producer.get(id(v), [])]
     return [i for i, g in enumerate(kernel_groups(groups)) if id(g) in needed]
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kiln.arith import symbolic
 from kiln.ir import ops
 from kiln.ir.graph import Graph, Node, Value
 
@@ -66,12 +67,17 @@ class Group:
         alias: True for a view (reshape) that needs no kernel.
         rows: True for a row group (:func:`fuse_rows`): row reductions and the elementwise work over the
             same rows, lowered as a row kernel (:mod:`kiln.te.rows`).
+        alternative_to: the groups this one computes the same output as (:func:`fuse_attention` over run-time
+            dims, :func:`fuse_norm_prologues`): the plan keeps both, and each runs in its own part of the dims' range
+            (``alternative_box``, ``(dim, lo, hi)`` each, where fusion knows it; else the target decides).
     """
 
     nodes: list[Node]
     inputs: list[Value] = field(default_factory=list)
     alias: bool = False
     rows: bool = False
+    alternative_to: tuple = ()
+    alternative_box: list | None = None
 
     @property
     def output(self) -> Value:
@@ -136,7 +142,10 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
     groups.sort(key=lambda g: g[0])
     fused = inline_elementwise(graph, inline_index(graph, [g for _, g in groups], max_inputs, prologues), max_inputs,
                                prologues)
-    return fuse_rows(graph, fused, rows, max_inputs) if rows is not None else fused
+    if rows is None:
+        return fused
+    fused = fuse_attention(graph, fuse_rows(graph, fused, rows, max_inputs), rows, max_inputs)
+    return fuse_norm_prologues(graph, fused, max_inputs)
 
 
 def _buffers(values: list[Value]) -> int:
@@ -154,7 +163,8 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7, p
     decoder's SwiGLU product then feeds the down projection, and RMSNorm's scaling the projections after it,
     from registers); and every consumer group stays within ``max_inputs``
     buffers and :data:`MAX_INLINED_NODES` nodes. Otherwise it stays a kernel of its own. Repeats until nothing
-    changes, so chains of such groups collapse into their consumers.
+    changes, so chains of such groups collapse into their consumers. With ``prologues`` the group may also hold
+    generators (``Iota``) that :func:`inline_index` put there.
     """
     uses = graph.consumers()
     outputs = {id(v) for v in graph.outputs}
@@ -167,7 +177,8 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7, p
                 group_of.setdefault(id(n), []).append(g)
         for p in groups:
             if p.alias or p.rows or id(p.output) in outputs or \
-                    any(ops.kind(n.op) not in FUSIBLE and not _moves_only(n) for n in p.nodes) or \
+                    any(ops.kind(n.op) not in FUSIBLE and not _moves_only(n) and
+                        not (prologues and ops.kind(n.op) == "generator") for n in p.nodes) or \
                     not any(ops.kind(n.op) in FUSIBLE for n in p.nodes):
                 continue
             readers = uses.get(id(p.output), [])
@@ -223,6 +234,14 @@ def _reads_once(t: Group, p: Group, prologues: bool) -> bool:
     return True
 
 
+def _generated(p: Group) -> bool:
+    """Whether group ``p`` computes its output from indices and run-time dims alone (generators such as ``Iota`` and
+    ``SymConst``, and integer elementwise nodes over them; no buffer read, no transcendental function)."""
+    return _buffers(p.inputs) == 0 and all(ops.kind(n.op) in ("generator", *FUSIBLE) or n.op in INDEX_ONLY
+                                           for n in p.nodes) and \
+        any(ops.kind(n.op) == "generator" for n in p.nodes) and not any(n.op in TRANSCENDENTAL for n in p.nodes)
+
+
 def _reads_own_output(t: Group, p: Group) -> bool:
     """Whether inlining ``p`` into ``t`` would make ``t`` read the buffer it writes: an in-place TensorScatter whose
     update is computed from its own cache (a run counter's ``counter + 1``). One dispatch may not bind a buffer both
@@ -260,6 +279,10 @@ def inline_index(graph: Graph, groups: list[Group], max_inputs: int = 7, reshape
     into a matmul or convolution: its index arithmetic (a division by a run-time dim, per operand load) costs a
     CPU's inner loop more than the copy it saves (SmolLM2's prefill on wasm: 4.2 s against 3.1 s); a GPU's loads
     wait on memory either way.
+
+    With ``reshapes`` (GPUs), groups computed from indices alone (:func:`_generated`: a decoder's mask positions from
+    ``Iota`` and the run-time dims) are inlined the same way: a few integer operations redone where they are read
+    cost less than a buffer written and read back, and leave the attention kernel a buffer binding to spare.
     """
     uses = graph.consumers()
     outputs = {id(v) for v in graph.outputs}
@@ -271,7 +294,8 @@ def inline_index(graph: Graph, groups: list[Group], max_inputs: int = 7, reshape
             for n in g.nodes:
                 group_of.setdefault(id(n), []).append(g)
         for p in groups:
-            if p.alias or p.rows or any(n.op not in INDEX_ONLY for n in p.nodes) or id(p.output) in outputs:
+            if p.alias or p.rows or id(p.output) in outputs or \
+                    any(n.op not in INDEX_ONLY for n in p.nodes) and not (reshapes and _generated(p)):
                 continue
             plan = _index_readers(p, uses, group_of, outputs)
             if plan is None:
@@ -375,4 +399,91 @@ def fuse_rows(graph: Graph, groups: list[Group], supported: Callable[[Group], bo
                 break
             if changed:
                 break
+    return groups
+
+
+def fuse_attention(graph: Graph, groups: list[Group], supported: Callable[[Group], bool],
+                   max_inputs: int = 7) -> list[Group]:
+    """Fuse attention's three kernels into one row kernel: a row group (the softmax, from :func:`fuse_rows`) read only
+    by the first operand of the ``MatMul`` of group ``c`` (``P V``), whose input is the output of a group ``q`` ending in
+    a ``MatMul`` (the scores ``Q K^T``, masked and scaled) that only the row group reads. The merged group is kept when
+    it stays within ``max_inputs`` buffers and :data:`MAX_ROW_NODES` nodes and ``supported(merged)`` (its lowering is a
+    row kernel whose scores are a stage and whose output a column reduction: :mod:`kiln.te.rows`; few query rows, as a
+    decode step has). Over static shapes the merged group replaces the three. Over run-time dims it is added after
+    them as their *alternative* (``alternative_to``): one workgroup a query row wins where rows and keys are few (a
+    decode step early in a conversation) and loses where they are many (a prefill, a long context), so the target's
+    plan runs the one kernel there and the three elsewhere (:mod:`kiln.codegen.webgpu.build`)."""
+    uses = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    producer = {id(g.output): g for g in groups if not g.alias}
+    for p in [g for g in groups if g.rows]:
+        readers = uses.get(id(p.output), [])
+        if id(p.output) in outputs or len(readers) != 1 or readers[0].op != "MatMul" or readers[0].inputs[0] is not \
+                p.output:
+            continue
+        c = next((g for g in groups if readers[0] in g.nodes and not g.alias), None)
+        scores = [producer.get(id(v)) for v in p.inputs]
+        q = next((g for g in scores if g is not None and any(n.op == "MatMul" for n in g.nodes)), None)
+        if c is None or q is None or any(ops.kind(n.op) in CONTRACTIONS for n in c.nodes if n is not readers[0]) or \
+                id(q.output) in outputs or any(r not in p.nodes for r in uses.get(id(q.output), [])):
+            continue
+        nodes = sorted({id(n): n for n in [*q.nodes, *p.nodes, *c.nodes]}.values(), key=lambda n: position[id(n)])
+        inside = {id(n.outputs[0]) for n in nodes}
+        inputs = list(dict.fromkeys(v for g in (q, p, c) for v in g.inputs if id(v) not in inside))
+        if _buffers(inputs) > max_inputs or len(nodes) > MAX_ROW_NODES:
+            continue
+        merged = Group(nodes, inputs, rows=True)
+        if not supported(merged):
+            continue
+        if symbolic.symbols([merged.output.shape, *(v.shape for v in inputs)]):
+            merged.alternative_to = (q, p, c)  # (see the docstring)
+            groups.insert(groups.index(c) + 1, merged)
+        else:
+            groups[groups.index(c)] = merged
+            for g in (q, p):
+                groups.remove(g)
+    return groups
+
+
+#: most output columns of a matmul whose activation's normalisation (:func:`fuse_norm_prologues`) is redone by its
+#: every tile: a decoder's projections (960, 3072 for SmolLM2), not its vocabulary's (49152)
+MAX_NORM_COLUMNS = 8192
+
+
+def fuse_norm_prologues(graph: Graph, groups: list[Group], max_inputs: int = 7) -> list[Group]:
+    """Add, as an alternative for a decode step, a group of a row statistic and the matrix-vector product that reads
+    it in its prologue: RMSNorm's ``1 / sqrt(mean(x^2) + eps)`` (a reduction group whose output only the matmul's
+    group reads, over run-time dims) and the projection after it (a ``MatMulNBits`` of at most
+    :data:`MAX_NORM_COLUMNS` columns). Every tile of the merged kernel computes the row's statistic itself before its
+    dot products (:func:`kiln.te.lower.lower` hoists a reduction that does not depend on the loop it is read in): one
+    kernel instead of two where one token's row is computed (``alternative_box``: the dims of the rows at their lowest
+    value), the two where many rows would each redo it."""
+    uses = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    producer = {id(g.output): g for g in groups if not g.alias and not g.alternative_to}
+    for c in [g for g in groups if not g.alias and not g.rows and not g.alternative_to]:
+        mm = [n for n in c.nodes if n.op == "MatMulNBits"]
+        if len(mm) != 1 or any(ops.kind(n.op) in CONTRACTIONS and n is not mm[0] for n in c.nodes):
+            continue
+        rows = c.output.shape[:-1]
+        dims = symbolic.symbols(list(rows))
+        cols = c.output.shape[-1]
+        if not dims or symbolic.is_symbolic(cols) or cols > MAX_NORM_COLUMNS:
+            continue
+        for v in c.inputs:
+            p = producer.get(id(v))
+            if p is None or p.rows or id(v) in outputs or not any(ops.kind(n.op) == "reduce" for n in p.nodes) or \
+                    any(ops.kind(n.op) not in INLINE_INTO for n in p.nodes) or \
+                    any(r not in c.nodes for r in uses.get(id(v), [])):
+                continue
+            nodes = sorted({id(n): n for n in [*p.nodes, *c.nodes]}.values(), key=lambda n: position[id(n)])
+            inside = {id(n.outputs[0]) for n in nodes}
+            inputs = list(dict.fromkeys(x for g in (p, c) for x in g.inputs if id(x) not in inside))
+            if _buffers(inputs) > max_inputs or len(nodes) > MAX_INLINED_NODES:
+                continue
+            merged = Group(nodes, inputs, alternative_to=(p, c), alternative_box=[(d, d.lo, d.lo) for d in dims])
+            groups.insert(groups.index(c) + 1, merged)
+            break
     return groups

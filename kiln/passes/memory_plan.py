@@ -239,8 +239,9 @@ def plan_memory(graph: Graph, groups: list[Group], half: bool = False) -> Memory
         if not g.alias:
             last = g.nodes[-1]  # a control-flow group (If, Loop) writes every output of its node
             for r in last.outputs if ops.kind(last.op) == "control" else [g.output]:
-                if id(r) not in of:
-                    start[id(r)] = end[id(r)] = step
+                if id(r) not in of:  # (a value an alternative group computes again lives from its first producer)
+                    start.setdefault(id(r), step)
+                    end[id(r)] = step
                     vals[id(r)] = r
     unshared = sum(aligned(nbytes(vals[k])) for k in start)
     slots: list[tuple[Buffer, list[tuple[int, int]]]] = []

@@ -682,11 +682,14 @@ class Session(TrainingMixin, GenerationMixin):
         n = len(steps)
         samples: list[list[float]] = [[] for _ in range(n)]
         timestamps = "timestamp-query" in self.device.features
+        # queries only for the steps that run: Vulkan waits for ever on a query that was never written
+        slot = {i: k for k, i in enumerate(i for i, (_, _, d) in enumerate(steps) if d[0])}
+        m = max(len(slot), 1)
         if timestamps:
-            qs = self.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
-            resolve = self.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE
+            qs = self.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * m)
+            resolve = self.device.create_buffer(size=16 * m, usage=wgpu.BufferUsage.QUERY_RESOLVE
                                                 | wgpu.BufferUsage.COPY_SRC)
-            staging = self.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.MAP_READ
+            staging = self.device.create_buffer(size=16 * m, usage=wgpu.BufferUsage.MAP_READ
                                                 | wgpu.BufferUsage.COPY_DST)
         for _ in range(repeat):
             if timestamps:
@@ -695,21 +698,27 @@ class Session(TrainingMixin, GenerationMixin):
                     if not dispatch[0]:
                         continue
                     cpass = enc.begin_compute_pass(timestamp_writes={
-                        "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+                        "query_set": qs, "beginning_of_pass_write_index": 2 * slot[i],
+                        "end_of_pass_write_index": 2 * slot[i] + 1})
                     cpass.set_pipeline(pipeline)
                     cpass.set_bind_group(0, group)
                     cpass.dispatch_workgroups(*dispatch)
                     cpass.end()
-                enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
-                enc.copy_buffer_to_buffer(resolve, 0, staging, 0, 16 * n)
+                if not slot:
+                    for i in range(n):
+                        samples[i].append(0.0)
+                    continue
+                enc.resolve_query_set(qs, 0, 2 * len(slot), resolve, 0)
+                enc.copy_buffer_to_buffer(resolve, 0, staging, 0, 16 * len(slot))
                 self.device.queue.submit([enc.finish()])
                 staging.map_sync(wgpu.MapMode.READ)
                 try:
-                    ticks = np.frombuffer(staging.read_mapped(copy=True), dtype=np.uint64).reshape(n, 2)
+                    ticks = np.frombuffer(staging.read_mapped(copy=True), dtype=np.uint64).reshape(m, 2)
                 finally:
                     staging.unmap()
                 for i in range(n):
-                    samples[i].append(float(ticks[i, 1] - ticks[i, 0]) / 1e6 if ticks[i, 1] >= ticks[i, 0] else 0.0)
+                    t = ticks[slot[i]] if i in slot else (0, 0)
+                    samples[i].append(float(t[1] - t[0]) / 1e6 if t[1] >= t[0] else 0.0)
             else:
                 for i, (pipeline, group, dispatch) in enumerate(steps):
                     if not dispatch[0]:

@@ -111,7 +111,8 @@ def inline(t: Tensor) -> Tensor:
     def sub(x):
         if isinstance(x, Load) and not x.tensor.is_placeholder:
             src = inline(x.tensor)
-            return transform(src.body, lambda y: dict(zip(src.axes, x.indices)).get(y) if isinstance(y, Var) else None)
+            at = dict(zip(src.axes, (transform(i, sub) for i in x.indices)))  # (indices may read computed tensors)
+            return transform(src.body, lambda y: at.get(y) if isinstance(y, Var) else None)
         return None
 
     if t.is_placeholder:

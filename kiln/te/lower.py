@@ -31,6 +31,7 @@ from kiln.arith.expr import (
     call,
     cast,
     const,
+    free_vars,
     linear,
     select,
     substitute,
@@ -40,6 +41,7 @@ from kiln.arith.symbolic import ceil_div, is_symbolic, simplify
 from kiln.te.compute import Tensor, placeholders
 from kiln.te.loops import (
     Assign,
+    Barrier,
     BufLoad,
     Decl,
     For,
@@ -98,6 +100,13 @@ def _reduces(e: Expr, found: dict) -> None:
         return None
 
     transform(e, visit)
+
+
+def _outer_reduces(e: Expr) -> list[Reduce]:
+    """The reductions of ``e`` not nested in another of its reductions."""
+    found: dict = {}
+    _reduces(e, found)
+    return list(found)
 
 
 def _cse_loads(values: list[Expr], block: list, counter) -> list[Expr]:
@@ -219,6 +228,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         body.append(loop)
         body = loop.body
     split_accs: list[tuple[Var, str]] = []
+    hoisted: dict[str, tuple[str, int]] = {}  # workgroup arrays of the reductions hoisted out of a split nest
 
     # the elements of the register tile: axis values, clamped values for loads, in-range condition
     elements = []
@@ -268,6 +278,21 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         With ``split`` the outermost axis is dealt round-robin to the tile's lanes (partial
         accumulators, combined later through workgroup memory).
         """
+        # reductions nested in the bodies that do not depend on this nest's axes (RMSNorm's sum of squares in the
+        # prologue of the matmul after it): computed once before the nest, not once per iteration
+        pre = {}
+        for n in dict.fromkeys(n for r in group for n in _outer_reduces(r.body)):
+            if free_vars(n) & set(group[0].axes) or (scan is not None and free_vars(n) & set(scan[2])):
+                continue
+            if split:  # dealt to the tile's lanes too, and combined at once
+                before = len(split_accs)
+                pre[n] = reduction_nest([n], block, split=True)[n]
+                mine, split_accs[before:] = split_accs[before:], []
+                for arr, (dtype, size) in combine_lanes(mine, lanes, schedule.workgroup_size, block).items():
+                    hoisted[arr] = (dtype, max(size, hoisted.get(arr, (dtype, 0))[1]))
+                block.append(Barrier())  # every lane has its value before the array is used again
+            else:
+                pre[n] = reduction_nest([n], block)[n]
         accs = {}
         for r in group:
             acc = Var(f"acc{next(counter)}", 0, r.dtype)
@@ -288,7 +313,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             lanes_loop = For(lane_ax, simd, lanes=simd)
             inner.append(lanes_loop)
             fixed = {ax: outer_ax * simd + lane_ax}
-            updates = [(accs[r], accumulate(r, accs[r], hoist(substitute(r.body, fixed), lanes_loop.body, {})))
+            updates = [(accs[r], accumulate(r, accs[r], hoist(substitute(r.body, fixed), lanes_loop.body, dict(pre))))
                        for r in group]
             values = _cse_loads([u for _, u in updates], lanes_loop.body, counter)
             lanes_loop.body.extend(Assign(acc, v) for (acc, _), v in zip(updates, values))
@@ -331,7 +356,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         updates: list[tuple[Var, Expr]] = []
         for fixed in combos:
             for r in group:
-                v = hoist(substitute(r.body, fixed) if fixed else r.body, inner, {})
+                v = hoist(substitute(r.body, fixed) if fixed else r.body, inner, dict(pre))
                 updates.append((accs[r], accumulate(r, accs[r], v)))
         values = _cse_loads([u for _, u in updates], inner, counter)
         inner.extend(Assign(acc, v) for (acc, _), v in zip(updates, values))
@@ -347,9 +372,12 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
     accs: dict = {}
     for group in by_axes.values():
         accs.update(reduction_nest(group, body, split=lanes > 1))
-    shared: dict[str, tuple[str, int]] = {}
+    shared: dict[str, tuple[str, int]] = dict(hoisted)
     if split_accs:
-        shared = combine_lanes(split_accs, lanes, schedule.workgroup_size, body)
+        for arr, (dtype, size) in combine_lanes(split_accs, lanes, schedule.workgroup_size, body).items():
+            if arr in shared and shared[arr][0] != dtype:
+                raise ValueError("reductions of different dtypes meet in workgroup memory")
+            shared[arr] = (dtype, max(size, shared.get(arr, (dtype, 0))[1]))
         tile_ok = binop("==", lane, 0) & binop("<", tile, total)
         elements = [(vals, clamped, tile_ok & cond) for vals, clamped, cond in elements]
     results = [flat(transform(b, lambda x: accs.get(x) if isinstance(x, Reduce) else None), False) for b in bodies]

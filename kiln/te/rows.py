@@ -16,19 +16,53 @@ one workgroup (schedule ``rows``, ``reduce_lanes == workgroup_size``):
 2. each lane computes and stores a strided share of the row's outputs (coalesced stores),
    reading the reductions from registers.
 
-Everything is still the one tensor expression of the group; only its schedule differs.
+Attention (:func:`kiln.passes.fusion.fuse_attention`) adds two things to that form. Its output is itself a
+reduction over the row's keys, ``out[row, d] = sum_s P(row, s) * V[s, d]``, with a different value per column ``d``
+(a *column reduction*); and each score ``S(row, s) = sum_e Q[row, e] K[s, e]`` is a reduction nested in the
+reductions over ``s`` (the softmax's max and sum, the column reduction), which would recompute it in each. Such a
+nested reduction, depending on the row and the enclosing reduction's axis only, is a *stage*: the lanes compute it
+once for every key into a workgroup array (``st0[s]``), and every reduction then reads it there:
+
+0. stages, each lane a strided share of the keys (a few at a time, their loads in flight together), then a
+   barrier; before them, the part of a stage's body that does not depend on the key (the query row, RoPE applied)
+   is computed once into workgroup memory;
+1. the row reductions as above (the softmax's max and sum over ``st0``); then the part of a column reduction's body
+   that depends on no column (the probabilities) overwrites the stage, key by key;
+2. the column reductions, each lane a tile of neighbouring columns and a strided share of the keys, the shares
+   summed through workgroup memory.
+
+One workgroup a query row computes ``softmax(Q K^T) V`` with the scores never leaving the chip (the decode step of
+FlashDecoding, Dao et al. 2023, with the row's scores whole in workgroup memory rather than an online softmax over
+key blocks: a stage holds at most :data:`MAX_STAGE` keys).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kiln.arith.expr import Expr, Reduce, Var, binop, call, free_vars, linear, transform
-from kiln.arith.symbolic import ceil_div, is_symbolic, simplify, upper
+from kiln.arith.expr import (
+    Bin,
+    Call,
+    Cast,
+    Expr,
+    Load,
+    Reduce,
+    Select,
+    Var,
+    binop,
+    call,
+    cast,
+    linear,
+    select,
+    substitute,
+    transform,
+)
+from kiln.arith.symbolic import at_opt, ceil_div, is_symbolic, simplify, upper
 from kiln.te.compute import Tensor
 from kiln.te.loops import (
     Assign,
     Barrier,
+    BufLoad,
     Decl,
     For,
     If,
@@ -44,6 +78,23 @@ from kiln.te.loops import (
 
 #: most elements a row (reduction or output columns) may have for a row kernel (longer rows keep separate kernels)
 MAX_ROW = 8192
+#: most elements a stage (a workgroup array of a row's scores) may hold, at its run-time dims' upper bounds: with the
+#: combining array, within WebGPU's default 16384 bytes of workgroup memory (maxComputeWorkgroupStorageSize)
+MAX_STAGE = 2048
+#: most rows (workgroups) a row kernel with column reductions may have, run-time dims at their ``opt`` (the value
+#: kernels are scheduled for): each row reads all its keys and values, so many rows (an encoder's queries) read them
+#: many times where tiled matmuls read them once a tile; a decode step's few query rows are what it is for. (A
+#: decoder's one plan serves its prefill too, whose many rows then take this kernel: bench.llm's prefill rows.)
+MAX_STAGED_ROWS = 256
+#: values of the stage variable a lane computes a round (their loads in flight together)
+STAGE_TILE = 4
+#: terms of a column reduction a lane adds a round, and neighbouring columns it sums (:func:`_column_parts`)
+KEY_TILE, COLUMN_TILE = 16, 4
+#: most iterations of a stage's innermost reduction axis unrolled
+UNROLL = 16
+#: most values of a stage's own reduction axis (a head's width) whose stage-invariant part is hoisted into workgroup
+#: memory
+MAX_HOISTED = 256
 
 
 @dataclass
@@ -53,53 +104,242 @@ class RowPlan:
     Attributes:
         rows: positions of the output axes the reductions depend on (one workgroup per combination).
         cols: positions of the other output axes (the row's elements, shared among the lanes).
-        levels: the reductions, those nested in a reduction's body in an earlier level.
+        levels: the row reductions, those nested in a reduction's body in an earlier level.
+        stages: each stage's reduction over the stage variable (its axis ``0 <= sigma < extent``): computed once per
+            value of ``sigma`` into workgroup array ``st<k>``.
+        occurs: each occurrence of a stage in the expression (a reduction over the enclosing reduction's axis ``x``)
+            -> ``(k, x)``, read as ``st<k>[x]``.
+        columns: the column reductions (outermost, depending on column axes), computed per column after the levels.
+        hoisted: ``(array, expression, axis, phase)``: a part of a stage's body that does not depend on the stage
+            variable (phase ``pre``: the query row, RoPE applied, read once per key otherwise), or of a column
+            reduction's body that depends on no column (phase ``post``: the softmax's probabilities, otherwise
+            computed once per column), computed once per value of ``axis`` into workgroup array ``array`` (``post``
+            parts overwrite the stage they read, value by value).
+        bodies: the stages' and column reductions' bodies with the hoisted parts read from their arrays.
     """
 
     rows: list[int]
     cols: list[int]
     levels: list[list[Reduce]]
+    stages: list[tuple[Reduce, Var]] = field(default_factory=list)
+    occurs: dict[Reduce, tuple[int, Var]] = field(default_factory=dict)
+    columns: list[Reduce] = field(default_factory=list)
+    hoisted: list[tuple[str, Expr, Var, str]] = field(default_factory=list)
+    bodies: dict[Reduce, Expr] = field(default_factory=dict)
 
 
 def _at_upper(d) -> int:
     return int(upper(d)) if is_symbolic(d) else int(d)
 
 
-def analyse_rows(t: Tensor, max_row: int = MAX_ROW) -> RowPlan | str:
+def _children(x: Expr, into_reduce: bool = True, into_load: bool = True) -> tuple:
+    """The operands of expression node ``x`` (a load's indices and a reduction's body unless told not to)."""
+    if isinstance(x, Bin):
+        return x.a, x.b
+    if isinstance(x, Call):
+        return tuple(x.args)
+    if isinstance(x, Select):
+        return x.cond, x.t, x.f
+    if isinstance(x, Cast):
+        return (x.x,)
+    if isinstance(x, Load) and into_load:
+        return tuple(x.indices)
+    if isinstance(x, Reduce) and into_reduce:
+        return (x.body,)
+    return ()
+
+
+def _nodes(e: Expr, into_reduce: bool = True):
+    """Every distinct node of ``e`` once (depth first, a node before its children), rebuilding nothing (``transform``
+    rebuilds and simplifies every node it visits: too slow for analysis over whole attention expressions). With
+    ``into_reduce`` false, no reduction's body is entered."""
+    seen: set[int] = set()
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        todo += reversed(_children(x, into_reduce))
+
+
+def _vars(e: Expr) -> set[Var]:
+    """The variables ``e`` mentions (as :func:`kiln.arith.expr.free_vars`)."""
+    return {x for x in _nodes(e) if isinstance(x, Var)}
+
+
+def _outermost(e: Expr) -> list[Reduce]:
+    """The reductions of ``e`` not nested in another reduction of ``e`` (ordered, deduplicated)."""
+    return [x for x in _nodes(e, into_reduce=False) if isinstance(x, Reduce)]
+
+
+def _stages(found: dict[Reduce, None], axes: set[Var], max_stage: int) -> tuple[list, dict]:
+    """The stages among ``found`` (see the module docstring): a reduction ``D`` with no reduction nested in it, directly
+    in the body of a one-axis reduction over ``x``, that depends on ``x`` and otherwise on output ``axes`` only, of
+    at most ``max_stage`` values of ``x``. Occurrences equal but for ``x`` (the softmax's max, its sum and the values'
+    reduction each read the same scores) are one stage."""
+    stages: list[tuple[Reduce, Var]] = []
+    keys: dict[Reduce, int] = {}
+    occurs: dict[Reduce, tuple[int, Var]] = {}
+    for r in found:
+        if len(r.axes) != 1 or _at_upper(r.axes[0].extent) > max_stage:
+            continue
+        x = r.axes[0]
+        for d in _outermost(r.body):
+            fv = _vars(d.body)
+            if _outermost(d.body) or x not in fv or not fv - {x, *d.axes} <= axes:
+                continue
+            sigma = Var("sigma", x.extent)
+            key = Reduce(d.op, substitute(d.body, {x: sigma}), d.axes, d.dtype)
+            if key not in keys:
+                keys[key] = len(stages)
+                stages.append((key, sigma))
+            occurs[d] = (keys[key], x)
+    return stages, occurs
+
+
+def analyse_rows(t: Tensor, max_row: int = MAX_ROW, max_stage: int = MAX_STAGE,
+                 max_staged_rows: int | None = None) -> RowPlan | str:
     """The :class:`RowPlan` of computed tensor ``t`` (producers inlined), or why it has none (a string).
 
     ``t`` qualifies when it has reductions, each depends (besides its own axes) only on output axes
     (the row axes), at least one output axis of more than one element depends on none of them (the
     columns), and neither the reductions nor the row have more than ``max_row`` elements (run-time
-    dims at their upper bound).
+    dims at their upper bound). With stages (nested reductions over an enclosing reduction's axis, at most
+    ``max_stage`` values of it), the outermost reductions that read a stage may depend on the columns too (column
+    reductions: attention's ``P V``), when there are at most ``max_staged_rows`` rows at ``opt`` (fusion's question,
+    :data:`MAX_STAGED_ROWS`; a group fused so is a row kernel at every dim, its variants' included).
     """
     found: dict[Reduce, None] = {}
-    transform(t.body, lambda x: found.setdefault(x, None) if isinstance(x, Reduce) else None)
+    for x in _nodes(t.body):
+        if isinstance(x, Reduce):
+            found.setdefault(x, None)
     if not found:
         return "no reductions"
     axes = set(t.axes)
+    stages, occurs = _stages(found, axes, max_stage)
+    inside = set()
+    for d in occurs:
+        inside.update(_nested(d))
+    rest = {r: None for r in found if r not in occurs and not set(r.axes) & inside}
+    staged = [r for r in _outermost(t.body) if r in rest and any(d in occurs for d in _outermost(r.body))]
+    plan = _row_plan(t, rest, axes, max_row, [])
+    if isinstance(plan, str) and plan.startswith("no columns") and staged:
+        plan = _row_plan(t, rest, axes, max_row, staged)
+        if not isinstance(plan, str) and max_staged_rows is not None and \
+                _prod(at_opt(t.shape[a]) for a in plan.rows) > max_staged_rows:
+            return f"more than {max_staged_rows} rows with column reductions"
+    if isinstance(plan, str):
+        return plan
+    plan.stages, plan.occurs = stages, occurs
+    _plan_hoists(plan, t)
+    return plan
+
+
+def _summaries(e: Expr) -> dict[int, tuple[frozenset, bool]]:
+    """Per node of ``e`` (by ``id``): the variables it mentions and whether it reads memory or reduces (worth computing
+    once rather than per use), computed bottom-up once."""
+    memo: dict[int, tuple[frozenset, bool]] = {}
+    todo: list[tuple[Expr, bool]] = [(e, False)]
+    while todo:  # (post-order: a node once its children are done)
+        x, ready = todo.pop()
+        if id(x) in memo:
+            continue
+        if not ready:
+            todo.append((x, True))
+            todo += [(k, False) for k in _children(x) if id(k) not in memo]
+            continue
+        ks = _children(x)
+        fv = frozenset({x} if isinstance(x, Var) else ()).union(*(memo[id(k)][0] for k in ks))
+        memo[id(x)] = (fv, isinstance(x, (Load, Reduce)) or any(memo[id(k)][1] for k in ks))
+    return memo
+
+
+def _invariant(e: Expr, bad: set[Var], ax: Var) -> list[Expr]:
+    """The largest subexpressions of ``e`` (not inside a load's indices or a reduction) that depend on ``ax`` but on
+    none of ``bad`` and read memory."""
+    out: dict[Expr, None] = {}
+    info = _summaries(e)
+
+    def go(x: Expr) -> None:
+        fv, reads = info[id(x)]
+        if not fv & bad and ax in fv and reads:
+            out.setdefault(x, None)
+        else:
+            for k in _children(x, into_reduce=False, into_load=False):
+                go(k)
+
+    go(e)
+    return list(out)
+
+
+def _replace(e: Expr, parts: dict[Expr, Expr]) -> Expr:
+    return transform(e, lambda x: parts.get(x))
+
+
+def _plan_hoists(plan: RowPlan, t: Tensor) -> None:
+    """Fill ``plan.hoisted`` and ``plan.bodies`` (see :class:`RowPlan`): ``pre`` parts of one-axis stages whose axis is
+    static and at most :data:`MAX_HOISTED`, ``post`` parts of one-axis column reductions when there is one stage and
+    one such reduction, which overwrite the stage (its every read is then inside the part)."""
+    for k, (d, sigma) in enumerate(plan.stages):
+        if len(d.axes) != 1 or is_symbolic(d.axes[0].extent) or d.axes[0].extent > MAX_HOISTED:
+            continue
+        e = d.axes[0]
+        parts = {}
+        for j, h in enumerate(_invariant(d.body, {sigma}, e)):
+            name = f"sq{k}_{j}"
+            plan.hoisted.append((name, h, e, "pre"))
+            parts[h] = BufLoad(name, e, int(e.extent), False, h.dtype)
+        plan.bodies[d] = _replace(d.body, parts)
+    cols = {t.axes[a] for a in plan.cols}
+    if len(plan.stages) != 1 or len(plan.columns) != 1 or len(plan.columns[0].axes) != 1:
+        return
+    r = plan.columns[0]
+    s_ax = r.axes[0]
+    found = _invariant(r.body, cols, s_ax)
+    if len(found) != 1:
+        return
+    h = found[0]
+    mine = [x for x in plan.occurs if plan.occurs[x] == (0, s_ax)]
+    body = _replace(r.body, {h: BufLoad("st0", s_ax, _at_upper(s_ax.extent), False, h.dtype)})
+    if any(x in _all_reduces(body) for x in plan.occurs) or not any(x in _all_reduces(h) for x in mine):
+        return
+    plan.hoisted.append(("st0", h, s_ax, "post"))
+    plan.bodies[r] = body
+
+
+def _all_reduces(e: Expr) -> set[Reduce]:
+    return {x for x in _nodes(e) if isinstance(x, Reduce)}
+
+
+def _row_plan(t: Tensor, found: dict[Reduce, None], axes: set[Var], max_row: int, columns: list[Reduce]) \
+        -> RowPlan | str:
+    """:func:`analyse_rows` for reductions ``found`` (stages left out), ``columns`` of them column reductions."""
     level: dict[Reduce, int] = {}
 
     def level_of(r: Reduce) -> int:
         if r not in level:
-            inner: dict[Reduce, None] = {}
-            transform(r.body, lambda x: inner.setdefault(x, None) if isinstance(x, Reduce) else None)
+            inner = [i for i in _outermost(r.body) if i in found]
             level[r] = 1 + max((level_of(i) for i in inner), default=0)
         return level[r]
 
     row_vars: set[Var] = set()
+    col_vars: set[Var] = set()
     for r in found:
-        own = set().union(*(free_vars(i) for i in _nested(r))) if _nested(r) else set()
-        free = free_vars(r.body) - set(r.axes) - own
+        nested = _nested(r)
+        own = set().union(*(_vars(i) for i in nested)) if nested else set()
+        free = _vars(r.body) - set(r.axes) - own
         if not free <= axes:
             return "a reduction depends on another reduction's axis"
-        row_vars |= free
+        (col_vars if r in columns else row_vars).update(free)
         size = 1
         for ax in r.axes:
             size *= _at_upper(ax.extent)
         if size > max_row:
             return f"a reduction of {size} elements (more than {max_row})"
-        level_of(r)
+        if r not in columns:
+            level_of(r)
     rows = [a for a, ax in enumerate(t.axes) if ax in row_vars]
     cols = [a for a, ax in enumerate(t.axes) if ax not in row_vars]
     ncols = 1
@@ -109,21 +349,14 @@ def analyse_rows(t: Tensor, max_row: int = MAX_ROW) -> RowPlan | str:
         return "no columns: a plain reduction"
     if ncols > max_row:
         return f"rows of {ncols} elements (more than {max_row})"
-    depth = max(level.values())
-    levels = [[r for r in found if level[r] == k] for k in range(1, depth + 1)]
-    return RowPlan(rows, cols, levels)
+    depth = max(level.values(), default=0)
+    levels = [[r for r in found if r not in columns and level[r] == k] for k in range(1, depth + 1)]
+    return RowPlan(rows, cols, levels, columns=list(columns))
 
 
 def _nested(r: Reduce) -> list[Var]:
     """The axes of the reductions nested in ``r``'s body (bound there, not free)."""
-    out: list[Var] = []
-
-    def visit(x):
-        if isinstance(x, Reduce) and x is not r:
-            out.extend(x.axes)
-
-    transform(r.body, visit)
-    return out
+    return [a for x in _nodes(r.body) if isinstance(x, Reduce) and x is not r for a in x.axes]
 
 
 def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
@@ -143,9 +376,33 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
     body += unravel(gid, [out.axes[a] for a in plan.rows], row_shape, total)
     accs: dict[Reduce, Var] = {}
     shared: dict[str, tuple[str, int]] = {}
+    sizes = [_at_upper(sigma.extent) for _, sigma in plan.stages]
 
     def known(e: Expr) -> Expr:
-        return transform(e, lambda x: accs.get(x) if isinstance(x, Reduce) else None)
+        def fn(x):
+            if not isinstance(x, Reduce):
+                return None
+            if x in accs:
+                return accs[x]
+            if x in plan.occurs:  # a stage's value at the enclosing reduction's axis, from workgroup memory
+                k, ax = plan.occurs[x]
+                return BufLoad(f"st{k}", ax, sizes[k], False, plan.stages[k][0].dtype)
+            return None
+        return transform(e, fn)
+
+    pre = [h for h in plan.hoisted if h[3] == "pre"]
+    for name, h, ax, _ in pre:  # the stages' parts that do not depend on the stage variable, once
+        shared[name] = (h.dtype, int(ax.extent))
+        loop, inner = lane_loop(ax, lanes, lane, f"{ax.name}h{next(counter)}")
+        body.append(loop)
+        inner.append(Store(name, ax, cse([flat(h, False)], inner)[0]))
+    if pre:
+        body.append(Barrier())
+    for k, (d, sigma) in enumerate(plan.stages):
+        shared[f"st{k}"] = (d.dtype, sizes[k])
+        _stage(d, plan.bodies.get(d, d.body), sigma, f"st{k}", lanes, body, flat, cse, counter)
+    if plan.stages:
+        body.append(Barrier())  # every stage is whole before any reduction reads it
 
     for k, level in enumerate(plan.levels):
         if k:
@@ -169,7 +426,18 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
                 raise ValueError("row kernel: reductions of different dtypes meet in workgroup memory")
             shared[name] = (dtype, max(size, shared.get(name, (dtype, 0))[1]))
         accs.update(made)
+    post = [h for h in plan.hoisted if h[3] == "post"]
+    for name, h, ax, _ in post:  # the column reductions' parts that depend on no column, once (over their stage)
+        if plan.levels:
+            body.append(Barrier())
+        loop, inner = lane_loop(ax, lanes, lane, f"{ax.name}h{next(counter)}")
+        body.append(loop)
+        inner.append(Store(name, ax, cse([flat(known(h), False)], inner)[0]))
+        body.append(Barrier())
     ncols = simplify(_prod(col_shape))
+    if plan.columns and not is_symbolic(ncols) and ncols <= lanes:
+        _column_parts(out, plan, lanes, ncols, body, shared, accs, known, flat, cse, counter, total)
+        return body, total, shared
     steps = ceil_div(ncols, lanes)
     c = Var(f"c{next(counter)}")
     loop = For(Var(f"cs{next(counter)}", steps), steps)
@@ -181,9 +449,156 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
     store_block = If(cond)
     loop.body.append(store_block)
     store_block.body += unravel(c, [out.axes[a] for a in plan.cols], col_shape, ncols)
+    for r in plan.columns:  # each lane sums its column's reductions alone
+        acc = Var(f"acc{next(counter)}", 0, r.dtype)
+        store_block.body.append(Decl(acc, accumulator_init(r)))
+        inner = store_block.body
+        for ax in r.axes:
+            nest = For(ax, ax.extent)
+            inner.append(nest)
+            inner = nest.body
+        inner.append(Assign(acc, cse([flat(combine(r.op, acc, known(plan.bodies.get(r, r.body))), False)], inner)[0]))
+        accs[r] = acc
     value = cse([flat(known(out.body), False)], store_block.body)[0]
     store_block.body.append(Store("out", linear(ravel(list(out.axes), out.shape)), value))
     return body, total, shared
+
+
+def _subst(e: Expr, mapping: dict) -> Expr:
+    """``substitute`` that also rewrites the indices of workgroup-array loads (:class:`BufLoad`)."""
+    def fn(x):
+        if isinstance(x, Var):
+            return mapping.get(x)
+        if isinstance(x, BufLoad):
+            return BufLoad(x.buf, linear(_subst(x.index, mapping)), x.size, x.guard, x.dtype)
+        return None
+    return transform(e, fn)
+
+
+def _unroll(extent) -> int:
+    """The largest divisor of static ``extent`` up to :data:`UNROLL` (1 for a run-time one)."""
+    if is_symbolic(extent):
+        return 1
+    return max(f for f in range(1, UNROLL + 1) if extent % f == 0)
+
+
+def _tiled_lane_loop(ax: Var, step: int, start: Expr, tile: int, block: list, counter) -> tuple[For, list]:
+    """A loop dealing ``tile`` values of axis ``ax`` a round to each lane (value ``(round * tile + j) * step +
+    start``), for the loads of a round to be in flight together. Returns the loop and per value ``j`` its index
+    clamped into the axis (safe to load), whether it is in range, and the index itself."""
+    steps = ceil_div(ax.extent, step * tile)
+    loop = For(Var(f"{ax.name}t{next(counter)}", steps), steps)
+    block.append(loop)
+    out = []
+    for j in range(tile):
+        idx, at = Var(f"{ax.name}i{next(counter)}"), Var(f"{ax.name}c{next(counter)}")
+        loop.body += [Let(idx, (loop.var * tile + j) * step + start), Let(at, call("min", idx, ax.extent - 1))]
+        out.append((at, binop("<", idx, ax.extent), idx))
+    return loop, out
+
+
+def _stage(d: Reduce, d_body: Expr, sigma: Var, name: str, lanes: int, body: list, flat, cse, counter) -> None:
+    """Statements filling stage array ``name``: each lane computes :data:`STAGE_TILE` values of the stage variable a
+    round, its reduction's axis unrolled, so that a round's loads are in flight together (a decode step has few
+    rows, hence few workgroups: latency, not bandwidth, bounds it)."""
+    loop, values = _tiled_lane_loop(sigma, lanes, Var("lane"), STAGE_TILE, body, counter)
+    accs = [Var(f"acc{next(counter)}", 0, d.dtype) for _ in values]
+    loop.body += [Decl(a, accumulator_init(d)) for a in accs]
+    block = loop.body
+    for ax in d.axes[:-1]:
+        nest = For(ax, ax.extent)
+        block.append(nest)
+        block = nest.body
+    last = d.axes[-1]
+    f = _unroll(last.extent)
+    outer = Var(f"{last.name}o{next(counter)}", simplify(last.extent // f) if f > 1 else last.extent)
+    nest = For(outer, outer.extent)
+    block.append(nest)
+    updates = []
+    for c in range(f):
+        for (at, _, _), acc in zip(values, accs):
+            v = _subst(d_body, {sigma: at, last: outer * f + c if f > 1 else outer})
+            updates.append((acc, flat(combine(d.op, acc, v), False)))
+    # each accumulator's updates in order (the first's result feeds the next): one assignment per update
+    for (acc, _), v in zip(updates, cse([u for _, u in updates], nest.body)):
+        nest.body.append(Assign(acc, v))
+    for (_, ok, idx), acc in zip(values, accs):
+        loop.body.append(If(ok, [Store(name, idx, acc)]))
+
+
+def _column_parts(out: Tensor, plan: RowPlan, lanes: int, ncols: int, body: list, shared: dict,
+                  accs: dict, known, flat, cse, counter, total) -> None:
+    """The column reductions of a row kernel, each lane a tile of ``w`` neighbouring columns (``w`` from
+    :data:`COLUMN_TILE` down, dividing ``ncols``) and ``parts`` lanes a tile: lane ``g + p * groups`` sums
+    every ``parts``-th term of its tile's columns from ``p`` on, :data:`KEY_TILE` terms a round with their loads in
+    flight together, the parts meet in workgroup array ``redc`` and part 0 stores the tile."""
+    lane, tile = Var("lane"), Var("tile")
+    w = COLUMN_TILE
+    while ncols % w:
+        w //= 2
+    groups = ncols // w
+    parts = 1
+    while groups * parts * 2 <= lanes:
+        parts *= 2
+    g, part = Var(f"g{next(counter)}"), Var(f"part{next(counter)}")
+    if plan.levels:
+        body.append(Barrier())  # (the levels' combining is done before the lanes move on)
+    body += [Let(g, lane % groups), Let(part, lane // groups)]
+    col_axes = [out.axes[a] for a in plan.cols]
+    cols = []  # per column of the tile: its axis values
+    for t in range(w):
+        cv = Var(f"c{next(counter)}")
+        body.append(Let(cv, g * w + t))
+        lets = unravel(cv, [Var(f"{a.name}_{t}_{next(counter)}") for a in col_axes],
+                       [out.shape[a] for a in plan.cols], ncols)
+        body += lets
+        cols.append({a: let.var for a, let in zip(col_axes, lets)})
+    active = If(binop("<", part, parts))
+    made = []
+    for r in plan.columns:
+        r_body = plan.bodies.get(r, r.body)
+        tile_accs = [Var(f"acc{next(counter)}", 0, r.dtype) for _ in range(w)]
+        body += [Decl(a, accumulator_init(r)) for a in tile_accs]
+        if len(r.axes) == 1:
+            loop, values = _tiled_lane_loop(r.axes[0], parts, part, KEY_TILE, active.body, counter)
+            updates = [(acc, flat(combine(r.op, acc, select(ok, _subst(known(r_body), {r.axes[0]: at, **col}),
+                                                            accumulator_init(r))), False))
+                       for at, ok, _ in values for acc, col in zip(tile_accs, cols)]
+            block = loop.body
+        else:
+            loop, block = lane_loop(r.axes[0], parts, part, f"{r.axes[0].name}s{next(counter)}")
+            active.body.append(loop)
+            for ax in r.axes[1:]:
+                nest = For(ax, ax.extent)
+                block.append(nest)
+                block = nest.body
+            updates = [(acc, flat(combine(r.op, acc, _subst(known(r_body), col)), False))
+                       for acc, col in zip(tile_accs, cols)]
+        for (acc, _), v in zip(updates, cse([u for _, u in updates], block)):
+            block.append(Assign(acc, v))
+        made.append((r, tile_accs))
+    body.append(active)
+    dtypes = {r.dtype for r in plan.columns}
+    dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
+    size = len(made) * w * lanes
+    shared["redc"] = (dtype, size)
+    for a, (_, tile_accs) in enumerate(made):
+        for t, acc in enumerate(tile_accs):
+            body.append(Store("redc", linear(Var("lid") + (a * w + t) * lanes), cast(acc, dtype)))
+    body.append(Barrier())
+    done = If(binop("==", part, 0) & binop("<", tile, total))
+    for t in range(w):
+        for a, (r, tile_accs) in enumerate(made):
+            at = (a * w + t) * lanes
+            sum_ = BufLoad("redc", linear(g + at), size, False, dtype)
+            for p in range(1, parts):
+                sum_ = combine(r.op, sum_, BufLoad("redc", linear(g + (at + p * groups)), size, False, dtype))
+            done.body.append(Assign(tile_accs[t], cast(sum_, r.dtype)))
+            accs[r] = tile_accs[t]
+        value = cse([flat(_subst(known(out.body), cols[t]), False)], done.body)[0]
+        index = _subst(ravel(list(out.axes), out.shape), cols[t])
+        done.body.append(Store("out", linear(index), value))
+    body.append(done)
 
 
 def _prod(dims):

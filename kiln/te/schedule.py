@@ -315,11 +315,13 @@ def _cpu_lanes(t: Tensor, reds: list[Reduce], factors: dict[int, int], splits: t
 def row_schedule(t: Tensor) -> Schedule:
     """The schedule of a row kernel (:mod:`kiln.te.rows`, a group the fusion pass marked ``attrs["rows"]``):
     one workgroup a row, of the power of two from 32 to 256 that leaves each lane about 4 of the row's
-    elements (run-time dims at their ``opt`` value)."""
+    elements (run-time dims at their ``opt`` value); 256 for attention's rows (column reductions)."""
     plan = analyse_rows(t)
     if isinstance(plan, str):
         return Schedule()
     n = _prod(at_opt(t.shape[a]) for a in plan.cols)
+    if plan.columns:  # attention (kiln.te.rows): the keys of a decode step are many whatever opt says; lanes split
+        return Schedule(workgroup_size=256, reduce_lanes=256, rows=True)  # them, and the columns their sums
     width = 32
     while width < 256 and width * 4 < n:
         width *= 2

@@ -21,7 +21,7 @@ from kiln.ir.graph import Graph
 from kiln.package.format import DEFAULT_LIMITS
 from kiln.passes.fusion import Group
 from kiln.te.compute import Tensor, placeholders
-from kiln.te.rows import analyse_rows
+from kiln.te.rows import MAX_STAGED_ROWS, analyse_rows
 from kiln.te.schedule import Schedule, default_schedule
 
 
@@ -111,11 +111,21 @@ MAX_BINDING_BYTES = 1 << 31
 
 
 def _row_kernel(group: Group) -> bool:
-    """Whether fused ``group`` lowers as a row kernel (:func:`kiln.te.rows.analyse_rows`)."""
+    """Whether fused ``group`` lowers as a row kernel (:func:`kiln.te.rows.analyse_rows`); for attention (column
+    reductions) also whether it has keys few enough (:data:`~kiln.codegen.webgpu.build.MAX_FUSED_KEYS`) somewhere in
+    the dims' range (:func:`~kiln.codegen.webgpu.build.alternative_range`) to be worth its kernel."""
     try:
-        return not isinstance(analyse_rows(group_expr(group)), str)
+        t = group_expr(group)
+        plan = analyse_rows(t, max_staged_rows=MAX_STAGED_ROWS)
     except KilnError:
         return False
+    if isinstance(plan, str):
+        return False
+    if not plan.columns:
+        return True
+    if symbolic.symbols([t.shape, *(p.shape for p in placeholders(t))]):
+        return _build.alternative_range(group, t, plan) is not None
+    return all(int(sigma.extent) <= _build.MAX_FUSED_KEYS for _, sigma in plan.stages)
 
 
 def _static_only(schedule: Callable[[Tensor], Schedule], fallback: Callable[[Tensor], Schedule]):

@@ -8,12 +8,14 @@ rendered by :mod:`kiln.codegen.webgpu.wgsl`, validated by naga and deduplicated 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.arith import symbolic
-from kiln.codegen.lowering import build_group, kernel_groups
+from kiln.arith.expr import call
+from kiln.codegen.lowering import build_group, group_expr, kernel_groups
 from kiln.codegen.target import KernelTable, Program, describe, progress_over, scheduled_variant
 from kiln.codegen.webgpu import wgsl
 from kiln.codegen.webgpu.validate import validate_wgsl
@@ -22,6 +24,7 @@ from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
 from kiln.te.compute import Tensor
 from kiln.te.loops import loop_iterations
+from kiln.te.rows import analyse_rows
 from kiln.te.schedule import Schedule, default_schedule
 
 
@@ -106,9 +109,10 @@ class WebGPUKernels(KernelTable):
         self._variants: dict[int, Variant | None] = {}  # kernel index -> its variant
 
     def step(self, g: Group, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
-             accumulate: str = "float32", shape_text: str | None = None) -> Step:
+             accumulate: str = "float32", shape_text: str | None = None, variants: bool = True) -> Step:
         """Lower, render and add group ``g``; returns its plan step (buffers from ``plan.of``), with a
-        :class:`Variant` where the schedule at :func:`~kiln.codegen.target.scheduled_variant` differs."""
+        :class:`Variant` where the schedule at :func:`~kiln.codegen.target.scheduled_variant` differs (unless not
+        ``variants``)."""
         k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
         index = self._add(g, k, shape_text)
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
@@ -116,6 +120,8 @@ class WebGPUKernels(KernelTable):
         if not symbolic.is_symbolic(groups):
             return Step(index, k.dispatch, bufs, g.nodes[0].name)
         step = Step(index, self._dispatch(k), bufs, g.nodes[0].name, groups=groups)
+        if not variants:
+            return step
         if index not in self._variants:  # steps of one kernel (same source: same computation) share its variant
             self._variants[index] = None
             made = scheduled_variant(k.size_vars, lambda: build_group(g, schedule, plan if plan.half else None,
@@ -155,9 +161,89 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     """
     table = WebGPUKernels(validate, ("shader-f16",) if plan.half else ())
     work = kernel_groups(groups)
-    steps = [table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape))
-             for g in progress_over(work, progress, "generating kernels")]
+    boxes = {id(g): g.alternative_box if g.alternative_box is not None else alternative_range(g)
+             for g in work if g.alternative_to}
+    within = {id(r): boxes[id(g)] for g in work if g.alternative_to for r in g.alternative_to}
+    steps = []
+    for g in progress_over(work, progress, "generating kernels"):
+        step = table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape),
+                          variants=not g.alternative_to)
+        if g.alternative_to:  # runs inside its range only (nowhere when it has none)
+            box = boxes[id(g)]
+            count = step.groups if step.groups is not None else step.dispatch[0] * step.dispatch[1] * step.dispatch[2]
+            step.groups = symbolic.simplify(count * _inside(box)) if box else 0
+        elif within.get(id(g)):  # replaced by an alternative inside its range: no workgroups there
+            step.variants.insert(0, Variant(_when(within[id(g)]), step.kernel, step.dispatch, 0))
+        steps.append(step)
     return table.kernels, steps
+
+
+#: most keys (cached tokens and new ones) a query row of an attention alternative reads: one workgroup a row (the
+#: rows of a decode step are few) against three kernels of many workgroups. Measured on an H200 (bench.llm
+#: --contexts, SmolLM2's decode step): the one kernel was faster at 128 and 256 keys, level near 384 to 512, slower
+#: from 768 (each row's workgroup alone reads its keys and values: latency-bound)
+MAX_FUSED_KEYS = 384
+
+
+def alternative_range(g: Group, t: Tensor | None = None, rows_plan=None) -> list[tuple[Any, int, int]] | None:
+    """The run-time dims' range (``(dim, lo, hi)`` for each bounded dim) where alternative group ``g`` (an attention
+    row kernel, :func:`kiln.passes.fusion.fuse_attention`) runs instead of the groups it replaces: every dim its rows'
+    count reads at its lowest value (a decode step's one token), and the keys at most :data:`MAX_FUSED_KEYS` (one
+    further dim bounded by it). ``None`` where that range is empty or not of that form. (Kept per group: fusion asks
+    first, with the group's expression ``t`` and its :class:`~kiln.te.rows.RowPlan`, the build again.)"""
+    if g in _RANGES:
+        return _RANGES[g]
+    if t is None:
+        t = group_expr(g)
+        rows_plan = analyse_rows(t)
+    _RANGES[g] = got = _range(t, rows_plan)
+    return got
+
+
+#: alternative_range's answers, per group
+_RANGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _range(t: Tensor, rows_plan) -> list[tuple[Any, int, int]] | None:
+    if isinstance(rows_plan, str) or not rows_plan.stages:
+        return None
+    row_dims = symbolic.symbols([t.shape[a] for a in rows_plan.rows])
+    box = {d.name: (d, d.lo, d.lo) for d in row_dims}
+    at_lo = {d.name: d.lo for d in row_dims}
+    for _, sigma in rows_plan.stages:
+        rest = [d for d in symbolic.symbols(sigma.extent) if d.name not in at_lo]
+        if len(rest) > 1:
+            return None
+
+        def keys(v: int, rest=rest, extent=sigma.extent) -> int:
+            return int(symbolic.evaluate(extent, {**at_lo, **({rest[0].name: v} if rest else {})}))
+
+        if keys(rest[0].lo if rest else 0) > MAX_FUSED_KEYS:
+            return None
+        if not rest:
+            continue
+        d = rest[0]
+        lo, hi = d.lo, box[d.name][2] if d.name in box else d.hi
+        while lo < hi:  # the largest value within the bound (keys grow with the dim)
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if keys(mid) <= MAX_FUSED_KEYS else (lo, mid - 1)
+        box[d.name] = (d, d.lo, lo)
+    return list(box.values())
+
+
+def _when(box: list[tuple[Any, int, int]]) -> dict[str, list[int]]:
+    return {d.name: [lo, hi] for d, lo, hi in box}
+
+
+def _inside(box: list[tuple[Any, int, int]]) -> Any:
+    """A size expression that is 1 when every dim of ``box`` is in its range and 0 otherwise (a dim is never below
+    its own lower bound)."""
+    one: Any = 1
+    for d, lo, hi in box:
+        one = one * call("min", 1, call("max", 0, hi + 1 - d))
+        if lo > d.lo:
+            one = one * call("min", 1, call("max", 0, d - (lo - 1)))
+    return one
 
 
 def needed_limits(kernels: list[Kernel], steps: list[Step], plan: MemoryPlan) -> dict[str, int]:
