@@ -24,10 +24,13 @@ transformers.js runs; see :func:`ort_webgpu_contestant`); carry its wheel in ``.
 
 Prints a table and writes ``llm-<date>.json`` with the adapter, versions and the commit.
 
-On the lent GPU the model (98 MB) is over one call's carry limit: split it (``split -b 33000000 MODEL
-.llm/p.`` into three folders ``.llm/aa`` ...), carry one folder a call and copy it to ``/tmp/llm`` there (the
-working copy is replaced between calls, ``/tmp`` stays while the machine is held), then ``cat`` the parts and
-pass ``--model /tmp/llm/smollm2.gguf`` (its SHA-256 is in ../shared/models/README.md).
+On the lent GPU the model (98 MB) is over a call's carry limit (64 MiB with the working tree), and a machine is
+given back 30 s after a call, so parts carried in several calls do not meet. Carry its header instead
+(``python -m bench.gguf_stand_in header MODEL .llm/smollm2.header``, 1.8 MB) and write a stand-in there
+(``python -m bench.gguf_stand_in fill .llm/smollm2.header /tmp/llm/smollm2.gguf``; the real layout with random
+weights, which no kernel's work depends on), then pass ``--model /tmp/llm/smollm2.gguf``. To time the previous
+commit in the same lease, carry a copy of its ``kiln/`` (``git archive HEAD kiln | tar -x -C base``) and run the
+bench from ``base/`` with ``PYTHONPATH=/tmp/site:..``.
 Issue 15's goals (H100): decode >= 750 tokens/s at context 1024 and >= 2x onnxruntime's WebGPU EP.
 """
 

@@ -103,6 +103,8 @@ def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "
         final.attrs = {**final.attrs, "scan": result.attrs["scan"]}
     if group.rows:  # a row kernel (kiln.te.rows): default_schedule gives it a workgroup per row
         final.attrs = {**final.attrs, "rows": True}
+    if group.stage_bound is not None:  # (its stage arrays sized for the keys it runs at; kiln.te.rows)
+        final.attrs = {**final.attrs, "stage_bound": group.stage_bound}
     return final
 
 

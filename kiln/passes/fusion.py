@@ -70,6 +70,8 @@ class Group:
         alternative_to: the groups this one computes the same output as (:func:`fuse_attention` over run-time
             dims, :func:`fuse_norm_prologues`): the plan keeps both, and each runs in its own part of the dims' range
             (``alternative_box``, ``(dim, lo, hi)`` each, where fusion knows it; else the target decides).
+        stage_bound: set by the target for an alternative row kernel it runs only up to that many keys: its stage
+            arrays are sized for that many (``kiln.te.rows``), not for the dims' upper bounds.
     """
 
     nodes: list[Node]
@@ -78,6 +80,7 @@ class Group:
     rows: bool = False
     alternative_to: tuple = ()
     alternative_box: list | None = None
+    stage_bound: int | None = None
 
     @property
     def output(self) -> Value:
@@ -164,7 +167,7 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7, p
     from registers); and every consumer group stays within ``max_inputs``
     buffers and :data:`MAX_INLINED_NODES` nodes. Otherwise it stays a kernel of its own. Repeats until nothing
     changes, so chains of such groups collapse into their consumers. With ``prologues`` the group may also hold
-    generators (``Iota``) that :func:`inline_index` put there.
+    generators (``Iota``; no transcendental function with them, a rotary table's ``Cos`` redone per use).
     """
     uses = graph.consumers()
     outputs = {id(v) for v in graph.outputs}
@@ -179,6 +182,7 @@ def inline_elementwise(graph: Graph, groups: list[Group], max_inputs: int = 7, p
             if p.alias or p.rows or id(p.output) in outputs or \
                     any(ops.kind(n.op) not in FUSIBLE and not _moves_only(n) and
                         not (prologues and ops.kind(n.op) == "generator") for n in p.nodes) or \
+                    any(ops.kind(n.op) == "generator" for n in p.nodes) and any(n.op in TRANSCENDENTAL for n in p.nodes) or \
                     not any(ops.kind(n.op) in FUSIBLE for n in p.nodes):
                 continue
             readers = uses.get(id(p.output), [])
@@ -236,7 +240,7 @@ def _reads_once(t: Group, p: Group, prologues: bool) -> bool:
 
 def _generated(p: Group) -> bool:
     """Whether group ``p`` computes its output from indices and run-time dims alone (generators such as ``Iota`` and
-    ``SymConst``, and integer elementwise nodes over them; no buffer read, no transcendental function)."""
+    ``SymConst``, and elementwise and index-only nodes over them; no buffer read, no transcendental function)."""
     return _buffers(p.inputs) == 0 and all(ops.kind(n.op) in ("generator", *FUSIBLE) or n.op in INDEX_ONLY
                                            for n in p.nodes) and \
         any(ops.kind(n.op) == "generator" for n in p.nodes) and not any(n.op in TRANSCENDENTAL for n in p.nodes)
@@ -405,8 +409,9 @@ def fuse_rows(graph: Graph, groups: list[Group], supported: Callable[[Group], bo
 def fuse_attention(graph: Graph, groups: list[Group], supported: Callable[[Group], bool],
                    max_inputs: int = 7) -> list[Group]:
     """Fuse attention's three kernels into one row kernel: a row group (the softmax, from :func:`fuse_rows`) read only
-    by the first operand of the ``MatMul`` of group ``c`` (``P V``), whose input is the output of a group ``q`` ending in
-    a ``MatMul`` (the scores ``Q K^T``, masked and scaled) that only the row group reads. The merged group is kept when
+    by the first operand of the ``MatMul`` of group ``c`` (``P V``; no other contraction in ``c``), whose input is the
+    output of a group ``q`` holding a ``MatMul`` (the scores ``Q K^T``, masked and scaled) that only the row group
+    reads. The merged group is kept when
     it stays within ``max_inputs`` buffers and :data:`MAX_ROW_NODES` nodes and ``supported(merged)`` (its lowering is a
     row kernel whose scores are a stage and whose output a column reduction: :mod:`kiln.te.rows`; few query rows, as a
     decode step has). Over static shapes the merged group replaces the three. Over run-time dims it is added after
@@ -434,10 +439,12 @@ def fuse_attention(graph: Graph, groups: list[Group], supported: Callable[[Group
         if _buffers(inputs) > max_inputs or len(nodes) > MAX_ROW_NODES:
             continue
         merged = Group(nodes, inputs, rows=True)
+        dynamic = bool(symbolic.symbols([merged.output.shape, *(v.shape for v in inputs)]))
+        if dynamic:
+            merged.alternative_to = (q, p, c)  # (see the docstring; the target's predicate reads it)
         if not supported(merged):
             continue
-        if symbolic.symbols([merged.output.shape, *(v.shape for v in inputs)]):
-            merged.alternative_to = (q, p, c)  # (see the docstring)
+        if dynamic:
             groups.insert(groups.index(c) + 1, merged)
         else:
             groups[groups.index(c)] = merged

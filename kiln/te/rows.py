@@ -92,6 +92,8 @@ STAGE_TILE = 4
 KEY_TILE, COLUMN_TILE = 16, 4
 #: most iterations of a stage's innermost reduction axis unrolled
 UNROLL = 16
+#: WebGPU's default maxComputeWorkgroupStorageSize: the workgroup memory a row kernel may declare
+WORKGROUP_BYTES = 16384
 #: most values of a stage's own reduction axis (a head's width) whose stage-invariant part is hoisted into workgroup
 #: memory
 MAX_HOISTED = 256
@@ -116,6 +118,7 @@ class RowPlan:
             computed once per column), computed once per value of ``axis`` into workgroup array ``array`` (``post``
             parts overwrite the stage they read, value by value).
         bodies: the stages' and column reductions' bodies with the hoisted parts read from their arrays.
+        sizes: each stage array's elements (:func:`_stage_size`).
     """
 
     rows: list[int]
@@ -126,6 +129,7 @@ class RowPlan:
     columns: list[Reduce] = field(default_factory=list)
     hoisted: list[tuple[str, Expr, Var, str]] = field(default_factory=list)
     bodies: dict[Reduce, Expr] = field(default_factory=dict)
+    sizes: list[int] = field(default_factory=list)
 
 
 def _at_upper(d) -> int:
@@ -174,16 +178,24 @@ def _outermost(e: Expr) -> list[Reduce]:
     return [x for x in _nodes(e, into_reduce=False) if isinstance(x, Reduce)]
 
 
-def _stages(found: dict[Reduce, None], axes: set[Var], max_stage: int) -> tuple[list, dict]:
+def _stage_size(extent, bound: int | None) -> int:
+    """The values a stage array holds: its extent's upper bound, or at most ``bound`` (a kernel the plan runs only
+    for that many; ``stage_bound``)."""
+    size = _at_upper(extent)
+    return min(size, bound) if bound is not None and is_symbolic(extent) else size
+
+
+def _stages(found: dict[Reduce, None], axes: set[Var], max_stage: int, bound: int | None) -> tuple[list, dict]:
     """The stages among ``found`` (see the module docstring): a reduction ``D`` with no reduction nested in it, directly
-    in the body of a one-axis reduction over ``x``, that depends on ``x`` and otherwise on output ``axes`` only, of
-    at most ``max_stage`` values of ``x``. Occurrences equal but for ``x`` (the softmax's max, its sum and the values'
-    reduction each read the same scores) are one stage."""
+    in the body of a one-axis reduction over ``x``, that depends on ``x`` and otherwise on output ``axes`` only (the
+    plan then checks they are row axes), of at most ``max_stage`` values of ``x`` (:func:`_stage_size`). Occurrences
+    equal but for ``x`` (the softmax's max, its sum and the values' reduction each read the same scores) are one
+    stage."""
     stages: list[tuple[Reduce, Var]] = []
     keys: dict[Reduce, int] = {}
     occurs: dict[Reduce, tuple[int, Var]] = {}
     for r in found:
-        if len(r.axes) != 1 or _at_upper(r.axes[0].extent) > max_stage:
+        if len(r.axes) != 1 or _stage_size(r.axes[0].extent, bound) > max_stage:
             continue
         x = r.axes[0]
         for d in _outermost(r.body):
@@ -206,10 +218,12 @@ def analyse_rows(t: Tensor, max_row: int = MAX_ROW, max_stage: int = MAX_STAGE,
     ``t`` qualifies when it has reductions, each depends (besides its own axes) only on output axes
     (the row axes), at least one output axis of more than one element depends on none of them (the
     columns), and neither the reductions nor the row have more than ``max_row`` elements (run-time
-    dims at their upper bound). With stages (nested reductions over an enclosing reduction's axis, at most
-    ``max_stage`` values of it), the outermost reductions that read a stage may depend on the columns too (column
-    reductions: attention's ``P V``), when there are at most ``max_staged_rows`` rows at ``opt`` (fusion's question,
-    :data:`MAX_STAGED_ROWS`; a group fused so is a row kernel at every dim, its variants' included).
+    dims at their upper bound). With stages (nested reductions over an enclosing reduction's axis and the row axes, at
+    most ``max_stage`` values of it; a run-time number of them counts at most ``t.attrs["stage_bound"]`` when a target
+    runs the kernel only up to that many), the outermost reductions that read a stage may depend on the columns too
+    (column reductions: attention's ``P V``), when there are at most ``max_staged_rows`` rows at ``opt`` (fusion's
+    question, :data:`MAX_STAGED_ROWS`; a group fused so is a row kernel at every dim, its variants' included), and its
+    workgroup arrays fit :data:`WORKGROUP_BYTES`.
     """
     found: dict[Reduce, None] = {}
     for x in _nodes(t.body):
@@ -218,11 +232,9 @@ def analyse_rows(t: Tensor, max_row: int = MAX_ROW, max_stage: int = MAX_STAGE,
     if not found:
         return "no reductions"
     axes = set(t.axes)
-    stages, occurs = _stages(found, axes, max_stage)
-    inside = set()
-    for d in occurs:
-        inside.update(_nested(d))
-    rest = {r: None for r in found if r not in occurs and not set(r.axes) & inside}
+    bound = t.attrs.get("stage_bound")
+    stages, occurs = _stages(found, axes, max_stage, bound)
+    rest = {r: None for r in found if r not in occurs}
     staged = [r for r in _outermost(t.body) if r in rest and any(d in occurs for d in _outermost(r.body))]
     plan = _row_plan(t, rest, axes, max_row, [])
     if isinstance(plan, str) and plan.startswith("no columns") and staged:
@@ -232,9 +244,22 @@ def analyse_rows(t: Tensor, max_row: int = MAX_ROW, max_stage: int = MAX_STAGE,
             return f"more than {max_staged_rows} rows with column reductions"
     if isinstance(plan, str):
         return plan
+    row_vars = {t.axes[a] for a in plan.rows}
+    if any(not _vars(d.body) - {sigma, *d.axes} <= row_vars for d, sigma in stages):
+        return "a stage depends on a column"
     plan.stages, plan.occurs = stages, occurs
+    plan.sizes = [_stage_size(sigma.extent, bound) for _, sigma in stages]
     _plan_hoists(plan, t)
+    if plan.stages and workgroup_bytes(plan) > WORKGROUP_BYTES:
+        return f"workgroup arrays of {workgroup_bytes(plan)} bytes (more than {WORKGROUP_BYTES})"
     return plan
+
+
+def workgroup_bytes(plan: RowPlan, lanes: int = 256) -> int:
+    """The workgroup memory a row kernel of ``plan`` declares at ``lanes`` lanes, at most (4 bytes an element)."""
+    pre = sum(int(ax.extent) for name, _, ax, phase in plan.hoisted if phase == "pre")
+    red = max((len(level) for level in plan.levels), default=0) * lanes
+    return 4 * (sum(plan.sizes) + pre + red + len(plan.columns) * COLUMN_TILE * lanes)
 
 
 def _summaries(e: Expr) -> dict[int, tuple[frozenset, bool]]:
@@ -302,7 +327,7 @@ def _plan_hoists(plan: RowPlan, t: Tensor) -> None:
         return
     h = found[0]
     mine = [x for x in plan.occurs if plan.occurs[x] == (0, s_ax)]
-    body = _replace(r.body, {h: BufLoad("st0", s_ax, _at_upper(s_ax.extent), False, h.dtype)})
+    body = _replace(r.body, {h: BufLoad("st0", s_ax, plan.sizes[0], False, h.dtype)})
     if any(x in _all_reduces(body) for x in plan.occurs) or not any(x in _all_reduces(h) for x in mine):
         return
     plan.hoisted.append(("st0", h, s_ax, "post"))
@@ -361,7 +386,8 @@ def _nested(r: Reduce) -> list[Var]:
 
 def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
     """Statements of the row kernel of ``out`` (canonical, producers inlined) under ``plan``, ``lanes``
-    invocations a workgroup (a power of two).
+    invocations a workgroup (a power of two): the hoisted ``pre`` parts and the stages, the levels of row reductions,
+    the ``post`` parts, then the columns (with column reductions, :func:`_column_parts`).
 
     ``flat(e, guarded)`` flattens an expression over buffer loads and ``cse(values, block)`` binds
     shared loads (both from :func:`kiln.te.lower.lower`). Returns ``(body, total rows, shared arrays)``.
@@ -376,7 +402,7 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
     body += unravel(gid, [out.axes[a] for a in plan.rows], row_shape, total)
     accs: dict[Reduce, Var] = {}
     shared: dict[str, tuple[str, int]] = {}
-    sizes = [_at_upper(sigma.extent) for _, sigma in plan.stages]
+    sizes = plan.sizes
 
     def known(e: Expr) -> Expr:
         def fn(x):
@@ -428,8 +454,6 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
         accs.update(made)
     post = [h for h in plan.hoisted if h[3] == "post"]
     for name, h, ax, _ in post:  # the column reductions' parts that depend on no column, once (over their stage)
-        if plan.levels:
-            body.append(Barrier())
         loop, inner = lane_loop(ax, lanes, lane, f"{ax.name}h{next(counter)}")
         body.append(loop)
         inner.append(Store(name, ax, cse([flat(known(h), False)], inner)[0]))
@@ -492,7 +516,8 @@ def _tiled_lane_loop(ax: Var, step: int, start: Expr, tile: int, block: list, co
     out = []
     for j in range(tile):
         idx, at = Var(f"{ax.name}i{next(counter)}"), Var(f"{ax.name}c{next(counter)}")
-        loop.body += [Let(idx, (loop.var * tile + j) * step + start), Let(at, call("min", idx, ax.extent - 1))]
+        loop.body += [Let(idx, (loop.var * tile + j) * step + start),
+                      Let(at, call("max", call("min", idx, ax.extent - 1), 0))]
         out.append((at, binop("<", idx, ax.extent), idx))
     return loop, out
 
@@ -541,8 +566,6 @@ def _column_parts(out: Tensor, plan: RowPlan, lanes: int, ncols: int, body: list
     while groups * parts * 2 <= lanes:
         parts *= 2
     g, part = Var(f"g{next(counter)}"), Var(f"part{next(counter)}")
-    if plan.levels:
-        body.append(Barrier())  # (the levels' combining is done before the lanes move on)
     body += [Let(g, lane % groups), Let(part, lane // groups)]
     col_axes = [out.axes[a] for a in plan.cols]
     cols = []  # per column of the tile: its axis values

@@ -112,18 +112,23 @@ MAX_BINDING_BYTES = 1 << 31
 
 def _row_kernel(group: Group) -> bool:
     """Whether fused ``group`` lowers as a row kernel (:func:`kiln.te.rows.analyse_rows`); for attention (column
-    reductions) also whether it has keys few enough (:data:`~kiln.codegen.webgpu.build.MAX_FUSED_KEYS`) somewhere in
-    the dims' range (:func:`~kiln.codegen.webgpu.build.alternative_range`) to be worth its kernel."""
+    reductions) also whether it has keys few enough (:data:`~kiln.codegen.webgpu.build.MAX_FUSED_KEYS`): all of them
+    over static shapes, or, for an alternative (``group.alternative_to``, run-time dims), somewhere in the dims'
+    range (:func:`~kiln.codegen.webgpu.build.alternative_range`), its stages then sized for that many
+    (``group.stage_bound``)."""
+    if group.alternative_to:  # it runs only up to MAX_FUSED_KEYS keys: its stages are sized for that many
+        group.stage_bound = _build.MAX_FUSED_KEYS
     try:
         t = group_expr(group)
         plan = analyse_rows(t, max_staged_rows=MAX_STAGED_ROWS)
     except KilnError:
-        return False
-    if isinstance(plan, str):
+        plan = "not a kernel of this target"
+    if isinstance(plan, str) or group.alternative_to and not plan.columns:
+        group.stage_bound = None
         return False
     if not plan.columns:
         return True
-    if symbolic.symbols([t.shape, *(p.shape for p in placeholders(t))]):
+    if group.alternative_to:
         return _build.alternative_range(group, t, plan) is not None
     return all(int(sigma.extent) <= _build.MAX_FUSED_KEYS for _, sigma in plan.stages)
 
