@@ -210,3 +210,35 @@ def test_attention_kernels_in_the_browser(tmp_path, rng):
                 np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5, err_msg=f"{name} at S={s}, P={past}")
     finally:
         close_shared_runner()
+
+
+def test_decode_alternatives_of_a_llama_in_the_browser(tmp_path, rng):
+    """A one-layer Llama GGUF (tests/test_fuzz_gguf.py's) compiled with the GPU fusions: a decode step runs the plan's
+    alternatives (attention in one row kernel; RMSNorm's reduction inside the gate/up projection), a prefill the
+    kernels they merge. In Chromium (kiln.js picks each step's kernel or none by the dims) the logits equal the
+    native runtime's on the same package, both from a zero cache."""
+    from browser import close_shared_runner, shared_runner
+    from test_fuzz_gguf import tiny_llama
+
+    import kiln
+    from kiln.compiler import compile_model
+    from kiln.runtime.dynamic import StepSizes
+
+    runner = shared_runner()
+    try:
+        pkg = runner.package_dir("tiny_llama")
+        compile_model(tiny_llama(tmp_path / "tiny.gguf"), pkg, max_context=32, device_class="gpu", target="webgpu")
+        manifest = kiln.load(pkg).manifest
+        plan = manifest["targets"]["webgpu"]["plan"]
+        counts = StepSizes(plan, "groups").dispatches({"sequence": 1, "past_sequence": 5})[1]
+        ran = [manifest["targets"]["webgpu"]["kernels"][s["kernel"]]["ops"] for s, c in zip(plan, counts) if c[0]]
+        assert any(ops.count("MatMul") == 2 for ops in ran), ran  # the attention alternative
+        assert any("ReduceMean" in ops and "MatMulNBits" in ops for ops in ran), ran  # the norm in the projection
+        for s, past in ((1, 5), (3, 0)):
+            feeds = {"input_ids": rng.integers(0, 8, (1, s)).astype(np.int64),
+                     "past_sequence_length": np.array([past], np.int64)}
+            want = kiln.load(pkg, poison=True).run(feeds)["logits"]
+            got = runner.run(pkg, feeds, "webgpu")["logits"]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {s}, past {past}")
+    finally:
+        close_shared_runner()

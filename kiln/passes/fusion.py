@@ -422,6 +422,10 @@ def fuse_attention(graph: Graph, groups: list[Group], supported: Callable[[Group
     outputs = {id(v) for v in graph.outputs}
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     producer = {id(g.output): g for g in groups if not g.alias}
+    holders: dict[int, set[int]] = {}  # node -> the groups holding it (an inlined node may be in several)
+    for g in groups:
+        for n in g.nodes:
+            holders.setdefault(id(n), set()).add(id(g))
     for p in [g for g in groups if g.rows]:
         readers = uses.get(id(p.output), [])
         if id(p.output) in outputs or len(readers) != 1 or readers[0].op != "MatMul" or readers[0].inputs[0] is not \
@@ -431,7 +435,8 @@ def fuse_attention(graph: Graph, groups: list[Group], supported: Callable[[Group
         scores = [producer.get(id(v)) for v in p.inputs]
         q = next((g for g in scores if g is not None and any(n.op == "MatMul" for n in g.nodes)), None)
         if c is None or q is None or any(ops.kind(n.op) in CONTRACTIONS for n in c.nodes if n is not readers[0]) or \
-                id(q.output) in outputs or any(r not in p.nodes for r in uses.get(id(q.output), [])):
+                id(q.output) in outputs or any(holders.get(id(r)) != {id(p)} for r in uses.get(id(q.output), [])) or \
+                holders.get(id(readers[0])) != {id(c)}:
             continue
         nodes = sorted({id(n): n for n in [*q.nodes, *p.nodes, *c.nodes]}.values(), key=lambda n: position[id(n)])
         inside = {id(n.outputs[0]) for n in nodes}
@@ -461,7 +466,7 @@ MAX_NORM_COLUMNS = 8192
 def fuse_norm_prologues(graph: Graph, groups: list[Group], max_inputs: int = 7) -> list[Group]:
     """Add, as an alternative for a decode step, a group of a row statistic and the matrix-vector product that reads
     it in its prologue: RMSNorm's ``1 / sqrt(mean(x^2) + eps)`` (a reduction group whose output only the matmul's
-    group reads, over run-time dims) and the projection after it (a ``MatMulNBits`` of at most
+    group reads, through nodes no other group holds, over run-time dims) and the projection after it (a ``MatMulNBits`` of at most
     :data:`MAX_NORM_COLUMNS` columns). Every tile of the merged kernel computes the row's statistic itself before its
     dot products (:func:`kiln.te.lower.lower` hoists a reduction that does not depend on the loop it is read in): one
     kernel instead of two where one token's row is computed (``alternative_box``: the dims of the rows at their lowest
@@ -470,6 +475,10 @@ def fuse_norm_prologues(graph: Graph, groups: list[Group], max_inputs: int = 7) 
     outputs = {id(v) for v in graph.outputs}
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     producer = {id(g.output): g for g in groups if not g.alias and not g.alternative_to}
+    holders: dict[int, set[int]] = {}  # node -> the groups holding it (an inlined prologue may be in several)
+    for g in groups:
+        for n in g.nodes:
+            holders.setdefault(id(n), set()).add(id(g))
     for c in [g for g in groups if not g.alias and not g.rows and not g.alternative_to]:
         mm = [n for n in c.nodes if n.op == "MatMulNBits"]
         if len(mm) != 1 or any(ops.kind(n.op) in CONTRACTIONS and n is not mm[0] for n in c.nodes):
@@ -483,8 +492,8 @@ def fuse_norm_prologues(graph: Graph, groups: list[Group], max_inputs: int = 7) 
             p = producer.get(id(v))
             if p is None or p.rows or id(v) in outputs or not any(ops.kind(n.op) == "reduce" for n in p.nodes) or \
                     any(ops.kind(n.op) not in INLINE_INTO for n in p.nodes) or \
-                    any(r not in c.nodes for r in uses.get(id(v), [])):
-                continue
+                    any(holders.get(id(r)) != {id(c)} for r in uses.get(id(v), [])):
+                continue  # (another kernel reads the statistic: a K or V projection beside Q, each its own)
             nodes = sorted({id(n): n for n in [*p.nodes, *c.nodes]}.values(), key=lambda n: position[id(n)])
             inside = {id(n.outputs[0]) for n in nodes}
             inputs = list(dict.fromkeys(x for g in (p, c) for x in g.inputs if id(x) not in inside))
