@@ -89,9 +89,9 @@ MAX_STAGED_ROWS = 256
 #: values of the stage variable a lane computes a round (their loads in flight together)
 STAGE_TILE = 4
 #: terms of a column reduction a lane adds a round, and neighbouring columns it sums (:func:`_column_parts`)
-KEY_TILE, COLUMN_TILE = 16, 4
+KEY_TILE, COLUMN_TILE = 4, 4
 #: most iterations of a stage's innermost reduction axis unrolled
-UNROLL = 16
+UNROLL = 8
 #: WebGPU's default maxComputeWorkgroupStorageSize: the workgroup memory a row kernel may declare
 WORKGROUP_BYTES = 16384
 #: most values of a stage's own reduction axis (a head's width) whose stage-invariant part is hoisted into workgroup
@@ -508,8 +508,9 @@ def _unroll(extent) -> int:
 
 def _tiled_lane_loop(ax: Var, step: int, start: Expr, tile: int, block: list, counter) -> tuple[For, list]:
     """A loop dealing ``tile`` values of axis ``ax`` a round to each lane (value ``(round * tile + j) * step +
-    start``), for the loads of a round to be in flight together. Returns the loop and per value ``j`` its index
+    start``; fewer where the axis has fewer values for a lane), for the loads of a round to be in flight together. Returns the loop and per value ``j`` its index
     clamped into the axis (safe to load), whether it is in range, and the index itself."""
+    tile = max(1, min(tile, -(-_at_upper(ax.extent) // step)))  # (no more values a round than a lane ever gets)
     steps = ceil_div(ax.extent, step * tile)
     loop = For(Var(f"{ax.name}t{next(counter)}", steps), steps)
     block.append(loop)
