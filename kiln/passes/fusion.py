@@ -151,6 +151,15 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
     return fuse_norm_prologues(graph, fused, max_inputs)
 
 
+def _holders(groups: list[Group]) -> dict[int, set[int]]:
+    """Node ``id`` -> the ``id`` of every group holding it (an inlined node may be in several)."""
+    held: dict[int, set[int]] = {}
+    for g in groups:
+        for n in g.nodes:
+            held.setdefault(id(n), set()).add(id(g))
+    return held
+
+
 def _buffers(values: list[Value]) -> int:
     """Buffers a kernel reading ``values`` binds (scalar constants become literals)."""
     return len([v for v in values if not (v.is_const and v.size == 1)])
@@ -374,10 +383,7 @@ def fuse_rows(graph: Graph, groups: list[Group], supported: Callable[[Group], bo
     while changed:
         changed = False
         producer = {id(g.output): g for g in groups if not g.alias}
-        holders: dict[int, set[int]] = {}  # node -> the groups holding it (an inlined node may be in several)
-        for g in groups:
-            for n in g.nodes:
-                holders.setdefault(id(n), set()).add(id(g))
+        holders = _holders(groups)
         for i, c in enumerate(groups):
             if c.alias or ops.kind(c.nodes[-1].op) not in FUSIBLE or \
                     any(ops.kind(n.op) not in INLINE_INTO and not _moves_only(n) for n in c.nodes):
@@ -422,10 +428,7 @@ def fuse_attention(graph: Graph, groups: list[Group], supported: Callable[[Group
     outputs = {id(v) for v in graph.outputs}
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     producer = {id(g.output): g for g in groups if not g.alias}
-    holders: dict[int, set[int]] = {}  # node -> the groups holding it (an inlined node may be in several)
-    for g in groups:
-        for n in g.nodes:
-            holders.setdefault(id(n), set()).add(id(g))
+    holders = _holders(groups)
     for p in [g for g in groups if g.rows]:
         readers = uses.get(id(p.output), [])
         if id(p.output) in outputs or len(readers) != 1 or readers[0].op != "MatMul" or readers[0].inputs[0] is not \
@@ -475,10 +478,7 @@ def fuse_norm_prologues(graph: Graph, groups: list[Group], max_inputs: int = 7) 
     outputs = {id(v) for v in graph.outputs}
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     producer = {id(g.output): g for g in groups if not g.alias and not g.alternative_to}
-    holders: dict[int, set[int]] = {}  # node -> the groups holding it (an inlined prologue may be in several)
-    for g in groups:
-        for n in g.nodes:
-            holders.setdefault(id(n), set()).add(id(g))
+    holders = _holders(groups)
     for c in [g for g in groups if not g.alias and not g.rows and not g.alternative_to]:
         mm = [n for n in c.nodes if n.op == "MatMulNBits"]
         if len(mm) != 1 or any(ops.kind(n.op) in CONTRACTIONS and n is not mm[0] for n in c.nodes):

@@ -365,6 +365,18 @@ def combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: lis
     return {"red": (dtype, size)}
 
 
+def merge_arrays(into: dict[str, tuple[str, int]], arrays: dict[str, tuple[str, int]]) -> None:
+    """Add workgroup arrays (name -> ``(dtype, elements)``) to ``into``, an array used twice keeping its larger size.
+
+    Raises:
+        ValueError: one array name with two dtypes.
+    """
+    for name, (dtype, size) in arrays.items():
+        if name in into and into[name][0] != dtype:
+            raise ValueError(f"workgroup array {name}: reductions of different dtypes meet in workgroup memory")
+        into[name] = (dtype, max(size, into.get(name, (dtype, 0))[1]))
+
+
 __all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Lane", "Let", "LoweredKernel", "Param", "Store", "Vec",
-           "VecLoad", "accumulator_init", "combine", "combine_lanes", "lane_loop", "loop_iterations", "prod", "ravel",
+           "VecLoad", "accumulator_init", "combine", "combine_lanes", "lane_loop", "loop_iterations", "merge_arrays", "prod", "ravel",
            "unravel"]

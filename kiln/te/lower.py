@@ -54,6 +54,7 @@ from kiln.te.loops import (
     combine,
     combine_lanes,
     lane_loop,
+    merge_arrays,
     prod,
     ravel,
     unravel,
@@ -288,8 +289,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
                 before = len(split_accs)
                 pre[n] = reduction_nest([n], block, split=True)[n]
                 mine, split_accs[before:] = split_accs[before:], []
-                for arr, (dtype, size) in combine_lanes(mine, lanes, schedule.workgroup_size, block).items():
-                    hoisted[arr] = (dtype, max(size, hoisted.get(arr, (dtype, 0))[1]))
+                merge_arrays(hoisted, combine_lanes(mine, lanes, schedule.workgroup_size, block))
                 block.append(Barrier())  # every lane has its value before the array is used again
             else:
                 pre[n] = reduction_nest([n], block)[n]
@@ -374,10 +374,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         accs.update(reduction_nest(group, body, split=lanes > 1))
     shared: dict[str, tuple[str, int]] = dict(hoisted)
     if split_accs:
-        for arr, (dtype, size) in combine_lanes(split_accs, lanes, schedule.workgroup_size, body).items():
-            if arr in shared and shared[arr][0] != dtype:
-                raise ValueError("reductions of different dtypes meet in workgroup memory")
-            shared[arr] = (dtype, max(size, shared.get(arr, (dtype, 0))[1]))
+        merge_arrays(shared, combine_lanes(split_accs, lanes, schedule.workgroup_size, body))
         tile_ok = binop("==", lane, 0) & binop("<", tile, total)
         elements = [(vals, clamped, tile_ok & cond) for vals, clamped, cond in elements]
     results = [flat(transform(b, lambda x: accs.get(x) if isinstance(x, Reduce) else None), False) for b in bodies]

@@ -72,6 +72,7 @@ from kiln.te.loops import (
     combine,
     combine_lanes,
     lane_loop,
+    merge_arrays,
     ravel,
     unravel,
 )
@@ -446,11 +447,7 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
             value = flat(combine(r.op, acc, known(r.body)), False)
             inner.append(Assign(acc, cse([value], inner)[0]))
             made.append((r, acc))
-        got = combine_lanes([(acc, r.op) for r, acc in made], lanes, lanes, body)
-        for name, (dtype, size) in got.items():
-            if name in shared and shared[name][0] != dtype:
-                raise ValueError("row kernel: reductions of different dtypes meet in workgroup memory")
-            shared[name] = (dtype, max(size, shared.get(name, (dtype, 0))[1]))
+        merge_arrays(shared, combine_lanes([(acc, r.op) for r, acc in made], lanes, lanes, body))
         accs.update(made)
     post = [h for h in plan.hoisted if h[3] == "post"]
     for name, h, ax, _ in post:  # the column reductions' parts that depend on no column, once (over their stage)
