@@ -11,6 +11,8 @@ Kiln: ``kiln compile MODEL.gguf`` (WebGPU, packed weights), natively through wgp
 ``P`` prompt tokens with an empty cache, timed to the last row's arg max read back. Decode: one step of one
 token after a cache of ``C - 1`` tokens (the package's state, kept in place: the work does not depend on its
 values), only ``next_token`` read back, as ``session.generate`` does; tokens/s is 1000 / median ms. Decode
+generate: greedy answers streamed by ``session.generate`` around each context (:func:`generate_decode`: the position
+moves each step, and the next step is queued while a token is read). Decode
 sampled: the same step, then a draw with temperature 0.7, top-p 0.9, top-k 50 and repetition penalty 1.1 over
 ``C`` seen ids, by the package's sampler on the GPU (the id read back) and, for comparison, on the host (the
 logits read back, numpy), as packages without a sampler do.
@@ -59,7 +61,7 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
     from kiln.compiler import compile_model
     from kiln.runtime.dynamic import StepSizes
 
-    max_context = max(prompts + contexts) + 8
+    max_context = max(prompts + contexts) + GENERATED // 2 + 8
     out = Path(tempfile.mkdtemp(prefix="kiln-llm-")) / "pkg"
     t0 = time.perf_counter()
     compile_model(model, out, max_context=max_context, device_class=device_class, validate=False, precision=precision)
@@ -100,9 +102,34 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
         cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
         rec["decode"][c] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
         console.log(f"kiln {precision} decode at {c}: {np.median(times):.2f} ms")
+    rec["generate"] = generate_decode(session, contexts, console, precision)
     if sampled:
         rec["decode_sampled"] = sampled_decode(session, feeds, contexts, repeat, warmup, console, precision)
     return rec
+
+
+#: tokens ``generate_decode`` generates per answer (half of them before the context it is named after, half after)
+GENERATED = 64
+
+
+def generate_decode(session, contexts: list[int], console: Console, precision: str, rounds: int = 3) -> dict:
+    """Greedy decode tokens/s as ``session.generate`` streams an answer (the position moving every step, the next
+    step queued while a token is read: :class:`kiln.runtime.generate.Generator`): a prompt of ``C - 32`` random
+    token ids, then :data:`GENERATED` tokens (fewer if the model chose its end token), the median of ``rounds``."""
+    rng = np.random.default_rng(2)
+    out = {}
+    for c in contexts:
+        rates, tokens = [], []
+        for _ in range(rounds + 1):  # (the first compiles nothing new but warms the step at every position)
+            ids = rng.integers(100, 40000, max(1, c - GENERATED // 2)).tolist()
+            for _ in session.generate(ids, GENERATED):
+                pass
+            stats = session.generator.stats
+            rates.append(stats.decode_tokens_per_s)
+            tokens.append(stats.new_tokens)
+        out[c] = {"tokens_per_s": float(np.median(rates[1:])), "samples": rates[1:], "new_tokens": tokens[1:]}
+        console.log(f"kiln {precision} generate at {c}: {out[c]['tokens_per_s']:.1f} tokens/s")
+    return out
 
 
 #: the sampling options the ``decode sampled`` rows use (a chat UI's usual settings)
@@ -334,6 +361,10 @@ def main(argv: list[str] | None = None) -> dict:
             r = record[name]
             table.add_row(name, *[f"{r['prefill'][p]['tokens_per_s']:.0f}" for p in prompts],
                           *[f"{r['decode'][c]['tokens_per_s']:.1f}" for c in contexts])
+        if name in record and "generate" in record[name]:
+            g = record[name]["generate"]
+            table.add_row(f"{name} generate (greedy, {GENERATED} tokens)", *["" for _ in prompts],
+                          *[f"{g[c]['tokens_per_s']:.1f}" for c in contexts])
         for where in ("device", "host"):
             if name in record and "decode_sampled" in record[name]:
                 d = record[name]["decode_sampled"]

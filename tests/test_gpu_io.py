@@ -113,6 +113,22 @@ def test_runs_split_into_several_command_buffers(models, rng):
             np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-5)
 
 
+def test_read_async_reads_the_values_at_its_call(models, rng):
+    """``GPUTensor.read_async`` submits its copy at once: work submitted after it (a run fed the same tensor, a write
+    into its buffer) neither changes what it reads nor has to finish before ``result()`` returns."""
+    path, pkg = models["mlp"]
+    session = Session(pkg)
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    h = session.run({"x": session.upload(x)}, output="gpu")["h"]
+    pending = h.read_async()
+    later = session.run({"x": session.upload(x + 1)}, output="gpu")  # queued behind the read
+    session.device.queue.write_buffer(h.buffer, 0, np.zeros(h.size, np.float32).tobytes())
+    np.testing.assert_allclose(pending.result(), _ort(path, {"x": x})["h"], rtol=1e-5, atol=1e-5)
+    assert pending.result() is pending.result()
+    np.testing.assert_array_equal(h.numpy(), np.zeros_like(pending.result()))
+    np.testing.assert_allclose(later["h"].numpy(), _ort(path, {"x": x + 1})["h"], rtol=1e-5, atol=1e-5)
+
+
 def test_two_sessions_chain_on_the_gpu(models, rng):
     (mlp_path, mlp_pkg), (head_path, head_pkg) = models["mlp"], models["head"]
     first, second = Session(mlp_pkg), Session(head_pkg)

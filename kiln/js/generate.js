@@ -220,6 +220,11 @@ export class Generator {
     }
     /** Timings of the running or last generation. */ this.stats = new GenerationStats();
     /** @private */ this.busy = false;
+    /**
+     * Greedy decoding on WebGPU queues the next step, fed the token on the device, before the token is read back
+     * (the GPU runs step n + 1 while the host waits for token n); false: one step at a time.
+     */
+    this.runAhead = true;
     /** @private @type {Promise<any> | null} */ this.samplerPromise = null;
   }
 
@@ -328,6 +333,8 @@ export class Generator {
     const chunk = this.config.max_tokens;
     /** @type {Record<string, Tensor | GPUTensor>} */
     let out = {};
+    /** @type {Promise<Record<string, Tensor | GPUTensor>> | Record<string, Tensor | GPUTensor> | null} */
+    let ahead = null;  // the next decode step, queued before this token is read (greedy on WebGPU)
     const seen = [...ids];
     const text = new TextStream((t) => (t.length ? this.tokenizer.decode(t, {skip_special_tokens: true}) : ''));
     let answer = '';  // text decoded, of which `shown` characters were yielded (the rest may start a stop string)
@@ -340,10 +347,23 @@ export class Generator {
         out = await this.step(ids.slice(start, start + chunk), start, onGPU);
       }
       for (let n = 0; n < maxNewTokens; n++) {
-        const token = greedy ? Number((await read(out[this.config.next_token])).data.at(-1))
-          : sampler ? await sampleOnDevice(sampler, out[this.config.logits], sampling, seen, key, n)
-            : sample(lastRow(await read(out[this.config.logits])), sampling, seen, random);
+        let token;
+        if (greedy && onGPU && this.runAhead) {
+          // The token stays on the device: its read is submitted, then the next step fed with it, so that the
+          // GPU runs step n + 1 while the token comes back (one wasted step when it ends the answer). The
+          // prefill's next_token has a row per prompt token: the first decode step waits for it.
+          const pending = read(out[this.config.next_token]);
+          const fed = /** @type {GPUTensor} */ (out[this.config.next_token]);  // (onGPU: outputs are GPUTensors)
+          if (n > 0 && n + 1 < maxNewTokens) ahead = this.step(fed, ids.length + n, onGPU);
+          token = Number((await pending).data.at(-1));
+          if (ahead) ahead = await ahead;  // (submitted: the token's tensor may go)
+        } else {
+          token = greedy ? Number((await read(out[this.config.next_token])).data.at(-1))
+            : sampler ? await sampleOnDevice(sampler, out[this.config.logits], sampling, seen, key, n)
+              : sample(lastRow(await read(out[this.config.logits])), sampling, seen, random);
+        }
         free(out);
+        out = {};
         const now = performance.now();
         if (n === 0) {
           stats.prefillMs = now - t0;
@@ -371,11 +391,17 @@ export class Generator {
           stats.stopReason = 'abort';
           break;
         }
-        if (n + 1 < maxNewTokens) out = await this.step([token], ids.length + n, onGPU);
+        if (ahead) {
+          out = /** @type {Record<string, Tensor | GPUTensor>} */ (ahead);
+          ahead = null;
+        } else if (n + 1 < maxNewTokens) {
+          out = await this.step([token], ids.length + n, onGPU);
+        }
       }
       if (!stats.stopReason) stats.stopReason = 'length';
     } finally {
       free(out);
+      if (ahead) free(await Promise.resolve(ahead).catch(() => ({})));
       this.busy = false;
     }
   }
@@ -396,12 +422,14 @@ export class Generator {
   /**
    * One decoder step: `ids` after `cached` tokens already in the cache (which it updates in place).
    * @private
-   * @param {number[]} ids @param {number} cached @param {boolean} onGPU
+   * @param {number[] | GPUTensor} ids token ids, or a GPUTensor `[1, n]` of them (a step's next_token)
+   * @param {number} cached @param {boolean} onGPU
    * @returns {Promise<Record<string, Tensor | GPUTensor>>} the logits and next_token (GPUTensors on WebGPU)
    */
   async step(ids, cached, onGPU) {
     const feeds = {
-      [this.config.input_ids]: new Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]),
+      [this.config.input_ids]: ids instanceof GPUTensor ? ids
+        : new Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]),
       [this.config.cache.position]: new Tensor('int64', BigInt64Array.of(BigInt(cached)), [1]),
     };
     return this.session.run(feeds, {output: onGPU ? 'gpu' : 'cpu'});

@@ -270,13 +270,24 @@ class Generator:
         self._busy = False  # the session holds one cache: one generation at a time
         self._gpu = hasattr(session, "upload")  # a WebGPU session: outputs stay on the device until read
         self._sampler = None  # the sampler package's session (:meth:`sampler`)
+        #: greedy decoding on WebGPU queues the next step, fed the token on the device, before reading the token
+        #: back (the host encodes step n + 1 while the GPU runs step n); False: one step at a time
+        self.run_ahead = True
 
-    def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
-        """Token ids of ``prompt``: text as it is, or chat messages through the package's chat template.
+    def encode(self, prompt: str | list[dict[str, str]] | list[int]) -> list[int]:
+        """Token ids of ``prompt``: text as it is, chat messages through the package's chat template, or token ids
+        (ints, as HF ``generate``'s ``input_ids``) as they are.
 
         Raises:
-            KilnError: a prompt that is neither, or text that is not valid Unicode (lone surrogates).
+            KilnError: a prompt that is none of these, text that is not valid Unicode (lone surrogates), or a token
+                id outside the vocabulary.
         """
+        if isinstance(prompt, list) and prompt and all(isinstance(i, (int, np.integer)) for i in prompt):
+            vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
+            bad = [int(i) for i in prompt if not 0 <= i < vocab]
+            if bad:
+                raise KilnError(f"token id {bad[0]} of the prompt is outside the vocabulary of {vocab} tokens")
+            return [int(i) for i in prompt]
         if isinstance(prompt, list):
             text = render_chat(self.config["chat_template"], prompt)
         elif isinstance(prompt, str):
@@ -291,9 +302,10 @@ class Generator:
         bos = self.config.get("bos_token_id")
         return ([bos] if bos is not None and (not ids or ids[0] != bos) else []) + ids
 
-    def _step(self, ids: list[int], cached: int) -> dict[str, Any]:
-        """One decoder step: ``ids`` after ``cached`` tokens already in the cache (which it updates)."""
-        feeds = {self.config["input_ids"]: np.asarray(ids, np.int64)[None],
+    def _step(self, ids, cached: int) -> dict[str, Any]:
+        """One decoder step: ``ids`` (a list, or a GPUTensor ``[1, n]`` of ids on the session's device) after ``cached``
+        tokens already in the cache (which it updates)."""
+        feeds = {self.config["input_ids"]: ids if hasattr(ids, "buffer") else np.asarray(ids, np.int64)[None],
                  self.config["cache"]["position"]: np.asarray([cached], np.int64)}
         return self.session.run(feeds, output="gpu") if self._gpu else self.session.run(feeds)
 
@@ -317,14 +329,14 @@ class Generator:
                  "seed": np.array([key, step], np.uint32).view(np.int32)}
         return int(np.asarray(sampler.run(feeds)["token"]).reshape(-1)[0])
 
-    def generate(self, prompt: str | list[dict[str, str]], max_new_tokens: int | None = None, *,
+    def generate(self, prompt: str | list[dict[str, str]] | list[int], max_new_tokens: int | None = None, *,
                  options: SamplingOptions | None = None, stop: list[str] | tuple[str, ...] = (),
                  **sampling: Any) -> Iterator[Chunk]:
         """Stream the answer to ``prompt`` token by token.
 
         Args:
-            prompt: text, or chat messages ``[{"role": "user", "content": ...}]`` (the chat template adds the
-                assistant's turn).
+            prompt: text, chat messages ``[{"role": "user", "content": ...}]`` (the chat template adds the
+                assistant's turn), or token ids (a list of ints, used as they are).
             max_new_tokens: the most tokens to generate (default: until the context is full).
             options, sampling: a :class:`SamplingOptions`, or its fields as keywords (``temperature=0.7``).
             stop: strings that end the answer (not yielded; as OpenAI's ``stop``).
@@ -379,20 +391,35 @@ class Generator:
         stream = TextStream(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
         text = ""  # the answer's text, of which ``shown`` characters were yielded (the rest may start a stop string)
         shown = 0
+        ahead = None  # the next decode step, submitted before this token is read (greedy on WebGPU)
+        chunks = getattr(self.session, "submit_chunks", None) if opts.greedy and self.run_ahead else None
         try:
             t0 = time.perf_counter()
             for start in range(0, len(ids), chunk):  # prefill, in chunks the package's steps take
                 release_tensors(out.values())
                 out = self._step(ids[start:start + chunk], start)
+            if chunks is not None:  # a step queued ahead keeps the GPU busy: one command buffer a step costs less
+                self.session.submit_chunks = 1
             for n in range(max_new_tokens):
-                if opts.greedy:
+                if opts.greedy and self._gpu:
+                    # The token stays on the device: its read is submitted, then the next step fed with it, so the
+                    # host encodes step n + 1 while the GPU runs step n (one step ahead; one wasted step when this
+                    # token ends the answer). The prefill's next_token has a row per prompt token: read it first.
+                    pending = out[self.config["next_token"]].read_async()
+                    if self.run_ahead and n and n + 1 < max_new_tokens:
+                        ahead = self._step(out[self.config["next_token"]], len(ids) + n)
+                    token = int(pending.result().reshape(-1)[-1])
+                elif opts.greedy:
                     token = int(host_array(out[self.config["next_token"]]).reshape(-1)[-1])
                 elif sampler is not None:
                     token = self._sample_on_device(sampler, out[self.config["logits"]], opts, seen, key, n)
                 else:
                     logits = host_array(out[self.config["logits"]])
                     token = sample(logits.reshape(-1, logits.shape[-1])[-1], opts, seen, rng)
-                release_tensors(out.values())
+                if n:  # a decode step's outputs go back to the device's buffer pool for the next step's (no
+                    out = {}  # allocation; a buffer the step ahead still reads is safe there: work runs in order)
+                else:
+                    release_tensors(out.values())  # (the prefill's logits: a row per prompt token)
                 now = time.perf_counter()
                 if n == 0:
                     stats.prefill_ms = (now - t0) * 1e3
@@ -414,10 +441,16 @@ class Generator:
                 shown = max(shown, safe)
                 if at >= 0:
                     break
-                if n + 1 < max_new_tokens:
+                if ahead is not None:
+                    out, ahead = ahead, None
+                elif n + 1 < max_new_tokens:
                     out = self._step([token], len(ids) + n)
             else:
                 stats.stop_reason = "length"
         finally:
             release_tensors(out.values())
+            if ahead is not None:
+                release_tensors(ahead.values())
+            if chunks is not None:
+                self.session.submit_chunks = chunks
             self._busy = False

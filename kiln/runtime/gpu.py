@@ -205,6 +205,7 @@ class Readback:
         self._raw = raw if raw is not None and isinstance(getattr(self.buffer, "_internal", None), raw[0].CData) else None
         self._status: list[int] = []
         self._callback = None
+        self._index = None  # the submission :meth:`read` waits for (:meth:`submit`), else all work
         if self._raw is not None:
             ffi, lib = self._raw
             status = self._status
@@ -227,8 +228,20 @@ class Readback:
             if src is not None and size:
                 encoder.copy_buffer_to_buffer(src, 0, self.buffer, off, size)
 
+    def submit(self, encoder) -> None:
+        """Submit ``encoder``'s work (ending with this readback's :meth:`copy`), remembering the submission, so that
+        :meth:`read` waits for it and not for work submitted later (a decode step queued behind a token's read)."""
+        if self._raw is None:  # pragma: no cover - other wgpu-py backends
+            self.device.queue.submit([encoder.finish()])
+            return
+        ffi, lib = self._raw
+        buffers = ffi.new("WGPUCommandBuffer[]", [encoder.finish()._internal])
+        index = lib.wgpuQueueSubmitForIndex(self.device.queue._internal, 1, buffers)
+        self._index = ffi.new("WGPUSubmissionIndex *", index)
+
     def read(self, convert) -> list:
-        """Wait for the copies, map once and return ``convert(i, memoryview of slot i)`` for every slot.
+        """Wait for the copies (for the submission of :meth:`submit` if it made them, else for all submitted work),
+        map once and return ``convert(i, memoryview of slot i)`` for every slot.
 
         ``convert`` must copy what it keeps: the memory is unmapped when this returns.
 
@@ -249,6 +262,9 @@ class Readback:
         self._status.clear()
         lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, self.size, self._info[0])
         dev = self.device._internal
+        if self._index is not None:  # wait for that submission only (its completion fires the callback)
+            index, self._index = self._index, None
+            lib.wgpuDevicePoll(dev, 1, index)
         idle = 0
         while not self._status:
             if lib.wgpuDevicePoll(dev, 1, ffi.NULL):  # true: the queue is empty, so the callback is due
@@ -372,12 +388,21 @@ class GPUTensor:
             KilnError: the tensor was released.
             DeviceError: the device could not map the copy.
         """
-        buf = self._live()
+        return self.read_async().result()
+
+    def read_async(self) -> PendingRead:
+        """Start copying the elements to host memory: the copy is submitted now, behind the work already submitted,
+        and :meth:`PendingRead.result` waits for it alone, not for work submitted after this call (a language
+        model's next decode step, fed this token on the device, queued while the host waits for the token).
+
+        Raises:
+            KilnError: the tensor was released.
+        """
         rb = Readback(self.device, [self.nbytes])
         enc = self.device.create_command_encoder()
-        rb.copy(enc, [buf])
-        self.device.queue.submit([enc.finish()])
-        return rb.read(lambda _i, data: from_storage(data, self.dtype.name, self.shape))[0]
+        rb.copy(enc, [self._live()])
+        rb.submit(enc)
+        return PendingRead(rb, self.dtype.name, self.shape)
 
     def release(self) -> None:
         """Free the buffer now (work already submitted that uses it still completes); the tensor is unusable after."""
@@ -390,6 +415,25 @@ class GPUTensor:
     def __repr__(self) -> str:
         state = "released" if self.buffer is None else f"{self.nbytes} bytes"
         return f"GPUTensor(shape={list(self.shape)}, dtype={self.dtype.name}, {state})"
+
+
+class PendingRead:
+    """A copy of a :class:`GPUTensor` to host memory, submitted and not yet waited for (:meth:`GPUTensor.read_async`).
+    """
+
+    def __init__(self, readback: Readback, dtype: str, shape: tuple[int, ...]):
+        self._readback, self._dtype, self._shape = readback, dtype, shape
+        self._value = None
+
+    def result(self) -> np.ndarray:
+        """The elements as a new host array (waits for the copy; later calls return the same array).
+
+        Raises:
+            DeviceError: the device could not map the copy.
+        """
+        if self._value is None:
+            self._value = self._readback.read(lambda _i, data: from_storage(data, self._dtype, self._shape))[0]
+        return self._value
 
 
 def empty(shape, dtype, device, label: str = "") -> GPUTensor:

@@ -75,9 +75,9 @@ class KernelRunner:
         self.dispatch = tuple(dispatch)
         self.poison = poison
 
-    def _submit(self, times: int = 1, readback: bool = False, fence: bool = False) -> None:
+    def _submit(self, times: int = 1, readback: bool = False, fence: bool = False, timestamps=None) -> None:
         enc = self.device.create_command_encoder()
-        cpass = enc.begin_compute_pass()
+        cpass = enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps else enc.begin_compute_pass()
         cpass.set_pipeline(self.pipeline)
         cpass.set_bind_group(0, self.group)
         for _ in range(times):
@@ -118,4 +118,33 @@ class KernelRunner:
             self._wait()
             if i >= warmup:
                 out.append((time.perf_counter() - t0) * 1e3 / batch)
+        return out
+
+    def gpu_time(self, repeat: int = 10, batch: int = 1, warmup: int = 2) -> list[float] | None:
+        """GPU milliseconds per dispatch, as :meth:`time` but from timestamp queries written at the start and the
+        end of the samples' compute pass (the host's encoding left out); ``None`` where the device lacks the
+        ``timestamp-query`` feature. The dispatches write one output, so each waits for the one before."""
+        import wgpu
+
+        dev = self.device
+        if "timestamp-query" not in dev.features:
+            return None
+        queries = dev.create_query_set(type="timestamp", count=2)
+        resolve = dev.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        staging = dev.create_buffer(size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        writes = {"query_set": queries, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
+        out = []
+        for i in range(warmup + repeat):
+            self._submit(batch, timestamps=writes)
+            enc = dev.create_command_encoder()
+            enc.resolve_query_set(queries, 0, 2, resolve, 0)
+            enc.copy_buffer_to_buffer(resolve, 0, staging, 0, 16)
+            dev.queue.submit([enc.finish()])
+            staging.map_sync(wgpu.MapMode.READ)
+            try:
+                ticks = np.frombuffer(staging.read_mapped(copy=True), np.uint64)
+            finally:
+                staging.unmap()
+            if i >= warmup:
+                out.append(float(ticks[1] - ticks[0]) / 1e6 / batch)
         return out

@@ -219,7 +219,6 @@ class Session(TrainingMixin, GenerationMixin):
         self._validated = {self._choice}
         self.steps = [(*alts[0], tuple(s["dispatch"])) for alts, s in zip(self._alternatives, plan)]
         self._raw = self._raw_steps()
-        self._calls: dict[tuple, Any] = {}  # _encode_raw's calls per (plan, dispatches, steps)
         self._ran = False
         self._grow = dynamic.GrowSizes(self.manifest)  # buffers that grow with growable dims (format 1.10)
         chunks = os.environ.get("KILN_SUBMIT_CHUNKS")
@@ -286,7 +285,6 @@ class Session(TrainingMixin, GenerationMixin):
         self._make_bind_groups()
         self.steps = [(*alts[c], d) for alts, c, (_, _, d) in zip(self._alternatives, self._choice, self.steps)]
         self._raw = self._raw_steps()
-        self._calls.clear()
         self._validated = {self._choice}
         self._ran = False  # (the first run of new bind groups goes through the checked API)
         # (the staging buffer takes a grown output whole: the run's shape is known only when it runs)
@@ -300,11 +298,10 @@ class Session(TrainingMixin, GenerationMixin):
             from wgpu.backends.wgpu_native._ffi import ffi, lib
         except ImportError:
             return None
-        index = {id(p): i for i, (p, _) in enumerate(self.pipelines)}
-        raw = [(index[id(p)], p._internal, g._internal, x, y, z) for p, g, (x, y, z) in self.steps]
-        if not all(isinstance(r[1], ffi.CData) and isinstance(r[2], ffi.CData) for r in raw):
+        handles = [(p._internal, g._internal) for p, g, _ in self.steps]
+        if not all(isinstance(p, ffi.CData) and isinstance(g, ffi.CData) for p, g in handles):
             return None
-        return lib, ffi.NULL, raw
+        return lib, ffi.NULL, handles, [tuple(d) for _, _, d in self.steps]
 
     def _encode_raw(self, cpass, dispatch: list[tuple[int, int, int]] | None = None, start: int = 0,
                     stop: int | None = None) -> None:
@@ -313,25 +310,23 @@ class Session(TrainingMixin, GenerationMixin):
         Encoding through wgpu-py's checked wrappers costs about 15 us of Python per dispatch,
         as much as a small kernel takes on a fast GPU. The plan was validated by the first
         run (encoded through the public API), and the calls are the same three per dispatch.
-        The calls' arguments are kept, per run of steps, until the dispatches or kernels change (a decoder's
-        change with every token), steps with nothing to do left out.
+        Steps with no workgroups (at these dims) are skipped. (The loop walks the plan's handles and the run's
+        counts side by side: building a list of the calls instead cost a decoder, whose counts change with every
+        token, more than it saved.)
         """
-        lib, null, raw = self._raw
-        key = (id(raw), id(dispatch), start, stop)
-        calls = self._calls.get(key)
-        if calls is None:
-            if len(self._calls) > 8:
-                self._calls.clear()
-            counts = dispatch[start:stop] if dispatch is not None else [r[3:] for r in raw[start:stop]]
-            calls = self._calls[key] = ((raw, dispatch),  # (held: the key's ids stay theirs)
-                                        [(pipeline, group, *d) for (_, pipeline, group, *_), d
-                                         in zip(raw[start:stop], counts) if d[0]])
+        lib, null, handles, counts = self._raw
+        if dispatch is not None:
+            counts = dispatch
+        if start or stop is not None:
+            handles, counts = handles[start:stop], counts[start:stop]
         set_pipeline = lib.wgpuComputePassEncoderSetPipeline
         set_group = lib.wgpuComputePassEncoderSetBindGroup
         dispatch_workgroups = lib.wgpuComputePassEncoderDispatchWorkgroups
         h = cpass._internal
         last = None
-        for pipeline, group, x, y, z in calls[1]:
+        for (pipeline, group), (x, y, z) in zip(handles, counts):
+            if not x:
+                continue
             if pipeline is not last:
                 set_pipeline(h, pipeline)
                 last = pipeline
