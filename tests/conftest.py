@@ -80,6 +80,23 @@ def reference_npz() -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="session")
+def smollm2_chat_package(tmp_path_factory) -> Path:
+    """SmolLM2 as ``kiln compile model.gguf --max-context 192 --device-class cpu --target webgpu,wasm,cpu`` makes it
+    (last-row logits, on-device arg max), compiled once for test_gguf.py and test_llm_browser.py (tests copy it
+    before adding files)."""
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    out = tmp_path_factory.mktemp("chat") / "smollm2"
+    done = CliRunner().invoke(main, ["compile", str(ROOT / "models" / "zoo" / "SmolLM2-135M-Instruct.Q4_1.gguf"),
+                                     "-o", str(out), "--max-context", "192", "--device-class", "cpu", "--no-validate",
+                                     "--target", "webgpu,wasm,cpu"])
+    assert done.exit_code == 0, done.output
+    return out
+
+
+@pytest.fixture(scope="session")
 def mobilenet_package(tmp_path_factory) -> Path:
     """MobileNetV2 compiled once per test session for webgpu and wasm (with kiln.js and index.html); tests must
     not modify it."""

@@ -259,19 +259,11 @@ def test_tokenizer_and_chat_template_match_reference():
 
 
 # ----------------------------------------------------------------------------- generation
-@pytest.fixture(scope="module")
-def chat_package(tmp_path_factory):
+@pytest.fixture
+def chat_package(smollm2_chat_package):
     """SmolLM2 as ``kiln compile model.gguf --target webgpu,wasm,cpu`` makes it (last-row logits, on-device arg max),
-    192-token context."""
-    from click.testing import CliRunner
-
-    from kiln.cli import main
-
-    out = tmp_path_factory.mktemp("chat") / "smollm2"
-    done = CliRunner().invoke(main, ["compile", str(SMOLLM2), "-o", str(out), "--max-context", "192",
-                                     "--device-class", "cpu", "--no-validate", "--target", "webgpu,wasm,cpu"])
-    assert done.exit_code == 0, done.output
-    return out
+    192-token context (conftest.py's, shared with test_llm_browser.py)."""
+    return smollm2_chat_package
 
 
 @needs_model
@@ -352,7 +344,7 @@ def test_run_ahead_decoding_matches_one_step_at_a_time(tmp_path):
     for ahead in (True, False):
         gen.run_ahead = ahead
         assert [c.token for c in session.generate([3, 4, 5, 6, 2], 20)] == full[:k], ahead
-        assert gen.stats.stop_reason == "stop" and gen.stats.new_tokens == k
+        assert gen.stats.stop_reason == "stop" and gen.stats.new_tokens == k and session.submit_chunks == chunks
     with pytest.raises(KilnError, match="token id 99 of the prompt is outside the vocabulary of 8 tokens"):
         session.generate([3, 99], 2)
 

@@ -114,8 +114,8 @@ def test_runs_split_into_several_command_buffers(models, rng):
 
 
 def test_read_async_reads_the_values_at_its_call(models, rng):
-    """``GPUTensor.read_async`` submits its copy at once: work submitted after it (a run fed the same tensor, a write
-    into its buffer) neither changes what it reads nor has to finish before ``result()`` returns."""
+    """``GPUTensor.read_async`` submits its copy at once: work submitted after it (a run, a write into the tensor's
+    buffer) does not change what it reads, and runs as submitted."""
     path, pkg = models["mlp"]
     session = Session(pkg)
     x = rng.standard_normal((2, 8)).astype(np.float32)

@@ -10,6 +10,7 @@ in CI.
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -41,19 +42,14 @@ def test_vendored_libraries_match_npm():
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, smollm2_chat_package):
     """A tree of two packages served on loopback: ``chat/`` as ``kiln compile model.gguf --max-context 192 --target
-    webgpu,wasm`` makes it, and ``tf/``, the decoder step with every row's logits (128-token context, both targets)
-    next to the reference logits as raw float32 files; and Chromium."""
-    from click.testing import CliRunner
+    webgpu,wasm,cpu`` makes it (conftest.py's, copied), and ``tf/``, the decoder step with every row's logits
+    (128-token context, both targets) next to the reference logits as raw float32 files; and Chromium."""
     from playwright.sync_api import sync_playwright
 
-    from kiln.cli import main
-
     root = tmp_path_factory.mktemp("llm_browser")
-    done = CliRunner().invoke(main, ["compile", str(SMOLLM2), "-o", str(root / "chat"), "--max-context", "192",
-                                     "--device-class", "cpu", "--no-validate", "--target", "webgpu,wasm"])
-    assert done.exit_code == 0, done.output
+    shutil.copytree(smollm2_chat_package, root / "chat")
     dg = import_gguf(SMOLLM2, max_context=128)
     write_package(compile_graph(dg.graph, "webgpu,wasm", device_class="cpu", validate=False), root / "tf")
     for pkg in ("chat", "tf"):  # a page that loads nothing itself, for the scripts below

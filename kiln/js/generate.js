@@ -354,7 +354,10 @@ export class Generator {
           // prefill's next_token has a row per prompt token: the first decode step waits for it.
           const pending = read(out[this.config.next_token]);
           const fed = /** @type {GPUTensor} */ (out[this.config.next_token]);  // (onGPU: outputs are GPUTensors)
-          if (n > 0 && n + 1 < maxNewTokens) ahead = this.step(fed, ids.length + n, onGPU);
+          if (n > 0 && n + 1 < maxNewTokens) {
+            ahead = this.step(fed, ids.length + n, onGPU);
+            ahead.catch(() => undefined);  // (handled: awaited below, or settled in finally if the read fails)
+          }
           token = Number((await pending).data.at(-1));
           if (ahead) ahead = await ahead;  // (submitted: the token's tensor may go)
         } else {
@@ -400,8 +403,9 @@ export class Generator {
       }
       if (!stats.stopReason) stats.stopReason = 'length';
     } finally {
-      free(out);
+      // the step queued ahead first: until it is submitted it may still copy from a tensor of `out`
       if (ahead) free(await Promise.resolve(ahead).catch(() => ({})));
+      free(out);
       this.busy = false;
     }
   }

@@ -282,7 +282,8 @@ class Generator:
             KilnError: a prompt that is none of these, text that is not valid Unicode (lone surrogates), or a token
                 id outside the vocabulary.
         """
-        if isinstance(prompt, list) and prompt and all(isinstance(i, (int, np.integer)) for i in prompt):
+        if isinstance(prompt, list) and prompt and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool)
+                                                       for i in prompt):
             vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
             bad = [int(i) for i in prompt if not 0 <= i < vocab]
             if bad:

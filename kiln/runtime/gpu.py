@@ -235,9 +235,11 @@ class Readback:
             self.device.queue.submit([encoder.finish()])
             return
         ffi, lib = self._raw
-        buffers = ffi.new("WGPUCommandBuffer[]", [encoder.finish()._internal])
+        command_buffer = encoder.finish()  # (held until submitted: its release frees the handle)
+        buffers = ffi.new("WGPUCommandBuffer[]", [command_buffer._internal])
         index = lib.wgpuQueueSubmitForIndex(self.device.queue._internal, 1, buffers)
         self._index = ffi.new("WGPUSubmissionIndex *", index)
+        del command_buffer
 
     def read(self, convert) -> list:
         """Wait for the copies (for the submission of :meth:`submit` if it made them, else for all submitted work),

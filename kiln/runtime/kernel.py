@@ -145,6 +145,8 @@ class KernelRunner:
                 ticks = np.frombuffer(staging.read_mapped(copy=True), np.uint64)
             finally:
                 staging.unmap()
-            if i >= warmup:
-                out.append(float(ticks[1] - ticks[0]) / 1e6 / batch)
+            if i >= warmup:  # (an end stamp before the start one, which some drivers give: 0, as profile() does)
+                out.append(float(ticks[1] - ticks[0]) / 1e6 / batch if ticks[1] >= ticks[0] else 0.0)
+        for b in (resolve, staging, queries):
+            b.destroy()
         return out

@@ -219,10 +219,13 @@ DEFAULT_SHARED_TILES = "medium"
 #: workgroups a ``"medium"`` contraction must fill (two per streaming multiprocessor of a large GPU)
 MEDIUM_GROUPS = 256
 #: the fewest iterations of the outermost reduction axis each of a tile's ``reduce_lanes`` keeps (the lanes double
-#: while each would keep at least this many). ``bench.gemv`` on an H200: a decode step's 4-bit matrix-vector
-#: products (72 or 192 words of 8 weights a column) run fastest with a word or two a lane (576x960: 3.4 us at 64
-#: lanes against 3.8 at 16; with RMSNorm's sum of squares inside, 5.3-5.8 against 10.8); 4 a lane before
-ITERATIONS_PER_LANE = 1
+#: while each would keep at least this many)
+ITERATIONS_PER_LANE = 4
+#: the same for a matrix-vector product (one output axis longer than 1: a decode step's projections, a classifier at
+#: batch 1). ``bench.gemv`` on an H200: a decode step's 4-bit products (72 or 192 words of 8 weights a column) run
+#: fastest with a word or two a lane (576x960: 3.4 us at 64 lanes against 3.8 at 16; with RMSNorm's sum of squares
+#: inside, 5.3-5.8 against 10.8; 1536x576 3.9 against 5.0)
+GEMV_ITERATIONS_PER_LANE = 1
 #: the default shared-tile schedules, as ``bench.micro`` names its candidates: (register tile factor per axis,
 #: workgroup size, ``shared_k``, innermost output axis contiguous per invocation (else strided), ``vector_width``,
 #: ``prefetch``)
@@ -244,7 +247,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     than ``target_invocations`` invocations (4 times as many where a reduction is nested in the body), up to 64
     ``reduce_lanes`` (256 for at most 16 tiles: the arg max
     over a language model's vocabulary went from 156 to 85 us on an H100) share each tile's
-    reduction (each lane keeping at least :data:`ITERATIONS_PER_LANE` iterations of the outermost axis), in workgroups
+    reduction (each lane keeping at least :data:`ITERATIONS_PER_LANE` iterations of the outermost axis,
+    :data:`GEMV_ITERATIONS_PER_LANE` in a matrix-vector product), in workgroups
     whose partial sums fit ``shared_bytes`` of workgroup memory (the WebGPU default limit).
     ``device_class="cpu"`` (WebGPU on a CPU: SwiftShader, lavapipe) has few cores and slow
     workgroup barriers: full 4 x 4 tiles, no lanes and no unrolling (MobileNetV2 on lavapipe: 0.9 s a run,
@@ -288,7 +292,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     # a reduction nested in the body (RMSNorm's sum of squares in the matmul after it: fuse_norm_prologues) is split
     # over the same lanes, so it wants more of them
     target = target_invocations * 4 if any(reductions_in(r.body) for r in reds) else target_invocations
-    while lanes < most and tiles * lanes < target and lanes * 2 * ITERATIONS_PER_LANE <= outer:
+    per_lane = GEMV_ITERATIONS_PER_LANE if sum(1 for d in shape if d > 1) <= 1 else ITERATIONS_PER_LANE
+    while lanes < most and tiles * lanes < target and lanes * 2 * per_lane <= outer:
         lanes *= 2
     if device_class == "cpu":
         return _cpu_lanes(t, reds, factors, splits, shared_bytes)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kiln.te.compute import Tensor, placeholders
-from kiln.te.schedule import Schedule, Split, reductions, reuse_axes
+from kiln.te.schedule import GEMV_ITERATIONS_PER_LANE, Schedule, Split, reductions, reuse_axes
 from kiln.te.tiles import analyse
 
 #: register tiles per axis
@@ -93,7 +93,7 @@ class SearchSpace:
         self.max_split_axes = 2 if self.reds else 1
         self.unrolls = UNROLLS if self.reds else (1,)
         self.outer_extent = min((r.axes[0].extent for r in self.reds), default=0)
-        self.lanes = tuple(n for n in LANES if n == 1 or (lanes and n * 4 <= self.outer_extent))
+        self.lanes = tuple(n for n in LANES if n == 1 or (lanes and n * GEMV_ITERATIONS_PER_LANE <= self.outer_extent))
         # shared tiles need a contraction (one sum of products over two reuse axes)
         self.shared = SHARED_KS if lanes and len(self.reds) == 1 and len(self.axes) >= 2 else (0,)
         self._analysed: dict = {}
@@ -134,8 +134,8 @@ class SearchSpace:
 
         Checks: workgroup size within ``limits.invocations``; split axes distinct, known, at most
         two (one without reductions), factors from the space and not beyond the axis; reduce
-        lanes a power of two dividing the workgroup size, each keeping at least 4 iterations of
-        the outermost reduction axis, and their partial sums within the workgroup memory limit;
+        lanes a power of two dividing the workgroup size, each keeping at least one iteration of
+        the outermost reduction axis (:data:`~kiln.te.schedule.GEMV_ITERATIONS_PER_LANE`), and their partial sums within the workgroup memory limit;
         accumulators and unrolled updates within ``limits``.
         """
         lim = self.limits
