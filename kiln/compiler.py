@@ -130,7 +130,7 @@ def check_targets(targets: list[Target], graph: Graph, precision: str, training:
 def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bool = True, progress: bool = False,
                   device_class: str = "gpu", wasm_threads: bool = True,
                   schedule: Callable[[Tensor], Schedule] | None = None, training: Any = None,
-                  precision: str = "fp32") -> Compiled:
+                  precision: str = "fp32", concat_steps: bool = True) -> Compiled:
     """Optimise ``graph`` in place, fuse it, plan its memory and build it for each of ``target`` (a name or a
     comma list: ``webgpu`` with the default schedules for ``device_class``, ``webgl2``, ``wasm``).
 
@@ -138,6 +138,8 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     :meth:`~kiln.tune.db.TuningDB.scheduler`); by default the default schedules for ``device_class``.
     With ``training`` (a :class:`kiln.train.TrainGraph` whose ``graph`` is ``graph``) the result also
     records the steps inference runs (``infer_steps``); train-step packages have the webgpu target only.
+    ``concat_steps`` lets the webgpu target run neighbouring independent kernels as one plan step (False: a step
+    per kernel group, as the tuner times them).
     ``precision`` ``fp16`` (or ``fp16-acc16``) stores float weights and activations as f16 and computes
     in f16 by the rules of :mod:`kiln.te.half`; the package then needs WebGPU's ``shader-f16``.
 
@@ -149,7 +151,7 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
                for name in parse_targets(target)]
     check_targets(targets, graph, precision, training)
     program = Program(graph, [], MemoryPlan([], {}, 0), device_class=device_class, precision=precision,
-                      accumulate=accumulate, schedule=schedule, training=training)
+                      accumulate=accumulate, schedule=schedule, training=training, concat_steps=concat_steps)
     if has_control(graph):  # If/Loop decided at run time: the webgpu target plans each graph level
         program.control = True
         fired = optimize_nested(graph)

@@ -44,6 +44,8 @@ class Program:
         infer_steps: a train-step package's inference steps (indices into the plan), else None.
         control: the graph has run-time If/Loop: ``groups`` and ``plan`` are empty until the webgpu target,
             which plans every graph level (docs/control-flow.md), fills them in.
+        concat_steps: the webgpu target may run neighbouring independent kernels as one step (a plan step per
+            kernel group otherwise: the tuner times each group's step).
     """
 
     graph: Graph
@@ -56,6 +58,7 @@ class Program:
     training: Any = None
     infer_steps: list[int] | None = None
     control: bool = False
+    concat_steps: bool = True
 
 
 @dataclass

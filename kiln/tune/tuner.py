@@ -80,7 +80,7 @@ def model_tasks(model: str | os.PathLike, dims: dict[str, int] | None = None, de
     if missing:
         raise UnsupportedOpError(missing)
     graph = import_model(onnx_model, dims)
-    compiled = compile_graph(graph, "webgpu", validate=False, device_class=device_class)
+    compiled = compile_graph(graph, "webgpu", validate=False, device_class=device_class, concat_steps=False)
     work = kernel_groups(compiled.groups)
     assert len(work) == len(compiled.steps), "plan steps and kernel groups differ"
     tasks: list[Task] = []

@@ -97,9 +97,11 @@ class WebGPUTarget(Target):
             schedule = program.schedule
             if schedule is not None and program.graph.size_vars:
                 schedule = _static_only(schedule, fallback)
+            # (a train step's inference steps and the steps binding data-dependent dims are indices of groups)
+            concat_steps = program.concat_steps and program.infer_steps is None and not program.graph.data_dims
             kernels, steps = _build.build_kernels(program.groups, program.plan, validate=validate, progress=progress,
                                                   schedule=schedule or fallback,
-                                                  accumulate=program.accumulate or "float32")
+                                                  accumulate=program.accumulate or "float32", concat_steps=concat_steps)
             nested = None
         section = _build.section(program, kernels, steps, features, nested)
         return TargetBuild(self.name, section, {k.path: k.source for k in kernels}, kernels, steps)

@@ -23,6 +23,7 @@ from kiln.package import dynamic
 from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
 from kiln.te.compute import Tensor
+from kiln.te.horizontal import concat, concatenable
 from kiln.te.loops import loop_iterations
 from kiln.te.rows import analyse_rows
 from kiln.te.schedule import Schedule, default_schedule
@@ -109,12 +110,13 @@ class WebGPUKernels(KernelTable):
         self._variants: dict[int, Variant | None] = {}  # kernel index -> its variant
 
     def step(self, g: Group, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
-             accumulate: str = "float32", shape_text: str | None = None, variants: bool = True) -> Step:
-        """Lower, render and add group ``g``; returns its plan step (buffers from ``plan.of``), with a
-        :class:`Variant` where the schedule at :func:`~kiln.codegen.target.scheduled_variant` differs (unless not
-        ``variants``)."""
-        k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
-        index = self._add(g, k, shape_text)
+             accumulate: str = "float32", shape_text: str | None = None, variants: bool = True,
+             lowered: tuple[Any, list] | None = None) -> Step:
+        """Lower (unless ``lowered`` gives ``(kernel, input values)``), render and add group ``g``; returns its plan
+        step (buffers from ``plan.of``), with a :class:`Variant` where the schedule at
+        :func:`~kiln.codegen.target.scheduled_variant` differs (unless not ``variants``)."""
+        k, ins = lowered if lowered is not None else build_group(g, schedule, plan if plan.half else None, accumulate)
+        index = self._add([g], k, describe(g, shape_text))
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
         groups = k.groups
         if not symbolic.is_symbolic(groups):
@@ -124,27 +126,51 @@ class WebGPUKernels(KernelTable):
             return step
         if index not in self._variants:  # steps of one kernel (same source: same computation) share its variant
             self._variants[index] = None
-            made = scheduled_variant(k.size_vars, lambda: build_group(g, schedule, plan if plan.half else None,
-                                                                      accumulate)) if callable(schedule) else None
+            made = self.variant(g, k, ins, schedule, plan, accumulate)
             if made is not None:
-                when, (kv, ins_v) = made
-                if kv.schedule.to_json() != k.schedule.to_json() and [id(v) for v in ins_v] == [id(v) for v in ins]:
-                    self._variants[index] = Variant(when, self._add(g, kv, shape_text), self._dispatch(kv), kv.groups)
+                when, kv = made
+                self._variants[index] = Variant(when, self._add([g], kv, describe(g, shape_text)), self._dispatch(kv),
+                                                kv.groups)
         if self._variants[index] is not None:
             step.variants.append(self._variants[index])
         return step
 
-    def _add(self, g: Group, k, shape_text: str | None) -> int:
-        src = wgsl.render(k, describe(g, shape_text))
+    @staticmethod
+    def variant(g: Group, k, ins: list, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
+                accumulate: str = "float32") -> tuple[dict[str, list[int]], Any] | None:
+        """``(when, kernel)`` of group ``g``'s variant (``k``, ``ins``: its kernel and input values), or None."""
+        if not callable(schedule) or not symbolic.is_symbolic(k.groups):
+            return None
+        made = scheduled_variant(k.size_vars, lambda: build_group(g, schedule, plan if plan.half else None, accumulate))
+        if made is None:
+            return None
+        when, (kv, ins_v) = made
+        if kv.schedule.to_json() != k.schedule.to_json() and [id(v) for v in ins_v] == [id(v) for v in ins]:
+            return when, kv
+        return None
+
+    def concat_step(self, run: list[tuple[Group, Any, list[int]]]) -> Step:
+        """One step running the kernels of ``run`` (``(group, lowered kernel, buffers)`` each: independent,
+        :func:`~kiln.te.horizontal.concatenable`) as one dispatch (:func:`kiln.te.horizontal.concat`)."""
+        groups = [g for g, _, _ in run]
+        name = "_".join(g.name for g in groups)
+        k, bufs = concat([k for _, k, _ in run], [b for _, _, b in run], name)
+        index = self._add(groups, k, " + ".join(describe(g) for g in groups))
+        if not symbolic.is_symbolic(k.groups):
+            return Step(index, k.dispatch, bufs, groups[0].nodes[0].name)
+        return Step(index, self._dispatch(k), bufs, groups[0].nodes[0].name, groups=k.groups)
+
+    def _add(self, groups: list[Group], k, comment: str) -> int:
+        src = wgsl.render(k, comment)
 
         def make(name: str) -> Kernel:
             if self.validate:
                 validate_wgsl(src, name, features=self.features)
-            return Kernel(name, src, [p.access for p in k.params], [n.op for n in g.nodes], k.schedule.to_json(),
-                          dict(getattr(k.schedule, "tuning", None) or {}), dims=bool(k.size_vars),
-                          loop_iterations=loop_iterations(k.body))
+            return Kernel(name, src, [p.access for p in k.params], [n.op for g in groups for n in g.nodes],
+                          k.schedule.to_json(), dict(getattr(k.schedule, "tuning", None) or {}),
+                          dims=bool(k.size_vars), loop_iterations=loop_iterations(k.body))
 
-        return self.add(src, g.name, make)
+        return self.add(src, "_".join(g.name for g in groups), make)
 
     @staticmethod
     def _dispatch(k) -> tuple[int, int, int]:
@@ -152,12 +178,15 @@ class WebGPUKernels(KernelTable):
 
 
 def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, progress: bool = False,
-                  schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule, accumulate: str = "float32"):
+                  schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule, accumulate: str = "float32",
+                  concat_steps: bool = False):
     """Generate, deduplicate and validate the WGSL of every non-alias group; returns ``(kernels, steps)``.
 
     ``schedule`` is one schedule for every kernel or a function choosing one per kernel
     expression (default :func:`~kiln.te.schedule.default_schedule`). Values ``plan`` stores as f16
     are computed with fp16 compute (dot products accumulated in ``accumulate``, see :mod:`kiln.te.half`).
+    With ``concat_steps``, runs of neighbouring independent kernels whose invocations work alone become one step
+    (:func:`kiln.te.horizontal.concat`; :func:`_joins` says which): the plan then has fewer steps than groups.
     """
     table = WebGPUKernels(validate, ("shader-f16",) if plan.half else ())
     work = kernel_groups(groups)
@@ -165,7 +194,33 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
              for g in work if g.alternative_to}
     within = {id(r): boxes[id(g)] for g in work if g.alternative_to for r in g.alternative_to}
     steps = []
+    run: list[tuple[Group, Any, list[int]]] = []  # neighbouring kernels to run as one step
+
+    def flush() -> None:
+        if len(run) == 1:
+            g, k, _ = run[0]
+            steps.append(table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape),
+                                    lowered=(k, lowered_inputs[id(k)])))
+        elif run:
+            steps.append(table.concat_step(run))
+        run.clear()
+
+    lowered_inputs: dict[int, list] = {}
     for g in progress_over(work, progress, "generating kernels"):
+        if concat_steps and not g.alternative_to and not within.get(id(g)):
+            k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
+            lowered_inputs[id(k)] = ins
+            bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
+            if concatenable(k) and table.variant(g, k, ins, schedule, plan, accumulate) is None:
+                if not _joins(run, k, bufs):
+                    flush()
+                run.append((g, k, bufs))
+                continue
+            flush()
+            steps.append(table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape),
+                                    lowered=(k, ins)))
+            continue
+        flush()
         step = table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape),
                           variants=not g.alternative_to)
         if g.alternative_to:  # runs inside its range only (nowhere when it has none)
@@ -175,7 +230,26 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
         elif within.get(id(g)):  # replaced by an alternative inside its range: no workgroups there
             step.variants.insert(0, Variant(_when(within[id(g)]), step.kernel, step.dispatch, 0))
         steps.append(step)
+    flush()
     return table.kernels, steps
+
+
+#: the most kernels one concatenated step runs, and the storage buffers it may bind (WebGPU's default
+#: ``maxStorageBuffersPerShaderStage``)
+MAX_CONCAT, MAX_CONCAT_BUFFERS = 4, 8
+
+
+def _joins(run: list[tuple[Group, Any, list[int]]], k, bufs: list[int]) -> bool:
+    """Whether kernel ``k`` (binding ``bufs``, its output last) may run in one dispatch with the kernels of ``run``:
+    one workgroup size, no buffer that one writes bound by another (reading it would race with the write; the memory
+    plan may also have given a later value the buffer of an earlier one's last read), and few enough buffers."""
+    if not run or len(run) >= MAX_CONCAT or k.schedule.workgroup_size != run[0][1].schedule.workgroup_size:
+        return False
+    written = {b[-1] for _, _, b in run}
+    if bufs[-1] in {x for _, _, b in run for x in b} or written & set(bufs):
+        return False
+    reads = {x for _, _, b in run for x in b[:-1]} | set(bufs[:-1])
+    return len(reads) + len(run) + 1 <= MAX_CONCAT_BUFFERS
 
 
 #: most keys (cached tokens and new ones) a query row of an attention alternative reads: one workgroup a row (the

@@ -1,0 +1,109 @@
+"""Horizontal fusion of lowered kernels: independent kernels run as one dispatch, each over its own range of the
+invocations.
+
+A kernel dispatch costs a GPU a few microseconds between dependent dispatches and the host several to encode, whatever
+its work: a language model's decode step writes its keys and its values into the KV cache in two small kernels a
+layer that read the same projection and write different buffers. :func:`concat` makes one kernel of such kernels:
+invocation ``g`` runs the first kernel's body for ``g < total_0``, the second's for ``g - total_0`` below its total,
+and so on. Only kernels whose invocations work alone (no reduce lanes, no workgroup memory: not
+``LoweredKernel.cooperative``) are concatenated; whether they are independent (no kernel reads or overwrites a buffer
+another writes) is the caller's to know (:func:`kiln.codegen.webgpu.build.build_kernels` checks the plan's buffers).
+"""
+
+from __future__ import annotations
+
+from kiln.arith.expr import Expr, Var, binop, transform
+from kiln.arith.symbolic import simplify
+from kiln.te.loops import Assign, Barrier, BufLoad, Decl, For, If, Let, LoweredKernel, Param, Store
+
+
+def concatenable(k: LoweredKernel) -> bool:
+    """Whether ``k``'s invocations work alone (no reduce lanes, workgroup memory or vector arrays): such a kernel's
+    body can run for any range of a dispatch's invocations."""
+    return not k.cooperative and not k.shared and not k.vectors
+
+
+def concat(kernels: list[LoweredKernel], buffers: list[list[int]], name: str) -> tuple[LoweredKernel, list[int]]:
+    """One kernel running each of ``kernels`` (each :func:`concatenable`, all of one workgroup size) over its own range
+    of invocations, in order.
+
+    Args:
+        kernels: the kernels; independent of each other (none reads or writes a buffer another writes).
+        buffers: per kernel, the buffer each of its params is bound to (the plan's buffer ids): a buffer several
+            kernels read is bound once.
+        name: the new kernel's name.
+
+    Returns:
+        ``(kernel, buffers)``: the kernel (its reads first, then each kernel's output, in order) and the buffer of
+        each of its params.
+
+    Raises:
+        ValueError: a kernel that is not concatenable, workgroup sizes that differ, or one buffer read as two types.
+    """
+    if not all(concatenable(k) for k in kernels) or len({k.schedule.workgroup_size for k in kernels}) != 1:
+        raise ValueError("concat: kernels need invocations that work alone and one workgroup size")
+    params: list[Param] = []
+    bound: list[int] = []
+    read: dict[int, int] = {}  # buffer -> index of its read param
+    renames: list[dict[str, str]] = []
+    for k, bufs in zip(kernels, buffers):
+        names = {}
+        for p, b in zip(k.params, bufs):
+            if p.access != "read":
+                continue
+            if b not in read:
+                read[b] = len(params)
+                params.append(Param(f"in{len(params)}", p.dtype, p.size, "read"))
+                bound.append(b)
+            elif (params[read[b]].dtype, params[read[b]].size) != (p.dtype, p.size):
+                raise ValueError(f"concat: buffer {b} is read as {params[read[b]].dtype}[{params[read[b]].size}] and "
+                                 f"as {p.dtype}[{p.size}]")
+            names[p.name] = params[read[b]].name
+        renames.append(names)
+    for i, (k, bufs) in enumerate(zip(kernels, buffers)):
+        for p, b in zip(k.params, bufs):
+            if p.access != "read":
+                renames[i][p.name] = f"out{len(params)}"
+                params.append(Param(renames[i][p.name], p.dtype, p.size, p.access))
+                bound.append(b)
+    gid = Var("hgid")
+    body: list = []
+    start: Expr | int = 0
+    for i, k in enumerate(kernels):
+        end = simplify(start + k.total)
+        cond = binop("<", gid, end) if i < len(kernels) - 1 else None
+        if i:
+            above = binop(">=", gid, start)
+            cond = above if cond is None else binop("&&", above, cond)
+        inner = [Let(k.gid, binop("-", gid, start) if i else gid), *_renamed(k.body, renames[i])]
+        body.append(If(cond, inner) if cond is not None else If(binop(">=", gid, start), inner))
+        start = end
+    inputs = [t for k in kernels for t in k.inputs]
+    return LoweredKernel(name, params, inputs, simplify(start), gid, body, kernels[0].schedule), bound
+
+
+def _renamed(stmts: list, names: dict[str, str]) -> list:
+    """``stmts`` with every buffer parameter ``p`` read or written renamed ``names[p]``."""
+    def fn(x):
+        if isinstance(x, BufLoad):
+            return BufLoad(names[x.buf], transform(x.index, fn), x.size, x.guard, x.dtype)
+        return None
+
+    def expr(e):
+        return transform(e, fn) if isinstance(e, Expr) else e
+
+    out = []
+    for s in stmts:
+        if isinstance(s, (Let, Decl, Assign)):
+            out.append(type(s)(s.var, expr(s.value)))
+        elif isinstance(s, For):
+            out.append(For(s.var, s.extent, _renamed(s.body, names), s.lanes))
+        elif isinstance(s, If):
+            out.append(If(expr(s.cond), _renamed(s.body, names)))
+        elif isinstance(s, Store):
+            out.append(Store(names[s.buf], expr(s.index), expr(s.value)))
+        elif isinstance(s, Barrier):
+            out.append(s)
+        else:
+            raise TypeError(f"concat: cannot rename the buffers of a {type(s).__name__} statement")
+    return out
