@@ -71,6 +71,21 @@ def test_independent_kernels_run_as_one_step(tmp_path, rng):
         np.testing.assert_array_equal(got[True][name], got[False][name], err_msg=name)
 
 
+def test_kernels_with_loops_keep_their_steps(rng):
+    """Two independent matrix products lowered without reduce lanes (cpu schedules: a loop per invocation) stay two
+    steps: a concatenated kernel's loop count would be their sum (llvmpipe's per-invocation limit)."""
+    f = TensorProto.FLOAT
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("MatMul", ["z", "v"], ["u"])],
+                              "two", [helper.make_tensor_value_info("x", f, [4, 64]),
+                                      helper.make_tensor_value_info("z", f, [4, 64])],
+                              [helper.make_tensor_value_info("y", f, [4, 8]), helper.make_tensor_value_info("u", f, [4, 8])],
+                              [onnx.numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float32), n)
+                               for n in ("w", "v")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = compile_graph(import_model(model), "webgpu", device_class="cpu")
+    assert len(compiled.builds["webgpu"].section["plan"]) == len(kernel_groups(compiled.groups)) == 2
+
+
 def test_concatenated_kernels_in_the_browser(tmp_path, rng):
     """The same package through Chromium's shader compiler and kiln.js (poisoned buffers), against onnxruntime."""
     from browser import close_shared_runner, shared_runner
@@ -124,5 +139,5 @@ def test_concat_refuses_cooperative_kernels():
         concat([_kernel(), summed], [[1, 2], [1, 3]], "bad")
     k = _kernel()
     as_int = dataclasses.replace(k, params=[Param("in0", "int32", 10, "read"), k.params[1]])
-    with pytest.raises(ValueError, match="read as"):
+    with pytest.raises(ValueError, match="read as float32 and as int32"):
         concat([k, as_int], [[1, 2], [1, 3]], "bad")

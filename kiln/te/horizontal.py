@@ -34,11 +34,11 @@ def concat(kernels: list[LoweredKernel], buffers: list[list[int]], name: str) ->
         name: the new kernel's name.
 
     Returns:
-        ``(kernel, buffers)``: the kernel (its reads first, then each kernel's output, in order) and the buffer of
-        each of its params.
+        ``(kernel, buffers)``: the kernel (its reads first, then each kernel's output, in order; ``inputs`` the
+        placeholder of each read) and the buffer of each of its params.
 
     Raises:
-        ValueError: a kernel that is not concatenable, workgroup sizes that differ, or one buffer read as two types.
+        ValueError: a kernel that is not concatenable, workgroup sizes that differ, or one buffer read as two dtypes.
     """
     if not all(concatenable(k) for k in kernels) or len({k.schedule.workgroup_size for k in kernels}) != 1:
         raise ValueError("concat: kernels need invocations that work alone and one workgroup size")
@@ -46,18 +46,19 @@ def concat(kernels: list[LoweredKernel], buffers: list[list[int]], name: str) ->
     bound: list[int] = []
     read: dict[int, int] = {}  # buffer -> index of its read param
     renames: list[dict[str, str]] = []
+    inputs = []
     for k, bufs in zip(kernels, buffers):
         names = {}
-        for p, b in zip(k.params, bufs):
+        for j, (p, b) in enumerate(zip(k.params, bufs)):
             if p.access != "read":
                 continue
             if b not in read:
                 read[b] = len(params)
                 params.append(Param(f"in{len(params)}", p.dtype, p.size, "read"))
                 bound.append(b)
-            elif (params[read[b]].dtype, params[read[b]].size) != (p.dtype, p.size):
-                raise ValueError(f"concat: buffer {b} is read as {params[read[b]].dtype}[{params[read[b]].size}] and "
-                                 f"as {p.dtype}[{p.size}]")
+                inputs.append(k.inputs[j])
+            elif params[read[b]].dtype != p.dtype:
+                raise ValueError(f"concat: buffer {b} is read as {params[read[b]].dtype} and as {p.dtype}")
             names[p.name] = params[read[b]].name
         renames.append(names)
     for i, (k, bufs) in enumerate(zip(kernels, buffers)):
@@ -78,7 +79,6 @@ def concat(kernels: list[LoweredKernel], buffers: list[list[int]], name: str) ->
         inner = [Let(k.gid, binop("-", gid, start) if i else gid), *_renamed(k.body, renames[i])]
         body.append(If(cond, inner) if cond is not None else If(binop(">=", gid, start), inner))
         start = end
-    inputs = [t for k in kernels for t in k.inputs]
     return LoweredKernel(name, params, inputs, simplify(start), gid, body, kernels[0].schedule), bound
 
 

@@ -185,8 +185,9 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     ``schedule`` is one schedule for every kernel or a function choosing one per kernel
     expression (default :func:`~kiln.te.schedule.default_schedule`). Values ``plan`` stores as f16
     are computed with fp16 compute (dot products accumulated in ``accumulate``, see :mod:`kiln.te.half`).
-    With ``concat_steps``, runs of neighbouring independent kernels whose invocations work alone become one step
-    (:func:`kiln.te.horizontal.concat`; :func:`_joins` says which): the plan then has fewer steps than groups.
+    With ``concat_steps``, runs of neighbouring independent kernels whose invocations work alone and that have no
+    loops become one step (:func:`kiln.te.horizontal.concat`; :func:`_joins` says which): the plan then has fewer
+    steps than groups.
     """
     table = WebGPUKernels(validate, ("shader-f16",) if plan.half else ())
     work = kernel_groups(groups)
@@ -211,7 +212,10 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
             k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
             lowered_inputs[id(k)] = ins
             bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
-            if concatenable(k) and table.variant(g, k, ins, schedule, plan, accumulate) is None:
+            # (kernels without loops only: a concatenated kernel's loop count is the sum of its parts', which
+            # llvmpipe limits per invocation, and a long kernel gains nothing from sharing its dispatch)
+            if concatenable(k) and not loop_iterations(k.body) and \
+                    table.variant(g, k, ins, schedule, plan, accumulate) is None:
                 if not _joins(run, k, bufs):
                     flush()
                 run.append((g, k, bufs))
