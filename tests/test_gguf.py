@@ -485,7 +485,8 @@ def test_onnx_q4_decoder_matches_onnxruntime(tmp_path):
     running the fp32 export gives the reference logits; onnxruntime's 4-bit quantizer makes the q4 export
     (MatMulNBits); Kiln compiled from that file (run-time ``sequence``, ``past_sequence`` from 0 and
     ``total_sequence = past_sequence + sequence``) matches onnxruntime running the same file over a 32-token
-    greedy generation, each with its own cache: logits within 1e-3 at every step, the same tokens."""
+    greedy generation, each with its own cache: logits within 1e-3 at every step, the same tokens; compiled with the
+    default (gpu) schedules and fusions, over the prompt and two decode steps."""
     import collections
 
     import onnx
@@ -527,3 +528,16 @@ def test_onnx_q4_decoder_matches_onnxruntime(tmp_path):
         theirs = {n.replace("present", "past_key_values"): want[n] for n in names[1:]}
         ours = {n.replace("present", "past_key_values"): got[n] for n in names[1:]}
         start, ids = start + len(ids), [token]
+    # the default device class (gpu schedules and fusions: norms in the projections, attention in one kernel for a
+    # decode step, concatenated kernels): the prompt and two decode steps
+    session = kiln.load(compile_model(q4, tmp_path / "gpu", dims={
+        "sequence": (1, 64, 1), "past_sequence": (0, 95), "total_sequence": "past_sequence+sequence"},
+        validate=False), poison=True)
+    ours, theirs, ids, start = dict(cache), dict(cache), list(prompt), 0
+    for _ in range(3):
+        want = dict(zip(names, runtime.run(None, feeds(ids, start, theirs))))
+        got = session.run(feeds(ids, start, ours))
+        assert np.abs(got["logits"] - want["logits"]).max() < 1e-3, start
+        theirs = {n.replace("present", "past_key_values"): want[n] for n in names[1:]}
+        ours = {n.replace("present", "past_key_values"): got[n] for n in names[1:]}
+        start, ids = start + len(ids), [int(want["logits"][0, -1].argmax())]
