@@ -5,7 +5,9 @@ already cached in; logits and each row's arg max (``next_token``) out. The KV ca
 (format 1.7): buffers sized for the context bound that the step updates in place, never fed nor read back.
 :class:`Generator` drives it: the prompt (text, or chat messages through the package's chat template) is tokenized
 with HF ``tokenizers`` from the package's ``tokenizer.json``, prefilled in chunks of at most ``max_tokens``, then
-each decode step feeds one token. Greedy decoding reads back only ``next_token`` (8 bytes a step). Sampling
+each decode step feeds one token. Greedy decoding reads back only ``next_token`` (8 bytes a step) and, on WebGPU,
+runs one step ahead (:attr:`Generator.run_ahead`: the next step, fed the token on the device, is submitted before
+the host waits for the token, so the host encodes a step while the GPU runs the one before). Sampling
 (temperature, top-k, top-p, repetition penalty; seeded) runs the package's sampler on the GPU
 (:mod:`kiln.frontend.sampling`, format 1.8) and reads back only the id on WebGPU; on the C targets (wasm, cpu),
 whose logits are host memory already, and for older packages, it samples the last row of logits on the host.
