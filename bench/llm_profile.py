@@ -16,12 +16,14 @@ The step's wall clock is split as well (medians, ms):
 from __future__ import annotations
 
 import argparse
+import itertools
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.common import time_runs
 from bench.llm import MODEL
 
 
@@ -63,23 +65,20 @@ def main(argv: list[str] | None = None) -> None:
 
 def split(s, gen: dict, feeds: dict, n: int = 40) -> dict[str, float]:
     """The step's wall clock, and its parts (module docstring), medians in ms."""
-    def timed(fn, *args) -> float:
-        t0 = time.perf_counter()
-        fn(*args)
-        return (time.perf_counter() - t0) * 1e3
-
     def step(f: dict) -> None:
         out = s.run(f, output="gpu")
         out[gen["next_token"]].numpy()
 
-    for _ in range(3):
-        step(feeds)
-    wall = [timed(step, feeds) for _ in range(n)]
+    _, wall = time_runs(lambda: step(feeds), n, 3)
     pos = int(feeds[gen["cache"]["position"]][0])
-    moving = [timed(step, {**feeds, gen["cache"]["position"]: np.array([pos + i % 8], np.int64)}) for i in range(n)]
+    moved = itertools.count()
+    _, moving = time_runs(lambda: step({**feeds, gen["cache"]["position"]: np.array([pos + next(moved) % 8], np.int64)}),
+                          n, 0)
     host = []
-    for _ in range(n):
-        host.append(timed(s.run, feeds, "gpu"))
+    for _ in range(n):  # (time_runs would time the sync too)
+        t0 = time.perf_counter()
+        s.run(feeds, output="gpu")
+        host.append((time.perf_counter() - t0) * 1e3)
         s.sync()
     t0 = time.perf_counter()
     for _ in range(n):

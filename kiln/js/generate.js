@@ -348,22 +348,20 @@ export class Generator {
       }
       for (let n = 0; n < maxNewTokens; n++) {
         let token;
-        if (greedy && onGPU && this.runAhead) {
-          // The token stays on the device: its read is submitted, then the next step fed with it, so that the
-          // GPU runs step n + 1 while the token comes back (one wasted step when it ends the answer). The
-          // prefill's next_token has a row per prompt token: the first decode step waits for it.
+        if (greedy) {
+          // On WebGPU the token stays on the device: its read is submitted, then the next step fed with it, so
+          // that the GPU runs step n + 1 while the token comes back (one wasted step when it ends the answer).
+          // The prefill's next_token has a row per prompt token: the first decode step waits for it.
           const pending = read(out[this.config.next_token]);
-          const fed = /** @type {GPUTensor} */ (out[this.config.next_token]);  // (onGPU: outputs are GPUTensors)
-          if (n > 0 && n + 1 < maxNewTokens) {
-            ahead = this.step(fed, ids.length + n, onGPU);
+          if (onGPU && this.runAhead && n > 0 && n + 1 < maxNewTokens) {
+            ahead = this.step(/** @type {GPUTensor} */ (out[this.config.next_token]), ids.length + n, onGPU);
             ahead.catch(() => undefined);  // (handled: awaited below, or settled in finally if the read fails)
           }
           token = Number((await pending).data.at(-1));
           if (ahead) ahead = await ahead;  // (submitted: the token's tensor may go)
         } else {
-          token = greedy ? Number((await read(out[this.config.next_token])).data.at(-1))
-            : sampler ? await sampleOnDevice(sampler, out[this.config.logits], sampling, seen, key, n)
-              : sample(lastRow(await read(out[this.config.logits])), sampling, seen, random);
+          token = sampler ? await sampleOnDevice(sampler, out[this.config.logits], sampling, seen, key, n)
+            : sample(lastRow(await read(out[this.config.logits])), sampling, seen, random);
         }
         free(out);
         out = {};

@@ -20,6 +20,7 @@ from kiln.codegen.target import KernelTable, Program, describe, progress_over, s
 from kiln.codegen.webgpu import wgsl
 from kiln.codegen.webgpu.validate import validate_wgsl
 from kiln.package import dynamic
+from kiln.package.format import DEFAULT_LIMITS
 from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
 from kiln.te.compute import Tensor
@@ -196,21 +197,23 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     within = {id(r): boxes[id(g)] for g in work if g.alternative_to for r in g.alternative_to}
     steps = []
     run: list[tuple[Group, Any, list[int]]] = []  # neighbouring kernels to run as one step
+    ins_of: dict[int, list] = {}  # a run's kernel -> its input values
+
+    def one(g: Group, lowered: tuple[Any, list] | None = None) -> Step:
+        return table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape),
+                          variants=not g.alternative_to, lowered=lowered)
 
     def flush() -> None:
         if len(run) == 1:
             g, k, _ = run[0]
-            steps.append(table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape),
-                                    lowered=(k, lowered_inputs[id(k)])))
+            steps.append(one(g, (k, ins_of[id(k)])))
         elif run:
             steps.append(table.concat_step(run))
         run.clear()
 
-    lowered_inputs: dict[int, list] = {}
     for g in progress_over(work, progress, "generating kernels"):
         if concat_steps and not g.alternative_to and not within.get(id(g)):
             k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
-            lowered_inputs[id(k)] = ins
             bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
             # (kernels without loops only: a concatenated kernel's loop count is the sum of its parts', which
             # llvmpipe limits per invocation, and a long kernel gains nothing from sharing its dispatch)
@@ -219,14 +222,13 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
                 if not _joins(run, k, bufs):
                     flush()
                 run.append((g, k, bufs))
+                ins_of[id(k)] = ins
                 continue
             flush()
-            steps.append(table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape),
-                                    lowered=(k, ins)))
+            steps.append(one(g, (k, ins)))
             continue
         flush()
-        step = table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape),
-                          variants=not g.alternative_to)
+        step = one(g)
         if g.alternative_to:  # runs inside its range only (nowhere when it has none)
             box = boxes[id(g)]
             count = step.groups if step.groups is not None else step.dispatch[0] * step.dispatch[1] * step.dispatch[2]
@@ -239,8 +241,8 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
 
 
 #: the most kernels one concatenated step runs, and the storage buffers it may bind (WebGPU's default
-#: ``maxStorageBuffersPerShaderStage``)
-MAX_CONCAT, MAX_CONCAT_BUFFERS = 4, 8
+#: ``maxStorageBuffersPerShaderStage``, which the target keeps within)
+MAX_CONCAT, MAX_CONCAT_BUFFERS = 4, DEFAULT_LIMITS["maxStorageBuffersPerShaderStage"]
 
 
 def _joins(run: list[tuple[Group, Any, list[int]]], k, bufs: list[int]) -> bool:
