@@ -63,17 +63,33 @@ def _zig() -> list[str]:
     return [sys.executable, "-m", "ziglang"]
 
 
-def build_library(source: str, progress: bool = False) -> Path:
+def build_library(source: str, progress: bool = False, flags: list[str] | None = None, libs: tuple[str, ...] = ("-lm",),
+                  compiler: list[str] | None = None, prefix: str = "kiln", what: str = "the cpu kernels") -> Path:
     """The shared library of C ``source`` for this machine, from the cache or compiled now (seconds to a
     minute for a large model); writes are atomic, so concurrent builds of one source are safe.
+
+    Args:
+        source: the C source.
+        progress: say on stderr that it builds.
+        flags: compiler flags (default :data:`CFLAGS`).
+        libs: libraries linked, after the source.
+        compiler: the compiler command (default the ``ziglang`` wheel's clang).
+        prefix: the cached file's name starts with it.
+        what: the code, named in errors.
 
     Raises:
         KilnError: the C compiler failed (its message attached) or ziglang is missing.
     """
-    import ziglang
+    if compiler is None:
+        compiler = _zig() + ["cc"]
+        import ziglang
 
-    key = hashlib.sha256("\0".join([source, *CFLAGS, getattr(ziglang, "__version__", "")]).encode()).hexdigest()
-    out = cache_dir() / f"kiln-{key[:32]}.so"
+        ident = getattr(ziglang, "__version__", "")
+    else:
+        ident = " ".join(compiler)
+    flags = CFLAGS if flags is None else flags
+    key = hashlib.sha256("\0".join([source, *flags, *libs, ident]).encode()).hexdigest()
+    out = cache_dir() / f"{prefix}-{key[:32]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -82,10 +98,10 @@ def build_library(source: str, progress: bool = False) -> Path:
     with tempfile.TemporaryDirectory(prefix="kiln-cpu-", dir=out.parent) as tmp:
         src, lib = Path(tmp) / "kernels.c", Path(tmp) / "kernels.so"
         src.write_text(source)
-        proc = subprocess.run(_zig() + ["cc", *CFLAGS, "-o", str(lib), str(src), "-lm"], capture_output=True,
-                              text=True, check=False)
+        proc = subprocess.run([*compiler, *flags, "-o", str(lib), str(src), *libs], capture_output=True, text=True,
+                              check=False)
         if proc.returncode != 0:
-            raise KilnError(f"the C compiler failed on the cpu kernels: {one_line(proc.stderr.strip(), 1500)}")
+            raise KilnError(f"the C compiler failed on {what}: {one_line(proc.stderr.strip(), 1500)}")
         os.replace(lib, out)
     return out
 

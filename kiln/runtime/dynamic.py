@@ -95,6 +95,7 @@ class StepSizes:
                 self._kinds.append((size(s), [(tuple((n, lo, hi) for n, (lo, hi) in v["when"].items()), size(v))
                                               for v in s.get("variants", ())]))
             self._step_kind.append(kinds[text])
+        self._index: np.ndarray | None = None  # (the step kinds as an index array, made on first use)
 
     def _per_kind(self, env: dict[str, int]) -> list[tuple[int, Any]]:
         out = []
@@ -115,9 +116,29 @@ class StepSizes:
     def dispatches(self, env: dict[str, int], max_x: int = 65535) -> tuple[tuple[int, ...], list[tuple[int, int, int]]]:
         """``(choice, workgroup counts)`` for dims ``env`` (``key`` ``groups``): ``(0, 0, 0)`` for a step with nothing
         to do (the runtime skips it); counts above ``max_x`` wrap into y, as the kernels expect."""
+        choice, counts, _ = self._dispatches(env, max_x, False)
+        return choice, counts
+
+    def dispatch_table(self, env: dict[str, int], max_x: int = 65535) -> tuple[tuple[int, ...],
+                                                                              list[tuple[int, int, int]], np.ndarray]:
+        """:meth:`dispatches` and the same counts as a uint32 ``[steps, 3]`` array (a C loop records from it:
+        :mod:`kiln.runtime.record`), made per kind of step rather than from the list.
+
+        Raises:
+            PackageError: a step's static dispatch is not three counts."""
+        return self._dispatches(env, max_x, True)
+
+    def _dispatches(self, env: dict[str, int], max_x: int, table: bool):
         kinds = [(c, v if not isinstance(v, int) else (0, 0, 0) if v <= 0 else (v, 1, 1) if v <= max_x
                   else (max_x, -(-v // max_x), 1)) for c, v in self._per_kind(env)]
-        return tuple(kinds[k][0] for k in self._step_kind), [kinds[k][1] for k in self._step_kind]
+        choice, counts = tuple(kinds[k][0] for k in self._step_kind), [kinds[k][1] for k in self._step_kind]
+        if not table:
+            return choice, counts, None
+        if self._index is None:
+            self._index = np.array(self._step_kind, np.intp)
+        if any(len(v) != 3 for _, v in kinds):
+            raise PackageError("a plan step's dispatch is not three workgroup counts")
+        return choice, counts, np.array([v for _, v in kinds], np.uint32).reshape(-1, 3)[self._index]
 
 
 def _names(j: Any) -> list[str]:

@@ -33,7 +33,7 @@ from kiln.package.format import (
     read_weights,
     verify_weights,
 )
-from kiln.runtime import dynamic, gpu
+from kiln.runtime import dynamic, gpu, record
 from kiln.runtime.control import ControlPlan, is_control_plan
 from kiln.runtime.feeds import storage_feeds
 from kiln.runtime.generate import GenerationMixin
@@ -218,6 +218,7 @@ class Session(TrainingMixin, GenerationMixin):
         self._choice: tuple[int, ...] = tuple(0 for _ in plan)
         self._validated = {self._choice}
         self.steps = [(*alts[0], tuple(s["dispatch"])) for alts, s in zip(self._alternatives, plan)]
+        self._table: tuple[list, np.ndarray] | None = None  # counts and their array (_counts_table)
         self._raw = self._raw_steps()
         self._ran = False
         self._grow = dynamic.GrowSizes(self.manifest)  # buffers that grow with growable dims (format 1.10)
@@ -293,7 +294,9 @@ class Session(TrainingMixin, GenerationMixin):
         self._readback = gpu.Readback(self.device, self._out_bytes)
 
     def _raw_steps(self):
-        """The plan as raw wgpu-native handles, for :meth:`_encode_raw`; ``None`` where the backend differs."""
+        """The plan as raw wgpu-native handles, for :meth:`_encode_raw`: ``(lib, NULL, handles, counts, plan)``, where
+        ``plan`` is the handles as C arrays for :mod:`kiln.runtime.record`'s loop (``None`` without it); ``None``
+        where the backend differs."""
         try:
             from wgpu.backends.wgpu_native._ffi import ffi, lib
         except ImportError:
@@ -301,7 +304,20 @@ class Session(TrainingMixin, GenerationMixin):
         handles = [(p._internal, g._internal) for p, g, _ in self.steps]
         if not all(isinstance(p, ffi.CData) and isinstance(g, ffi.CData) for p, g in handles):
             return None
-        return lib, ffi.NULL, handles, [tuple(d) for _, _, d in self.steps]
+        counts = [tuple(d) for _, _, d in self.steps]
+        rec = record.recorder()
+        plan = None
+        if rec is not None and all(len(d) == 3 for d in counts):
+            plan = rec.plan(handles)
+            if not self._dyn:  # (the static counts, as the C loop reads them; run-time dims make their own)
+                self._table = (counts, record.counts_array(counts))
+        return lib, ffi.NULL, handles, counts, plan
+
+    def _counts_table(self, counts: list[tuple[int, int, int]]) -> np.ndarray:
+        """``counts`` as a uint32 ``[steps, 3]`` array: the one :meth:`_bind_dims` made with them, else a new one."""
+        if self._table is None or self._table[0] is not counts:
+            self._table = (counts, record.counts_array(counts))
+        return self._table[1]
 
     def _encode_raw(self, cpass, dispatch: list[tuple[int, int, int]] | None = None, start: int = 0,
                     stop: int | None = None) -> None:
@@ -310,13 +326,19 @@ class Session(TrainingMixin, GenerationMixin):
         Encoding through wgpu-py's checked wrappers costs about 15 us of Python per dispatch,
         as much as a small kernel takes on a fast GPU. The plan was validated by the first
         run (encoded through the public API), and the calls are the same three per dispatch.
-        Steps with no workgroups (at these dims) are skipped. (The loop walks the plan's handles and the run's
-        counts side by side: building a list of the calls instead cost a decoder, whose counts change with every
-        token, more than it saved.)
+        Steps with no workgroups (at these dims) are skipped. The calls are made by a loop in C
+        (:mod:`kiln.runtime.record`: one call from Python a pass) where it could be built, else from Python.
+        (The Python loop walks the plan's handles and the run's counts side by side: building a list of the calls
+        instead cost a decoder, whose counts change with every token, more than it saved.)
         """
-        lib, null, handles, counts = self._raw
+        lib, null, handles, counts, plan = self._raw
         if dispatch is not None:
             counts = dispatch
+        if plan is not None:
+            n = len(handles)
+            last = n if stop is None else stop if stop >= 0 else n + stop
+            plan.record(cpass, self._counts_table(counts), start, last)
+            return
         if start or stop is not None:
             handles, counts = handles[start:stop], counts[start:stop]
         set_pipeline = lib.wgpuComputePassEncoderSetPipeline
@@ -534,7 +556,11 @@ class Session(TrainingMixin, GenerationMixin):
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
-            choice, counts = self._sizes.dispatches(env)
+            if record.recorder() is not None:  # (the counts as the C loop reads them too)
+                choice, counts, table = self._sizes.dispatch_table(env)
+                self._table = (counts, table)
+            else:
+                choice, counts = self._sizes.dispatches(env)
             # (steps after a data-dependent dim is read back are checked once it is: _encode_binding)
             self._loops.check(self._plan, choice, counts, env, stop=self._binds[0][0] if self._binds else None)
             if self._grow:
