@@ -10,6 +10,7 @@ from test_fuzz_gguf import tiny_llama
 from test_horizontal import _branches
 
 import kiln
+from kiln.codegen.webgpu.build import MAX_FUSED_KEYS
 from kiln.compiler import compile_model
 from kiln.runtime import record
 
@@ -24,8 +25,9 @@ def tiny_decoder(tmp_path_factory):
     step's attention switches from one kernel to three (a step's variant), and steps with no work are skipped."""
     tmp = tmp_path_factory.mktemp("record")
     pkg = tmp / "tiny"
-    gguf_path = tiny_llama(tmp / "tiny.gguf", {"llama.context_length": (512, gguf.GGUFValueType.UINT32)})
-    compile_model(gguf_path, pkg, max_context=512, target="webgpu", validate=False)
+    context = MAX_FUSED_KEYS + 80
+    gguf_path = tiny_llama(tmp / "tiny.gguf", {"llama.context_length": (context, gguf.GGUFValueType.UINT32)})
+    compile_model(gguf_path, pkg, max_context=context, target="webgpu", validate=False)
     return pkg
 
 
@@ -33,7 +35,8 @@ def _run_steps(pkg) -> tuple[list[np.ndarray], object]:
     """Logits of a prompt, then of one-token steps at positions on both sides of the attention's switch."""
     session = kiln.load(pkg)
     out = [session.run(_feeds([3, 0, 1]))["logits"]]
-    out += [session.run(_feeds([t % 8], pos))["logits"] for t, pos in enumerate((3, 100, 383, 384, 385, 500, 4))]
+    k = MAX_FUSED_KEYS
+    out += [session.run(_feeds([t % 8], pos))["logits"] for t, pos in enumerate((3, 100, k - 2, k - 1, k, k + 50, 4))]
     out.append(session.run(_feeds([3, 4, 5, 6, 2], 7))["logits"])  # (a prompt again: other steps run)
     return out, session
 
@@ -48,7 +51,7 @@ def test_c_loop_records_what_the_python_loop_does(tiny_decoder, monkeypatch):
     assert plan is not None and plan.steps == len(session.steps)
     session._bind_dims(_feeds([1], 100))
     early = session._choice
-    dispatch, _ = session._bind_dims(_feeds([1], 500))
+    dispatch, _ = session._bind_dims(_feeds([1], MAX_FUSED_KEYS + 50))
     assert session._choice != early  # (the attention's kernels switched between the two)
     assert session._counts_table(dispatch).tolist() == [list(d) for d in dispatch]
     enc = session.device.create_command_encoder()

@@ -23,13 +23,14 @@ reductions over ``s`` (the softmax's max and sum, the column reduction), which w
 nested reduction, depending on the row and the enclosing reduction's axis only, is a *stage*: the lanes compute it
 once for every key into a workgroup array (``st0[s]``), and every reduction then reads it there:
 
-0. stages, each lane a strided share of the keys (a few at a time, their loads in flight together), then a
-   barrier; before them, the part of a stage's body that does not depend on the key (the query row, RoPE applied)
-   is computed once into workgroup memory;
+0. stages, each lane a strided share of the keys (a few at a time, their loads in flight together; or a group of
+   lanes a key, each a strided share of its row, where the row's length allows), then a barrier; before them, the
+   part of a stage's body that does not depend on the key (the query row, RoPE applied) is computed once into
+   workgroup memory;
 1. the row reductions as above (the softmax's max and sum over ``st0``); then the part of a column reduction's body
    that depends on no column (the probabilities) overwrites the stage, key by key;
-2. the column reductions, each lane a tile of neighbouring columns and a strided share of the keys, the shares
-   summed through workgroup memory.
+2. the column reductions, each lane a tile of columns (neighbouring lanes, neighbouring columns) and a strided share
+   of the keys, the shares summed through workgroup memory.
 
 One workgroup a query row computes ``softmax(Q K^T) V`` with the scores never leaving the chip (the decode step of
 FlashDecoding, Dao et al. 2023, with the row's scores whole in workgroup memory rather than an online softmax over
@@ -89,8 +90,12 @@ MAX_STAGE = 2048
 MAX_STAGED_ROWS = 256
 #: values of the stage variable a lane computes a round (their loads in flight together)
 STAGE_TILE = 4
-#: terms of a column reduction a lane adds a round, and neighbouring columns it sums (:func:`_column_parts`)
-KEY_TILE, COLUMN_TILE = 4, 4
+#: lanes that share one stage value's reduction where its axis allows (:func:`_stage_shared`: neighbouring lanes read
+#: neighbouring elements of a key's row, so that a warp's loads are coalesced), and the values such a group of lanes
+#: computes a round
+STAGE_LANES, STAGE_GROUP_TILE = 8, 4
+#: terms of a column reduction a lane adds a round, and the columns it sums (:func:`_column_parts`)
+KEY_TILE, COLUMN_TILE = 16, 4
 #: most iterations of a stage's innermost reduction axis unrolled
 UNROLL = 8
 #: WebGPU's default maxComputeWorkgroupStorageSize: the workgroup memory a row kernel may declare
@@ -263,6 +268,16 @@ def workgroup_bytes(plan: RowPlan, lanes: int = 256) -> int:
     return 4 * (sum(plan.sizes) + pre + red + len(plan.columns) * COLUMN_TILE * lanes)
 
 
+def _group_tile(plan: RowPlan, lanes: int) -> int:
+    """The values a group of :func:`_stage_shared`'s lanes computes a round: :data:`STAGE_GROUP_TILE`, halved until
+    its partial sums (4 bytes a lane a value) fit in :data:`WORKGROUP_BYTES` beside the plan's other arrays; 0 where
+    none fit (the stages then take a lane a value)."""
+    tile, base = STAGE_GROUP_TILE, workgroup_bytes(plan, lanes)
+    while tile and base + 4 * tile * lanes > WORKGROUP_BYTES:
+        tile //= 2
+    return tile
+
+
 def _summaries(e: Expr) -> dict[int, tuple[frozenset, bool]]:
     """Per node of ``e`` (by ``id``): the variables it mentions and whether it reads memory or reduces (worth computing
     once rather than per use), computed bottom-up once."""
@@ -425,9 +440,14 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
         inner.append(Store(name, ax, cse([flat(h, False)], inner)[0]))
     if pre:
         body.append(Barrier())
+    group_tile = _group_tile(plan, lanes)
     for k, (d, sigma) in enumerate(plan.stages):
         shared[f"st{k}"] = (d.dtype, sizes[k])
-        _stage(d, plan.bodies.get(d, d.body), sigma, f"st{k}", lanes, body, flat, cse, counter)
+        if _stage_lanes(d, lanes, group_tile):
+            _stage_shared(d, plan.bodies.get(d, d.body), sigma, f"st{k}", lanes, group_tile, body, shared, flat, cse,
+                          counter)
+        else:
+            _stage(d, plan.bodies.get(d, d.body), sigma, f"st{k}", lanes, body, flat, cse, counter)
     if plan.stages:
         body.append(Barrier())  # every stage is whole before any reduction reads it
 
@@ -549,10 +569,74 @@ def _stage(d: Reduce, d_body: Expr, sigma: Var, name: str, lanes: int, body: lis
         loop.body.append(If(ok, [Store(name, idx, acc)]))
 
 
+def _stage_lanes(d: Reduce, lanes: int, tile: int) -> int:
+    """The lanes that share each value of stage ``d`` (:data:`STAGE_LANES`), or 0 where :func:`_stage_shared` does
+    not apply: ``d`` reduces more than one axis or one of run-time extent, or one not a multiple of them, or its
+    partial sums do not fit (``tile`` 0, :func:`_group_tile`)."""
+    if not tile or len(d.axes) != 1 or is_symbolic(d.axes[0].extent):
+        return 0
+    extent, g = int(d.axes[0].extent), STAGE_LANES
+    return g if extent % g == 0 and lanes % g == 0 and lanes >= g * tile else 0
+
+
+def _stage_shared(d: Reduce, d_body: Expr, sigma: Var, name: str, lanes: int, tile: int, body: list, shared: dict,
+                  flat, cse, counter) -> None:
+    """Statements filling stage array ``name`` with :data:`STAGE_LANES` (``G``) lanes a value: lane ``g + G * q`` sums
+    the terms ``g, g + G, ...`` of the reduction for ``tile`` values of the stage variable a round (``q`` the value's
+    place among the round's), so neighbouring lanes read neighbouring elements of one key's row (a warp's loads
+    coalesced, where a lane a key reads 32 rows at once); the partial sums meet in workgroup array ``stp`` and one
+    lane a value adds them. Two barriers a round. (FlashDecoding's split of a query's dot products over a warp, Dao
+    et al. 2023.) On an H100, SmolLM2's decode attention took 11 us a layer at 128 keys this way against 16-18 with a
+    lane a key, and 28 against 55 at 1024 (with the column reductions' loads coalesced too;
+    bench/results/llm-attention-20261127-h100.txt)."""
+    g = STAGE_LANES
+    groups = lanes // g  # values a round per tile slot
+    lane, ax = Var("lane"), d.axes[0]
+    part, slot = Var(f"sg{next(counter)}"), Var(f"sq{next(counter)}")
+    body += [Let(part, lane % g), Let(slot, lane // g)]
+    steps = ceil_div(sigma.extent, groups * tile)
+    loop = For(Var(f"{sigma.name}r{next(counter)}", steps), steps)
+    body.append(loop)
+    accs = []
+    for j in range(tile):
+        idx, at = Var(f"{sigma.name}i{next(counter)}"), Var(f"{sigma.name}c{next(counter)}")
+        acc = Var(f"acc{next(counter)}", 0, d.dtype)
+        loop.body += [Let(idx, (loop.var * tile + j) * groups + slot),
+                      Let(at, call("max", call("min", idx, sigma.extent - 1), 0)), Decl(acc, accumulator_init(d))]
+        accs.append((at, acc))
+    terms = int(ax.extent) // g
+    f = _unroll(terms)
+    outer = Var(f"{ax.name}o{next(counter)}", terms // f)
+    nest = For(outer, outer.extent)
+    loop.body.append(nest)
+    updates = []
+    for c in range(f):
+        for at, acc in accs:
+            v = _subst(d_body, {sigma: at, ax: (outer * f + c) * g + part})
+            updates.append((acc, flat(combine(d.op, acc, v), False)))
+    for (acc, _), v in zip(updates, cse([u for _, u in updates], nest.body)):
+        nest.body.append(Assign(acc, v))
+    size = tile * lanes
+    shared["stp"] = (d.dtype, max(size, shared.get("stp", (d.dtype, 0))[1]))
+    for j, (_, acc) in enumerate(accs):
+        loop.body.append(Store("stp", linear(lane + j * lanes), acc))
+    loop.body.append(Barrier())
+    done = If(binop("<", lane, groups * tile))
+    j_var, q_var, key = Var(f"sj{next(counter)}"), Var(f"sk{next(counter)}"), Var(f"{sigma.name}k{next(counter)}")
+    done.body += [Let(j_var, lane // groups), Let(q_var, lane % groups),
+                  Let(key, (loop.var * tile + j_var) * groups + q_var)]
+    total: Expr = BufLoad("stp", linear(j_var * lanes + q_var * g), size, False, d.dtype)
+    for x in range(1, g):
+        total = combine(d.op, total, BufLoad("stp", linear(j_var * lanes + q_var * g + x), size, False, d.dtype))
+    done.body.append(If(binop("<", key, sigma.extent), [Store(name, key, total)]))
+    loop.body += [done, Barrier()]  # (the next round overwrites stp)
+
+
 def _column_parts(out: Tensor, plan: RowPlan, lanes: int, ncols: int, body: list, shared: dict,
                   accs: dict, known, flat, cse, counter, total) -> None:
-    """The column reductions of a row kernel, each lane a tile of ``w`` neighbouring columns (``w`` from
-    :data:`COLUMN_TILE` down, dividing ``ncols``) and ``parts`` lanes a tile: lane ``g + p * groups`` sums
+    """The column reductions of a row kernel, each lane a tile of ``w`` columns ``groups`` apart (``w`` from
+    :data:`COLUMN_TILE` down, dividing ``ncols``; neighbouring lanes take neighbouring columns, so that a warp's loads
+    of a key's row are coalesced) and ``parts`` lanes a tile: lane ``g + p * groups`` sums
     every ``parts``-th term of its tile's columns from ``p`` on, :data:`KEY_TILE` terms a round with their loads in
     flight together, the parts meet in workgroup array ``redc`` and part 0 stores the tile."""
     lane, tile = Var("lane"), Var("tile")
@@ -569,7 +653,7 @@ def _column_parts(out: Tensor, plan: RowPlan, lanes: int, ncols: int, body: list
     cols = []  # per column of the tile: its axis values
     for t in range(w):
         cv = Var(f"c{next(counter)}")
-        body.append(Let(cv, g * w + t))
+        body.append(Let(cv, g + t * groups))  # (columns ``groups`` apart: a warp's loads of a key's row coalesce)
         lets = unravel(cv, [Var(f"{a.name}_{t}_{next(counter)}") for a in col_axes],
                        [out.shape[a] for a in plan.cols], ncols)
         body += lets

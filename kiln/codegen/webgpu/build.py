@@ -259,10 +259,13 @@ def _joins(run: list[tuple[Group, Any, list[int]]], k, bufs: list[int]) -> bool:
 
 
 #: most keys (cached tokens and new ones) a query row of an attention alternative reads: one workgroup a row (the
-#: rows of a decode step are few) against three kernels of many workgroups. Measured on an H200 (bench.llm
-#: --contexts, SmolLM2's decode step): the one kernel was faster at 128 and 256 keys, level near 384 to 512, slower
-#: from 768 (each row's workgroup alone reads its keys and values: latency-bound)
-MAX_FUSED_KEYS = 384
+#: rows of a decode step are few) against three kernels of many workgroups. Measured on an H100 (SmolLM2's decode
+#: step, bench/results/llm-attention-20261127-h100.txt), with a group of lanes a key in the stage
+#: (kiln.te.rows._stage_shared): at 512 keys the one kernel took 0.53 ms a step (each dispatch alone) against ~0.78
+#: for the three, and a step queued back to back 1.57-1.66 ms against 1.65-1.82; at 768 the steps queued took 1.92
+#: against 1.73-1.74, at 1000 they were level (1.88-1.89 against 1.89-1.94). Each row's workgroup alone reads its
+#: keys and values, so its time grows with them faster than the three kernels' does
+MAX_FUSED_KEYS = 512
 
 
 def alternative_range(g: Group, t: Tensor | None = None, rows_plan=None) -> list[tuple[Any, int, int]] | None:
