@@ -118,27 +118,32 @@ def _gqa_feeds(rng, s, past, heads=4, kv=2, hd=16):
             "seqlens_k": np.array([past + s - 1], np.int32), "total_sequence_length": np.array(past + s, np.int32)}
 
 
-@pytest.mark.parametrize("s,past,attrs,rotary", [
-    (1, 7, {}, True),                                       # a decode step, RoPE applied to the query in the kernel
-    (1, 40, {"local_window_size": 3, "softcap": 5.0}, False),  # sliding window, soft cap
-    (2, 3, {"smooth_softmax": 1, "scale": 0.3}, False),      # two query rows a head, the sink's extra logit
+@pytest.mark.parametrize("s,past,attrs,rotary,hd", [
+    (1, 7, {}, True, 16),                                       # a decode step, RoPE applied to the query in the kernel
+    (1, 40, {"local_window_size": 3, "softcap": 5.0}, False, 16),  # sliding window, soft cap
+    (2, 3, {"smooth_softmax": 1, "scale": 0.3}, False, 16),      # two query rows a head, the sink's extra logit
+    (1, 21, {}, False, 24),  # STAGE_LANES set to 16 below, a head width no multiple of it: a lane a key in the stage
 ])
-def test_attention_is_one_row_kernel(tmp_path, rng, s, past, attrs, rotary):
+def test_attention_is_one_row_kernel(tmp_path, rng, monkeypatch, s, past, attrs, rotary, hd):
     """Attention over static shapes with few query rows (kiln.passes.fusion.fuse_attention): QK^T, the mask, the
-    softmax and P V in one row kernel (the scores staged in workgroup memory, kiln.te.rows), against onnxruntime with
-    NaN-poisoned buffers."""
+    softmax and P V in one row kernel (the scores staged in workgroup memory, kiln.te.rows: a group of STAGE_LANES
+    lanes a key where the head's width allows, else a lane a key), against onnxruntime with NaN-poisoned buffers."""
     import onnxruntime as ort
 
     import kiln
     from kiln.package.writer import write_package
+    from kiln.te import rows
 
-    model = _gqa(s, past, attrs, rotary)
-    feeds = _gqa_feeds(rng, s, past)
+    if hd == 24:  # (onnxruntime's GroupQueryAttention takes head widths that are multiples of 8 only)
+        monkeypatch.setattr(rows, "STAGE_LANES", 16)
+    model = _gqa(s, past, attrs, rotary, hd=hd)
+    feeds = _gqa_feeds(rng, s, past, hd=hd)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     compiled = compile_graph(import_model(model), "webgpu", device_class="gpu")
     fused = [k for k in compiled.kernels if k.ops.count("MatMul") == 2]
     assert len(fused) == 1 and fused[0].schedule.get("rows") and "ReduceMax" in fused[0].ops, \
         [k.ops for k in compiled.kernels]
+    assert ("var<workgroup> stp" in fused[0].source) == (hd % rows.STAGE_LANES == 0)  # (the stage's partial sums)
     got = kiln.load(write_package(compiled, tmp_path / "pkg"), poison=True).run(feeds)
     for name, w in zip(("out", "present_key", "present_value"), want):
         np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5, err_msg=name)

@@ -525,8 +525,9 @@ def _unroll(extent) -> int:
 
 def _tiled_lane_loop(ax: Var, step: int, start: Expr, tile: int, block: list, counter) -> tuple[For, list]:
     """A loop dealing ``tile`` values of axis ``ax`` a round to each lane (value ``(round * tile + j) * step +
-    start``; fewer where the axis has fewer values for a lane), for the loads of a round to be in flight together. Returns the loop and per value ``j`` its index
-    clamped into the axis (safe to load), whether it is in range, and the index itself."""
+    start``; fewer where the axis has fewer values for a lane), for the loads of a round to be in flight together.
+    Returns the loop and per value ``j`` its index clamped into the axis (safe to load), whether it is in range, and
+    the index itself."""
     tile = max(1, min(tile, -(-_at_upper(ax.extent) // step)))  # (no more values a round than a lane ever gets)
     steps = ceil_div(ax.extent, step * tile)
     loop = For(Var(f"{ax.name}t{next(counter)}", steps), steps)
@@ -594,16 +595,10 @@ def _stage_shared(d: Reduce, d_body: Expr, sigma: Var, name: str, lanes: int, ti
     lane, ax = Var("lane"), d.axes[0]
     part, slot = Var(f"sg{next(counter)}"), Var(f"sq{next(counter)}")
     body += [Let(part, lane % g), Let(slot, lane // g)]
-    steps = ceil_div(sigma.extent, groups * tile)
-    loop = For(Var(f"{sigma.name}r{next(counter)}", steps), steps)
-    body.append(loop)
-    accs = []
-    for j in range(tile):
-        idx, at = Var(f"{sigma.name}i{next(counter)}"), Var(f"{sigma.name}c{next(counter)}")
-        acc = Var(f"acc{next(counter)}", 0, d.dtype)
-        loop.body += [Let(idx, (loop.var * tile + j) * groups + slot),
-                      Let(at, call("max", call("min", idx, sigma.extent - 1), 0)), Decl(acc, accumulator_init(d))]
-        accs.append((at, acc))
+    loop, values = _tiled_lane_loop(sigma, groups, slot, tile, body, counter)
+    tile = len(values)  # (fewer where the stage has fewer values)
+    accs = [(at, Var(f"acc{next(counter)}", 0, d.dtype)) for at, _, _ in values]
+    loop.body += [Decl(acc, accumulator_init(d)) for _, acc in accs]
     terms = int(ax.extent) // g
     f = _unroll(terms)
     outer = Var(f"{ax.name}o{next(counter)}", terms // f)
