@@ -120,12 +120,11 @@ class StepSizes:
         return choice, counts
 
     def dispatch_table(self, env: dict[str, int], max_x: int = 65535) -> tuple[tuple[int, ...],
-                                                                              list[tuple[int, int, int]], np.ndarray]:
+                                                                              list[tuple[int, int, int]],
+                                                                              np.ndarray | None]:
         """:meth:`dispatches` and the same counts as a uint32 ``[steps, 3]`` array (a C loop records from it:
-        :mod:`kiln.runtime.record`), made per kind of step rather than from the list.
-
-        Raises:
-            PackageError: a step's static dispatch is not three counts."""
+        :mod:`kiln.runtime.record`), made per kind of step rather than from the list; ``None`` for the array where a
+        step's static dispatch is not three counts."""
         return self._dispatches(env, max_x, True)
 
     def _dispatches(self, env: dict[str, int], max_x: int, table: bool):
@@ -134,10 +133,10 @@ class StepSizes:
         choice, counts = tuple(kinds[k][0] for k in self._step_kind), [kinds[k][1] for k in self._step_kind]
         if not table:
             return choice, counts, None
+        if any(len(v) != 3 for _, v in kinds):
+            return choice, counts, None
         if self._index is None:
             self._index = np.array(self._step_kind, np.intp)
-        if any(len(v) != 3 for _, v in kinds):
-            raise PackageError("a plan step's dispatch is not three workgroup counts")
         return choice, counts, np.array([v for _, v in kinds], np.uint32).reshape(-1, 3)[self._index]
 
 

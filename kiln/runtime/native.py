@@ -556,9 +556,9 @@ class Session(TrainingMixin, GenerationMixin):
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
-            if record.recorder() is not None:  # (the counts as the C loop reads them too)
+            if self._raw is not None and self._raw[4] is not None:  # (the counts as the C loop reads them too)
                 choice, counts, table = self._sizes.dispatch_table(env)
-                self._table = (counts, table)
+                self._table = (counts, table) if table is not None else None
             else:
                 choice, counts = self._sizes.dispatches(env)
             # (steps after a data-dependent dim is read back are checked once it is: _encode_binding)
