@@ -70,8 +70,6 @@ def test_c_loop_records_what_the_python_loop_does(tiny_decoder, monkeypatch):
 def test_c_loop_on_a_static_package(tmp_path, rng, monkeypatch):
     """A package of fixed shapes (its counts made once, at load) gives the Python loop's outputs through the C
     loop."""
-    from kiln.compiler import compile_model
-
     path = _branches(tmp_path / "branches.onnx")
     compile_model(path, tmp_path / "pkg", target="webgpu", validate=False)
     x = rng.standard_normal((2, 48)).astype(np.float32)
@@ -108,7 +106,6 @@ def test_plan_record_refuses_bad_counts(tiny_decoder):
     cpass.end()
 
 
-
 def test_without_a_compiler_the_python_loop_runs(monkeypatch):
     """``KILN_RECORD=python``, or no C compiler (neither ziglang nor a ``cc`` on PATH): :func:`record.recorder` gives
     None (the runtime then records from Python, as test_c_loop_records_what_the_python_loop_does checks); the missing
@@ -128,7 +125,7 @@ def test_without_a_compiler_the_python_loop_runs(monkeypatch):
         monkeypatch.setattr(record.shutil, "which", lambda name: None)
         with pytest.raises(KilnError, match=r"^no C compiler for the dispatch loop \(pip install ziglang\)$"):
             compiler()
-        monkeypatch.setenv("KILN_CACHE", "/nonexistent-kiln-cache")  # (nothing cached to fall back on)
+        monkeypatch.setenv("KILN_CACHE", "/nonexistent-kiln-cache")  # (nothing written to the real cache)
         with pytest.raises(KilnError, match="no C compiler for the dispatch loop"):
             record.build()
         assert record.recorder() is None

@@ -308,7 +308,7 @@ class Session(TrainingMixin, GenerationMixin):
         rec = record.recorder()
         plan = None
         if rec is not None and all(len(d) == 3 for d in counts):
-            plan = rec.plan(handles)
+            plan = rec.plan(handles, owners=[(p, g) for p, g, _ in self.steps])
             if not self._dyn:  # (the static counts, as the C loop reads them; run-time dims make their own)
                 self._table = (counts, record.counts_array(counts))
         return lib, ffi.NULL, handles, counts, plan
@@ -335,9 +335,8 @@ class Session(TrainingMixin, GenerationMixin):
         if dispatch is not None:
             counts = dispatch
         if plan is not None:
-            n = len(handles)
-            last = n if stop is None else stop if stop >= 0 else n + stop
-            plan.record(cpass, self._counts_table(counts), start, last)
+            first, last, _ = slice(start, stop).indices(len(handles))  # (as the Python loop's slicing)
+            plan.record(cpass, self._counts_table(counts), first, max(first, last))
             return
         if start or stop is not None:
             handles, counts = handles[start:stop], counts[start:stop]

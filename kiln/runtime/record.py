@@ -60,12 +60,13 @@ int kiln_record(void *pass, void *const *pipelines, void *const *groups, const u
 
 
 class Plan:
-    """A plan's pipeline and bind group handles as C arrays for :attr:`recorder`'s loop (kept alive with the objects
-    they point to): :meth:`record` records a pass."""
+    """A plan's pipeline and bind group handles as C arrays for :attr:`recorder`'s loop: :meth:`record` records a pass.
+    It holds the wgpu-py objects the addresses belong to (``owners``), so they are not released while it lives."""
 
-    def __init__(self, recorder: Recorder, pipelines: list[int], groups: list[int]):
+    def __init__(self, recorder: Recorder, pipelines: list[int], groups: list[int], owners: Any = None):
         ffi = recorder.ffi
         self.recorder = recorder
+        self.owners = owners
         self.pipelines = ffi.new("void *[]", [ffi.cast("void *", p) for p in pipelines])
         self.groups = ffi.new("void *[]", [ffi.cast("void *", g) for g in groups])
         self.steps = len(pipelines)
@@ -115,12 +116,14 @@ class Recorder:
         """The address a wgpu-native handle (a cffi pointer of wgpu-py's) holds."""
         return int(self._wffi.cast("uintptr_t", handle))
 
-    def plan(self, handles: list[tuple[Any, Any]]) -> Plan:
-        """C arrays of ``(pipeline, bind group)`` handles, one pair a step (wgpu-py's ``_internal`` pointers)."""
-        return Plan(self, [self.address(p) for p, _ in handles], [self.address(g) for _, g in handles])
+    def plan(self, handles: list[tuple[Any, Any]], owners: Any = None) -> Plan:
+        """C arrays of ``(pipeline, bind group)`` handles, one pair a step (wgpu-py's ``_internal`` pointers), kept with
+        ``owners`` (the wgpu-py objects holding them)."""
+        return Plan(self, [self.address(p) for p, _ in handles], [self.address(g) for _, g in handles], owners)
 
 
-#: flags of the loop's library: portable code (no -march=native: the library may be cached on a shared disk)
+#: flags of the loop's library (zig's clang also gets ``-mcpu=baseline``: it targets the host CPU by default, and the
+#: cached library may be loaded on another machine sharing the cache)
 CFLAGS = ["-O2", "-shared", "-fPIC", "-g0"]
 
 
@@ -146,7 +149,9 @@ def build() -> Path:
         KilnError: no C compiler, or it failed (its message attached)."""
     from kiln.runtime.cpu import build_library
 
-    return build_library(SOURCE, flags=CFLAGS, libs=(), compiler=_compiler(), prefix="kiln-record",
+    cc = _compiler()
+    flags = CFLAGS + (["-mcpu=baseline"] if cc[-1] == "cc" and "ziglang" in cc else [])
+    return build_library(SOURCE, flags=flags, libs=(), compiler=cc, prefix="kiln-record",
                          what="the dispatch loop")
 
 

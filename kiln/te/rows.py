@@ -577,14 +577,16 @@ def _stage_lanes(d: Reduce, lanes: int, tile: int) -> int:
     if not tile or len(d.axes) != 1 or is_symbolic(d.axes[0].extent):
         return 0
     extent, g = int(d.axes[0].extent), STAGE_LANES
-    return g if extent % g == 0 and lanes % g == 0 and lanes >= g * tile else 0
+    # (a round's values are added by lanes below (lanes / g) * tile: there must be that many)
+    return g if extent % g == 0 and lanes % g == 0 and tile <= g else 0
 
 
 def _stage_shared(d: Reduce, d_body: Expr, sigma: Var, name: str, lanes: int, tile: int, body: list, shared: dict,
                   flat, cse, counter) -> None:
     """Statements filling stage array ``name`` with :data:`STAGE_LANES` (``G``) lanes a value: lane ``g + G * q`` sums
-    the terms ``g, g + G, ...`` of the reduction for ``tile`` values of the stage variable a round (``q`` the value's
-    place among the round's), so neighbouring lanes read neighbouring elements of one key's row (a warp's loads
+    the terms ``g, g + G, ...`` of the reduction for ``tile`` values of the stage variable a round (``q`` the lane's
+    slot: its values are the round's ``q``-th, ``q + lanes / G``-th, ...), so neighbouring lanes read neighbouring
+    elements of one key's row (a warp's loads
     coalesced, where a lane a key reads 32 rows at once); the partial sums meet in workgroup array ``stp`` and one
     lane a value adds them. Two barriers a round. (FlashDecoding's split of a query's dot products over a warp, Dao
     et al. 2023.) On an H100, SmolLM2's decode attention took 11 us a layer at 128 keys this way against 16-18 with a
@@ -612,7 +614,7 @@ def _stage_shared(d: Reduce, d_body: Expr, sigma: Var, name: str, lanes: int, ti
     for (acc, _), v in zip(updates, cse([u for _, u in updates], nest.body)):
         nest.body.append(Assign(acc, v))
     size = tile * lanes
-    shared["stp"] = (d.dtype, max(size, shared.get("stp", (d.dtype, 0))[1]))
+    merge_arrays(shared, {"stp": (d.dtype, size)})
     for j, (_, acc) in enumerate(accs):
         loop.body.append(Store("stp", linear(lane + j * lanes), acc))
     loop.body.append(Barrier())
