@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,10 @@ def record_dispatches(cpass, steps) -> None:
         cpass.dispatch_workgroups(x, y, z)
 
 
+#: seconds a readback waits for its buffer's mapping once the queue is empty, before it reports the device lost
+MAP_IDLE_S = 5.0
+
+
 class Readback:
     """A mappable staging buffer that takes copies of several buffer ranges and reads them in one mapping.
 
@@ -267,12 +272,16 @@ class Readback:
         if self._index is not None:  # wait for that submission only (its completion fires the callback)
             index, self._index = self._index, None
             lib.wgpuDevicePoll(dev, 1, index)
-        idle = 0
+        idle_since = None
         while not self._status:
             if lib.wgpuDevicePoll(dev, 1, ffi.NULL):  # true: the queue is empty, so the callback is due
-                idle += 1
-                if idle > 1000:
+                # (another thread polling the shared device may be running it: a Python callback needs the GIL,
+                # which a loop of quick polls would keep taking back first, so yield it)
+                now = time.monotonic()
+                idle_since = now if idle_since is None else idle_since
+                if now - idle_since > MAP_IDLE_S:
                     raise DeviceError("the readback buffer was never mapped (the device may be lost)")
+                time.sleep(0)
         if self._status[0] != self._success:
             raise DeviceError(f"could not map the readback buffer (WGPUMapAsyncStatus {self._status[0]}); "
                               "the device may be lost or the run rejected")
