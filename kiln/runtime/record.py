@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +128,11 @@ CFLAGS = ["-O2", "-shared", "-fPIC", "-g0"]
 
 def _compiler() -> list[str]:
     """clang of the ``ziglang`` wheel (a dependency), else the system's C compiler (``cc``, ``gcc`` or ``clang``)."""
-    try:
-        import ziglang  # noqa: F401
+    from kiln.runtime.cpu import _zig
 
-        return [sys.executable, "-m", "ziglang", "cc"]
-    except ImportError:
+    try:
+        return _zig() + ["cc"]
+    except KilnError:  # (no ziglang)
         pass
     for name in ("cc", "gcc", "clang"):
         if path := shutil.which(name):
@@ -150,7 +149,7 @@ def build() -> Path:
     from kiln.runtime.cpu import build_library
 
     cc = _compiler()
-    flags = CFLAGS + (["-mcpu=baseline"] if cc[-1] == "cc" and "ziglang" in cc else [])
+    flags = CFLAGS + (["-mcpu=baseline"] if "ziglang" in cc else [])
     return build_library(SOURCE, flags=flags, libs=(), compiler=cc, prefix="kiln-record",
                          what="the dispatch loop")
 
