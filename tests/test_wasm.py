@@ -210,6 +210,26 @@ def test_conv_kernel_uses_simd128_and_no_stack(mobilenet_package, tmp_path):
     assert not any("__stack_pointer" in line for line in body)
 
 
+def test_wasm_products_unroll_less_than_the_cpu_targets():
+    """A long reduction unrolls by its largest divisor up to ``WASM_UNROLL`` (3) on wasm, up to 8 on cpu; windows of
+    up to 9 iterations unroll whole on both."""
+    from kiln.arith.expr import reduce, reduce_axis
+    from kiln.codegen.cpu_schedule import cpu_schedule
+    from kiln.te.compute import compute, placeholder
+    from kiln.te.lower import lower
+
+    a, b = placeholder((8, 96), "float32", name="a"), placeholder((96, 16), "float32", name="b")
+    k = reduce_axis(96, "k")
+    t = compute((8, 16), lambda i, j: reduce("sum", a[i, k] * b[k, j], [k]), "matmul")
+    s = wasm.wasm_schedule(t)
+    assert wasm.WASM_UNROLL == 3 and s.unroll == 3 and cpu_schedule(t, 8).unroll == 8
+    src, _ = c.render(lower(t, s), "f", wasm.grid_shape(t.shape, s))
+    assert "< 32;" in src and "< 96;" not in src and "< 12;" not in src  # 96 iterations: 32 rounds of 3
+    w = placeholder((4, 9), "float32", name="w")
+    r = reduce_axis(9, "r")
+    assert wasm.wasm_schedule(compute((4,), lambda i: reduce("sum", w[i, r], [r]), "window")).unroll == 9
+
+
 def test_strided_reads_become_lane_gathers():
     from kiln.te.compute import compute, placeholder
     from kiln.te.lower import lower

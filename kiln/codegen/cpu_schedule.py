@@ -40,7 +40,7 @@ def reads_rows_across(t: Tensor, lanes: int) -> bool:
     return along and not across
 
 
-def cpu_schedule(t: Tensor, lanes: int = 4) -> Schedule:
+def cpu_schedule(t: Tensor, lanes: int = 4, unroll: int = 8) -> Schedule:
     """The CPU schedule of ``t`` for the C targets (wasm, cpu): no reduce lanes, no workgroups.
 
     Four neighbouring tiles along the grid's innermost axis run as the lanes of a SIMD128
@@ -52,8 +52,9 @@ def cpu_schedule(t: Tensor, lanes: int = 4) -> Schedule:
     or by 8 when the innermost is not tiled: each input vector used that many times. (8 rows rather than 4
     took Whisper's encoder from 2072 to 1833 ms a window and MobileNet from 34.9 to 30.7 ms in Chromium's
     wasm, one thread.) When the innermost extent is no multiple of 4, vectors run across its rows
-    (:func:`kiln.codegen.wasm.simd.vector_body`), so the axis outside it is not tiled. Windows up to 9 iterations unroll fully; longer reductions unroll by their
-    largest divisor up to 8.
+    (:func:`kiln.codegen.wasm.simd.vector_body`), so the axis outside it is not tiled. Windows up to 9 iterations
+    unroll fully; longer reductions unroll by their largest divisor up to ``unroll`` (8; the wasm target's
+    :data:`kiln.codegen.wasm.toolchain.WASM_UNROLL` is 3, see there).
 
     A run-time dim is taken at its ``opt`` value (a decoder's ``sequence`` at 1: decode steps get the schedule
     made for them, and prefill steps a variant scheduled at a larger value, :func:`kiln.codegen.target.variant_values`);
@@ -84,4 +85,4 @@ def cpu_schedule(t: Tensor, lanes: int = 4) -> Schedule:
             f = min(32 // lanes if split_inner else 8, shape[a])
             if f > 1:
                 splits.append(Split(a, f, contiguous=True))
-    return Schedule(splits=tuple(splits), unroll=9 if reduction_size(t) <= 9 else 8)
+    return Schedule(splits=tuple(splits), unroll=9 if reduction_size(t) <= 9 else unroll)

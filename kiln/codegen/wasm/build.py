@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln.codegen.c_kernels import build_c_kernels
-from kiln.codegen.cpu_schedule import cpu_schedule
 from kiln.codegen.wasm import simd
 from kiln.codegen.wasm import toolchain as wasm
 from kiln.errors import KilnError
@@ -26,7 +25,7 @@ MODULE, THREADS_MODULE, SOURCE = "kernels/kiln.wasm", "kernels/kiln-threads.wasm
 
 
 def build_wasm(groups: list[Group], plan: MemoryPlan, progress: bool = False, threads: bool = True,
-               schedule: Callable[[Tensor], Schedule] = cpu_schedule) -> wasm.WasmProgram:
+               schedule: Callable[[Tensor], Schedule] = wasm.wasm_schedule) -> wasm.WasmProgram:
     """Generate, deduplicate and compile the kernels of every non-alias group.
 
     Args:
@@ -34,7 +33,7 @@ def build_wasm(groups: list[Group], plan: MemoryPlan, progress: bool = False, th
         plan: the memory plan (buffer ids and sizes).
         progress: show a progress bar on stderr.
         threads: also build the shared-memory variant for workers.
-        schedule: each kernel's schedule (the target's default: :func:`~kiln.codegen.cpu_schedule.cpu_schedule`).
+        schedule: each kernel's schedule (the target's default: :func:`~kiln.codegen.wasm.toolchain.wasm_schedule`).
 
     Raises:
         KilnError: a group the kernels do not support (naming its node), or the C compiler failed.
