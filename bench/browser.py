@@ -22,11 +22,13 @@ WebGPU and WebGL2 are SwiftShader (on the CPU), so the default ``--device-class`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -119,6 +121,34 @@ def serve_root(root: Path) -> tuple[ThreadingHTTPServer, str]:
     return server, server_url(server)
 
 
+@contextlib.contextmanager
+def bench_page(root: Path, timeout_ms: int = 600_000, on_error: Callable[[str], None] | None = None) -> Iterator:
+    """Serve ``root`` (:func:`serve_root`), open its ``index.html`` in headless Chromium (tests/browser.py's flags)
+    and wait for the page's ``window.benchReady``; yields the Playwright page, whose calls time out after
+    ``timeout_ms``. ``on_error`` gets the text of each console error. The browser and server stop on exit."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser import CHROMIUM, CHROMIUM_ARGS
+
+    server, url = serve_root(root)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(timeout_ms)
+                if on_error is not None:
+                    page.on("console", lambda m: m.type == "error" and on_error(m.text))
+                page.goto(url + "index.html")
+                page.wait_for_function("window.benchReady === true", timeout=60_000)
+                yield page
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the browser benchmark; returns the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,10 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     import onnx
     import onnxruntime as ort
-    from playwright.sync_api import sync_playwright
 
     import kiln
-    from tests.browser import CHROMIUM, CHROMIUM_ARGS
 
     model = onnx.load(str(args.model), load_external_data=False)
     inp, outp = model.graph.input[0], model.graph.output[0]
@@ -164,50 +192,38 @@ def main(argv: list[str] | None = None) -> dict:
         (root / "ort").symlink_to(dist, target_is_directory=True)
         (root / "model.onnx").symlink_to(args.model.resolve())
         (root / "index.html").write_text(PAGE)
-        server, url = serve_root(root)
-        try:
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-                page = browser.new_page()
-                page.set_default_timeout(600_000)
-                page.on("console", lambda m: m.type == "error" and console.print(f"[red]page: {m.text}[/]"))
-                page.goto(url + "index.html")
-                page.wait_for_function("window.benchReady === true", timeout=60_000)
-                base = {"input": inp.name, "output": outp.name, "shape": list(x.shape), "data": x.ravel().tolist()}
-                ready = []
-                for name in names:
-                    runtime, options, _ = CONTESTANTS[name]
-                    console.print(f"loading [bold]{name}[/] ...")
-                    try:
-                        r = page.evaluate("([name, spec]) => window.setup(name, spec)",
-                                          [name, {**base, "runtime": runtime, **options}])
-                    except Exception as e:  # noqa: BLE001  (one failing contestant must not stop the run)
-                        results[name] = {"error": str(e).splitlines()[0][:300]}
-                        console.print(f"[red]{name}: {results[name]['error']}[/]")
-                        continue
-                    out = np.asarray(r["output"], np.float32)
-                    results[name] = {"load_ms": r["load"], "cold_ms": r["cold"], "target": r["target"],
-                                     "max_abs_error": float(np.abs(out - expected.ravel()).max()), "times_ms": []}
-                    ready.append(name)
-                with Progress(console=console, transient=True) as progress:
-                    task = progress.add_task("interleaved runs", total=(args.warmup + args.repeat) * len(ready))
-                    for round_ in range(args.warmup + args.repeat):
-                        for name in ready:
-                            ms = page.evaluate("(name) => window.runOnce(name)", name)
-                            if round_ >= args.warmup:
-                                results[name]["times_ms"].append(ms)
-                            progress.advance(task)
-                for name in ready:
-                    times = results[name]["times_ms"]
-                    results[name].update(median_ms=float(np.median(times)), min_ms=float(min(times)))
-                user_agent = page.evaluate("navigator.userAgent")
-                adapter = page.evaluate("""async () => { const a = await navigator.gpu?.requestAdapter();
-                    return a ? `${a.info.vendor} ${a.info.architecture} ${a.info.description}`.trim() : 'none'; }""")
-                cores = page.evaluate("navigator.hardwareConcurrency")
-                browser.close()
-        finally:
-            server.shutdown()
-            server.server_close()
+        with bench_page(root, on_error=lambda text: console.print(f"[red]page: {text}[/]")) as page:
+            base = {"input": inp.name, "output": outp.name, "shape": list(x.shape), "data": x.ravel().tolist()}
+            ready = []
+            for name in names:
+                runtime, options, _ = CONTESTANTS[name]
+                console.print(f"loading [bold]{name}[/] ...")
+                try:
+                    r = page.evaluate("([name, spec]) => window.setup(name, spec)",
+                                      [name, {**base, "runtime": runtime, **options}])
+                except Exception as e:  # noqa: BLE001  (one failing contestant must not stop the run)
+                    results[name] = {"error": str(e).splitlines()[0][:300]}
+                    console.print(f"[red]{name}: {results[name]['error']}[/]")
+                    continue
+                out = np.asarray(r["output"], np.float32)
+                results[name] = {"load_ms": r["load"], "cold_ms": r["cold"], "target": r["target"],
+                                 "max_abs_error": float(np.abs(out - expected.ravel()).max()), "times_ms": []}
+                ready.append(name)
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task("interleaved runs", total=(args.warmup + args.repeat) * len(ready))
+                for round_ in range(args.warmup + args.repeat):
+                    for name in ready:
+                        ms = page.evaluate("(name) => window.runOnce(name)", name)
+                        if round_ >= args.warmup:
+                            results[name]["times_ms"].append(ms)
+                        progress.advance(task)
+            for name in ready:
+                times = results[name]["times_ms"]
+                results[name].update(median_ms=float(np.median(times)), min_ms=float(min(times)))
+            user_agent = page.evaluate("navigator.userAgent")
+            adapter = page.evaluate("""async () => { const a = await navigator.gpu?.requestAdapter();
+                return a ? `${a.info.vendor} ${a.info.architecture} ${a.info.description}`.trim() : 'none'; }""")
+            cores = page.evaluate("navigator.hardwareConcurrency")
     table = Table(title=f"{args.model.name} in one Chromium page, median ms of {args.repeat} interleaved runs after "
                         f"{args.warmup} warm-up (run() to outputs)")
     for col in ("contestant", "target", "median ms", "min ms", "first run ms", "load ms", "max err", "kiln / peer"):

@@ -10,7 +10,8 @@ worker), binds the run-time dims (each at its ``opt`` value unless ``--dim`` nam
 ``--warmup + --repeat`` times in order, timing each call with ``performance.now()``. Memory holds zeros, not the
 weights (every page written, so that reads miss the caches as weights would): a kernel's time does not depend on
 its values, except through gathers and data-dependent dims, which therefore read index 0. Several packages are measured alternately in one page, twice, and each step keeps its
-fastest median, so that variants of one model compare on equal terms.
+fastest median, so that variants of one model compare on equal terms (V8 first runs a module's functions as
+Liftoff's baseline code and swaps in TurboFan's as they get hot; the second round runs the latter).
 
 Prints, for each package, the plan's total and the kernels ranked by their summed time (calls, ms, share, the
 kernel's operator count and schedule), and writes JSON (``wasm-profile-<date>.json``): every step's time.
@@ -33,9 +34,12 @@ PAGE = """<!doctype html><meta charset="utf-8"><title>kiln wasm profile</title><
 <script type="module">
 import {WasmBackend} from './p0/wasm.js';
 
+const modules = {};  // one module a folder, so that the second round runs the code V8 tiered up in the first
+
 window.profile = async (folder, dims, warmup, repeat) => {
   const manifest = await (await fetch(folder + '/manifest.json')).json();
-  const module = await WebAssembly.compileStreaming(fetch(folder + '/' + manifest.targets.wasm.module));
+  modules[folder] ??= await WebAssembly.compileStreaming(fetch(folder + '/' + manifest.targets.wasm.module));
+  const module = modules[folder];
   const backend = await WasmBackend.single(module, manifest);
   const bound = Object.fromEntries((manifest.dynamic_dims ?? []).map((d) => [d.name, dims[d.name] ?? d.opt]));
   if (manifest.dynamic_dims?.length) backend.setDims(bound);
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("packages", type=Path, nargs="+", help="package folders with a wasm target")
     ap.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="bind a run-time dim")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--top", type=int, default=15, help="kernels listed per package")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)
@@ -88,10 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error(f"{p}: the package has no wasm target (kiln compile --target wasm)")
         manifests.append(m)
 
-    from playwright.sync_api import sync_playwright
-
-    from bench.browser import serve_root
-    from tests.browser import CHROMIUM, CHROMIUM_ARGS
+    from bench.browser import bench_page
 
     console = Console(width=120)
     rounds: list[list[list]] = [[] for _ in args.packages]
@@ -100,24 +101,13 @@ def main(argv: list[str] | None = None) -> dict:
         for i, p in enumerate(args.packages):
             (root / f"p{i}").symlink_to(p.resolve(), target_is_directory=True)
         (root / "index.html").write_text(PAGE)
-        server, url = serve_root(root)
-        try:
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-                page = browser.new_page()
-                page.set_default_timeout(900_000)
-                page.goto(url + "index.html")
-                page.wait_for_function("window.benchReady === true", timeout=60_000)
-                for _ in range(2):
-                    for i, p in enumerate(args.packages):
-                        console.print(f"profiling {p} ...")
-                        rounds[i].append(page.evaluate("(a) => window.profile(...a)",
-                                                       [f"./p{i}", dims, args.warmup, args.repeat]))
-                user_agent = page.evaluate("navigator.userAgent")
-                browser.close()
-        finally:
-            server.shutdown()
-            server.server_close()
+        with bench_page(root, timeout_ms=900_000) as page:
+            for _ in range(2):
+                for i, p in enumerate(args.packages):
+                    console.print(f"profiling {p} ...")
+                    rounds[i].append(page.evaluate("(a) => window.profile(...a)",
+                                                   [f"./p{i}", dims, args.warmup, args.repeat]))
+            user_agent = page.evaluate("navigator.userAgent")
     record: dict = {"benchmark": "wasm-profile", "dims": dims, "repeat": args.repeat, "warmup": args.warmup,
                     "user_agent": user_agent, "packages": {}}
     for p, m, runs in zip(args.packages, manifests, rounds, strict=True):
