@@ -275,6 +275,44 @@ def test_reductions_along_rows_run_on_simd_lanes(tmp_path, rng, target, lanes):
         np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("target,lanes", [("wasm", 4), ("cpu", 8)])
+def test_softmax_and_layernorm_are_one_row_kernel(tmp_path, rng, target, lanes):
+    """On the C targets a Softmax or LayerNormalization along the innermost axis is one row kernel (a row a tile,
+    vectors along it: kiln.te.cpu_rows) whose Softmax computes each ``exp`` once (stored in the row, divided there);
+    rows of a multiple of the lanes, with a scalar tail, shorter than a vector, with axes of one element beside
+    them, match onnxruntime. A Softmax over another axis stays three kernels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    shapes = {"a": [2, 3, 4 * lanes], "b": [2, 3, 4 * lanes + 3], "c": [5, 48], "d": [3, 2], "e": [1, 2, 1, 12],
+              "f": [2, 8, 5]}
+    nodes = [helper.make_node("Softmax", [x], [f"y{x}"], axis=-1) for x in "abde"]
+    nodes += [helper.make_node("LayerNormalization", ["c", "g", "beta"], ["yc"], axis=-1, epsilon=1e-5),
+              helper.make_node("Softmax", ["f"], ["yf"], axis=1)]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "rows", [helper.make_tensor_value_info(n, f, sh) for n, sh in shapes.items()],
+        [helper.make_tensor_value_info(f"y{n}", f, sh) for n, sh in shapes.items()],
+        [numpy_helper.from_array(rng.standard_normal(48).astype(np.float32), n) for n in ("g", "beta")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "rows.onnx")
+    pkg = kiln.compile(tmp_path / "rows.onnx", tmp_path / "pkg", target=target, device_class="cpu")
+    section = json.loads((pkg / "manifest.json").read_text())["targets"][target]
+    rows = [k for k in section["kernels"] if k["schedule"].get("rows")]
+    assert sorted(k["ops"].count("ReduceMax") for k in rows) == [0, 1, 1, 1, 1]
+    assert sum(k["vectorized"] for k in rows) >= 4  # (d's rows of 2 are shorter than a vector)
+    assert sum("ReduceMean" in k["ops"] for k in rows) == 1
+    assert any(k["name"].endswith("reducemax") and not k["schedule"].get("rows") for k in section["kernels"])  # (f)
+    source = (pkg / section["source"]).read_text()
+    exp, hmax = ("kv_f32_exp(", "kv_f32_hmax(") if target == "cpu" else ("kiln_f32x4_exp(", "kiln_f32x4_hmax(")
+    bodies = [source.split(f"static void {k['name']}_v(")[1].split("\n}\n")[0] for k in rows
+              if "Exp" in k["ops"] and k["vectorized"]]
+    assert all(b.count(exp) <= 1 for b in bodies) and sum(hmax in b and exp in b for b in bodies) == 3  # (a, b, e)
+    feeds = {n: (3 * rng.standard_normal(sh)).astype(np.float32) for n, sh in shapes.items()}
+    got = kiln.load(pkg, target=target, poison=True).run(feeds)
+    want = ort.InferenceSession(str(tmp_path / "rows.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for n, w in zip(shapes, want):
+        np.testing.assert_allclose(got[f"y{n}"], w, rtol=1e-5, atol=1e-6, err_msg=n)
+
+
 @pytest.mark.parametrize("target", ["wasm", "cpu"])
 def test_exp_within_an_ulp_in_vectors_and_scalar_tails(tmp_path, rng, target):
     """The C targets' exp (Cephes' expf, the prelude's kiln_expf and its vector twins): within 1.5 ulp of the exact

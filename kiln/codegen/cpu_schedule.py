@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from kiln.arith.expr import Load, Var, free_vars, transform
 from kiln.arith.symbolic import Dim, at_opt, ceil_div, is_symbolic
+from kiln.codegen.lowering import group_expr
+from kiln.errors import KilnError
+from kiln.passes.fusion import Group
 from kiln.te.compute import Tensor
+from kiln.te.cpu_rows import cpu_row_plan
+from kiln.te.rows import analyse_rows
 from kiln.te.schedule import Schedule, Split, reduction_size, reductions, reuse_axes, tile_axes
 
 
@@ -40,7 +45,7 @@ def reads_rows_across(t: Tensor, lanes: int) -> bool:
     return along and not across
 
 
-def cpu_schedule(t: Tensor, lanes: int = 4, unroll: int = 8) -> Schedule:
+def cpu_schedule(t: Tensor, lanes: int = 4, unroll: int = 8, share_rows: bool = True) -> Schedule:
     """The CPU schedule of ``t`` for the C targets (wasm, cpu): no reduce lanes, no workgroups.
 
     Four neighbouring tiles along the grid's innermost axis run as the lanes of a SIMD128
@@ -56,16 +61,22 @@ def cpu_schedule(t: Tensor, lanes: int = 4, unroll: int = 8) -> Schedule:
     unroll fully; longer reductions unroll by their largest divisor up to ``unroll`` (8; the wasm target's
     :data:`kiln.codegen.wasm.toolchain.WASM_UNROLL` is 3, see there).
 
+    Sums read along their rows (:func:`reads_rows_across`: ``simd_reduce``) compute four outputs a tile, which share
+    their other operand, with ``share_rows``, else one (the wasm target: see
+    :func:`kiln.codegen.wasm.toolchain.wasm_schedule`).
+
     A run-time dim is taken at its ``opt`` value (a decoder's ``sequence`` at 1: decode steps get the schedule
     made for them, and prefill steps a variant scheduled at a larger value, :func:`kiln.codegen.target.variant_values`);
     a run-time innermost axis is never split (vectors need rows of a known width).
     """
+    if t.attrs.get("rows"):  # a fused row kernel (a Softmax, a LayerNormalization): a row a tile, vectors along it
+        return Schedule(rows=True, simd_reduce=lanes)
     if reduction_size(t) < 9:
         return Schedule()
-    if reads_rows_across(t, lanes):  # lanes over the reduction; four outputs a tile share their other operand
+    if reads_rows_across(t, lanes):  # lanes over the reduction (four outputs a tile sharing their other operand)
         dims = [a for a, d in enumerate(t.shape) if is_symbolic(d) or at_opt(d) > 1]
         inner = dims[-1] if dims else -1
-        share = inner in reuse_axes(t) and not is_symbolic(t.shape[inner]) and t.shape[inner] % 4 == 0
+        share = share_rows and inner in reuse_axes(t) and not is_symbolic(t.shape[inner]) and t.shape[inner] % 4 == 0
         return Schedule(splits=(Split(inner, 4, contiguous=True),) if share else (), simd_reduce=lanes)
     axes = tile_axes(t)
     shape = [at_opt(d) for d in t.shape]
@@ -86,3 +97,14 @@ def cpu_schedule(t: Tensor, lanes: int = 4, unroll: int = 8) -> Schedule:
             if f > 1:
                 splits.append(Split(a, f, contiguous=True))
     return Schedule(splits=tuple(splits), unroll=9 if reduction_size(t) <= 9 else unroll)
+
+
+def cpu_row_kernel(group: Group) -> bool:
+    """Whether fused ``group`` lowers as a row kernel of the C targets (:func:`kiln.te.cpu_rows.cpu_row_plan`: a
+    Softmax or LayerNormalization along the innermost axis; not attention): the predicate the wasm and cpu targets
+    give fusion (:meth:`kiln.codegen.target.Target.row_kernels`)."""
+    try:
+        t = group_expr(group)
+    except KilnError:
+        return False
+    return not isinstance(cpu_row_plan(analyse_rows(t), t), str)

@@ -92,7 +92,8 @@ class Vectoriser:
         self.vector_accs = vector_accs if vector_accs is not None else set()
         self.promote: set[str] = set()  # accumulators found to need vectors (second pass)
         self.in_lanes = 0  # inside a lane loop (For.lanes: a simd_reduce schedule's), whose lanes are the vector's
-        self.lane_sums: set[str] = set()  # accumulators summed in a lane loop: added across lanes after their loop
+        # accumulators combined in a lane loop (name -> sum, max or min): combined across lanes after their loop
+        self.lane_sums: dict[str, str] = {}
         self.decl_indent: dict[str, int] = {}
 
     # ---------------------------------------------------------------- conversions
@@ -389,12 +390,8 @@ class Vectoriser:
             elif isinstance(s, Assign):
                 x = self.ex(s.value)
                 name = s.var.name
-                if self.in_lanes:  # partial sums, one a lane
-                    v = s.value
-                    if not (isinstance(v, Bin) and v.op == "+" and isinstance(v.a, Var) and v.a.name == name
-                            and s.var.dtype == "float32"):
-                        raise VectorUnsupported("a lane loop assigning other than a float sum")
-                    self.lane_sums.add(name)
+                if self.in_lanes:  # partial sums (maxima, minima), one a lane
+                    self.lane_sums[name] = _lane_op(s)
                 if self.env[name].kind == "v":
                     out.append(f"{pad}{name} = {self.vec(x)};")
                 elif x.kind != "u":
@@ -416,9 +413,9 @@ class Vectoriser:
                 out.extend(self.stmts(s.body, indent + 1))
                 out.append(f"{pad}}}")
                 # lane sums declared at this level are complete: one scalar each from here on
-                for name in sorted(self.lane_sums):
+                for name, op in sorted(self.lane_sums.items()):
                     if self.decl_indent.get(name) == indent and self.env[name].kind == "v":
-                        out.append(f"{pad}const float {name}_h = kiln_f32x4_hsum({name});")
+                        out.append(f"{pad}const float {name}_h = kiln_f32x4_h{op}({name});")
                         self.env[name] = Val("u", f"{name}_h", "float32")
             elif isinstance(s, If):
                 c = self.ex(s.cond)
@@ -463,6 +460,18 @@ class Vectoriser:
             lines.append(lane)
         lines.append(f"{pad}}}")
         return lines
+
+
+def _lane_op(s: Assign) -> str:
+    """The reduction (``sum``, ``max``, ``min``) an assignment in a lane loop accumulates: ``acc + x``, ``max(acc, x)``,
+    ``min(acc, x)`` of float32 ``acc`` (VectorUnsupported otherwise)."""
+    v, name = s.value, s.var.name
+    if s.var.dtype == "float32":
+        if isinstance(v, Bin) and v.op == "+" and isinstance(v.a, Var) and v.a.name == name:
+            return "sum"
+        if isinstance(v, Call) and v.fn in ("max", "min") and isinstance(v.args[0], Var) and v.args[0].name == name:
+            return v.fn
+    raise VectorUnsupported("a lane loop assigning other than a float sum, maximum or minimum")
 
 
 def _has_lane_loop(stmts) -> bool:

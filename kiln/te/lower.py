@@ -39,6 +39,7 @@ from kiln.arith.expr import (
 )
 from kiln.arith.symbolic import ceil_div, is_symbolic, simplify
 from kiln.te.compute import Tensor, placeholders
+from kiln.te.cpu_rows import cpu_row_plan, lower_rows_cpu
 from kiln.te.loops import (
     Assign,
     Barrier,
@@ -196,6 +197,14 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             if schedule.vector_width > 1 and not vectors:  # no operand tile read as vectors
                 schedule = dataclasses.replace(schedule, vector_width=1)
             return LoweredKernel(name or out.name, params, ins, total, Var("gid"), body, schedule, shared, vectors)
+    if schedule.rows and schedule.simd_reduce:  # (C targets) a row a tile, vectors along it: kiln.te.cpu_rows
+        plan = cpu_row_plan(analyse_rows(out), out)
+        if isinstance(plan, str):
+            schedule = dataclasses.replace(schedule, rows=False)
+        else:
+            body, total = lower_rows_cpu(out, plan, schedule.simd_reduce, lambda e, g: flatten(e, g, pname),
+                                         lambda vals, block: _cse_loads(vals, block, counter), counter)
+            return LoweredKernel(name or out.name, params, ins, total, Var("gid"), body, schedule)
     if schedule.rows:
         plan = analyse_rows(out)
         if isinstance(plan, str):  # not a row kernel: lowered element by element

@@ -75,7 +75,9 @@ class Schedule:
         rows: one workgroup per row of a row kernel (:mod:`kiln.te.rows`: row reductions and the
             elementwise work over the same rows, as a fused LayerNormalization or Softmax); its
             ``reduce_lanes`` (equal to ``workgroup_size``) invocations share the row's reductions and
-            then its outputs. A kernel that is not such a row kernel is lowered without it.
+            then its outputs. With ``simd_reduce`` (C targets; ``reduce_lanes`` 1) a tile a row instead, the
+            reductions and the elements in vectors along it (:mod:`kiln.te.cpu_rows`). A kernel that is not such a
+            row kernel is lowered without it.
         simd_reduce: (C targets) 0, or the SIMD lanes the innermost reduction axis is dealt to: each tile's sums
             accumulate in vectors, iteration ``ro * simd_reduce + lane`` in lane ``lane`` (a ``For`` with
             ``lanes``), added across the lanes after the loop. For reductions that read rows contiguously along
@@ -105,8 +107,8 @@ class Schedule:
             raise ValueError(f"vector_width={self.vector_width} must be 1 or 4")
         if self.prefetch and not self.shared_k:
             raise ValueError("prefetch needs shared_k")
-        if self.rows and (r != self.workgroup_size or self.shared_k):
-            raise ValueError("rows needs reduce_lanes equal to workgroup_size and no shared_k")
+        if self.rows and (r != self.workgroup_size and not self.simd_reduce or self.shared_k):
+            raise ValueError("rows needs reduce_lanes equal to workgroup_size (or simd_reduce) and no shared_k")
 
     def dispatch(self, total: int) -> tuple[int, int, int]:
         """Workgroup counts ``(x, y, z)`` covering ``total`` invocations."""

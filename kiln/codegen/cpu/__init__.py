@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 from kiln.codegen.cpu.build import build_cpu
 from kiln.codegen.cpu.vector import LANES
-from kiln.codegen.cpu_schedule import cpu_schedule
+from kiln.codegen.cpu_schedule import cpu_row_kernel, cpu_schedule
 from kiln.codegen.target import Program, Target, TargetBuild, register
+from kiln.passes.fusion import Group
 from kiln.te.compute import Tensor
 from kiln.te.schedule import Schedule
 
@@ -29,6 +32,11 @@ class CpuTarget(Target):
         """:func:`~kiln.codegen.cpu_schedule.cpu_schedule` for vectors of :data:`~kiln.codegen.cpu.vector.LANES`
         lanes (tiles for one core), any device class."""
         return cpu_schedule(t, LANES)
+
+    def row_kernels(self, device_class: str, precision: str, training: Any) -> Callable[[Group], bool] | None:
+        """:func:`~kiln.codegen.cpu_schedule.cpu_row_kernel`: a Softmax or LayerNormalization along the innermost
+        axis is one kernel, a row a tile (:mod:`kiln.te.cpu_rows`)."""
+        return cpu_row_kernel if training is None else None
 
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """The C source and plan of ``program``; with ``validate``, also compiles it for this machine (which

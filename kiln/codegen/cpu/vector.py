@@ -149,6 +149,16 @@ static inline float kv_f32_hsum(kv_t v) {  // the sum of the lanes (simd_reduce 
     for (int k = 0; k < KILN_LANES; k++) s += f[k];
     return s;
 }
+static inline float kv_f32_hmax(kv_t v) {  // the largest lane (NaN propagates, as kiln_fmaxf)
+    kv_f f = (kv_f)v; float m = f[0];
+    for (int k = 1; k < KILN_LANES; k++) m = kiln_fmaxf(m, f[k]);
+    return m;
+}
+static inline float kv_f32_hmin(kv_t v) {  // the smallest lane (NaN propagates, as kiln_fminf)
+    kv_f f = (kv_f)v; float m = f[0];
+    for (int k = 1; k < KILN_LANES; k++) m = kiln_fminf(m, f[k]);
+    return m;
+}
 #define KILN_GATHER(buf, idx) ({ kv_t i_ = (idx), g_; \
     for (int k_ = 0; k_ < KILN_LANES; k_++) __builtin_memcpy((int*)&g_ + k_, (const int*)(buf) + i_[k_], 4); g_; })
 """.replace("@LANES@", str(LANES)).replace("@SPLAT@", ", ".join(["x"] * LANES)).replace("@IOTA@", ", ".join(map(str, range(LANES)))).replace(

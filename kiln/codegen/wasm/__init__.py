@@ -4,10 +4,14 @@ zig cc into one ``.wasm`` module (:mod:`.toolchain`), with its plan (:mod:`.buil
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
+from kiln.codegen.cpu_schedule import cpu_row_kernel
 from kiln.codegen.target import Program, Target, TargetBuild, register
 from kiln.codegen.wasm import toolchain
 from kiln.codegen.wasm.build import build_wasm, section
+from kiln.passes.fusion import Group
 from kiln.te.compute import Tensor
 from kiln.te.schedule import Schedule
 
@@ -33,6 +37,11 @@ class WasmTarget(Target):
     def default_schedule(self, t: Tensor, device_class: str = "cpu") -> Schedule:
         """:func:`~kiln.codegen.wasm.toolchain.wasm_schedule` (tiles for one CPU core), any device class."""
         return toolchain.wasm_schedule(t)
+
+    def row_kernels(self, device_class: str, precision: str, training: Any) -> Callable[[Group], bool] | None:
+        """:func:`~kiln.codegen.cpu_schedule.cpu_row_kernel`: a Softmax or LayerNormalization along the innermost
+        axis is one kernel, a row a tile (:mod:`kiln.te.cpu_rows`)."""
+        return cpu_row_kernel if training is None else None
 
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """The module(s), C source and plan of ``program``."""

@@ -85,6 +85,15 @@ static inline float kiln_f32x4_hsum(v128_t v) {
     v128_t s = wasm_f32x4_add(v, wasm_i32x4_shuffle(v, v, 2, 3, 0, 1));
     return wasm_f32x4_extract_lane(s, 0) + wasm_f32x4_extract_lane(s, 1);
 }
+// the largest and the smallest lane (f32.max/f32.min: NaN propagates), as kiln_f32x4_hsum
+static inline float kiln_f32x4_hmax(v128_t v) {
+    v128_t s = wasm_f32x4_max(v, wasm_i32x4_shuffle(v, v, 2, 3, 0, 1));
+    return __builtin_wasm_max_f32(wasm_f32x4_extract_lane(s, 0), wasm_f32x4_extract_lane(s, 1));
+}
+static inline float kiln_f32x4_hmin(v128_t v) {
+    v128_t s = wasm_f32x4_min(v, wasm_i32x4_shuffle(v, v, 2, 3, 0, 1));
+    return __builtin_wasm_min_f32(wasm_f32x4_extract_lane(s, 0), wasm_f32x4_extract_lane(s, 1));
+}
 static inline v128_t kiln_iota(int base, int stride) {
     return wasm_i32x4_make(base, base + stride, base + 2 * stride, base + 3 * stride);
 }
