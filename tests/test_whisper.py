@@ -21,7 +21,7 @@ from kiln.errors import KilnError, ModelFormatError, PackageError
 from kiln.frontend import whisper
 from kiln.frontend.ctranslate2 import read_ctranslate2
 from kiln.package.writer import write_package
-from kiln.runtime.speech import chunk_audio
+from kiln.runtime.speech import mel_blocks
 from tests.speech_clips import CLIPS, espeak_available, make_clip, word_error_rate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def test_log_mel_matches_the_reference(target, clips, tmp_path, rng):
     within 1e-4 on speech (the clips, one over two 30-s chunks), on noise and on a click in silence. On a pure tone
     in faint noise, within 1e-4 wherever the mel power is within 6 decades of the recording's peak, and within 1e-3
     in the last 2 decades above Whisper's floor (peak - 8): there a bin's power is what is left of the tone's
-    Hann-window leakage cancelling itself, and the STFT's 400-term float32 sums (a Conv1d, not an FFT) keep about
+    Hann-window leakage cancelling itself, and the STFT's 400-term float32 sums (a MatMul, not an FFT) keep about
     0.2% of it."""
     from faster_whisper.feature_extractor import FeatureExtractor
 
@@ -185,8 +185,8 @@ def test_log_mel_matches_the_reference(target, clips, tmp_path, rng):
     click = np.zeros(16000 * 3, np.float32)
     click[20000] = 0.9
     for name, audio in [*((c, clips[c][1]) for c in clips), ("noise", noise), ("click", click), ("tone", tone)]:
-        chunks, frames = chunk_audio(audio, whisper.N_FFT, whisper.HOP, whisper.N_FRAMES)
-        outs = [session.run({"audio": c[None]}) for c in chunks]
+        rows, frames = mel_blocks(audio, whisper.N_FFT, whisper.HOP, whisper.N_FRAMES)
+        outs = [session.run({"audio": row}) for row in rows]
         raw = np.concatenate([o["log_mel"][0] for o in outs], axis=1)[:, :frames]
         top = max(float(o["log_mel_max"][0]) for o in outs)
         ours = (np.maximum(raw, top - 8.0) + 4.0) / 4.0

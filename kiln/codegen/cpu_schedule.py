@@ -77,7 +77,7 @@ def cpu_schedule(t: Tensor, lanes: int = 4, unroll: int = 8, share_rows: bool = 
         dims = [a for a, d in enumerate(t.shape) if is_symbolic(d) or at_opt(d) > 1]
         inner = dims[-1] if dims else -1
         share = share_rows and inner in reuse_axes(t) and not is_symbolic(t.shape[inner]) and t.shape[inner] % 4 == 0
-        return Schedule(splits=(Split(inner, 4, contiguous=True),) if share else (), simd_reduce=lanes)
+        return Schedule(splits=(Split(inner, 4, contiguous=True),) if share else (), simd_reduce=lanes, unroll=unroll)
     axes = tile_axes(t)
     shape = [at_opt(d) for d in t.shape]
     dims = [a for a, d in enumerate(shape) if d > 1]

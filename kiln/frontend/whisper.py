@@ -1,11 +1,11 @@
 """Whisper speech recognition (Radford et al. 2022, "Robust Speech Recognition via Large-Scale Weak Supervision")
 from a CTranslate2 model folder (``model.bin``, ``config.json``, ``tokenizer.json``), as three graph-IR programs:
 
-- :func:`log_mel_graph`: float32 ``audio [1, CHUNK_SAMPLES]`` (a 30-s chunk of 16 kHz samples with the STFT's
-  context, :func:`kiln.runtime.speech.chunk_audio`) -> ``log_mel [1, n_mels, 3000]``
+- :func:`log_mel_graph`: float32 ``audio [1, blocks, 160]`` (up to 30 s of 16 kHz samples with the STFT's context in
+  rows of 160, :func:`kiln.runtime.speech.mel_blocks`; ``blocks`` a run-time dim) -> ``log_mel [1, n_mels, frames]``
   (``log10(max(mel power, 1e-10))``) and ``log_mel_max [1]``. The STFT (400-sample periodic Hann window, hop 160)
-  is a strided Conv1d with the window folded into cos/sin filters, the power a sum of squares, the mel filterbank
-  (Slaney's, librosa's default, :func:`mel_filters`) a MatMul.
+  is a MatMul of the frames (rows of 400 samples) with the window folded into cos/sin filters, the power a sum of
+  squares, the mel filterbank (Slaney's, librosa's default, :func:`mel_filters`) a MatMul.
 - :func:`encoder_graph`: ``log_mel [1, n_mels, 3000]``, ``log_mel_max [1]`` (the maximum over the whole
   recording) and ``frames`` int64 ``[1]`` (the window's frames that hold audio) -> ``encoder_hidden_states
   [1, 1500, D]``. Whisper's normalisation ``(max(x, max - 8) + 4) / 4`` is applied on the device, frames from
@@ -241,43 +241,59 @@ def mel_filters(n_mels: int, sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT)
 
 
 def _stft_filters(n_fft: int) -> np.ndarray:
-    """``[2 * bins, 1, n_fft]``: the periodic Hann window times ``cos`` then times ``-sin`` of ``2 pi j k / n``
-    (angles reduced exactly, ``j k mod n``), the real and imaginary parts of a one-sided DFT as Conv1d filters."""
+    """``[n_fft, 2 * bins + 2]``: the periodic Hann window times ``cos`` then times ``-sin`` of ``2 pi j k / n`` (angles
+    reduced exactly, ``j k mod n``), the real and imaginary parts of a one-sided DFT as the columns of a MatMul's
+    right operand, and two zero columns (404 for Whisper: a multiple of 4, so the C targets' product vectorises along
+    its columns while its rows, the frames, are a run-time dim)."""
     j = np.arange(n_fft)
     k = np.arange(n_fft // 2 + 1)
     window = 0.5 - 0.5 * np.cos(2 * np.pi * j / n_fft)  # periodic Hann (torch.hann_window, np.hanning(n+1)[:-1])
     theta = 2 * np.pi * ((k[:, None] * j[None, :]) % n_fft) / n_fft
-    filters = np.concatenate([np.cos(theta), -np.sin(theta)]) * window[None, :]
-    return filters[:, None, :].astype(np.float32)
+    filters = np.concatenate([np.cos(theta), -np.sin(theta), np.zeros((2, n_fft))]) * window[None, :]
+    return np.ascontiguousarray(filters.T).astype(np.float32)
 
 
-def log_mel(b: Builder, audio: Value, n_mels: int) -> Value:
-    """``log10(max(mel power, 1e-10))`` ``[1, n_mels, frames]`` of ``audio [1, samples]`` (frame ``f`` = samples
-    ``f * 160 .. f * 160 + 399``)."""
+#: hop-long blocks a frame spans (a 400-sample frame: two blocks and half the third)
+FRAME_BLOCKS = -(-N_FFT // HOP)
+
+
+def log_mel(b: Builder, blocks: Value, n_mels: int) -> tuple[Value, Value]:
+    """``log10(max(mel power, 1e-10))`` ``[1, n_mels, frames]`` of ``blocks [1, frames + FRAME_BLOCKS - 1, HOP]``
+    (the samples in rows of 160: frame ``f`` = samples ``f * 160 .. f * 160 + 399``), and its maximum ``[1]``.
+
+    Frames are rows (the row's blocks side by side, the last cut to the frame's length); the STFT is their product with
+    the filters of :func:`_stft_filters`, the power a sum of squares, the filterbank a MatMul, each with the frames
+    outermost (a run-time dim: a short recording computes its own frames only), transposed at the end."""
     bins = N_FFT // 2 + 1
-    x = reshape(b, audio, (1, 1, audio.shape[1]))
-    spec = b.op("Conv", [x, b.const(_stft_filters(N_FFT), name="stft_filters")], strides=(HOP,), dilations=(1,),
-                pads=(0, 0), group=1)  # [1, 2 * bins, frames]
-    frames = spec.shape[2]
+    frames = blocks.shape[1] - (FRAME_BLOCKS - 1)
+    pieces = [b.op("Slice", [blocks], starts=(0, k, 0), ends=(1, k + frames, min(HOP, N_FFT - k * HOP)),
+                   steps=(1, 1, 1)) for k in range(FRAME_BLOCKS)]
+    framed = b.op("Concat", pieces, axis=2)  # [1, frames, N_FFT]
+    spec = b.op("MatMul", [framed, b.const(_stft_filters(N_FFT), name="stft_filters")])  # [1, frames, 2 * bins + 2]
     sq = b.op("Mul", [spec, spec])
-    re = b.op("Slice", [sq], starts=(0, 0, 0), ends=(1, bins, frames), steps=(1, 1, 1))
-    im = b.op("Slice", [sq], starts=(0, bins, 0), ends=(1, 2 * bins, frames), steps=(1, 1, 1))
-    power = b.op("Add", [re, im])  # [1, bins, frames]
-    mel = b.op("MatMul", [b.const(mel_filters(n_mels), name="mel_filters"), power])  # [1, n_mels, frames]
+    re = b.op("Slice", [sq], starts=(0, 0, 0), ends=(1, frames, bins), steps=(1, 1, 1))
+    im = b.op("Slice", [sq], starts=(0, 0, bins), ends=(1, frames, 2 * bins), steps=(1, 1, 1))
+    power = b.op("Add", [re, im])  # [1, frames, bins]
+    filters = np.ascontiguousarray(mel_filters(n_mels).T)
+    mel = b.op("MatMul", [power, b.const(filters, name="mel_filters")])  # [1, frames, n_mels]
     mel = b.op("Max", [mel, b.const(np.array(1e-10, np.float32))])
-    return b.op("Mul", [b.op("Log", [mel]), b.const(np.array(1 / math.log(10), np.float32))])
+    logs = b.op("Mul", [b.op("Log", [mel]), b.const(np.array(1 / math.log(10), np.float32))])
+    rows = b.op("ReduceMax", [logs], axes=(2,), keepdims=0)  # (a frame's, then the chunk's: short loops on GPUs)
+    top = reshape(b, b.op("ReduceMax", [rows], axes=(0, 1), keepdims=0), (1,))
+    return transpose(b, logs, (0, 2, 1)), top
 
 
 def log_mel_graph(n_mels: int = 80) -> Graph:
-    """The audio front end: ``audio [1, CHUNK_SAMPLES]`` (one row of :func:`kiln.runtime.speech.chunk_audio`) ->
-    ``log_mel [1, n_mels, 3000]`` and its maximum ``log_mel_max [1]``."""
+    """The audio front end: ``audio [1, blocks, HOP]`` (a chunk of up to :data:`N_FRAMES` frames of the padded
+    recording in rows of 160 samples, :func:`kiln.runtime.speech.mel_blocks`; ``blocks`` a run-time dim, frames + 2)
+    -> ``log_mel [1, n_mels, frames]`` and its maximum ``log_mel_max [1]``."""
     g = Graph(name="whisper_log_mel")
-    audio = Value("audio", "float32", (1, CHUNK_SAMPLES))
+    hi = N_FRAMES + FRAME_BLOCKS - 1
+    g.size_vars = {"blocks": symbolic.size_var("blocks", 0, FRAME_BLOCKS, hi, opt=hi)}
+    audio = Value("audio", "float32", (1, g.size_vars["blocks"], HOP), sym_shape=(1, "blocks", HOP))
     g.inputs.append(audio)
-    b = Builder(g)
-    out = log_mel(b, audio, n_mels)
+    out, top = log_mel(Builder(g), audio, n_mels)
     out.name = "log_mel"
-    top = reshape(b, b.op("ReduceMax", [out], axes=(0, 1, 2), keepdims=0), (1,))
     top.name = "log_mel_max"
     g.outputs = [out, top]
     return g
@@ -468,7 +484,7 @@ def speech_manifest(m: WhisperModel) -> dict:
             "parts": {"resample": "resample", "log_mel": "log_mel", "encoder": "encoder", "decoder": "decoder"},
             "resample": resample,
             "tokenizer": "tokenizer.json", "sample_rate": SAMPLE_RATE, "n_fft": N_FFT, "hop": HOP,
-            "frames": N_FRAMES, "chunk_samples": CHUNK_SAMPLES, "n_mels": c.n_mels, "width": c.width,
+            "frames": N_FRAMES, "chunk_samples": (N_FRAMES + FRAME_BLOCKS - 1) * HOP, "n_mels": c.n_mels, "width": c.width,
             "vocab": c.vocab, "max_context": c.text_ctx, "time_precision": 0.02, "input_stride": 2,
             "multilingual": c.multilingual, "languages": languages, "tokens": tokens,
             "suppress_ids": [i for i in c.suppress_ids if 0 <= i < c.vocab],

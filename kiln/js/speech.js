@@ -7,8 +7,8 @@
 //   const result = await speech.transcribe(samples, {sampleRate, timestamps: true, onSegment: (s) => ...});
 //   result.text; result.stats.realTimeFactor;
 //
-// A speech package holds four packages: `resample` (a recording at another rate to 16 kHz), `log_mel` (a 30-s
-// chunk of samples to its log-mel spectrogram), `encoder` (a window's spectrogram to the encoder's states) and
+// A speech package holds four packages: `resample` (a recording at another rate to 16 kHz), `log_mel` (up to
+// 30 s of samples to its log-mel spectrogram), `encoder` (a window's spectrogram to the encoder's states) and
 // `decoder` (one decoder step, with the self- and cross-attention caches as state). Transcription is Whisper's
 // long-form algorithm as faster-whisper runs it over CTranslate2: the whole recording's features; 30-s windows
 // from frame `seek`; each window's encoder output feeds the decoder's first step (on the GPU, never read back);
@@ -233,18 +233,24 @@ export class SpeechSession {
       padded[half + n + i] = padded[half + n - 2 - i];
     }
     const frames = Math.floor((padded.length - nFft) / hop);
-    const width = (perChunk - 1) * hop + nFft;
     const chunks = Math.ceil(frames / perChunk);
     const mel = new Float32Array(nMels * frames);
+    // [1, blocks, hop]: a chunk's frames' samples in rows of hop (kiln/runtime/speech.py's mel_blocks); a package
+    // made before takes whole 30-s rows [1, width]
+    const blocked = this.parts.log_mel.manifest.inputs[0].shape.length === 3;
     let max = -Infinity;
     for (let c = 0; c < chunks; c++) {
+      const take = Math.min(perChunk, frames - c * perChunk);
+      const blocks = take + Math.ceil(nFft / hop) - 1;
+      const width = blocked ? blocks * hop : (perChunk - 1) * hop + nFft;
       const row = new Float32Array(width);
       row.set(padded.subarray(c * perChunk * hop, Math.min(padded.length, c * perChunk * hop + width)));
-      const out = await this.parts.log_mel.run({audio: new Tensor('float32', row, [1, width])});
+      const shape = blocked ? [1, blocks, hop] : [1, width];
+      const out = await this.parts.log_mel.run({audio: new Tensor('float32', row, shape)});
       const data = /** @type {Float32Array} */ (out.log_mel.data);
-      const take = Math.min(perChunk, frames - c * perChunk);
+      const stride = blocked ? take : perChunk;
       for (let m = 0; m < nMels; m++) {
-        mel.set(data.subarray(m * perChunk, m * perChunk + take), m * frames + c * perChunk);
+        mel.set(data.subarray(m * stride, m * stride + take), m * frames + c * perChunk);
       }
       max = Math.max(max, /** @type {Float32Array} */ (out.log_mel_max.data)[0]);
     }

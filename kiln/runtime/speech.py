@@ -1,7 +1,7 @@
 """Speech to text over a speech package (``speech.json``, docs/speech.md): Whisper's long-form transcription.
 
 A speech package holds four packages run on one device: ``resample`` (a recording at another rate to 16 kHz),
-``log_mel`` (a 30-s chunk of 16 kHz samples to its log-mel spectrogram), ``encoder`` (a window's spectrogram to the
+``log_mel`` (up to 30 s of 16 kHz samples to its log-mel spectrogram), ``encoder`` (a window's spectrogram to the
 encoder's states) and ``decoder`` (one decoder
 step with the self- and cross-attention caches as state). :class:`SpeechSession` drives them as the reference
 implementations do (openai-whisper's ``transcribe``, faster-whisper's ``generate_segments`` over CTranslate2):
@@ -200,6 +200,27 @@ def load_audio(source: str | os.PathLike | np.ndarray, sample_rate: int | None =
     return np.ascontiguousarray(data, np.float32), rate
 
 
+def mel_blocks(audio: np.ndarray, n_fft: int, hop: int, frames_per_chunk: int) -> tuple[list[np.ndarray], int]:
+    """The ``log_mel`` part's inputs for a recording, and its frame count (array layout only, no arithmetic).
+
+    The signal is :func:`chunk_audio`'s (``hop`` zeros appended, ``n_fft / 2`` samples reflected at both ends); each
+    chunk of up to ``frames_per_chunk`` frames is ``[1, frames + ceil(n_fft / hop) - 1, hop]`` float32: the samples
+    its frames span in rows of ``hop`` (zeros past the end), so a short recording's chunk holds its own frames only.
+    """
+    x = np.concatenate([np.asarray(audio, np.float32).reshape(-1), np.zeros(hop, np.float32)])
+    x = np.pad(x, n_fft // 2, mode="reflect")
+    frames = (len(x) - n_fft) // hop
+    extra = -(-n_fft // hop) - 1
+    out = []
+    for start in range(0, frames, frames_per_chunk):
+        blocks = min(frames_per_chunk, frames - start) + extra
+        row = np.zeros(blocks * hop, np.float32)
+        part = x[start * hop: start * hop + blocks * hop]
+        row[:len(part)] = part
+        out.append(row.reshape(1, blocks, hop))
+    return out, frames
+
+
 def chunk_audio(audio: np.ndarray, n_fft: int, hop: int, frames_per_chunk: int) -> tuple[np.ndarray, int]:
     """The STFT input chunks of a recording, and its frame count (array layout only, no arithmetic).
 
@@ -207,7 +228,8 @@ def chunk_audio(audio: np.ndarray, n_fft: int, hop: int, frames_per_chunk: int) 
     STFT of the samples with ``hop`` zeros appended, centred (``n_fft / 2`` samples reflected at both ends), its
     last frame dropped: ``len(audio) // hop + 1`` frames, frame ``f`` the ``n_fft`` samples from ``f * hop`` of the
     padded signal. Returns that signal as rows of ``frames_per_chunk`` frames, ``[chunks, (frames_per_chunk - 1) *
-    hop + n_fft]`` float32 (zeros past the end), and the frame count.
+    hop + n_fft]`` float32 (zeros past the end), and the frame count: the input of speech packages made before
+    ``log_mel`` took :func:`mel_blocks`.
     """
     x = np.concatenate([np.asarray(audio, np.float32).reshape(-1), np.zeros(hop, np.float32)])
     x = np.pad(x, n_fft // 2, mode="reflect")
@@ -310,10 +332,14 @@ class SpeechSession:
             encoder applies (``(max(x, max - 8) + 4) / 4``).
         """
         s = self.spec
-        chunks, frames = chunk_audio(audio, s["n_fft"], s["hop"], s["frames"])
+        if len(self.log_mel.manifest["inputs"][0]["shape"]) == 3:  # [1, blocks, hop] (run-time blocks)
+            rows, frames = mel_blocks(audio, s["n_fft"], s["hop"], s["frames"])
+        else:  # (a package made before: whole 30-s rows)
+            chunks, frames = chunk_audio(audio, s["n_fft"], s["hop"], s["frames"])
+            rows = [row[None] for row in chunks]
         parts, top = [], -np.inf
-        for row in chunks:
-            out = self.log_mel.run({"audio": row[None]})
+        for row in rows:
+            out = self.log_mel.run({"audio": row})
             parts.append(out["log_mel"][0])
             top = max(top, float(out["log_mel_max"][0]))
         return np.concatenate(parts, axis=1)[:, :frames], top

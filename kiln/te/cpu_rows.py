@@ -13,12 +13,14 @@ row (the tile) while it stays in the L1 cache:
 
 When the output's expression contains a reduction's body at the column (the Softmax's ``exp(x[c] - max)`` beside
 ``sum_k exp(x[k] - max)``), that reduction's loop also stores its terms into the output row (an *element stage*),
-and the elements read them back instead of recomputing them: one ``exp`` an element.
+and the elements read them back instead of recomputing them: one ``exp`` an element. Terms divided by their sum are
+multiplied by its reciprocal, computed once a row (as onnxruntime's MLAS softmax does; within an ulp of dividing,
+for a sum that is not subnormal: a Softmax's is at least 1).
 """
 
 from __future__ import annotations
 
-from kiln.arith.expr import Call, Expr, Reduce, Var, const, linear, substitute, transform
+from kiln.arith.expr import Bin, Call, Expr, Reduce, Var, const, linear, substitute, transform
 from kiln.arith.symbolic import is_symbolic, simplify
 from kiln.te.compute import Tensor
 from kiln.te.loops import Assign, BufLoad, Decl, For, Let, Store, accumulator_init, combine, ravel, unravel
@@ -144,6 +146,12 @@ def lower_rows_cpu(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
     if stage is not None:
         reread = BufLoad("out", address, out.size, False, out.dtype)
         element = transform(element, lambda x: reread if x == stage[1] else None)
+        total_sum = accs[stage[0]]
+        if stage[0].op == "sum":  # terms divided by their sum: multiplied by its reciprocal, computed once a row
+            recip = Var(f"rcp{next(counter)}", 0, out.dtype)
+            body.append(Let(recip, 1.0 / total_sum))
+            element = transform(element, lambda x: x.a * recip if isinstance(x, Bin) and x.op == "/" and
+                                x.b == total_sum else None)
     for stmts, inner in _row_loops(col, out.shape[plan.cols[-1]], lanes, counter):
         body.extend(stmts)
         inner.append(Store("out", address, cse([flat(element, False)], inner)[0]))
