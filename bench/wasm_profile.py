@@ -91,6 +91,11 @@ def main(argv: list[str] | None = None) -> dict:
         if "wasm" not in m.get("targets", {}):
             ap.error(f"{p}: the package has no wasm target (kiln compile --target wasm)")
         manifests.append(m)
+    known = {d["name"] for m in manifests for d in m.get("dynamic_dims", [])}
+    for name in dims:
+        if name not in known:
+            ap.error(f"--dim {name}: no package has a run-time dim of that name (they have: "
+                     f"{', '.join(sorted(known)) or 'none'})")
 
     from bench.browser import bench_page
 
