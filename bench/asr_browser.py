@@ -10,8 +10,9 @@ one page, one thread (``kiln-wasm``: ``threads: 1``; ``ort-wasm``: ``numThreads`
 samples (resampling skipped: they are 16 kHz; features, encoder and decoder on its target); onnxruntime-web gets
 its features precomputed in Python for free (numpy, ``bench.asr.log_mel``) and is timed from the encoder on, its
 suppression and arg max in JavaScript as Kiln's. The contestants alternate clip by clip; the median of
-``--repeat`` runs after one warm-up. Prints real-time factor and ms per decoded token, checks that the token ids
-agree, and writes JSON (``asr-browser-<date>.json``). Issue 17's goal: Kiln's wasm at least as fast as
+``--repeat`` runs after one warm-up. Prints real-time factor, ms per decoded token, encoder ms per window and the
+features' ms (all clips; Kiln's only: onnxruntime-web's are free), checks that the token ids agree, and writes JSON
+(``asr-browser-<date>.json``). Issue 17's goal: Kiln's wasm at least as fast as
 onnxruntime-web's wasm EP.
 """
 
@@ -61,7 +62,8 @@ window.runKiln = async (clip) => {
   const t0 = performance.now();
   const r = await speech.transcribe(samples);
   return {ms: performance.now() - t0, tokens: r.segments.flatMap((s) => s.tokens), decodeMs: r.stats.decodeMs,
-          count: r.stats.tokens, encodeMs: r.stats.encodeMs, windows: r.stats.windows};
+          count: r.stats.tokens, encodeMs: r.stats.encodeMs, windows: r.stats.windows,
+          featuresMs: r.stats.featuresMs + r.stats.resampleMs};
 };
 
 const argmax = (x) => { let b = 0; for (let i = 1; i < x.length; i++) if (x[i] > x[b]) b = i; return b; };
@@ -111,7 +113,7 @@ window.runOrt = async (clip, windows) => {
     count += tokens.length;
     history.push(...tokens);
   }
-  return {ms: performance.now() - t0, tokens: history, decodeMs, count, encodeMs, windows};
+  return {ms: performance.now() - t0, tokens: history, decodeMs, count, encodeMs, windows, featuresMs: 0};
 };
 window.info = () => ({userAgent: navigator.userAgent, ortWeb: ort.env.versions?.web ?? null});
 window.benchReady = true;
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
                             "audio_s": len(clips[name]) / 16000, "ms": float(np.median([r["ms"] for r in timed])),
                             "decode_ms": float(np.median([r["decodeMs"] for r in timed])), "tokens": last["count"],
                             "encode_ms": float(np.median([r["encodeMs"] for r in timed])), "ids": last["tokens"],
+                            "features_ms": float(np.median([r["featuresMs"] for r in timed])),
                             "all_ms": [r["ms"] for r in rs]}
                 page.context.close()
             browser.close()
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
         server.server_close()
     table = Table(title=f"Whisper tiny.en in Chromium {record.get('chromium', '')}: {len(clips)} clips, "
                         f"{sum(record['clips'].values()):.1f} s of audio (median of {a.repeat})")
-    for col in ("contestant", "real-time factor", "ms / token", "encoder ms / window", "kiln / ort"):
+    for col in ("contestant", "real-time factor", "ms / token", "encoder ms / window", "features ms", "kiln / ort"):
         table.add_column(col, justify="left" if col == "contestant" else "right")
     for target in targets:
         rtf = {}
@@ -203,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
             record[who]["real_time_factor"] = rtf[who] = sum(x["ms"] for x in c) / 1e3 / audio
             record[who]["ms_per_token"] = sum(x["decode_ms"] for x in c) / max(1, sum(x["tokens"] for x in c))
             record[who]["encoder_ms_per_window"] = sum(x["encode_ms"] for x in c) / sum(windows.values())
+            record[who]["features_ms"] = sum(x["features_ms"] for x in c)
         ratio = rtf[f"ort-{target}"] / rtf[f"kiln-{target}"]
         record[f"kiln_over_ort_{target}"] = ratio
         record[f"same_ids_{target}"] = all(record[f"kiln-{target}"]["clips"][n]["ids"] ==
@@ -210,7 +214,8 @@ def main(argv: list[str] | None = None) -> dict:
         for who in (f"kiln-{target}", f"ort-{target}"):
             r = record[who]
             table.add_row(who, f"{r['real_time_factor']:.3f}", f"{r['ms_per_token']:.1f}",
-                          f"{r['encoder_ms_per_window']:.0f}", f"{ratio:.2f}x faster" if who.startswith("kiln") else "")
+                          f"{r['encoder_ms_per_window']:.0f}", f"{r['features_ms']:.0f}",
+                          f"{ratio:.2f}x faster" if who.startswith("kiln") else "")
     Console().print(table)
     for target in targets:
         Console().print(f"{target}: the same token ids: {record[f'same_ids_{target}']}")
