@@ -54,8 +54,10 @@ SAMPLE_RATE = 16000  #: Hz
 N_FFT = 400  #: samples per STFT frame (25 ms)
 HOP = 160  #: samples between frames (10 ms)
 N_FRAMES = 3000  #: mel frames in a 30-s window
-#: samples a window's STFT reads: 3000 frames of 400 samples every 160
-CHUNK_SAMPLES = (N_FRAMES - 1) * HOP + N_FFT
+#: hop-long blocks a frame spans (a 400-sample frame: two blocks and half the third)
+FRAME_BLOCKS = -(-N_FFT // HOP)
+#: the most samples one ``log_mel`` run reads: a window's 3000 frames as 3002 rows of 160 (:func:`log_mel_graph`)
+CHUNK_SAMPLES = (N_FRAMES + FRAME_BLOCKS - 1) * HOP
 EPS = 1e-5
 
 
@@ -253,10 +255,6 @@ def _stft_filters(n_fft: int) -> np.ndarray:
     return np.ascontiguousarray(filters.T).astype(np.float32)
 
 
-#: hop-long blocks a frame spans (a 400-sample frame: two blocks and half the third)
-FRAME_BLOCKS = -(-N_FFT // HOP)
-
-
 def log_mel(b: Builder, blocks: Value, n_mels: int) -> tuple[Value, Value]:
     """``log10(max(mel power, 1e-10))`` ``[1, n_mels, frames]`` of ``blocks [1, frames + FRAME_BLOCKS - 1, HOP]``
     (the samples in rows of 160: frame ``f`` = samples ``f * 160 .. f * 160 + 399``), and its maximum ``[1]``.
@@ -288,7 +286,7 @@ def log_mel_graph(n_mels: int = 80) -> Graph:
     recording in rows of 160 samples, :func:`kiln.runtime.speech.mel_blocks`; ``blocks`` a run-time dim, frames + 2)
     -> ``log_mel [1, n_mels, frames]`` and its maximum ``log_mel_max [1]``."""
     g = Graph(name="whisper_log_mel")
-    hi = N_FRAMES + FRAME_BLOCKS - 1
+    hi = CHUNK_SAMPLES // HOP
     g.size_vars = {"blocks": symbolic.size_var("blocks", 0, FRAME_BLOCKS, hi, opt=hi)}
     audio = Value("audio", "float32", (1, g.size_vars["blocks"], HOP), sym_shape=(1, "blocks", HOP))
     g.inputs.append(audio)
@@ -484,7 +482,7 @@ def speech_manifest(m: WhisperModel) -> dict:
             "parts": {"resample": "resample", "log_mel": "log_mel", "encoder": "encoder", "decoder": "decoder"},
             "resample": resample,
             "tokenizer": "tokenizer.json", "sample_rate": SAMPLE_RATE, "n_fft": N_FFT, "hop": HOP,
-            "frames": N_FRAMES, "chunk_samples": (N_FRAMES + FRAME_BLOCKS - 1) * HOP, "n_mels": c.n_mels, "width": c.width,
+            "frames": N_FRAMES, "chunk_samples": CHUNK_SAMPLES, "n_mels": c.n_mels, "width": c.width,
             "vocab": c.vocab, "max_context": c.text_ctx, "time_precision": 0.02, "input_stride": 2,
             "multilingual": c.multilingual, "languages": languages, "tokens": tokens,
             "suppress_ids": [i for i in c.suppress_ids if 0 <= i < c.vocab],

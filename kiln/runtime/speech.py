@@ -200,6 +200,14 @@ def load_audio(source: str | os.PathLike | np.ndarray, sample_rate: int | None =
     return np.ascontiguousarray(data, np.float32), rate
 
 
+def _stft_signal(audio: np.ndarray, n_fft: int, hop: int) -> tuple[np.ndarray, int]:
+    """Whisper's STFT input (``hop`` zeros appended, ``n_fft / 2`` samples reflected at both ends; float32) and its
+    frame count (:func:`chunk_audio` says why)."""
+    x = np.concatenate([np.asarray(audio, np.float32).reshape(-1), np.zeros(hop, np.float32)])
+    x = np.pad(x, n_fft // 2, mode="reflect")
+    return x, (len(x) - n_fft) // hop
+
+
 def mel_blocks(audio: np.ndarray, n_fft: int, hop: int, frames_per_chunk: int) -> tuple[list[np.ndarray], int]:
     """The ``log_mel`` part's inputs for a recording, and its frame count (array layout only, no arithmetic).
 
@@ -207,9 +215,7 @@ def mel_blocks(audio: np.ndarray, n_fft: int, hop: int, frames_per_chunk: int) -
     chunk of up to ``frames_per_chunk`` frames is ``[1, frames + ceil(n_fft / hop) - 1, hop]`` float32: the samples
     its frames span in rows of ``hop`` (zeros past the end), so a short recording's chunk holds its own frames only.
     """
-    x = np.concatenate([np.asarray(audio, np.float32).reshape(-1), np.zeros(hop, np.float32)])
-    x = np.pad(x, n_fft // 2, mode="reflect")
-    frames = (len(x) - n_fft) // hop
+    x, frames = _stft_signal(audio, n_fft, hop)
     extra = -(-n_fft // hop) - 1
     out = []
     for start in range(0, frames, frames_per_chunk):
@@ -231,9 +237,7 @@ def chunk_audio(audio: np.ndarray, n_fft: int, hop: int, frames_per_chunk: int) 
     hop + n_fft]`` float32 (zeros past the end), and the frame count: the input of speech packages made before
     ``log_mel`` took :func:`mel_blocks`.
     """
-    x = np.concatenate([np.asarray(audio, np.float32).reshape(-1), np.zeros(hop, np.float32)])
-    x = np.pad(x, n_fft // 2, mode="reflect")
-    frames = (len(x) - n_fft) // hop
+    x, frames = _stft_signal(audio, n_fft, hop)
     width = (frames_per_chunk - 1) * hop + n_fft
     n = -(-frames // frames_per_chunk)
     out = np.zeros((n, width), np.float32)
