@@ -273,3 +273,43 @@ def test_sibling_matmuls_with_some_biases_stay_apart(rng):
     got = interp.run(g, feeds)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+def _gelu_graph(rng, variant: str):
+    """``Gelu(x W + b)`` spelled out as PyTorch's ONNX export writes it (``variant``: ``div`` x / sqrt(2) then
+    (x * (1 + erf)) * 0.5; ``half_first``: (x * 0.5) * (1 + erf); ``reciprocal``: x * (1 / sqrt(2)); ``wrong``: a
+    0.6 where 0.5 belongs, which is not a GELU)."""
+    g = Graph(name="gelu")
+    x = Value("x", "float32", (1, 16, 32))
+    g.inputs.append(x)
+    b = Builder(g)
+    h = b.op("Add", [b.op("MatMul", [x, b.const(rng.standard_normal((32, 48)).astype(np.float32), "w")]),
+                     b.const(rng.standard_normal(48).astype(np.float32), "b")])
+    if variant == "reciprocal":
+        scaled = b.op("Mul", [b.const(np.float32(1 / np.sqrt(2)), "r"), h])
+    else:
+        scaled = b.op("Div", [h, b.const(np.float32(np.sqrt(2)), "s")])
+    one_plus = b.op("Add", [b.op("Erf", [scaled]), b.const(np.float32(1.0), "one")])
+    half = b.const(np.float32(0.6 if variant == "wrong" else 0.5), "half")
+    if variant == "half_first":
+        y = b.op("Mul", [b.op("Mul", [h, half]), one_plus])
+    else:
+        y = b.op("Mul", [b.op("Mul", [h, one_plus]), half])
+    g.outputs.append(y)
+    return g
+
+
+@pytest.mark.parametrize("variant", ["div", "half_first", "reciprocal", "wrong"])
+def test_decomposed_gelu_becomes_one_op_in_the_matmul_epilogue(rng, variant):
+    g = _gelu_graph(rng, variant)
+    x = rng.standard_normal((1, 16, 32)).astype(np.float32)
+    before = interp.run(g, {"x": x})
+    fired = optimize(g)
+    after = interp.run(g, {"x": x})
+    np.testing.assert_allclose(after[g.outputs[0].name], before[next(iter(before))], rtol=1e-5, atol=1e-5)
+    ops_left = [n.op for n in g.nodes]
+    if variant == "wrong":
+        assert "fuse_gelu" not in fired and "Erf" in ops_left
+        return
+    assert "fuse_gelu" in fired and ops_left == ["MatMul", "Add", "Gelu"]
+    assert [[n.op for n in grp.nodes] for grp in fuse(g)] == [["MatMul", "Add", "Gelu"]]

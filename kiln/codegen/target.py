@@ -257,6 +257,11 @@ class Target:
         where arithmetic is cheap beside memory); False by default."""
         return False
 
+    def split_k(self, device_class: str, precision: str, training: Any) -> bool:
+        """Whether matrix products with few output blocks and a long reduction are split into partial products and
+        their sum (:mod:`kiln.passes.split_k`: parallelism for a GPU's many cores, a kernel more); False by default."""
+        return False
+
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """This target's manifest section and files for ``program``.
 

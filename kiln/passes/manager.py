@@ -7,6 +7,7 @@ from collections.abc import Callable
 from kiln.ir import ops
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
+from kiln.passes.patterns import fuse_gelu
 from kiln.passes.siblings import merge_sibling_matmuls
 from kiln.passes.simplify import common_subexpressions, const_fold, dead_code, fold_scale, remove_identities
 
@@ -18,6 +19,7 @@ DEFAULT_PASSES: list[tuple[str, Pass]] = [
     ("remove_identities", remove_identities),
     ("common_subexpressions", common_subexpressions),
     ("fold_scale", fold_scale),
+    ("fuse_gelu", fuse_gelu),
     ("merge_sibling_matmuls", merge_sibling_matmuls),
     ("dead_code", dead_code),
 ]

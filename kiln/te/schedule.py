@@ -233,6 +233,14 @@ GEMV_ITERATIONS_PER_LANE = 1
 #: ``prefetch``)
 SHARED_LARGE = (8, 256, 8, False, 4, False)
 SHARED_MEDIUM = (4, 256, 16, False, 4, False)
+#: matrix products too small for :data:`SHARED_MEDIUM`'s blocks (MiniLM at batch 1: 128 rows) get blocks of 32 x 32
+#: (4 x 4 tiles, 64 invocations, chunks of 16) when they fill :data:`SMALL_GROUPS` of them and reduce at least
+#: :data:`SMALL_REDUCTION` long. On an H100 (``bench.gemm_small``, bench/results/gemm-small-20261128-031837.json):
+#: 128 x 384 x 1536 19.6 us against 27.3 with the register-tile default, 128 x 1536 x 384 64 against 86 (and 20
+#: split in 4 parts: :mod:`kiln.passes.split_k` gives such products the blocks this tier wants)
+SHARED_SMALL = (4, 64, 16, False, 4, False)
+SMALL_GROUPS = 96
+SMALL_REDUCTION = 64
 
 
 def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations: int = 65536,
@@ -356,21 +364,30 @@ def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, sha
     if big:
         factor, wg, kc, cols_contiguous, width, prefetch = SHARED_LARGE
     elif DEFAULT_SHARED_TILES == "medium" and all(len(r.axes) == 1 for r in reductions(t)):
-        factor, wg, kc, cols_contiguous, width, prefetch = SHARED_MEDIUM
-        tx, ty = threads(wg)
-        blocks = {axes[0]: ty * factor, axes[1]: tx * factor}
         # a plan step's variant serves up to its dims' bounds: a prefill's QK^T (tokens x tokens) fills the GPU at
         # 512 prompt tokens though not at the 64 its schedule is chosen for
         shape = [max(d, at_variant_top(e)) for d, e in zip(shape, t.shape)]
-        groups = _prod(-(-d // blocks[a]) if a in blocks else d for a, d in enumerate(shape))
-        if groups < MEDIUM_GROUPS or any(shape[a] < b for a, b in blocks.items()):
-            return None
+        factor, wg, kc, cols_contiguous, width, prefetch = SHARED_MEDIUM
+        if _groups(axes, shape, factor, wg) < MEDIUM_GROUPS:
+            factor, wg, kc, cols_contiguous, width, prefetch = SHARED_SMALL
+            if _groups(axes, shape, factor, wg) < SMALL_GROUPS or reduction_size(t) < SMALL_REDUCTION:
+                return None
     else:
         return None
     last = len(shape) - 1
     splits = tuple(Split(a, factor, contiguous=a != last or cols_contiguous) for a in axes)
     s = Schedule(workgroup_size=wg, splits=splits, unroll=kc, shared_k=kc, vector_width=width, prefetch=prefetch)
     return s if not isinstance(analyse(t, s, shared_bytes), str) else None
+
+
+def _groups(axes: list[int], shape: list[int], factor: int, wg: int) -> int:
+    """Workgroups of a shared-tile schedule (register tiles ``factor`` x ``factor``, ``wg`` invocations) over output
+    ``shape`` tiled along ``axes``; 0 where an axis is shorter than its block."""
+    tx, ty = threads(wg)
+    blocks = {axes[0]: ty * factor, axes[1]: tx * factor}
+    if any(shape[a] < b for a, b in blocks.items()):
+        return 0
+    return _prod(-(-d // blocks[a]) if a in blocks else d for a, d in enumerate(shape))
 
 
 def _prod(xs) -> int:

@@ -74,6 +74,10 @@ class WebGPUTarget(Target):
         """True for gpu schedules of inference (a GPU's arithmetic is cheap beside the weights it reads)."""
         return device_class == "gpu" and training is None
 
+    def split_k(self, device_class: str, precision: str, training: Any) -> bool:
+        """True for gpu schedules of inference (``device_class="cpu"``: SwiftShader and lavapipe have few cores)."""
+        return device_class == "gpu" and training is None
+
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:
         """WGSL kernels and the dispatch plan of ``program`` (a nested plan when it has run-time If/Loop).
 
