@@ -5,12 +5,14 @@ Usage::
     python -m bench.host [--models mobilenet_v2,tiny] [--repeat 30] [--warmup 5] [--chunks 1,2,3,4] [--out bench/results]
 
 For each model (``mobilenet_v2``: the bundled MobileNetV2; ``tiny``: a 2-layer MLP on a 1x64 input
-whose GPU time is negligible, so its run time is host overhead) it times, with the device idle
+whose GPU time is negligible, so its run time is host overhead; ``resnet50``, ``minilm_b1``, ``minilm_b32``:
+``bench.gpu``'s exports) it times, with the device idle
 before each phase (``kiln.runtime.gpu.synchronize``):
 
 - ``check``: checking the feeds and converting them to storage form;
 - ``upload``: ``queue.write_buffer`` of every host input;
-- ``encode``: command encoder, the compute pass with every dispatch (C API), output copies, ``finish``;
+- ``encode``: command encoder, the compute pass with every dispatch (C API), output copies, ``finish`` (also per
+  dispatch: ``encode_us_per_dispatch``);
 - ``submit``: ``queue.submit`` (host side only);
 - ``wait``: until the device is idle (the GPU work; on lavapipe, the CPU running the shaders);
 - ``readback``: mapping the outputs and converting them to numpy (the work already finished):
@@ -55,6 +57,30 @@ def tiny_model(path: Path) -> Path:
     model.ir_version = 8
     onnx.save(model, path)
     return path
+
+
+#: the models ``--models`` takes: the bundled MobileNetV2, :func:`tiny_model`, and ``bench.gpu``'s exports (random
+#: weights; PyTorch needed)
+MODELS = ("mobilenet_v2", "tiny", "resnet50", "minilm_b1", "minilm_b32")
+
+
+def model(name: str, tmp: Path) -> tuple[Path, dict, dict | None]:
+    """``(ONNX path, dims, feeds or None for random ones)`` of benchmark model ``name`` (:data:`MODELS`).
+
+    Raises:
+        SystemExit: an unknown name."""
+    if name == "mobilenet_v2":
+        return ROOT / "models" / "mobilenet_v2_imagenet.onnx", {}, None
+    if name == "tiny":
+        return tiny_model(tmp / "tiny.onnx"), {}, None
+    if name not in MODELS:
+        raise SystemExit(f"bench.host: unknown model {name!r} (one of {', '.join(MODELS)})")
+    from bench import gpu
+
+    path = gpu.export_onnx(gpu.torch_model(name), name, tmp / f"{name}.onnx")
+    if name in gpu.MINILM_SHAPES:
+        return path, dict(zip(("batch", "seq"), gpu.MINILM_SHAPES[name])), gpu.model_inputs(name, np.random.default_rng(0))
+    return path, {"N": 1}, None
 
 
 def _legacy_readback(session, staging) -> dict:
@@ -170,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     from kiln.runtime.native import Session
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="mobilenet_v2,tiny", help="comma list of mobilenet_v2, tiny")
+    ap.add_argument("--models", default="mobilenet_v2,tiny", help=f"comma list of {', '.join(MODELS)}")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--chunks", default="1,2,3,4",
@@ -181,11 +207,11 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            src = ROOT / "models" / "mobilenet_v2_imagenet.onnx" if name == "mobilenet_v2" else \
-                tiny_model(Path(tmp) / "tiny.onnx")
-            session = Session(kiln.compile(src, Path(tmp) / name, force=True))
-            rng = np.random.default_rng(0)
-            feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in session.inputs}
+            src, dims, feeds = model(name, Path(tmp))
+            session = Session(kiln.compile(src, Path(tmp) / name, dims=dims, force=True))
+            if feeds is None:
+                rng = np.random.default_rng(0)
+                feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in session.inputs}
             console.print(f"[bold]{name}[/]: {len(session.steps)} dispatches, {session.adapter_info().get('device')}")
             p = phases(session, feeds, args.repeat)
             e = end_to_end(session, feeds, args.repeat, args.warmup)
@@ -194,13 +220,14 @@ def main(argv: list[str] | None = None) -> dict:
                              "e2e_ms": {k: float(np.median(v)) for k, v in e.items()},
                              "chunks_e2e_ms": {str(k): float(np.median(v)) for k, v in c.items()},
                              "load_ms": session.load_ms}
+            results[name]["encode_us_per_dispatch"] = results[name]["phases_ms"]["encode"] * 1e3 / len(session.steps)
     table = Table(title=f"Session.run host phases, median ms of {args.repeat} (wait = GPU work)")
     cols = ("check", "upload", "encode", "submit", "wait", "readback-before", "readback")
-    for col in ("model", "dispatches", *cols, "run host-io", "run gpu-io + sync"):
+    for col in ("model", "dispatches", *cols, "encode us / dispatch", "run host-io", "run gpu-io + sync"):
         table.add_column(col, justify="left" if col == "model" else "right")
     for name, r in results.items():
         table.add_row(name, str(r["dispatches"]), *(f"{r['phases_ms'][c]:.3f}" for c in cols),
-                      f"{r['e2e_ms']['host-io']:.3f}", f"{r['e2e_ms']['gpu-io']:.3f}")
+                      f"{r['encode_us_per_dispatch']:.2f}", f"{r['e2e_ms']['host-io']:.3f}", f"{r['e2e_ms']['gpu-io']:.3f}")
     console.print(table)
     chunks = Table(title=f"run (host I/O), median ms of {args.repeat}, by command buffers per run (submit_chunks)")
     chunks.add_column("model")
