@@ -5,17 +5,19 @@ leaves most of a large GPU idle: each of its few output blocks walks the whole r
 parts (TVM's ``rfactor``; cuBLAS and CUTLASS's split-K GEMMs)::
 
     P[s, m, n] = sum_k A[m, s K/S + k] B[s K/S + k, n]      (a batched MatMul: S times the blocks, K/S long)
-    C[m, n]    = sum_s P[s, m, n]                           (a ReduceSum, with the product's epilogue fused after it)
+    C[m, n]    = sum_s P[s, m, n]                           (adds or a ReduceSum, the product's epilogue fused after it)
 
 (``A``'s leading axes, ``[1, 128]`` for MiniLM's ``[1, 128, K]``, stay the partials' axes after ``s``.)
 
 The reshapes and the transpose that present ``A`` and ``B`` to the batched product are index-only: fusion reads them
-in place, so the rewrite costs one kernel (the sum, which takes over the product's bias and residual adds) and the
-partial sums' buffer (``S M N`` floats). Measured on an H100 (``bench.gemm_small``,
+in place. At batch 1 (a leading unit axis, which the parts' axis takes) the sum is ``S - 1`` adds of slices of the
+partials: elementwise, so it joins the kernel after it with the product's bias and residual adds (MiniLM: the
+LayerNorm's row kernel), and the rewrite costs only the partials' buffer (``S M N`` floats). Otherwise it is a
+``ReduceSum``, one kernel more (which takes over the product's epilogue). Measured on an H100 (``bench.gemm_small``,
 ``bench/results/gemm-small-20261128-031837.json``): MiniLM's ``128 x 1536 x 384`` product took 86 us under the
 default schedule, 54-64 us with shared tiles of 32 x 32 and 23 us split in 4 (19.8 the partials, 3.3 the sum);
 its ``128 x 384 x 384`` 24, 16-18 and 10 us. Products whose shared-tile blocks already fill the GPU (``128 x 384 x
-1536``: 192 blocks, 17.7 us against 16.8 split) are left whole: the sum is a dispatch of its own.
+1536``: 192 blocks, 17.7 us against 16.8 split, a separate sum's kernel included) are left whole.
 
 The decision depends on the device (a GPU with many cores), so the pass runs only for targets that ask for it
 (:meth:`kiln.codegen.target.Target.split_k`), after the target-independent passes.
@@ -89,15 +91,27 @@ def _split(graph: Graph, node: Node, k: int, n: int, s: int) -> None:
     g = Builder(Graph())
     g._names |= {v.name for x in graph.nodes for v in (*x.inputs, *x.outputs)} | {v.name for v in graph.inputs}
     name = node.name or "MatMul"
-    lead = tuple(int(d) for d in a.shape[:-1])  # (the partials keep the product's leading axes, so that the sum's
-    r = len(lead)                               # output is the product's and its epilogue fuses after it)
+    lead = tuple(int(d) for d in a.shape[:-1])
+    # the partials keep the product's leading axes after the parts' axis (so that the sum is the product's shape and
+    # its epilogue fuses after it), but a leading unit axis (batch 1), which the parts' axis takes: each part is then
+    # a slice of the product's shape, and their sum elementwise adds that fuse into the next kernel (a LayerNorm's row
+    # kernel reading the residual sum) instead of a reduction kernel of their own
+    keep = lead[1:] if lead[0] == 1 and len(lead) > 1 else lead
+    r = len(keep)
     while a.producer is not None and a.producer.op == "Reshape":  # (a reshape of a reshape is one: fusion reads one
         a = a.producer.inputs[0]                                 # view in place, not a chain of them)
-    split_a = g.op("Reshape", [a], name=f"{name}.split_a", shape=(*lead, s, k // s))
+    split_a = g.op("Reshape", [a], name=f"{name}.split_a", shape=(*keep, s, k // s))
     parts_a = g.op("Transpose", [split_a], name=f"{name}.parts_a", perm=(r, *range(r), r + 1))
     parts_b = g.op("Reshape", [b], name=f"{name}.parts_b", shape=(s, *(1,) * (r - 1), k // s, n))
     partial = g.op("MatMul", [parts_a, parts_b], name=f"{name}.partial")
-    total = g.op("ReduceSum", [partial], name=f"{name}.sum", axes=(0,), keepdims=0)
+    if keep != lead:
+        total = None
+        for i in range(s):
+            part = g.op("Slice", [partial], name=f"{name}.part{i}", starts=(i,) + (0,) * (r + 1), ends=(i + 1, *keep, n),
+                        steps=(1,) * (r + 2))
+            total = part if total is None else g.op("Add", [total, part], name=f"{name}.sum{i}")
+    else:
+        total = g.op("ReduceSum", [partial], name=f"{name}.sum", axes=(0,), keepdims=0)
     graph.replace_uses(out, total)
     at = graph.nodes.index(node)
     graph.nodes[at:at + 1] = g.graph.nodes
