@@ -17,6 +17,9 @@ batch 32 x seq 128. Contestants:
 - ``kiln-gpu-io``: the same session with GPU-resident I/O: the inputs uploaded once
   (``session.upload``), the outputs kept on the GPU (``run(feeds, output="gpu")``); a timed run is
   the run plus a device sync (``session.sync()``), like the torch rows whose input is on the GPU;
+- ``kiln-tuned`` (with ``--tuning-db``): ``kiln-native`` compiled with a ``kiln tune`` database's schedules for this
+  adapter (``bench/results/tuning-h100.json``: MobileNetV2's and ResNet-50's kernels tuned on an H100), how users
+  who tune their device run it; the row counts the kernels that found a record;
 - ``ort-webgpu``: onnxruntime's WebGPU execution provider (``onnxruntime-webgpu``, Dawn), host copies included;
 - ``torch-eager`` and ``torch-compile``: PyTorch CUDA, strict fp32 (TF32 off), input already on the GPU, synchronised;
 - ``torch-cudagraphs``: ``torch.compile(mode="reduce-overhead")``, Inductor's kernels replayed as one CUDA graph, the
@@ -153,6 +156,24 @@ def export_onnx(module, name: str, path: Path) -> Path:
     return path
 
 
+def tuned_schedules(db_path: Path):
+    """The compiler's schedule chooser from tuning database ``db_path`` (``kiln tune``'s records for this machine's
+    adapter, the default gpu schedules for kernels without one).
+
+    Raises:
+        RuntimeError: the database has no records for this adapter."""
+    import functools
+
+    from kiln.te.schedule import default_schedule
+    from kiln.tune.db import TuningDB
+
+    db = TuningDB(db_path)
+    identity = db.match_adapter(None)
+    if identity is None:
+        raise RuntimeError(f"{db_path} has no records for this machine's adapter")
+    return db.scheduler(identity, functools.partial(default_schedule, device_class="gpu"))
+
+
 def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> dict:
     """All contestants on one model; returns ``{contestant: result or {"error": ...}}``."""
     import onnxruntime as ort
@@ -177,10 +198,11 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             rows[contestant] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
             console.print(traceback.format_exc(limit=3))
 
-    def run_kiln(state: dict, precision: str = "fp32"):
+    def run_kiln(state: dict, precision: str = "fp32", tuned: bool = False):
         tmp = state["tmp"] = tempfile.TemporaryDirectory()  # kept for the kiln-gpu-io row
         t0 = time.perf_counter()
-        pkg = kiln.compile(onnx_path, Path(tmp.name) / "pkg", dims=dims, precision=precision)
+        pkg = kiln.compile(onnx_path, Path(tmp.name) / "pkg", dims=dims, precision=precision,
+                           **({"schedule": tuned_schedules(args.tuning_db)} if tuned else {}))
         t1 = time.perf_counter()
         session = kiln.load(pkg)
         load_s = time.perf_counter() - t0
@@ -207,7 +229,9 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
                       f"({reload_ms['pipeline_hits']} cached pipelines)")
         state["session"] = session
         state["device"] = f"{info.get('device')} ({info.get('backend_type')})"
-        return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row, "precision": precision,
+        kernels = session.manifest["targets"]["webgpu"]["kernels"]
+        tuned_row = {"tuned_kernels": sum(1 for k in kernels if k.get("tuned")), "kernels": len(kernels)} if tuned else {}
+        return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row, "precision": precision, **tuned_row,
                 "load_ms": load_ms, "reload_ms": reload_ms,
                 "gpu_bytes": mem, "device": state["device"],
                 "dispatches": len(session.steps), "gpu_ms": sum(by_kernel.values()), "profile": prof}
@@ -266,6 +290,10 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         if "kiln-gpu-io" in chosen and "session" in kiln_state:
             attempt("kiln-gpu-io", run_kiln_gpu_io)
         release(kiln_state)
+        if args.tuning_db is not None:
+            state = {}
+            attempt("kiln-tuned", lambda st=state: run_kiln(st, tuned=True))
+            release(state)
         for precision in args.precision.split(","):
             if precision != "fp32":
                 state: dict = {}
@@ -298,6 +326,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--profile-repeat", type=int, default=10,
                     help="Kiln's per-dispatch GPU profile: runs per dispatch (0 skips it, e.g. for smoke runs on lavapipe)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--tuning-db", type=Path, default=None,
+                    help="also a kiln-tuned row (fp32): the package compiled with this kiln tune database's schedules")
     ap.add_argument("--contestants", default=",".join(CONTESTANTS),
                     help="comma list of " + ", ".join(CONTESTANTS) + " (default: all; only the torch rows and the "
                     "resnet50/minilm exports need torch, so kiln-native,kiln-gpu-io,ort-webgpu --models mobilenet_v2 "
