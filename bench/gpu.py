@@ -19,7 +19,8 @@ batch 32 x seq 128. Contestants:
   the run plus a device sync (``session.sync()``), like the torch rows whose input is on the GPU;
 - ``kiln-tuned`` (with ``--tuning-db``): ``kiln-native`` compiled with a ``kiln tune`` database's schedules for this
   adapter (``bench/results/tuning-h100.json``: MobileNetV2's and ResNet-50's kernels tuned on an H100), how users
-  who tune their device run it; the row counts the kernels that found a record;
+  who tune their device run it, with the CNNs' batch bound to 1 (``--dim N=1``: records are for static shapes; the
+  other Kiln rows keep it a run-time dim); the row counts the kernels that found a record;
 - ``ort-webgpu``: onnxruntime's WebGPU execution provider (``onnxruntime-webgpu``, Dawn), host copies included;
 - ``torch-eager`` and ``torch-compile``: PyTorch CUDA, strict fp32 (TF32 off), input already on the GPU, synchronised;
 - ``torch-cudagraphs``: ``torch.compile(mode="reduce-overhead")``, Inductor's kernels replayed as one CUDA graph, the
@@ -201,8 +202,9 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
     def run_kiln(state: dict, precision: str = "fp32", tuned: bool = False):
         tmp = state["tmp"] = tempfile.TemporaryDirectory()  # kept for the kiln-gpu-io row
         t0 = time.perf_counter()
-        pkg = kiln.compile(onnx_path, Path(tmp.name) / "pkg", dims=dims, precision=precision,
-                           **({"schedule": tuned_schedules(args.tuning_db)} if tuned else {}))
+        # (tuning records are for static shapes: the tuned row binds the CNNs' batch, a run-time dim otherwise)
+        pkg = kiln.compile(onnx_path, Path(tmp.name) / "pkg", dims={"N": 1, **dims} if tuned and not dims else dims,
+                           precision=precision, **({"schedule": tuned_schedules(args.tuning_db)} if tuned else {}))
         t1 = time.perf_counter()
         session = kiln.load(pkg)
         load_s = time.perf_counter() - t0
