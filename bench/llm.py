@@ -81,7 +81,7 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
            "device_bytes": sum(b["bytes"] for b in session.manifest["buffers"]),
            "adapter": session.adapter_info(), "prefill": {}, "decode": {},
            # how the host records a step's dispatches (kiln.runtime.record: a loop in C, else Python)
-           "dispatch_loop": "c" if session._raw and session._raw[4] is not None else "python"}
+           "dispatch_loop": "c" if session._raw and session._raw.plan is not None else "python"}
 
     def feeds(tokens: int, past: int) -> dict:
         """A step of ``tokens`` after ``past`` cached ones (the cache is the package's state, kept in place)."""

@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -102,6 +102,18 @@ def _copy_size(spec: dict[str, Any], buffer, shape=None) -> int:
     give smaller ones) in its buffer, rounded up to WebGPU's 4-byte copies."""
     n = int(np.prod(spec["shape"] if shape is None else shape, dtype=np.int64)) * np.dtype(spec.get("storage", STORAGE[spec["dtype"]])).itemsize
     return min(buffer.size, -(-n // 4) * 4)
+
+
+class RawPlan(NamedTuple):
+    """A session's plan as raw wgpu-native handles (:meth:`Session._encode_raw`): the library, its ``NULL``, each step's
+    ``(pipeline, bind group)`` handles, each step's static workgroup counts, and the handles as C arrays for
+    :mod:`kiln.runtime.record`'s loop (``plan``; ``None`` where that loop could not be built)."""
+
+    lib: Any
+    null: Any
+    handles: list[tuple[Any, Any]]
+    counts: list[tuple[int, ...]]
+    plan: Any
 
 
 class Session(TrainingMixin, GenerationMixin):
@@ -293,10 +305,9 @@ class Session(TrainingMixin, GenerationMixin):
                            for o, n in zip(self.outputs, self._out_bytes)]
         self._readback = gpu.Readback(self.device, self._out_bytes)
 
-    def _raw_steps(self):
-        """The plan as raw wgpu-native handles, for :meth:`_encode_raw`: ``(lib, NULL, handles, counts, plan)``, where
-        ``plan`` is the handles as C arrays for :mod:`kiln.runtime.record`'s loop (``None`` without it); ``None``
-        where the backend differs."""
+    def _raw_steps(self) -> RawPlan | None:
+        """The plan as raw wgpu-native handles, for :meth:`_encode_raw` (:class:`RawPlan`); ``None`` where the
+        backend differs."""
         try:
             from wgpu.backends.wgpu_native._ffi import ffi, lib
         except ImportError:
@@ -311,7 +322,7 @@ class Session(TrainingMixin, GenerationMixin):
             plan = rec.plan(handles, owners=[(p, g) for p, g, _ in self.steps])
             if not self._dyn:  # (the static counts, as the C loop reads them; run-time dims make their own)
                 self._table = (counts, record.counts_array(counts))
-        return lib, ffi.NULL, handles, counts, plan
+        return RawPlan(lib, ffi.NULL, handles, counts, plan)
 
     def _counts_table(self, counts: list[tuple[int, int, int]]) -> np.ndarray:
         """``counts`` as a uint32 ``[steps, 3]`` array: the one :meth:`_bind_dims` made with them, else a new one."""
@@ -555,7 +566,7 @@ class Session(TrainingMixin, GenerationMixin):
         """
         env = dynamic.bind_dims(self.manifest, feeds)
         if env != self._dims_env:
-            if self._raw is not None and self._raw[4] is not None:  # (the counts as the C loop reads them too)
+            if self._raw is not None and self._raw.plan is not None:  # (the counts as the C loop reads them too)
                 choice, counts, table = self._sizes.dispatch_table(env)
                 self._table = (counts, table) if table is not None else None
             else:

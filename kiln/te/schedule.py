@@ -210,7 +210,8 @@ DEVICE_CLASSES = ("gpu", "cpu")
 #: ``"off"`` (register tiles only, as before), ``"large"`` (the large GEMMs that get 8 x 8 tiles: blocks of
 #: 128 x 128 outputs, 256 invocations, chunks of 8) or ``"medium"`` (also matrix products, i.e. contractions
 #: over one reduction axis, not convolutions' implicit GEMMs, that still fill :data:`MEDIUM_GROUPS` workgroups
-#: with blocks of 64 x 64: 4 x 4 tiles, 256 invocations, chunks of 16).
+#: with blocks of 64 x 64: 4 x 4 tiles, 256 invocations, chunks of 16; or, failing that, :data:`SMALL_GROUPS` with
+#: blocks of 32 x 32: :data:`SHARED_SMALL`).
 #: Rows are contiguous per invocation and read from workgroup memory as vec4 (``vector_width`` 4),
 #: columns strided (coalesced stores): :data:`SHARED_LARGE` and :data:`SHARED_MEDIUM`.
 #: Measured on an H100 (bench/results/gpu-20261122-102525.json against gpu-20261122-102645.json, same code
