@@ -273,7 +273,7 @@ def compile_model(model: str | os.PathLike, out: str | os.PathLike, *, target: s
         return compile_graph(graph, target, validate=validate, progress=progress, device_class=device_class,
                              wasm_threads=wasm_threads, schedule=schedule, training=training, precision=precision)
 
-    mode, open_dims = unbound_mode(onnx_model, dims, unbound, target, train)
+    mode, open_dims = unbound_mode(onnx_model, dims, unbound, target, train, tuned=schedule is not None)
     try:
         compiled = build(mode)
     except KilnError as e:
@@ -298,11 +298,12 @@ def warn_static(names: list[str], why: str) -> None:
 
 
 def unbound_mode(onnx_model: Any, dims: dict[str, Any] | None, unbound: str, target: str | list[str],
-                 train: Any) -> tuple[str, list[str]]:
+                 train: Any, tuned: bool = False) -> tuple[str, list[str]]:
     """What the ONNX importer makes of the named symbolic dims ``dims`` leaves unbound (:func:`compile_model`'s
     ``unbound``): ``("grow" or "static", their names)``. ``"auto"`` makes them growable unless there are none, a
-    target takes static dims only (none of Kiln's since webgl2 has run-time dims) or a train step is built: then
-    static, with a warning.
+    target takes static dims only (none of Kiln's since webgl2 has run-time dims), a train step is built, or the
+    schedules come from a tuning database (``tuned``: ``kiln tune`` binds such dims to 1 and its records are for
+    static shapes, which kernels over run-time dims never use): then static, with a warning.
 
     Raises:
         KilnError: ``unbound`` is not ``auto``, ``grow`` or ``static``; ``grow`` with a train step.
@@ -318,7 +319,8 @@ def unbound_mode(onnx_model: Any, dims: dict[str, Any] | None, unbound: str, tar
         return "static", names
     fixed = [t for t in parse_targets(target) if not get_target(t).run_time_dims]
     why = (f"the {', '.join(fixed)} target{'s take' if len(fixed) > 1 else ' takes'} static dims" if fixed
-           else "a train step takes static dims" if train is not None else None)
+           else "a train step takes static dims" if train is not None
+           else "tuned schedules (--tuning-db) are for the static shapes kiln tune measured" if tuned else None)
     if why:
         warn_static(names, why)
         return "static", names

@@ -188,8 +188,9 @@ def test_database_round_trip_resume_and_adapter_matching(tmp_path):
 
 
 # ---------------------------------------------------------------------- a tiny local tuning run
-def small_model(path):
-    """Conv (8 -> 16 channels, 3x3) + bias + Relu, then Flatten and MatMul to 10 outputs."""
+def small_model(path, batch=1):
+    """Conv (8 -> 16 channels, 3x3) + bias + Relu, then Flatten and MatMul to 10 outputs (``batch``: 1, or a name for
+    a symbolic batch dim, as exported classifiers have)."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32)
     b = rng.standard_normal(16).astype(np.float32)
@@ -197,8 +198,8 @@ def small_model(path):
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Flatten", ["r"], ["f"]),
              helper.make_node("MatMul", ["f", "m"], ["y"])]
-    graph = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+    graph = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
                               [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (m, "m"))])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
@@ -252,6 +253,31 @@ def test_local_tuning_run_and_tuned_package(tmp_path, rng):
     out = runner.invoke(main, ["compile", str(model), "-o", str(pkg), "--force", "--tuning-db", str(db),
                                "--adapter", "nvidia"])
     assert out.exit_code == 0 and "no records" in out.output and "0 tuned" in out.output, out.output
+
+
+def test_tuned_package_of_a_model_with_an_unbound_batch(tmp_path, rng):
+    """``kiln tune`` binds an unbound batch dim to 1 and records static shapes; ``kiln compile --tuning-db`` binds it
+    too (with a warning) rather than making it a run-time dim whose kernels no record fits (it did: 0 tuned)."""
+    import onnxruntime as ort
+
+    from kiln.runtime.native import Session
+
+    model = small_model(tmp_path / "small.onnx", batch="N")
+    db = tmp_path / "tuning.json"
+    runner = CliRunner()
+    out = runner.invoke(main, ["tune", str(model), "--db", str(db), "--trials", "2", "--jobs", "1"])
+    assert out.exit_code == 0, out.output
+    pkg = tmp_path / "pkg"
+    out = runner.invoke(main, ["compile", str(model), "-o", str(pkg), "--tuning-db", str(db), "--device-class", "cpu"])
+    assert out.exit_code == 0 and "2 tuned" in out.output, out.output
+    assert "dim N left unbound is bound to 1 (tuned schedules (--tuning-db)" in out.output
+    assert json.loads((pkg / "manifest.json").read_text())["dims"] == {"N": 1}
+    x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
+    expected = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(Session(pkg, poison=True).run({"x": x})["y"], expected, rtol=1e-4, atol=1e-4)
+    # without the database the batch stays a run-time dim
+    out = runner.invoke(main, ["compile", str(model), "-o", str(tmp_path / "plain"), "--device-class", "cpu"])
+    assert out.exit_code == 0 and "bound to 1" not in out.output, out.output
 
 
 def test_row_kernels_are_not_searched(tmp_path):
