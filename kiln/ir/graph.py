@@ -194,6 +194,14 @@ class Builder:
         #: bounds the user stated for data-dependent dims (``--dim NonZero_3.count=0..100``): name -> (lo, hi)
         self.data_bounds: dict[str, tuple[int, int]] = {}
 
+    @classmethod
+    def beside(cls, graph: Graph) -> Builder:
+        """A builder of new nodes for ``graph`` that appends them to a graph of its own (``.graph.nodes``, for a pass
+        to splice in where they belong), naming values apart from every value ``graph`` has."""
+        b = cls(Graph())
+        b._names |= {v.name for n in graph.nodes for v in (*n.inputs, *n.outputs)} | {v.name for v in graph.inputs}
+        return b
+
     def fresh(self, hint: str) -> str:
         """A value name unique in this graph, derived from ``hint``."""
         name = hint or "v"

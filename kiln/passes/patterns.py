@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.graph import Builder, Graph, Node, Value
 from kiln.passes.simplify import dead_code
 
 
@@ -81,11 +81,11 @@ def fuse_gelu(graph: Graph) -> bool:
             out = m1.outputs[0]
         if out.shape != x.shape or out.dtype != x.dtype:
             continue
-        gelu = Node("Gelu", [x], [Value(out.name + ".gelu", out.dtype, out.shape)], {"approximate": "none"},
-                    name=(erf.name or "Erf") + ".gelu")
-        gelu.outputs[0].producer = gelu
-        graph.nodes.insert(graph.nodes.index(out.producer) + 1, gelu)
-        graph.replace_uses(out, gelu.outputs[0])
+        b = Builder.beside(graph)
+        gelu = b.op("Gelu", [x], name=(erf.name or "Erf") + ".gelu", approximate="none")
+        at = graph.nodes.index(out.producer) + 1
+        graph.nodes[at:at] = b.graph.nodes
+        graph.replace_uses(out, gelu)
         changed = True
         uses = graph.consumers()
     if changed:

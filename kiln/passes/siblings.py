@@ -86,8 +86,7 @@ def _merge(graph: Graph, siblings: list[Node], adds: list[Node] | None, position
     x = first.inputs[0]
     nbits = first.op == "MatMulNBits"
     widths = [n.outputs[0].shape[-1] for n in siblings]
-    b = Builder(Graph())
-    b._names |= {v.name for n in graph.nodes for v in (*n.inputs, *n.outputs)} | {v.name for v in graph.inputs}
+    b = Builder.beside(graph)
     name = "+".join(n.name for n in siblings)
     ws = [_weights(n) for n in siblings]
     merged_ws = [b.const(np.concatenate([w[i].const for w in ws], axis=0 if nbits else 1), name=f"{name}.w{i}")

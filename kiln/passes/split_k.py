@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.arith import symbolic
 from kiln.ir.graph import Builder, Graph, Node
 from kiln.passes.simplify import dead_code
 
@@ -58,10 +59,6 @@ def parts_for(m: int, k: int, n: int) -> int:
     return best
 
 
-def _static(shape) -> bool:
-    return all(isinstance(d, (int, np.integer)) for d in shape)
-
-
 def split_k(graph: Graph) -> bool:
     """Split every float32 ``MatMul`` whose right operand is 2-D (``[K, N]``), whose shapes are static, whose result
     is not a graph output (an epilogue follows in the models this is for) and for which :func:`parts_for` gives more
@@ -73,7 +70,7 @@ def split_k(graph: Graph) -> bool:
             continue
         a, b = node.inputs
         if len(b.shape) != 2 or len(a.shape) < 2 or a.dtype != "float32" or b.dtype != "float32" or \
-                not _static(a.shape) or not _static(b.shape):
+                symbolic.symbols([a.shape, b.shape]):
             continue
         k, n = (int(d) for d in b.shape)
         m = int(np.prod(a.shape[:-1], dtype=np.int64))
@@ -81,6 +78,8 @@ def split_k(graph: Graph) -> bool:
         if s > 1:
             _split(graph, node, k, n, s)
             changed = True
+    if changed:
+        dead_code(graph)  # (the products replaced, and a reshape _split read through where nothing else reads it)
     return changed
 
 
@@ -88,8 +87,7 @@ def _split(graph: Graph, node: Node, k: int, n: int, s: int) -> None:
     """Replace ``node`` by the batched partial product over ``s`` parts and its sum (module docstring)."""
     a, b = node.inputs
     out = node.outputs[0]
-    g = Builder(Graph())
-    g._names |= {v.name for x in graph.nodes for v in (*x.inputs, *x.outputs)} | {v.name for v in graph.inputs}
+    g = Builder.beside(graph)
     name = node.name or "MatMul"
     lead = tuple(int(d) for d in a.shape[:-1])
     # the partials keep the product's leading axes after the parts' axis (so that the sum is the product's shape and
@@ -115,4 +113,3 @@ def _split(graph: Graph, node: Node, k: int, n: int, s: int) -> None:
     graph.replace_uses(out, total)
     at = graph.nodes.index(node)
     graph.nodes[at:at + 1] = g.graph.nodes
-    dead_code(graph)  # (the reshape skipped above, where nothing else reads it)
