@@ -22,6 +22,7 @@ the wall clock of encoding, submitting and waiting (``wall_ms``). Prints a table
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import ROOT, write_record
-from kiln.arith.expr import call, reduce, reduce_axis
+from kiln.arith.expr import call, hoist_factors, reduce, reduce_axis
 from kiln.codegen.webgpu import wgsl
 from kiln.kernels import quant
 from kiln.runtime.kernel import KernelRunner
@@ -85,6 +86,7 @@ def gemv(k: int, n: int, args, console: Console, norm: bool = False) -> dict:
         inputs = [x, gamma]
     t = inline(quant.matmul_nbits(a, placeholder((n, k // 8), "int32"), placeholder((n, k // 32), "int32"), None,
                                   attrs, (1, n), "gemv"))
+    t = dataclasses.replace(t, body=hoist_factors(t.body))  # (as kiln.codegen.lowering.group_expr does)
     xr = x.astype(np.float64)
     if norm:
         xr = xr / np.sqrt((xr ** 2).mean() + 1e-5) * gamma

@@ -66,3 +66,64 @@ def test_reduction_max_starts_from_negative_infinity():
     assert "let kiln_neg_inf = bitcast<f32>(kiln_neg_inf_bits);" in src and "= kiln_neg_inf;" in src
     assert "max(acc0," in src
     validate_wgsl(src, "reduce_max")
+
+
+def test_invariant_factors_leave_the_sum():
+    """RMSNorm read by a 4-bit product (a decode step's projections): ``1 / rms(x)`` leaves the product's sum, so the
+    statistic's sum and the product's run side by side and the scale is applied once a column; the result matches
+    numpy."""
+    from kiln.arith.expr import Reduce, hoist_factors, reduce, reduce_axis
+    from kiln.kernels import quant
+    from kiln.runtime.kernel import KernelRunner
+    from kiln.te.compute import Tensor
+
+    k, n = 64, 40
+    x, g = placeholder((1, k), name="x"), placeholder((k,), name="g")
+    r = reduce_axis(k, "rk")
+    sq = compute((1,), lambda i: reduce("sum", x[i, r] * x[i, r], [r]), "sq")
+    a = compute((1, k), lambda i, j: x[i, j] * (1.0 / call("sqrt", sq[i] / float(k) + 1e-5)) * g[j], "norm")
+    attrs = {"bits": 4, "block_size": 32, "K": k, "N": n, "scale_format": "f16x2"}
+    t = inline(quant.matmul_nbits(a, placeholder((n, k // 8), "int32"), placeholder((n, k // 32), "int32"), None,
+                                  attrs, (1, n), "gemv"))
+    hoisted = Tensor(t.name, t.shape, t.dtype, t.axes, hoist_factors(t.body))
+    top = hoisted.body
+    assert not isinstance(top, Reduce)  # the product's sum is scaled after it
+    sums = [e for e in (top.a, top.b) if isinstance(e, Reduce)]
+    assert len(sums) == 1 and "sqrt" not in repr(sums[0])
+    rng = np.random.default_rng()
+    xs, gs = rng.standard_normal((1, k)).astype(np.float32), rng.standard_normal(k).astype(np.float32)
+    q = rng.integers(0, 16, (n, k)).astype(np.uint32)
+    packed = np.zeros((n, k // 8), np.uint32)
+    for f in range(8):
+        packed |= q[:, f::8] << (4 * f)
+    scale = (rng.random((n, k // 32)) * 0.02 + 0.001).astype(np.float16)
+    low = (-rng.random((n, k // 32)) * 0.1).astype(np.float16)
+    words = scale.view(np.uint16).astype(np.uint32) | (low.view(np.uint16).astype(np.uint32) << 16)
+    w = q * np.repeat(scale.astype(np.float64), 32, 1) + np.repeat(low.astype(np.float64), 32, 1)
+    xr = xs.astype(np.float64)
+    expected = (xr / np.sqrt((xr ** 2).mean() + 1e-5) * gs) @ w.T
+    for e in (t, hoisted):
+        kern = lower(e)
+        src = wgsl.render(kern)
+        validate_wgsl(src, "gemv")
+        got = KernelRunner(src, [xs, gs, packed.view(np.int32), words.view(np.int32)], n, kern.dispatch).run()
+        np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_hoisting_leaves_other_sums_alone():
+    """Sums whose every factor depends on their axis, or none does, max reductions and float16 sums keep their form."""
+    from kiln.arith.expr import cast, hoist_factors, reduce, reduce_axis
+
+    x = placeholder((4, 8), name="x")
+    s = placeholder((4,), name="s")
+    r = reduce_axis(8)
+    plain = reduce("sum", x[Var("i"), r] * x[Var("i"), r], [r])
+    assert hoist_factors(plain) == plain
+    invariant = reduce("sum", s[Var("i")] * 2.0, [r])
+    assert hoist_factors(invariant) == invariant
+    peak = reduce("max", x[Var("i"), r] * s[Var("i")], [r])
+    assert hoist_factors(peak) == peak
+    half = reduce("sum", cast(x[Var("i"), r], "float16") * cast(s[Var("i")], "float16"), [r])
+    assert hoist_factors(half) == half
+    scaled = reduce("sum", x[Var("i"), r] / s[Var("i")], [r])
+    assert hoist_factors(scaled) == reduce("sum", x[Var("i"), r], [r]) / s[Var("i")]

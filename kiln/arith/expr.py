@@ -429,3 +429,52 @@ def linear(e: Expr) -> Expr:
     elif c0 < 0:
         out = binop("-", out, -c0) if not (isinstance(out, Const)) else const(c0, "int32")
     return out
+
+
+def _factors(e: Expr, num: list[Expr], den: list[Expr]) -> None:
+    """Split float product ``e`` into the factors it multiplies (``num``) and divides by (``den``)."""
+    if isinstance(e, Bin) and e.dtype in FLOATS and e.op in ("*", "/"):
+        _factors(e.a, num, den)
+        _factors(e.b, den if e.op == "/" else num, num if e.op == "/" else den)
+    else:
+        num.append(e)
+
+
+def _product(fs: list[Expr], dtype: str) -> Expr:
+    out: Expr = const(1, dtype)
+    for f in fs:
+        out = binop("*", out, f)
+    return out
+
+
+def hoist_factors(e: Expr) -> Expr:
+    """``e`` with the factors of each float32 ``sum`` reduction's body that do not depend on its axes moved outside
+    it: ``sum_k(a[k] * s / t) -> sum_k(a[k]) * s / t``. RMSNorm's ``x / rms(x) * g`` read by a product becomes the
+    product of ``x * g`` scaled by ``1 / rms(x)`` after it, so that the two reductions over ``k`` (the statistic's and
+    the product's) run side by side instead of one after the other; an attention's ``sum_k(exp(s_k - m) / l * v_k)``
+    divides once by ``l``. Float16 sums are left alone (an unscaled partial sum may overflow where the scaled one
+    does not); a body whose factors are all invariant is left alone too."""
+
+    def fn(x: Expr) -> Expr | None:
+        if not isinstance(x, Reduce):
+            return None
+        body = hoist_factors(x.body)
+        if x.op != "sum" or x.dtype != "float32":
+            return reduce(x.op, body, x.axes)
+        num: list[Expr] = []
+        den: list[Expr] = []
+        _factors(body, num, den)
+        axes = set(x.axes)
+        moves = [not (free_vars(f) & axes) for f in num + den]
+        if not any(moves) or all(moves[:len(num)]):
+            return reduce(x.op, body, x.axes)
+        keep_num = [f for f, m in zip(num, moves) if not m]
+        keep_den = [f for f, m in zip(den, moves[len(num):]) if not m]
+        out_num = [f for f, m in zip(num, moves) if m]
+        out_den = [f for f, m in zip(den, moves[len(num):]) if m]
+        inner = binop("/", _product(keep_num, x.dtype), _product(keep_den, x.dtype)) if keep_den else \
+            _product(keep_num, x.dtype)
+        out = binop("*", reduce("sum", inner, x.axes), _product(out_num, x.dtype))
+        return binop("/", out, _product(out_den, x.dtype)) if out_den else out
+
+    return transform(e, fn)

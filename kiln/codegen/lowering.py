@@ -6,10 +6,11 @@ storage conversions and fp16 rules applied) under its own schedules (:func:`buil
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from kiln.arith.expr import substitute
+from kiln.arith.expr import hoist_factors, substitute
 from kiln.errors import KilnError
 from kiln.ir import dtypes
 from kiln.kernels import library, storage
@@ -92,6 +93,9 @@ def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "
             env[id(out)] = storage.round_view(env[id(out)], out.dtype)  # float16 intermediates, as if stored
     result = env[id(group.output)]
     final = inline(storage.store_view(result, group.output.dtype, plan and plan.storage(group.output)))
+    if not group.rows and not (plan is not None and plan.half and accumulate != "float32"):
+        # (kiln.te.rows reads a row kernel's sums as written; float16 sums keep their factors)
+        final = dataclasses.replace(final, body=hoist_factors(final.body))
     if plan is not None and plan.half:
         final = demote(final, accumulate)
     if "store" in result.attrs and "store" not in final.attrs:  # a store view over the rebuilt tensor's axes

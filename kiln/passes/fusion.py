@@ -470,10 +470,10 @@ def fuse_norm_prologues(graph: Graph, groups: list[Group], max_inputs: int = 7) 
     """Add, as an alternative for a decode step, a group of a row statistic and the matrix-vector product that reads
     it in its prologue: RMSNorm's ``1 / sqrt(mean(x^2) + eps)`` (a reduction group whose output only the matmul's
     group reads, through nodes no other group holds, over run-time dims) and the projection after it (a ``MatMulNBits`` of at most
-    :data:`MAX_NORM_COLUMNS` columns). Every tile of the merged kernel computes the row's statistic itself before its
-    dot products (:func:`kiln.te.lower.lower` hoists a reduction that does not depend on the loop it is read in): one
-    kernel instead of two where one token's row is computed (``alternative_box``: the dims of the rows at their lowest
-    value), the two where many rows would each redo it."""
+    :data:`MAX_NORM_COLUMNS` columns). Every tile of the merged kernel computes the row's statistic itself beside its
+    dot products (the statistic's scale leaves the product's sum, :func:`kiln.arith.expr.hoist_factors`, and the two
+    sums share the lanes' loop and combining tree): one kernel instead of two where one token's row is computed
+    (``alternative_box``: the dims of the rows at their lowest value), the two where many rows would each redo it."""
     uses = graph.consumers()
     outputs = {id(v) for v in graph.outputs}
     position = {id(n): i for i, n in enumerate(graph.nodes)}
