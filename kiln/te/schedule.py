@@ -229,6 +229,11 @@ ITERATIONS_PER_LANE = 4
 #: fastest with a word or two a lane (576x960: 3.4 us at 64 lanes against 3.8 at 16; with RMSNorm's sum of squares
 #: inside, 5.3-5.8 against 10.8; 1536x576 3.9 against 5.0)
 GEMV_ITERATIONS_PER_LANE = 1
+#: at most this many tiles, a reduction's tile may take up to a workgroup of ``reduce_lanes`` (and the kernel four
+#: times ``target_invocations``). H200, SmolLM2's decode step at 1024 keys: the attention's ``P V`` (576 tiles,
+#: 64 -> 256 lanes) 14.1 -> 10.0 us a layer, the down projection 9.2 -> 8.5, a step queued back to back 1.70-1.72 ->
+#: 1.56-1.63 ms (bench/results/llm-profile-20261128-lanes-h200.txt)
+FEW_TILES = 1024
 #: the default shared-tile schedules, as ``bench.micro`` names its candidates: (register tile factor per axis,
 #: workgroup size, ``shared_k``, innermost output axis contiguous per invocation (else strided), ``vector_width``,
 #: ``prefetch``)
@@ -255,8 +260,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     unroll up to 9 innermost reduction iterations (a 3x3 window). Large GEMMs, which still have
     ``16 * min_invocations`` tiles of 8 x 8, get 8 x 8 tiles unrolled by 16 (the best of
     ``bench.micro``'s sweep on an H100: 49% of cuBLAS fp32). For ``device_class="gpu"``, when there are still fewer
-    than ``target_invocations`` invocations (4 times as many where a reduction is nested in the body), up to 64
-    ``reduce_lanes`` (256 for at most 16 tiles: the arg max
+    than ``target_invocations`` invocations (4 times as many where a reduction is nested in the body or there are at
+    most :data:`FEW_TILES` tiles), up to 64 ``reduce_lanes`` (256 for at most :data:`FEW_TILES` tiles: the arg max
     over a language model's vocabulary went from 156 to 85 us on an H100) share each tile's
     reduction (each lane keeping at least :data:`ITERATIONS_PER_LANE` iterations of the outermost axis,
     :data:`GEMV_ITERATIONS_PER_LANE` in a matrix-vector product), in workgroups
@@ -299,10 +304,13 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
         tiles *= -(-d // factors.get(a, 1))
     outer = min(at_opt(r.axes[0].extent) for r in reds)
     lanes = 1
-    most = 256 if tiles <= 16 else 64  # a lone long reduction (a vocabulary's arg max) takes a whole workgroup
+    # a lone long reduction (a vocabulary's arg max) takes a whole workgroup; a few hundred tiles (a decode step's
+    # P V, its down projection) up to a workgroup each, and four times the invocations
+    most = 256 if tiles <= FEW_TILES else 64
     # a reduction nested in the body (RMSNorm's sum of squares in the matmul after it: fuse_norm_prologues) is split
     # over the same lanes, so it wants more of them
-    target = target_invocations * 4 if any(reductions_in(r.body) for r in reds) else target_invocations
+    target = target_invocations * 4 if tiles <= FEW_TILES or any(reductions_in(r.body) for r in reds) else \
+        target_invocations
     per_lane = GEMV_ITERATIONS_PER_LANE if sum(1 for d in shape if d > 1) <= 1 else ITERATIONS_PER_LANE
     while lanes < most and tiles * lanes < target and lanes * 2 * per_lane <= outer:
         lanes *= 2
