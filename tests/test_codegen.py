@@ -72,6 +72,7 @@ def test_invariant_factors_leave_the_sum():
     """RMSNorm read by a 4-bit product (a decode step's projections): ``1 / rms(x)`` leaves the product's sum, so the
     statistic's sum and the product's run side by side and the scale is applied once a column; the result matches
     numpy."""
+    from bench.gemv import q4_weights
     from kiln.arith.expr import Reduce, hoist_factors, reduce, reduce_axis
     from kiln.kernels import quant
     from kiln.runtime.kernel import KernelRunner
@@ -92,21 +93,14 @@ def test_invariant_factors_leave_the_sum():
     assert len(sums) == 1 and "sqrt" not in repr(sums[0])
     rng = np.random.default_rng()
     xs, gs = rng.standard_normal((1, k)).astype(np.float32), rng.standard_normal(k).astype(np.float32)
-    q = rng.integers(0, 16, (n, k)).astype(np.uint32)
-    packed = np.zeros((n, k // 8), np.uint32)
-    for f in range(8):
-        packed |= q[:, f::8] << (4 * f)
-    scale = (rng.random((n, k // 32)) * 0.02 + 0.001).astype(np.float16)
-    low = (-rng.random((n, k // 32)) * 0.1).astype(np.float16)
-    words = scale.view(np.uint16).astype(np.uint32) | (low.view(np.uint16).astype(np.uint32) << 16)
-    w = q * np.repeat(scale.astype(np.float64), 32, 1) + np.repeat(low.astype(np.float64), 32, 1)
+    packed, words, w = q4_weights(k, n, rng)
     xr = xs.astype(np.float64)
     expected = (xr / np.sqrt((xr ** 2).mean() + 1e-5) * gs) @ w.T
     for e in (t, hoisted):
         kern = lower(e)
         src = wgsl.render(kern)
         validate_wgsl(src, "gemv")
-        got = KernelRunner(src, [xs, gs, packed.view(np.int32), words.view(np.int32)], n, kern.dispatch).run()
+        got = KernelRunner(src, [xs, gs, packed, words], n, kern.dispatch).run()
         np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
 
 

@@ -47,6 +47,28 @@ def test_lost_device_natively(package, device):
     np.testing.assert_allclose(again.run({"x": again.upload(X)})["y"], WANT, rtol=1e-6)
 
 
+def test_eager_tensors_and_single_kernels_after_the_shared_device_is_lost(package):
+    """Eager tensors and single-kernel runs made before the shared device is lost move to the new device after it
+    (both once kept the lost device for the process's life: every later eager op and ``KernelRunner`` failed)."""
+    import kiln.eager as ke
+    from kiln.runtime.gpu import is_lost
+    from kiln.runtime.kernel import KernelRunner, device
+
+    before = device()
+    np.testing.assert_allclose((ke.tensor(X) * 2.0).numpy(), X * 2)
+    session = kiln.load(package, device="shared")
+    assert session.device is before  # (one process-wide device)
+    session.device.destroy()
+    with pytest.raises(DeviceLostError):
+        session.run({"x": X})
+    assert is_lost(before) and device() is not before
+    np.testing.assert_allclose((ke.tensor(X) * 2.0).numpy(), X * 2)
+    src = """@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(2) fn main(@builtin(local_invocation_index) i: u32) { y[i] = x[i] + 1.0; }"""
+    np.testing.assert_allclose(KernelRunner(src, [X.ravel()], 2, (1, 1, 1)).run(), X.ravel() + 1)
+
+
 LOSE_AND_RELOAD = """async ({x}) => {
   const kiln = await import('./kiln.js');
   const feeds = () => ({x: new kiln.Tensor('float32', Float32Array.from(x), [1, 2])});

@@ -15,7 +15,6 @@ buffer uses it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
 
 import numpy as np
 
@@ -226,15 +225,25 @@ def _raw_api():
     return ffi, lib
 
 
-@cache
+_runtime: Runtime | None = None
+
+
 def runtime() -> Runtime:
-    """The process-wide eager runtime, created on first use (the device takes a few seconds on lavapipe).
+    """The process-wide eager runtime, created on first use (the device takes a few seconds on lavapipe), and again
+    when its device is known to be lost (:func:`kiln.runtime.gpu.is_lost`: tensors made before the loss are lost with
+    it, later ones work).
 
     Raises:
         DeviceError: no WebGPU adapter.
     """
+    global _runtime
+    from kiln.runtime.gpu import is_lost
+
+    if _runtime is not None and not is_lost(_runtime.device):
+        return _runtime
     try:
-        return Runtime()
+        _runtime = Runtime()
+        return _runtime
     except DeviceError:
         raise
     except Exception as e:  # pragma: no cover - depends on the machine's drivers

@@ -7,15 +7,14 @@ storage buffers in binding order (inputs ``read``, the last ``read_write``) and 
 from __future__ import annotations
 
 import time
-from functools import cache
 
 import numpy as np
 
 
-@cache
 def device():
     """The process-wide native WebGPU device used for single kernels and eager tensors: the one
-    sessions share (:func:`kiln.runtime.gpu.shared_device`), so they share buffers and compiled pipelines.
+    sessions share (:func:`kiln.runtime.gpu.shared_device`), so they share buffers and compiled pipelines. Not
+    cached here: after a device loss ``shared_device`` hands out a new one (a cached answer kept the lost device).
 
     Raises:
         DeviceError: no WebGPU adapter.
