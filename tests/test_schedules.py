@@ -131,7 +131,7 @@ def test_small_outputs_with_long_reductions_get_reduce_lanes():
     s = default_schedule(fc)  # (250 tiles of 4 columns: few tiles, a workgroup of lanes each)
     assert s.reduce_lanes == 256 and s.workgroup_size == 256
     src = wgsl.render(lower(fc, s))
-    assert "var<workgroup> red" in src and src.count("workgroupBarrier()") == 9  # log2(256) steps + final
+    assert "var<workgroup> red" in src and src.count("workgroupBarrier()") == 4  # 256 -> 32 -> 4 -> 1, then the final
     wide = inline(library.build("MatMul", [placeholder((1, 2048)), placeholder((2048, 8000))], {}, (1, 8000), "fc"))
     assert default_schedule(wide).reduce_lanes == 16  # (8000 tiles: 65536 invocations)
     assert "return;" not in src  # every invocation reaches the barriers

@@ -331,8 +331,15 @@ def combine(op: str, acc: Expr, v: Expr) -> Expr:
     return call(op, acc, v)
 
 
+#: values a lane combines in one round of :func:`combine_lanes` (a power of two): 256 lanes take 3 rounds of barriers
+#: (256 -> 32 -> 4 -> 1) where pairs took 8
+COMBINE_RADIX = 8
+
+
 def combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: list) -> dict[str, tuple[str, int]]:
-    """Tree-combine each lane's partial accumulators through workgroup memory (log2(lanes) steps).
+    """Tree-combine each lane's partial accumulators through workgroup memory: each round the first ``n / r`` of
+    ``n`` lanes combine ``r`` (up to :data:`COMBINE_RADIX`) values ``n / r`` apart, so ``log_r(lanes)`` rounds, each
+    after a barrier (a lane reads only slots no lane writes in that round).
 
     Accumulator ``a`` of invocation ``lid`` lives at ``red[a * width + lid]``, so the lanes of
     a step touch consecutive words. Afterwards every lane holds the tile's full value.
@@ -349,16 +356,18 @@ def combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: lis
 
     for a, (acc, _) in enumerate(accs):
         body.append(Store("red", slot(a), cast(acc, dtype)))
-    stride = lanes // 2
-    while stride >= 1:
+    count = lanes
+    while count > 1:  # each round, the first count / r lanes combine r values each
+        r = min(COMBINE_RADIX, count)
+        count //= r
         body.append(Barrier())
-        step = If(binop("<", lane, stride))
+        step = If(binop("<", lane, count))
         for a, (_, op) in enumerate(accs):
             x = BufLoad("red", slot(a), size, False, dtype)
-            y = BufLoad("red", slot(a, stride), size, False, dtype)
-            step.body.append(Store("red", slot(a), combine(op, x, y)))
+            for j in range(1, r):
+                x = combine(op, x, BufLoad("red", slot(a, j * count), size, False, dtype))
+            step.body.append(Store("red", slot(a), x))
         body.append(step)
-        stride //= 2
     body.append(Barrier())
     for a, (acc, _) in enumerate(accs):
         body.append(Assign(acc, cast(BufLoad("red", linear(lid - lane + a * width), size, False, dtype), acc.dtype)))
