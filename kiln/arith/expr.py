@@ -383,14 +383,31 @@ def transform(e: Expr, fn) -> Expr:
 
 
 def free_vars(e: Expr) -> set[Var]:
-    """The variables ``e`` mentions (axis, reduction and loop variables)."""
+    """The variables ``e`` mentions (axis, reduction and loop variables), inside loads' indices and reductions'
+    bodies too. A walk over each distinct node once that rebuilds nothing (``transform`` rebuilds and simplifies every
+    node it visits: too slow for whole attention expressions)."""
     found: set[Var] = set()
-
-    def visit(x):
+    seen: set[int] = set()
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
         if isinstance(x, Var):
             found.add(x)
-
-    transform(e, visit)
+        elif isinstance(x, Bin):
+            todo += (x.a, x.b)
+        elif isinstance(x, Call):
+            todo += x.args
+        elif isinstance(x, Select):
+            todo += (x.cond, x.t, x.f)
+        elif isinstance(x, Cast):
+            todo.append(x.x)
+        elif isinstance(x, Load):
+            todo += x.indices
+        elif isinstance(x, Reduce):
+            todo.append(x.body)
     return found
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kiln.errors import DeviceError
+from kiln.runtime.gpu import is_lost
 
 #: dispatches recorded before the pending pass is submitted even without a read
 FLUSH_EVERY = 256
@@ -237,8 +238,6 @@ def runtime() -> Runtime:
         DeviceError: no WebGPU adapter.
     """
     global _runtime
-    from kiln.runtime.gpu import is_lost
-
     if _runtime is not None and not is_lost(_runtime.device):
         return _runtime
     try:

@@ -53,6 +53,7 @@ from kiln.arith.expr import (
     binop,
     call,
     cast,
+    free_vars,
     linear,
     select,
     substitute,
@@ -174,11 +175,6 @@ def _nodes(e: Expr, into_reduce: bool = True):
         todo += reversed(_children(x, into_reduce))
 
 
-def _vars(e: Expr) -> set[Var]:
-    """The variables ``e`` mentions (as :func:`kiln.arith.expr.free_vars`)."""
-    return {x for x in _nodes(e) if isinstance(x, Var)}
-
-
 def _outermost(e: Expr) -> list[Reduce]:
     """The reductions of ``e`` not nested in another reduction of ``e`` (ordered, deduplicated)."""
     return [x for x in _nodes(e, into_reduce=False) if isinstance(x, Reduce)]
@@ -205,7 +201,7 @@ def _stages(found: dict[Reduce, None], axes: set[Var], max_stage: int, bound: in
             continue
         x = r.axes[0]
         for d in _outermost(r.body):
-            fv = _vars(d.body)
+            fv = free_vars(d.body)
             if _outermost(d.body) or x not in fv or not fv - {x, *d.axes} <= axes:
                 continue
             sigma = Var("sigma", x.extent)
@@ -251,7 +247,7 @@ def analyse_rows(t: Tensor, max_row: int = MAX_ROW, max_stage: int = MAX_STAGE,
     if isinstance(plan, str):
         return plan
     row_vars = {t.axes[a] for a in plan.rows}
-    if any(not _vars(d.body) - {sigma, *d.axes} <= row_vars for d, sigma in stages):
+    if any(not free_vars(d.body) - {sigma, *d.axes} <= row_vars for d, sigma in stages):
         return "a stage depends on a column"
     plan.stages, plan.occurs = stages, occurs
     plan.sizes = [_stage_size(sigma.extent, bound) for _, sigma in stages]
@@ -369,8 +365,8 @@ def _row_plan(t: Tensor, found: dict[Reduce, None], axes: set[Var], max_row: int
     col_vars: set[Var] = set()
     for r in found:
         nested = _nested(r)
-        own = set().union(*(_vars(i) for i in nested)) if nested else set()
-        free = _vars(r.body) - set(r.axes) - own
+        own = set().union(*(free_vars(i) for i in nested)) if nested else set()
+        free = free_vars(r.body) - set(r.axes) - own
         if not free <= axes:
             return "a reduction depends on another reduction's axis"
         (col_vars if r in columns else row_vars).update(free)
