@@ -130,7 +130,9 @@ let config = null;    // {layers, kv_heads, head_dim}
 window.configure = (c) => { config = c; };
 
 window.setup = async (name, spec) => {
-  const threads = spec.threads === 'cores' ? navigator.hardwareConcurrency : spec.threads;
+  // (Kiln's threaded module has stacks for 16 workers)
+  const cores = spec.runtime === 'kiln' ? Math.min(16, navigator.hardwareConcurrency) : navigator.hardwareConcurrency;
+  const threads = spec.threads === 'cores' ? cores : spec.threads;
   const t0 = performance.now();
   let s;
   if (spec.runtime === 'kiln') {

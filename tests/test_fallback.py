@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from browser import CHROMIUM, ConsoleLog, serving
+from browser import CHROMIUM, ConsoleLog, evaluate_in_package, serving
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
@@ -194,3 +194,47 @@ def test_auto_falls_back_when_the_adapter_lacks_a_webgpu_feature(browser, tmp_pa
         error = _load(browser, url, "webgpu")["error"]
         assert error == "DeviceError: cannot run the webgpu target in this browser: the adapter lacks WebGPU " \
                         "features shader-f16", error
+
+
+#: runs the trig package (tests/test_wasm.py's trig_package) three times on `threads` workers (null: the default);
+#: answers the device, each run's worst error against float64 sin(x) + cos(x), or the error raised
+TRIG = """async ({threads}) => {
+  const kiln = await import('./kiln.js');
+  const x = new Float32Array(await (await fetch('./x.f32')).arrayBuffer());
+  try {
+    const session = await kiln.load('./', {target: 'wasm', threads});
+    const worst = [];
+    for (let r = 0; r < 3; r++) {
+      const {y} = await session.run({x: new kiln.Tensor('float32', x, [x.length])});
+      let w = 0;
+      for (let i = 0; i < x.length; i++) w = Math.max(w, Math.abs(y.data[i] - (Math.sin(x[i]) + Math.cos(x[i]))));
+      worst.push(w);
+    }
+    session.destroy();
+    return {device: session.adapterInfo.device, worst};
+  } catch (error) {
+    return {error: `${error.name}: ${error.message}`};
+  }
+}"""
+
+
+def test_wasm_workers_have_stacks_of_their_own(browser, tmp_path, monkeypatch):
+    """wasm-worker.js points each worker's instance at its own stack: sines of large arguments (libm keeps them on
+    the stack) are right on 4 workers, run after run; too many threads is a clear error; a package whose threaded
+    module has no worker stacks runs on one thread by default and refuses more."""
+    from test_wasm import trig_package, without_worker_stacks
+
+
+    pkg, x = trig_package(tmp_path)
+    x.tofile(pkg / "x.f32")
+    for threads in (1, 4):
+        got = evaluate_in_package(browser, pkg, TRIG, {"threads": threads})
+        assert got.get("device", got) == f"{threads} thread{'s' if threads > 1 else ''}"
+        assert max(got["worst"]) <= 1e-6, got
+    error = evaluate_in_package(browser, pkg, TRIG, {"threads": 17})["error"]
+    assert error.startswith("DeviceError: cannot start the wasm worker threads: ") and "no stack for worker 16" in error
+    without_worker_stacks(pkg, monkeypatch)
+    got = evaluate_in_package(browser, pkg, TRIG, {"threads": None})
+    assert got.get("device") == "1 thread" and max(got["worst"]) <= 1e-6, got
+    error = evaluate_in_package(browser, pkg, TRIG, {"threads": 2})["error"]
+    assert "the package's threaded module has no stack for each worker" in error, error

@@ -165,6 +165,59 @@ def test_mobilenet_fresh_input_single_and_two_threads(mobilenet_package, mobilen
         threaded.close()
 
 
+def trig_package(folder) -> tuple:
+    """A wasm package (with its threaded module) of ``y = sin(x) + cos(x)`` over 2**18 float32 values, and an ``x``
+    of [-3e4, 3e4], where libm's ``sinf``/``cosf`` reduce their arguments through a stack slot."""
+    from onnx import TensorProto, helper
+
+    n = 1 << 18
+    graph = helper.make_graph(
+        [helper.make_node("Sin", ["x"], ["s"]), helper.make_node("Cos", ["x"], ["c"]),
+         helper.make_node("Add", ["s", "c"], ["y"])], "trig",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "trig.onnx")
+    x = np.random.default_rng(5).uniform(-3e4, 3e4, n).astype(np.float32)
+    return kiln.compile(folder / "trig.onnx", folder / "trig", target="wasm"), x
+
+
+def without_worker_stacks(package, monkeypatch) -> None:
+    """Rebuild ``package``'s threaded module as Kiln built it before each worker had a stack of its own (no
+    ``kiln_worker_stack``), its manifest entries updated."""
+    m = json.loads((package / "manifest.json").read_text())
+    entry = m["targets"]["wasm"]["threads"]
+    monkeypatch.setattr(wasm, "THREAD_FLAGS", [f for f in wasm.THREAD_FLAGS if "stack" not in f and "WORKER" not in f])
+    memory = m["targets"]["wasm"]["memory"]
+    module = wasm.compile_module((package / "kernels" / "kiln.c").read_text(), memory["pages"], True,
+                                 memory.get("max_pages"))
+    (package / entry["module"]).write_bytes(module)
+    for e in [entry, *(f for f in m["files"] if f["path"] == entry["module"])]:
+        e["bytes"], e["sha256"] = len(module), wasm.sha256(module)
+    write_manifest(package, m)
+
+
+def test_worker_threads_have_stacks_of_their_own(tmp_path, monkeypatch):
+    """Every worker's instance of the threaded module starts with the same ``__stack_pointer``, so each runtime
+    points it at the worker's own stack (``kiln_worker_stack``); with one shared stack, sines of large arguments
+    came out wrong at random (a Whisper resampling filter's taps in Chromium). Too many threads for the module's
+    stacks, or threads for a package whose threaded module has none, is a clear error."""
+    pkg, x = trig_package(tmp_path)
+    want = np.sin(x.astype(np.float64)) + np.cos(x.astype(np.float64))
+    for threads in (1, 4):
+        session = kiln.load(pkg, target="wasm", threads=threads)
+        try:
+            for _ in range(3):
+                np.testing.assert_allclose(session.run({"x": x})["y"], want, atol=1e-6, rtol=0, err_msg=f"{threads}")
+        finally:
+            session.close()
+    with pytest.raises(PackageError, match="stacks for fewer than 17 workers"):
+        kiln.load(pkg, target="wasm", threads=wasm.WORKERS + 1)
+    without_worker_stacks(pkg, monkeypatch)
+    with pytest.raises(PackageError, match="no stack for each worker .*recompile the package, or load it with threads=1"):
+        kiln.load(pkg, target="wasm", threads=2)
+    np.testing.assert_allclose(kiln.load(pkg, target="wasm").run({"x": x})["y"], want, atol=1e-6, rtol=0)
+
+
 def test_mobilenet_kernels_are_vectorised(mobilenet_package):
     m = json.loads((mobilenet_package / "manifest.json").read_text())
     kernels = m["targets"]["wasm"]["kernels"]
@@ -196,7 +249,7 @@ def test_ppocr_models_match_onnxruntime(tmp_path, rng, name, shape, dims):
 # ----------------------------------------------------------------------------- codegen
 def test_conv_kernel_uses_simd128_and_no_stack(mobilenet_package, tmp_path):
     """The C of a package compiles to v128 loads and f32x4 arithmetic, and never touches the stack
-    pointer (workers of the threaded module share one memory, so kernels must keep no stack)."""
+    pointer: a kernel's values stay in wasm locals (registers), never in linear memory."""
     src = (mobilenet_package / "kernels" / "kiln.c").read_text()
     kernels = src[len(c.PRELUDE):].split("\n// ")
     conv = next(k for k in kernels if k.split("\n", 1)[0].endswith(", 144, 56, 56]") and "KILN_EXPORT" in k)

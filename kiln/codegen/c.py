@@ -61,6 +61,14 @@ static inline int kiln_f2i(float x) {
 #define KILN_MAX_DIMS 32
 int kiln_dims[KILN_MAX_DIMS];
 KILN_EXPORT("kiln_dims") int* kiln_dims_address(void) { return kiln_dims; }
+#ifdef KILN_WORKERS
+// (the threaded wasm module) one stack a worker: each worker's runtime sets its instance's exported __stack_pointer
+// to kiln_worker_stack(its index) before any kernel runs (0: no stack for that many workers)
+static unsigned char kiln_worker_stacks[KILN_WORKERS][KILN_WORKER_STACK] __attribute__((aligned(16)));
+KILN_EXPORT("kiln_worker_stack") int kiln_worker_stack(int worker) {
+    return worker >= 0 && worker < KILN_WORKERS ? (int)(kiln_worker_stacks[worker] + KILN_WORKER_STACK) : 0;
+}
+#endif
 #define KILN_NAN __builtin_nanf("")
 
 float expf(float); float logf(float); float sinf(float); float cosf(float); float tanf(float);

@@ -107,8 +107,9 @@ const BACKENDS = {
  * @property {boolean} [cache=true] keep the weights files in the browser's Cache API (cache 'kiln-weights',
  *   keyed by URL and SHA-256; a secure context has one) and take them from there on later loads; a damaged
  *   entry is dropped and downloaded again.
- * @property {number} [threads] WebAssembly worker threads (default: the hardware's, when the page is
- *   cross-origin isolated; otherwise 1). WebAssembly never runs on the page's thread.
+ * @property {number} [threads] WebAssembly worker threads (default: the hardware's, at most 8, when the page is
+ *   cross-origin isolated; otherwise 1; at most 16, the stacks a threaded module has). WebAssembly never runs on
+ *   the page's thread.
  * @property {number | null} [timeoutMs=600000] (WebAssembly) the longest one run (one timed run of
  *   {@link Session#time}, one segment of a run with data-dependent dims, the module's start) may compute, in
  *   milliseconds; past it the workers are terminated, the call rejects with a DeviceError and the session refuses

@@ -2,7 +2,8 @@
 //
 // Messages from wasm.js:
 //   {type: 'init', module, memory, control, index, workers, steps}  instantiate the threaded module over the
-//       shared `memory`; `steps` is the plan as [{export, ptrs, total}]; answers {type: 'ready', dims} (`dims`: the
+//       shared `memory` and point its stack pointer at worker `index`'s stack (its kiln_worker_stack export);
+//       `steps` is the plan as [{export, ptrs, total}]; answers {type: 'ready', dims} (`dims`: the
 //       address of the module's run-time dims array, from its kiln_dims export; 0 without one)
 //   {type: 'run', tiles, kernels, ptrs, first, last}  compute this worker's share of steps [first, last) (default: every
 //       step), tiles [floor(total*index/workers), floor(total*(index+1)/workers)), meeting the other workers at a
@@ -34,6 +35,11 @@ self.onmessage = async ({data}) => {
     try {
       const instance = await WebAssembly.instantiate(data.module, {env: {memory: data.memory}});
       exports = instance.exports;
+      // this worker's own stack (every instance's __stack_pointer starts at the same address; libm's sinf and cosf
+      // keep values there)
+      const stack = exports.kiln_worker_stack(data.index);
+      if (!stack) throw new Error(`the threaded module has no stack for worker ${data.index} (too many threads)`);
+      exports.__stack_pointer.value = stack;
       control = new Int32Array(data.control);
       ({index, workers, steps} = data);
       const missing = steps.find((s) => typeof exports[s.export] !== 'function');

@@ -68,6 +68,31 @@ function canShareMemory() {
 }
 
 /**
+ * Fetch, check and compile one of the package's wasm modules.
+ * @param {import('./package.js').PackageSource} source @param {{module: string, bytes: number, sha256: string}} entry
+ * @param {boolean} verify check its SHA-256 @returns {Promise<WebAssembly.Module>}
+ * @throws {PackageError} a missing, truncated or corrupted module. @throws {DeviceError} one the browser cannot compile.
+ */
+async function compileModule(source, entry, verify) {
+  const bytes = await source.bytes(entry.module, 'wasm module');
+  if (bytes.byteLength !== entry.bytes) {
+    throw new PackageError(`wasm module ${entry.module}: size mismatch (expected ${entry.bytes} bytes, got ${bytes.byteLength})`);
+  }
+  if (verify) {
+    const digest = await sha256Hex(bytes);
+    if (digest !== entry.sha256) {
+      throw new PackageError(`wasm module ${entry.module}: SHA-256 checksum mismatch (expected ${entry.sha256}, ` +
+        `got ${digest}); the package is corrupted or was edited`);
+    }
+  }
+  try {
+    return await WebAssembly.compile(bytes);
+  } catch (error) {
+    throw new DeviceError(`this browser cannot compile the package's wasm module ${entry.module}: ${error.message}`);
+  }
+}
+
+/**
  * Instantiate the package's module (threaded where it can and `threads` allows) and write the weights.
  * @param {import('./package.js').PackageSource} source
  * @param {Manifest} manifest
@@ -100,23 +125,18 @@ export async function create(source, manifest, options) {
       ? 'the page is not cross-origin isolated (serve it with COOP: same-origin and COEP: require-corp, as `kiln serve` does)'
       : 'the package has no threaded module'));
   }
-  const entry = threads > 1 ? spec.threads : spec;
-  const bytes = await source.bytes(entry.module, 'wasm module');
-  if (bytes.byteLength !== entry.bytes) {
-    throw new PackageError(`wasm module ${entry.module}: size mismatch (expected ${entry.bytes} bytes, got ${bytes.byteLength})`);
-  }
-  if (options.verify) {
-    const digest = await sha256Hex(bytes);
-    if (digest !== entry.sha256) {
-      throw new PackageError(`wasm module ${entry.module}: SHA-256 checksum mismatch (expected ${entry.sha256}, ` +
-        `got ${digest}); the package is corrupted or was edited`);
+  let entry = threads > 1 ? spec.threads : spec;
+  let module = await compileModule(source, entry, options.verify);
+  if (threads > 1 && !WebAssembly.Module.exports(module).some((e) => e.name === 'kiln_worker_stack')) {
+    // a threaded module built before workers had stacks of their own: they shared one, and libm's sinf and cosf
+    // (which reduce large arguments through it) raced; such a package runs on one thread
+    if (options.threads !== undefined && options.threads !== null) {
+      throw new DeviceError(`cannot run the wasm target on ${threads} threads: the package's threaded module has no ` +
+        'stack for each worker (it was compiled by an older Kiln); recompile it, or load it with threads: 1');
     }
-  }
-  let module;
-  try {
-    module = await WebAssembly.compile(bytes);
-  } catch (error) {
-    throw new DeviceError(`this browser cannot compile the package's wasm module ${entry.module}: ${error.message}`);
+    threads = 1;
+    entry = spec;
+    module = await compileModule(source, entry, options.verify);
   }
   let backend;
   try {

@@ -8,8 +8,9 @@ plan step's exported kernel over its tiles ``[0, total)`` and reads the outputs,
 numpy view of the memory.
 
 With ``threads`` > 1 the package's threaded module is instantiated once per worker thread over
-one shared memory, and each step's tiles are split into contiguous ranges, one a worker, as the
-browser runtime does with Web Workers (wasmtime releases the GIL while wasm runs).
+one shared memory, each instance on the worker's own stack (``kiln_worker_stack``), and each step's tiles are split
+into contiguous ranges, one a worker, as the browser runtime does with Web Workers (wasmtime releases the GIL while
+wasm runs).
 """
 
 from __future__ import annotations
@@ -39,6 +40,27 @@ def _shared_memory_class():
             return ffi.wasmtime_extern_t(ffi.WASMTIME_EXTERN_SHAREDMEMORY, union)
 
     return SharedMemory
+
+
+def _own_stack(instance: Any, store: Any, index: int, module_path: Any) -> None:
+    """Point worker ``index``'s instance of a threaded module at its own stack (``kiln_worker_stack``; every
+    instance's ``__stack_pointer`` starts at the same address, and libm's ``sinf``/``cosf`` keep values there).
+
+    Raises:
+        PackageError: a threaded module without worker stacks (compiled by an older Kiln), or too many threads.
+    """
+    import wasmtime
+
+    exports = instance.exports(store)
+    stack, pointer = exports.get("kiln_worker_stack"), exports.get("__stack_pointer")
+    if not isinstance(stack, wasmtime.Func) or not isinstance(pointer, wasmtime.Global):
+        raise PackageError(f"{module_path}: the threaded wasm module has no stack for each worker (it was compiled by "
+                           "an older Kiln): recompile the package, or load it with threads=1")
+    top = stack(store, index)
+    if not top:
+        raise PackageError(f"{module_path}: the threaded wasm module has stacks for fewer than {index + 1} workers "
+                           "(load it with fewer threads)")
+    pointer.set_value(store, wasmtime.Val.i32(top))
 
 
 #: seconds between ticks of the wasm engines' epoch (the resolution of a run's time limit)
@@ -98,7 +120,7 @@ class WasmSession(ArenaSession):
         verify: check the weights' and the module's SHA-256 against the manifest.
         poison: fill activation and output buffers with NaN at load and the outputs before every
             run, so an element a kernel forgets to write shows up as NaN (for tests).
-        threads: worker threads (1: the single-threaded module; more: the threaded module over a
+        threads: worker threads (1: the single-threaded module; more, up to 16: the threaded module over a
             shared memory, which the package must have).
         timeout_s: a run's time limit in seconds (default 600; None: none). wasmtime's epoch interruption stops
             kernels that run longer (a damaged or hostile module's endless loop) and the run raises a KilnError
@@ -106,7 +128,8 @@ class WasmSession(ArenaSession):
 
     Raises:
         PackageError: missing, malformed, corrupted or newer-format package, one without a
-            ``wasm`` target, or without a threaded module when ``threads`` > 1.
+            ``wasm`` target, or without a threaded module (or one without worker stacks, compiled by an older Kiln)
+            when ``threads`` > 1, or more threads than the module has stacks for.
         KilnError: ``timeout_s`` not a finite number of seconds above 0 (nor None).
     """
 
@@ -136,12 +159,14 @@ class WasmSession(ArenaSession):
                 shared = _SharedMemory(self.engine, wasmtime.MemoryType(wasmtime.Limits(pages, most), shared=True))
                 self._memory = shared
                 self.workers = []
-                for _ in range(self.threads):
+                for index in range(self.threads):
                     store = wasmtime.Store(self.engine)
                     store.set_epoch_deadline(_NEVER)  # (until a run sets its own)
                     linker = wasmtime.Linker(self.engine)
                     linker.define(store, "env", "memory", shared)
-                    self.workers.append((store, linker.instantiate(store, module)))
+                    instance = linker.instantiate(store, module)
+                    _own_stack(instance, store, index, module_path)
+                    self.workers.append((store, instance))
                 self.store, self.instance = self.workers[0]
             else:
                 self.store = wasmtime.Store(self.engine)

@@ -43,9 +43,10 @@ def build_wasm(groups: list[Group], plan: MemoryPlan, progress: bool = False, th
     source = simd.PRELUDE + "\n" + "\n".join(k.source for k in kernels)
     module, *rest = wasm.compile_modules(source, layout.pages, (False, True) if threads else (False,),
                                          layout.max_pages)
-    top = wasm.heap_base(module)
-    if top > wasm.ARENA:
-        raise KilnError(f"the wasm module's stack and data end at {top}, past the buffer arena at {wasm.ARENA}")
+    for built in (module, *rest):
+        top = wasm.heap_base(built)
+        if top > wasm.ARENA:
+            raise KilnError(f"the wasm module's stacks and data end at {top}, past the buffer arena at {wasm.ARENA}")
     threaded = rest[0] if rest else None
     return wasm.WasmProgram(source, module, layout, kernels, steps, threaded)
 

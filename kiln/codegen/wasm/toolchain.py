@@ -5,12 +5,18 @@ wheel (``zig cc --target=wasm32-freestanding``) with SIMD128, saturating float-t
 conversions and bulk memory. One module holds every kernel of a package (each an exported
 function) and one linear memory:
 
-``[0, ARENA)``            the module's own constant data and clang's stack (``STACK`` bytes)
+``[0, ARENA)``            the module's own constant data and clang's stack (``STACK`` bytes); in the threaded module
+                          also one stack a worker (``WORKERS`` of ``WORKER_STACK`` bytes)
 ``[ARENA, ARENA + n)``    the package's buffers, each at its ``offsets[id]`` (16-byte aligned),
 ``SLACK`` bytes           after the last buffer, so whole-vector loads at a buffer's end stay in memory
 
 The threaded variant is the same code built with ``-matomics -mbulk-memory`` against an
-imported shared memory (WebAssembly threads proposal), for runtimes with workers.
+imported shared memory (WebAssembly threads proposal), for runtimes with workers. Every worker instantiates it over
+the one memory, and every instance's ``__stack_pointer`` global starts at the same address: the module exports it and
+``kiln_worker_stack(i)`` (the C prelude's worker stacks), and each worker's runtime points its instance at its own
+stack before running a kernel. Kernels keep nothing on the stack, but libm does: ``sinf``/``cosf`` reduce large
+arguments through a stack slot, and two workers sharing one stack corrupted each other's sines (a resampling filter's
+taps, found as a flaky Whisper transcript in Chromium).
 """
 
 from __future__ import annotations
@@ -32,8 +38,12 @@ from kiln.te.schedule import Schedule
 
 #: bytes of clang's stack at the bottom of linear memory
 STACK = 64 * 1024
-#: first byte of the buffer arena (the stack and the module's constant data lie below it)
-ARENA = 128 * 1024
+#: the most workers a threaded module has stacks for (runtimes refuse more threads)
+WORKERS = 16
+#: bytes of each worker's stack in the threaded module (sinf's argument reduction takes 576)
+WORKER_STACK = 16 * 1024
+#: first byte of the buffer arena (the stacks and the module's constant data, up to 64 KiB, lie below it)
+ARENA = STACK + WORKERS * WORKER_STACK + 64 * 1024
 #: free bytes before the arena's first and after its last buffer (vector loads reach 12 bytes past)
 SLACK = 64
 #: WebAssembly page size (bytes)
@@ -48,7 +58,8 @@ CFLAGS = ["--target=wasm32-freestanding", "-O3", "-msimd128", "-mnontrapping-fpt
           "-fno-math-errno", "-fwrapv", "-std=c11", "-g0", "-fno-unroll-loops", "-s", "-Wl,--no-entry",
           f"-Wl,-z,stack-size={STACK}",
           "-Wl,--export=__heap_base"]
-THREAD_FLAGS = ["-matomics", "-Wl,--shared-memory", "-Wl,--import-memory"]
+THREAD_FLAGS = ["-matomics", "-Wl,--shared-memory", "-Wl,--import-memory", "-Wl,--export=__stack_pointer",
+                f"-DKILN_WORKERS={WORKERS}", f"-DKILN_WORKER_STACK={WORKER_STACK}"]
 
 
 #: how far the wasm kernels' long reductions unroll (their largest divisor up to this). V8 keeps a register-tiled
@@ -170,13 +181,63 @@ def warm_up() -> None:
 
 
 def heap_base(module: bytes) -> int:
-    """The first address after the module's constant data and stack (its exported ``__heap_base``)."""
-    import wasmtime
+    """The first address after the module's constant data and stacks: its exported ``__heap_base`` global's
+    ``i32.const`` initialiser, read from the binary (WebAssembly core spec 5.5: the global and export sections), so
+    that threaded modules, which import a shared memory, need no instance.
 
-    engine = wasmtime.Engine()
-    store = wasmtime.Store(engine)
-    instance = wasmtime.Instance(store, wasmtime.Module(engine, module), [])
-    return int(instance.exports(store)["__heap_base"].value(store))
+    Raises:
+        KilnError: the module exports no ``__heap_base`` global defined by a constant.
+    """
+    def leb(at: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            byte = module[at]
+            value |= (byte & 0x7F) << shift
+            at, shift = at + 1, shift + 7
+            if byte < 0x80:
+                return value, at
+
+    globals_at, wanted, imported = None, None, 0
+    at = 8
+    while at < len(module):
+        section, (size, body) = module[at], leb(at + 1)
+        if section == 2:  # imports: imported globals come first in the global index space
+            count, i = leb(body)
+            for _ in range(count):
+                for _ in range(2):  # module and field names
+                    n, i = leb(i)
+                    i += n
+                kind, i = module[i], i + 1
+                if kind == 0:  # a function: its type index
+                    i = leb(i)[1]
+                elif kind in (1, 2):  # a table (its element type, then limits) or a memory (limits)
+                    flags, i = leb(i + (kind == 1))
+                    i = leb(i)[1]
+                    i = leb(i)[1] if flags & 1 else i
+                elif kind == 3:  # a global: value type and mutability
+                    imported, i = imported + 1, i + 2
+        elif section == 6:
+            globals_at = body
+        elif section == 7:
+            count, i = leb(body)
+            for _ in range(count):
+                n, i = leb(i)
+                name = module[i:i + n]
+                kind, (index, i) = module[i + n], leb(i + n + 1)
+                if kind == 3 and name == b"__heap_base":
+                    wanted = index - imported
+        at = body + size
+    if globals_at is not None and wanted is not None and wanted >= 0:
+        count, i = leb(globals_at)
+        for g in range(count):
+            i += 2  # value type, mutability
+            if module[i] != 0x41:
+                break
+            value, i = leb(i + 1)
+            if g == wanted:
+                return value
+            i += 1  # end
+    raise KilnError("the wasm module exports no __heap_base global")
 
 
 def sha256(data: bytes) -> str:
