@@ -48,6 +48,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import ROOT, summary, time_runs, write_record
+from kiln.passes.split_attention import BLOCK
 
 MODEL = ROOT / "models" / "zoo" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -61,7 +62,8 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
     from kiln.compiler import compile_model
     from kiln.runtime.dynamic import StepSizes
 
-    max_context = max(prompts + contexts) + GENERATED // 2 + 8
+    # (a multiple of the split attention's block, kiln.passes.split_attention, which needs the cache's rows to be one)
+    max_context = -(-(max(prompts + contexts) + GENERATED // 2 + 8) // BLOCK) * BLOCK
     out = Path(tempfile.mkdtemp(prefix="kiln-llm-")) / "pkg"
     t0 = time.perf_counter()
     compile_model(model, out, max_context=max_context, device_class=device_class, validate=False, precision=precision)

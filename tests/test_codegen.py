@@ -104,6 +104,19 @@ def test_invariant_factors_leave_the_sum():
         np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
 
 
+def test_hoisting_leaves_sums_that_may_be_empty_alone():
+    """A sum over a run-time extent that may be 0 keeps its factors (it is 0 whatever they are, where ``0 * s / t``
+    would be NaN for ``t`` 0); one whose extent is at least 1 moves them out."""
+    from kiln.arith.expr import SizeVar, hoist_factors, reduce, reduce_axis
+
+    x, s = placeholder((4, 16), name="x"), placeholder((4,), name="s")
+    i = Var("i")
+    for lo, moved in ((0, False), (1, True)):
+        r = reduce_axis(SizeVar("n", 0, lo, 16, 8), "k")
+        e = reduce("sum", x[i, r] / s[i], [r])
+        assert hoist_factors(e) == (reduce("sum", x[i, r], [r]) / s[i] if moved else e), lo
+
+
 def test_hoisting_leaves_other_sums_alone():
     """Sums whose every factor depends on their axis, or none does, max reductions and float16 sums keep their form."""
     from kiln.arith.expr import cast, hoist_factors, reduce, reduce_axis

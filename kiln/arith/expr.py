@@ -470,13 +470,15 @@ def hoist_factors(e: Expr) -> Expr:
     product of ``x * g`` scaled by ``1 / rms(x)`` after it, so that the two reductions over ``k`` (the statistic's and
     the product's) run side by side instead of one after the other; an attention's ``sum_k(exp(s_k - m) / l * v_k)``
     divides once by ``l``. Float16 sums are left alone (an unscaled partial sum may overflow where the scaled one
-    does not); a body whose factors are all invariant is left alone too."""
+    does not); a body whose factors are all invariant is left alone too, and so is a sum over a run-time extent that
+    may be 0 (its value is 0 whatever its factors: ``0 * s / t`` would be NaN for ``t`` 0)."""
+    from kiln.arith.symbolic import bounds
 
     def fn(x: Expr) -> Expr | None:
         if not isinstance(x, Reduce):
             return None
         body = hoist_factors(x.body)
-        if x.op != "sum" or x.dtype != "float32":
+        if x.op != "sum" or x.dtype != "float32" or any(bounds(ax.extent)[0] < 1 for ax in x.axes):
             return reduce(x.op, body, x.axes)
         num: list[Expr] = []
         den: list[Expr] = []

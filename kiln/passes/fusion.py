@@ -72,6 +72,9 @@ class Group:
             (``alternative_box``, ``(dim, lo, hi)`` each, where fusion knows it; else the target decides).
         stage_bound: set by the target for an alternative row kernel it runs only up to that many keys: its stage
             arrays are sized for that many (``kiln.te.rows``), not for the dims' upper bounds.
+        split: ``(block, keys, row dims)`` for the two groups of an attention split over blocks of keys
+            (:mod:`kiln.passes.split_attention`): the target runs them, for the row dims at their lowest value, where
+            ``keys`` (a size expression) is past what it runs the fused row kernel for.
     """
 
     nodes: list[Node]
@@ -81,6 +84,7 @@ class Group:
     alternative_to: tuple = ()
     alternative_box: list | None = None
     stage_bound: int | None = None
+    split: tuple | None = None
 
     @property
     def output(self) -> Value:
@@ -147,7 +151,10 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
                                prologues)
     if rows is None:
         return fused
+    from kiln.passes.split_attention import fuse_split_attention
+
     fused = fuse_attention(graph, fuse_rows(graph, fused, rows, max_inputs), rows, max_inputs)
+    fused = fuse_split_attention(graph, fused, rows, max_inputs)
     return fuse_norm_prologues(graph, fused, max_inputs)
 
 

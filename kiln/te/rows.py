@@ -237,7 +237,11 @@ def analyse_rows(t: Tensor, max_row: int = MAX_ROW, max_stage: int = MAX_STAGE,
     bound = t.attrs.get("stage_bound")
     stages, occurs = _stages(found, axes, max_stage, bound)
     rest = {r: None for r in found if r not in occurs}
-    staged = [r for r in _outermost(t.body) if r in rest and any(d in occurs for d in _outermost(r.body))]
+    # (an outermost reduction reading a stage is a column reduction where it depends on an output axis the stages do
+    # not: attention's P V on V's columns; a block's max and sum beside it are row reductions, FlashDecoding's split)
+    in_stages = set().union(*(free_vars(d.body) - {sigma, *d.axes} for d, sigma in stages))
+    staged = [r for r in _outermost(t.body) if r in rest and any(d in occurs for d in _outermost(r.body))
+              and free_vars(r.body) & axes - in_stages]
     plan = _row_plan(t, rest, axes, max_row, [])
     if isinstance(plan, str) and plan.startswith("no columns") and staged:
         plan = _row_plan(t, rest, axes, max_row, staged)

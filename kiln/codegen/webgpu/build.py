@@ -192,9 +192,13 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     """
     table = WebGPUKernels(validate, ("shader-f16",) if plan.half else ())
     work = kernel_groups(groups)
-    boxes = {id(g): g.alternative_box if g.alternative_box is not None else alternative_range(g)
-             for g in work if g.alternative_to}
-    within = {id(r): boxes[id(g)] for g in work if g.alternative_to for r in g.alternative_to}
+    boxes = {id(g): g.alternative_box if g.alternative_box is not None else split_range(g) if g.split else
+             alternative_range(g) for g in work if g.alternative_to}
+    within: dict[int, list] = {}  # a replaced group -> the ranges where alternatives run instead (one per alternative)
+    for g in work:
+        for r in g.alternative_to:
+            if boxes[id(g)] and boxes[id(g)] not in within.setdefault(id(r), []):
+                within[id(r)].append(boxes[id(g)])
     steps = []
     run: list[tuple[Group, Any, list[int]]] = []  # neighbouring kernels to run as one step
     ins_of: dict[int, list] = {}  # a run's kernel -> its input values
@@ -234,7 +238,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
             count = step.groups if step.groups is not None else step.dispatch[0] * step.dispatch[1] * step.dispatch[2]
             step.groups = symbolic.simplify(count * _inside(box)) if box else 0
         elif within.get(id(g)):  # replaced by an alternative inside its range: no workgroups there
-            step.variants.insert(0, Variant(_when(within[id(g)]), step.kernel, step.dispatch, 0))
+            step.variants[:0] = [Variant(_when(box), step.kernel, step.dispatch, 0) for box in within[id(g)]]
         steps.append(step)
     flush()
     return table.kernels, steps
@@ -312,6 +316,30 @@ def _range(t: Tensor, rows_plan) -> list[tuple[Any, int, int]] | None:
             lo, hi = (mid, hi) if keys(mid) <= MAX_FUSED_KEYS else (lo, mid - 1)
         box[d.name] = (d, d.lo, lo)
     return list(box.values())
+
+
+def split_range(g: Group) -> list[tuple[Any, int, int]] | None:
+    """The run-time dims' range where the split attention's groups (``g.split``: block, keys, row dims;
+    :mod:`kiln.passes.split_attention`) run: the row dims at their lowest value (a decode step's one token) and the
+    keys past :data:`MAX_FUSED_KEYS`, up to their bound (where the fused row kernel, :func:`alternative_range`, does
+    not run). ``None`` where the keys never get there or depend on more than one other dim."""
+    _, keys, rows = g.split
+    at_lo = {d.name: d.lo for d in rows}
+    rest = [d for d in symbolic.symbols(keys) if d.name not in at_lo]
+    if len(rest) != 1:
+        return None
+    d = rest[0]
+
+    def count(v: int) -> int:
+        return int(symbolic.evaluate(keys, {**at_lo, d.name: v}))
+
+    if count(d.hi) <= MAX_FUSED_KEYS:
+        return None
+    lo, hi = d.lo, d.hi
+    while lo < hi:  # the smallest value past MAX_FUSED_KEYS keys (keys grow with the dim)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if count(mid) > MAX_FUSED_KEYS else (mid + 1, hi)
+    return [*((r, r.lo, r.lo) for r in rows), (d, lo, d.hi)]
 
 
 def _when(box: list[tuple[Any, int, int]]) -> dict[str, list[int]]:

@@ -1,0 +1,146 @@
+"""FlashDecoding: a decode step's attention over many cached keys, split into blocks of keys across workgroups.
+
+One query row a workgroup (the row kernel that :func:`kiln.passes.fusion.fuse_attention` makes, a few rows in a
+decode step) reads every key and value of its row alone: at 1024 keys it is slower than the three kernels of
+scores, softmax and ``P V`` (``kiln.codegen.webgpu.build.MAX_FUSED_KEYS``). Splitting the keys into blocks of
+:data:`BLOCK` (Dao et al., *Flash-Decoding for long-context inference*, 2023) gives each (query row, block) pair a
+workgroup of its own:
+
+1. the *split* kernel, a row kernel over rows ``(kv head, block, query row)``: the block's scores (a stage), their
+   softmax and ``P V`` over the block's values, with the block's log-sum-exp ``m + log l`` packed after the ``P V``
+   columns: ``partial[..., block, row, 0:hd]`` and ``partial[..., block, row, hd]``;
+2. the *combine* kernel: ``out = sum_b exp(lse_b - M) O_b / sum_b exp(lse_b - M)`` with ``M = max_b lse_b``.
+
+Keys past the step's last (the last block's tail, read from the cache's rows beyond it, which exist: the cache holds
+``max_context`` rows) are masked by the attention's own causal mask (a key after the query's position), extended
+over the blocks. Every block of a decode step holds at least one key it may attend to, so no block's maximum is
+``-inf``. The pair is an *alternative* to the three kernels (``Group.alternative_to``), for one query token only
+(``Group.split``: the target runs it where the fused row kernel's keys would be too many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kiln.arith import symbolic
+from kiln.ir.graph import Builder, Graph, Node, Value
+from kiln.passes.fusion import Group, _buffers
+
+#: keys a split kernel's workgroup reads (a block): 128 keeps SmolLM2's rows at 2048 keys within
+#: ``kiln.te.rows``'s staged-row bound (3 KV heads x 16 blocks x 3 queries)
+BLOCK = 128
+
+
+def fuse_split_attention(graph: Graph, groups: list[Group], supported: Callable[[Group], bool],
+                         max_inputs: int = 7) -> list[Group]:
+    """Add a split kernel and a combine kernel (module docstring) as the alternative to every attention that
+    :func:`~kiln.passes.fusion.fuse_attention` gave a fused row kernel over run-time dims, where the attention has
+    the form a decoder's importer writes: ``MatMul(Q, Transpose(Slice(K cache)))``, scaled by a constant, masked by
+    ``Where(Greater(Reshape(Iota(keys)), positions), -inf, .)``, a softmax, and ``MatMul(P, Slice(V cache))`` ending
+    its group. The split group must be a row kernel of the target (``supported``) within ``max_inputs`` buffers."""
+    for fused in [g for g in groups if len(g.alternative_to) == 3 and g.rows and not g.split]:
+        q, p, c = fused.alternative_to
+        made = _split(graph, q, p, c)
+        if made is None:
+            continue
+        split, combine = made
+        if _buffers(split.inputs) > max_inputs or _buffers(combine.inputs) > max_inputs or not supported(split):
+            continue
+        at = groups.index(fused) + 1
+        groups[at:at] = [split, combine]
+    return groups
+
+
+def _only(nodes: list[Node], op: str) -> Node | None:
+    found = [n for n in nodes if n.op == op]
+    return found[0] if len(found) == 1 else None
+
+
+def _made_by(nodes: list[Node], v: Value, op: str) -> Node | None:
+    return next((n for n in nodes if n.op == op and n.outputs[0] is v), None)
+
+
+def _needed(nodes: list[Node], values: list[Value]) -> list[Node]:
+    """The nodes of ``nodes`` that ``values`` depend on, in order."""
+    made = {id(n.outputs[0]): n for n in nodes}
+    keep: set[int] = set()
+    todo = [made[id(v)] for v in values if id(v) in made]
+    while todo:
+        n = todo.pop()
+        if id(n) not in keep:
+            keep.add(id(n))
+            todo += [made[id(v)] for v in n.inputs if id(v) in made]
+    return [n for n in nodes if id(n) in keep]
+
+
+def _split(graph: Graph, q: Group, p: Group, c: Group) -> tuple[Group, Group] | None:
+    """The split and combine groups of attention ``(q, p, c)``, or ``None`` where it has another form."""
+    mm, where = _only(q.nodes, "MatMul"), _only(q.nodes, "Where")
+    scale = mm and next((n for n in q.nodes if n.op == "Mul" and n.inputs[0] is mm.outputs[0]), None)
+    pv = c.nodes[-1]
+    if mm is None or where is None or scale is None or pv.op != "MatMul" or pv.inputs[0] is not p.output or \
+            where.inputs[2] is not scale.outputs[0] or \
+            where.outputs[0] is not q.output or not scale.inputs[1].is_const or scale.inputs[1].size != 1:
+        return None
+    kt = _made_by(q.nodes, mm.inputs[1], "Transpose")
+    ks = kt and _made_by(q.nodes, kt.inputs[0], "Slice")
+    vs = _made_by(c.nodes, pv.inputs[1], "Slice")
+    greater = _made_by(q.nodes, where.inputs[0], "Greater")
+    if ks is None or vs is None or greater is None or not where.inputs[1].is_const or \
+            float(np.asarray(where.inputs[1].const).reshape(-1)[0]) != -np.inf:
+        return None
+    query, (k_cache, v_cache), positions = mm.inputs[0], (ks.inputs[0], vs.inputs[0]), greater.inputs[1]
+    if len(query.shape) != 4 or len(k_cache.shape) != 4 or len(ks.outputs[0].shape) != 4:
+        return None
+    one, heads, rows, hd = query.shape
+    keys = ks.outputs[0].shape[2]
+    if k_cache.shape[:2] != (one, heads) or \
+            v_cache.shape != k_cache.shape or k_cache.shape[3] != hd or vs.outputs[0].shape[2] != keys or \
+            tuple(positions.shape) != (rows, 1) or not symbolic.is_symbolic(keys) or \
+            symbolic.is_symbolic(k_cache.shape[2]) or any(symbolic.is_symbolic(d) for d in (one, heads, hd)) or \
+            ks.attrs.get("starts") != (0, 0, 0, 0) or vs.attrs.get("starts") != (0, 0, 0, 0) or \
+            tuple(ks.attrs.get("steps", (1, 1, 1, 1))) != (1, 1, 1, 1) or \
+            tuple(vs.attrs.get("steps", (1, 1, 1, 1))) != (1, 1, 1, 1) or \
+            k_cache.shape[2] % BLOCK:  # (the keys never pass the cache's rows: the dims' limits bound them)
+        return None
+    b = Builder.beside(graph)
+    blocks = symbolic.simplify((keys + (BLOCK - 1)) // BLOCK)
+    padded = symbolic.simplify(blocks * BLOCK)
+
+    def blocked(cache: Value) -> Value:  # [1, H, blocks, BLOCK, hd]: the cache's rows up to the last block's end
+        rows_ = b.op("Slice", [cache], starts=(0, 0, 0, 0), ends=(one, heads, padded, hd), steps=(1, 1, 1, 1))
+        return b.op("Reshape", [rows_], shape=(one, heads, blocks, BLOCK, hd))
+
+    kb = b.op("Transpose", [blocked(k_cache)], perm=(0, 1, 2, 4, 3))
+    scores = b.op("MatMul", [b.op("Reshape", [query], shape=(one, heads, 1, rows, hd)), kb])  # [1, H, blocks, rows, B]
+    scores = b.op("Mul", [scores, scale.inputs[1]])
+    at = b.op("Reshape", [b.op("Iota", [], shape=(padded,), dtype="int32", start=0, delta=1)],
+              shape=(blocks, 1, BLOCK))
+    scores = b.op("Where", [b.op("Greater", [at, positions]), where.inputs[1], scores])
+    peak = b.op("ReduceMax", [scores], axes=(4,), keepdims=1)
+    e = b.op("Exp", [b.op("Sub", [scores, peak])])
+    total = b.op("ReduceSum", [e], axes=(4,), keepdims=1)
+    values = b.op("MatMul", [b.op("Div", [e, total]), blocked(v_cache)])  # [1, H, blocks, rows, hd]
+    lse = b.op("Add", [peak, b.op("Log", [total])])
+    partial = b.op("Concat", [values, lse], axis=4)  # [1, H, blocks, rows, hd + 1]
+    split_nodes = _needed(q.nodes, [query, positions]) + b.graph.nodes
+    mark = len(b.graph.nodes)
+    o = b.op("Slice", [partial], starts=(0, 0, 0, 0, 0), ends=(one, heads, blocks, rows, hd), steps=(1, 1, 1, 1, 1))
+    w = b.op("Slice", [partial], starts=(0, 0, 0, 0, hd), ends=(one, heads, blocks, rows, hd + 1),
+             steps=(1, 1, 1, 1, 1))
+    w = b.op("Exp", [b.op("Sub", [w, b.op("ReduceMax", [w], axes=(2,), keepdims=1)])])
+    num = b.op("ReduceSum", [b.op("Mul", [w, o])], axes=(2,), keepdims=0)  # [1, H, rows, hd]
+    den = b.op("ReduceSum", [w], axes=(2,), keepdims=0)
+    combine_nodes = b.graph.nodes[mark:] + [Node("Div", [num, den], [c.output], {}, name=f"{pv.name}.combine")]
+    split = Group(split_nodes, _inputs(split_nodes), rows=True, alternative_to=(q, p, c),
+                  split=(BLOCK, keys, symbolic.symbols([rows])))
+    combine = Group(combine_nodes, _inputs(combine_nodes), alternative_to=(q, p, c), split=split.split)
+    return split, combine
+
+
+def _inputs(nodes: list[Node]) -> list[Value]:
+    """The values ``nodes`` read that none of them computes, in order of first use."""
+    inside = {id(o) for n in nodes for o in n.outputs}
+    return list(dict.fromkeys(v for n in nodes for v in n.inputs if id(v) not in inside))

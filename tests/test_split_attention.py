@@ -1,0 +1,109 @@
+"""FlashDecoding's split of a decode step's attention over blocks of keys (kiln.passes.split_attention): a one-layer
+Llama GGUF (tests/test_fuzz_gguf.py's) with a 1024-token cache, compiled with the GPU fusions. A decode step past
+``MAX_FUSED_KEYS`` keys runs the split and combine kernels; its logits equal those of a prefill of the same tokens
+(the three attention kernels), natively with poisoned buffers and in Chromium."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from test_fuzz_gguf import tiny_llama
+
+import kiln
+from kiln.codegen.webgpu.build import MAX_FUSED_KEYS
+from kiln.compiler import compile_model
+from kiln.passes.split_attention import BLOCK
+from kiln.runtime.dynamic import StepSizes
+
+CONTEXT = 1024
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """The package (webgpu, GPU schedules) and token ids for every position of its cache."""
+    tmp = tmp_path_factory.mktemp("split")
+    model = tiny_llama(tmp / "tiny.gguf", {"llama.context_length": (CONTEXT, gguf.GGUFValueType.UINT32)})
+    pkg = tmp / "pkg"
+    compile_model(model, pkg, max_context=CONTEXT, device_class="gpu", target="webgpu")
+    return pkg, np.random.default_rng(3).integers(0, 8, CONTEXT)
+
+
+def _feeds(tokens, past: int) -> dict:
+    return {"input_ids": np.asarray(tokens, np.int64)[None], "past_sequence_length": np.array([past], np.int64)}
+
+
+def _prefill(run, tokens, upto: int) -> None:
+    """Fill the cache with ``tokens[:upto]`` in chunks of at most 512 (the package's ``max_tokens``)."""
+    for start in range(0, upto, 512):
+        run(_feeds(tokens[start:min(upto, start + 512)], start))
+
+
+def test_decode_past_the_fused_kernels_keys_runs_split_and_combine(llama):
+    """Which attention kernels a step runs: the fused row kernel up to MAX_FUSED_KEYS keys, the split kernel (a
+    workgroup a block of BLOCK keys and query row) and the combine kernel past them, the three kernels for a
+    prefill."""
+    pkg, _ = llama
+    manifest = kiln.load(pkg).manifest
+    plan, kernels = manifest["targets"]["webgpu"]["plan"], manifest["targets"]["webgpu"]["kernels"]
+    sizes = StepSizes(plan, "groups")
+
+    def attention(s: int, past: int) -> list[list[str]]:
+        counts = sizes.dispatches({"sequence": s, "past_sequence": past})[1]
+        ran = [kernels[st["kernel"]]["ops"] for st, c in zip(plan, counts) if c[0]]
+        return [ops for ops in ran if "Where" in ops or "Exp" in ops or ops == ["Slice", "MatMul"]]  # (its masks)
+
+    fused = attention(1, MAX_FUSED_KEYS - 1)
+    assert len(fused) == 1 and fused[0].count("MatMul") == 2, fused
+    split = attention(1, MAX_FUSED_KEYS)  # (one key more)
+    assert len(split) == 2 and split[0].count("MatMul") == 2 and "Concat" in split[0], split
+    assert split[1].count("MatMul") == 0 and split[1].count("ReduceSum") == 2, split  # the combine
+    assert attention(1, CONTEXT - 1) == split
+    assert len(attention(3, MAX_FUSED_KEYS)) == 3  # a prefill: the three kernels
+    assert BLOCK * (CONTEXT // BLOCK) == CONTEXT
+
+
+@pytest.mark.parametrize("past", [MAX_FUSED_KEYS, MAX_FUSED_KEYS + BLOCK + 3, CONTEXT - 1])
+def test_split_decode_equals_the_prefill(llama, past):
+    """A decode step at ``past`` cached keys (split and combine kernels; the last block partly past the keys, a whole
+    number of blocks, the cache's last row) against a prefill ending with the same token (three kernels), each from
+    an empty cache."""
+    pkg, tokens = llama
+    decode, prefill = kiln.load(pkg, poison=True), kiln.load(pkg, poison=True)
+    _prefill(decode.run, tokens, past)
+    got = decode.run(_feeds(tokens[past:past + 1], past))["logits"]
+    _prefill(prefill.run, tokens, 512)
+    want = prefill.run(_feeds(tokens[512:past + 1], 512))["logits"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+#: runs the package's steps ``chunks`` ([token ids, past]) in one session in the page; answers the last logits
+STEPS = """async ({chunks}) => {
+  const kiln = await import('./kiln.js');
+  const session = await kiln.load('./', {target: 'webgpu', poison: true});
+  let out = null;
+  for (const [ids, past] of chunks) {
+    out = await session.run({
+      input_ids: new kiln.Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [1, ids.length]),
+      past_sequence_length: new kiln.Tensor('int64', BigInt64Array.of(BigInt(past)), [1])});
+  }
+  const logits = Array.from(out.logits.data);
+  session.destroy();
+  return logits;
+}"""
+
+
+@pytest.mark.browser
+def test_split_decode_in_the_browser(browser, llama):
+    """In Chromium (Tint compiles the split kernel's barriers; kiln.js runs the steps the dims select) a decode step
+    past MAX_FUSED_KEYS keys gives the native runtime's logits."""
+    from browser import evaluate_in_package
+
+    pkg, tokens = llama
+    past = MAX_FUSED_KEYS + 40
+    native = kiln.load(pkg, poison=True)
+    _prefill(native.run, tokens, past)
+    want = native.run(_feeds(tokens[past:past + 1], past))["logits"]
+    chunks = [[tokens[a:min(past, a + 512)].tolist(), a] for a in range(0, past, 512)]
+    got = evaluate_in_package(browser, pkg, STEPS, {"chunks": chunks + [[tokens[past:past + 1].tolist(), past]]})
+    np.testing.assert_allclose(np.array(got, np.float32).reshape(want.shape), want, rtol=1e-4, atol=1e-4)
