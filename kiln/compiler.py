@@ -25,6 +25,7 @@ from kiln.package.writer import check_destination, write_package
 from kiln.passes.fusion import Group, fuse
 from kiln.passes.manager import has_control, optimize, optimize_nested
 from kiln.passes.memory_plan import MemoryPlan, mark_in_place, plan_memory
+from kiln.passes.split_attention import fuse_split_attention
 from kiln.passes.split_k import split_k
 from kiln.te.compute import Tensor
 from kiln.te.schedule import DEVICE_CLASSES, Schedule
@@ -169,6 +170,8 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
         mark_in_place(graph, enabled=all(t.in_place for t in targets))
         prologues = all(t.matmul_prologues(device_class, precision, training) for t in targets)
         program.groups = fuse(graph, max_inputs=max_inputs, rows=rows, prologues=prologues)
+        if rows is not None:  # (FlashDecoding's alternative to the attentions fuse gave a fused row kernel)
+            program.groups = fuse_split_attention(graph, program.groups, rows, max_inputs)
         program.plan = plan_memory(graph, program.groups, half=accumulate is not None)
         if training is not None:
             names = set(training.forward_outputs)

@@ -91,9 +91,13 @@ def _endless_wasm_package(tmp_path, where: str = "kernels"):
     if tgt.get("threads"):
         most = tgt["memory"].get("max_pages", pages)
         memories[tgt["threads"]["module"]] = f'(import "env" "memory" (memory {pages} {most} shared))'
+    # (the threaded module's workers each take a stack: kiln_worker_stack and __stack_pointer, docs/package-format.md)
+    stacks = '(global (export "__stack_pointer") (mut i32) (i32.const 65536)) ' \
+             '(func (export "kiln_worker_stack") (param i32) (result i32) (i32.const 65536))'
     for path, memory in memories.items():
         module = pkg / path
-        module.write_bytes(wasmtime.wat2wasm(f"(module {memory} {kernels} {start})"))
+        extra = stacks if path != tgt["module"] else ""
+        module.write_bytes(wasmtime.wat2wasm(f"(module {memory} {kernels} {extra} {start})"))
         entry = tgt if path == tgt["module"] else tgt["threads"]
         entry["sha256"], entry["bytes"] = sha256_file(module), module.stat().st_size
         for f in m["files"]:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 _ids = itertools.count()
 
@@ -464,21 +466,24 @@ def _product(fs: list[Expr], dtype: str) -> Expr:
     return out
 
 
-def hoist_factors(e: Expr) -> Expr:
+def hoist_factors(e: Expr, may_be_empty: Callable[[Expr], bool] | None = None) -> Expr:
     """``e`` with the factors of each float32 ``sum`` reduction's body that do not depend on its axes moved outside
     it: ``sum_k(a[k] * s / t) -> sum_k(a[k]) * s / t``. RMSNorm's ``x / rms(x) * g`` read by a product becomes the
     product of ``x * g`` scaled by ``1 / rms(x)`` after it, so that the two reductions over ``k`` (the statistic's and
     the product's) run side by side instead of one after the other; an attention's ``sum_k(exp(s_k - m) / l * v_k)``
     divides once by ``l``. Float16 sums are left alone (an unscaled partial sum may overflow where the scaled one
     does not); a body whose factors are all invariant is left alone too, and so is a sum over a run-time extent that
-    may be 0 (its value is 0 whatever its factors: ``0 * s / t`` would be NaN for ``t`` 0)."""
-    from kiln.arith.symbolic import bounds
+    may be 0 (its value is 0 whatever its factors: ``0 * s / t`` would be NaN for ``t`` 0): ``may_be_empty(extent)``
+    says which run-time extents may be (default: all; :func:`kiln.codegen.lowering.group_expr` asks their bounds)."""
+
+    def empty(extent: Any) -> bool:
+        return extent < 1 if isinstance(extent, int) else may_be_empty is None or may_be_empty(extent)
 
     def fn(x: Expr) -> Expr | None:
         if not isinstance(x, Reduce):
             return None
         body = hoist_factors(x.body)
-        if x.op != "sum" or x.dtype != "float32" or any(bounds(ax.extent)[0] < 1 for ax in x.axes):
+        if x.op != "sum" or x.dtype != "float32" or any(empty(ax.extent) for ax in x.axes):
             return reduce(x.op, body, x.axes)
         num: list[Expr] = []
         den: list[Expr] = []

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from kiln.arith import symbolic
 from kiln.arith.expr import hoist_factors, substitute
 from kiln.errors import KilnError
 from kiln.ir import dtypes
@@ -95,7 +96,7 @@ def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "
     final = inline(storage.store_view(result, group.output.dtype, plan and plan.storage(group.output)))
     if not group.rows and not (plan is not None and plan.half and accumulate != "float32"):
         # (kiln.te.rows reads a row kernel's sums as written; float16 sums keep their factors)
-        final = dataclasses.replace(final, body=hoist_factors(final.body))
+        final = dataclasses.replace(final, body=hoist_factors(final.body, lambda n: symbolic.bounds(n)[0] < 1))
     if plan is not None and plan.half:
         final = demote(final, accumulate)
     if "store" in result.attrs and "store" not in final.attrs:  # a store view over the rebuilt tensor's axes

@@ -151,10 +151,7 @@ def fuse(graph: Graph, max_inputs: int = 7, rows: Callable[[Group], bool] | None
                                prologues)
     if rows is None:
         return fused
-    from kiln.passes.split_attention import fuse_split_attention
-
     fused = fuse_attention(graph, fuse_rows(graph, fused, rows, max_inputs), rows, max_inputs)
-    fused = fuse_split_attention(graph, fused, rows, max_inputs)
     return fuse_norm_prologues(graph, fused, max_inputs)
 
 

@@ -36,7 +36,8 @@ BLOCK = 128
 def fuse_split_attention(graph: Graph, groups: list[Group], supported: Callable[[Group], bool],
                          max_inputs: int = 7) -> list[Group]:
     """Add a split kernel and a combine kernel (module docstring) as the alternative to every attention that
-    :func:`~kiln.passes.fusion.fuse_attention` gave a fused row kernel over run-time dims, where the attention has
+    :func:`~kiln.passes.fusion.fuse_attention` gave a fused row kernel over run-time dims (the compiler calls it after
+    :func:`~kiln.passes.fusion.fuse`, where the targets lower row kernels), where the attention has
     the form a decoder's importer writes: ``MatMul(Q, Transpose(Slice(K cache)))``, scaled by a constant, masked by
     ``Where(Greater(Reshape(Iota(keys)), positions), -inf, .)``, a softmax, and ``MatMul(P, Slice(V cache))`` ending
     its group. The split group must be a row kernel of the target (``supported``) within ``max_inputs`` buffers."""
@@ -88,8 +89,12 @@ def _split(graph: Graph, q: Group, p: Group, c: Group) -> tuple[Group, Group] | 
     ks = kt and _made_by(q.nodes, kt.inputs[0], "Slice")
     vs = _made_by(c.nodes, pv.inputs[1], "Slice")
     greater = _made_by(q.nodes, where.inputs[0], "Greater")
-    if ks is None or vs is None or greater is None or not where.inputs[1].is_const or \
-            float(np.asarray(where.inputs[1].const).reshape(-1)[0]) != -np.inf:
+    at = greater and _made_by(q.nodes, greater.inputs[0], "Reshape")
+    iota = at and _made_by(q.nodes, at.inputs[0], "Iota")
+    if ks is None or vs is None or iota is None or not where.inputs[1].is_const or \
+            float(np.asarray(where.inputs[1].const).reshape(-1)[0]) != -np.inf or \
+            (iota.attrs.get("start"), iota.attrs.get("delta")) != (0, 1) or \
+            tuple(iota.outputs[0].shape) != (ks.outputs[0].shape[2],):  # (the mask: key index > query position)
         return None
     query, (k_cache, v_cache), positions = mm.inputs[0], (ks.inputs[0], vs.inputs[0]), greater.inputs[1]
     if len(query.shape) != 4 or len(k_cache.shape) != 4 or len(ks.outputs[0].shape) != 4:
