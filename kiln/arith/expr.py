@@ -482,7 +482,7 @@ def hoist_factors(e: Expr, may_be_empty: Callable[[Expr], bool] | None = None) -
     def fn(x: Expr) -> Expr | None:
         if not isinstance(x, Reduce):
             return None
-        body = hoist_factors(x.body)
+        body = hoist_factors(x.body, may_be_empty)
         if x.op != "sum" or x.dtype != "float32" or any(empty(ax.extent) for ax in x.axes):
             return reduce(x.op, body, x.axes)
         num: list[Expr] = []
