@@ -218,6 +218,12 @@ def test_worker_threads_have_stacks_of_their_own(tmp_path, monkeypatch):
     np.testing.assert_allclose(kiln.load(pkg, target="wasm").run({"x": x})["y"], want, atol=1e-6, rtol=0)
 
 
+def test_toolchain_warm_up_builds_both_variants():
+    """``setup.sh`` warms zig's cache with :func:`~kiln.codegen.wasm.toolchain.warm_up`; its module's memory must hold
+    the threaded variant's worker stacks (CI of c0801a3 failed there: wasm-ld's "initial memory too small")."""
+    wasm.warm_up()
+
+
 def test_mobilenet_kernels_are_vectorised(mobilenet_package):
     m = json.loads((mobilenet_package / "manifest.json").read_text())
     kernels = m["targets"]["wasm"]["kernels"]
