@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -384,11 +384,27 @@ def transform(e: Expr, fn) -> Expr:
     return go(e)
 
 
-def free_vars(e: Expr) -> set[Var]:
-    """The variables ``e`` mentions (axis, reduction and loop variables), inside loads' indices and reductions'
-    bodies too. A walk over each distinct node once that rebuilds nothing (``transform`` rebuilds and simplifies every
-    node it visits: too slow for whole attention expressions)."""
-    found: set[Var] = set()
+def children(x: Expr, into_reduce: bool = True, into_load: bool = True) -> tuple:
+    """The operands of expression node ``x``: a load's indices and a reduction's body too, unless told not to."""
+    if isinstance(x, Bin):
+        return x.a, x.b
+    if isinstance(x, Call):
+        return tuple(x.args)
+    if isinstance(x, Select):
+        return x.cond, x.t, x.f
+    if isinstance(x, Cast):
+        return (x.x,)
+    if isinstance(x, Load) and into_load:
+        return tuple(x.indices)
+    if isinstance(x, Reduce) and into_reduce:
+        return (x.body,)
+    return ()
+
+
+def nodes(e: Expr, into_reduce: bool = True) -> Iterator[Expr]:
+    """Every distinct node of ``e`` once (by identity), depth first, a node before its operands and operands left to
+    right; with ``into_reduce`` false no reduction's body is entered. It rebuilds nothing (``transform`` rebuilds and
+    simplifies every node it visits: too slow for analyses over whole attention expressions)."""
     seen: set[int] = set()
     todo = [e]
     while todo:
@@ -396,21 +412,20 @@ def free_vars(e: Expr) -> set[Var]:
         if id(x) in seen:
             continue
         seen.add(id(x))
-        if isinstance(x, Var):
-            found.add(x)
-        elif isinstance(x, Bin):
-            todo += (x.a, x.b)
-        elif isinstance(x, Call):
-            todo += x.args
-        elif isinstance(x, Select):
-            todo += (x.cond, x.t, x.f)
-        elif isinstance(x, Cast):
-            todo.append(x.x)
-        elif isinstance(x, Load):
-            todo += x.indices
-        elif isinstance(x, Reduce):
-            todo.append(x.body)
-    return found
+        yield x
+        todo += reversed(children(x, into_reduce))
+
+
+def free_vars(e: Expr) -> set[Var]:
+    """The variables ``e`` mentions (axis, reduction and loop variables), inside loads' indices and reductions'
+    bodies too."""
+    return {x for x in nodes(e) if isinstance(x, Var)}
+
+
+def reduces_in(e: Expr, outermost: bool = False) -> list[Reduce]:
+    """The distinct :class:`Reduce` nodes of ``e`` (equal ones once), an outer one before those in its body; with
+    ``outermost``, only those not nested in another reduction of ``e``."""
+    return list(dict.fromkeys(x for x in nodes(e, not outermost) if isinstance(x, Reduce)))
 
 
 def _affine(e: Expr, terms: dict[Expr, int], scale: int) -> int:

@@ -33,6 +33,7 @@ from kiln.arith.expr import (
     const,
     free_vars,
     linear,
+    reduces_in,
     select,
     substitute,
     transform,
@@ -96,24 +97,6 @@ def canonical(out: Tensor) -> Tensor:
         axis, state, tri = attrs["scan"]
         attrs = {**attrs, "scan": (axis, state, tuple(names[a] for a in tri if a in names))}
     return Tensor(out.name, out.shape, out.dtype, tuple(names[a] for a in out.axes), body, attrs)
-
-
-def _reduces(e: Expr, found: dict) -> None:
-    """Collect the outermost :class:`Reduce` nodes of ``e`` into ``found`` (ordered, deduplicated)."""
-    def visit(x):
-        if isinstance(x, Reduce):
-            found.setdefault(x, None)
-            return x
-        return None
-
-    transform(e, visit)
-
-
-def _outer_reduces(e: Expr) -> list[Reduce]:
-    """The reductions of ``e`` not nested in another of its reductions."""
-    found: dict = {}
-    _reduces(e, found)
-    return list(found)
 
 
 def _cse_loads(values: list[Expr], block: list, counter) -> list[Expr]:
@@ -296,7 +279,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         # reductions nested in the bodies that do not depend on this nest's axes (RMSNorm's sum of squares in the
         # prologue of the matmul after it): computed once before the nest, not once per iteration
         pre = {}
-        for n in dict.fromkeys(n for r in group for n in _outer_reduces(r.body)):
+        for n in dict.fromkeys(n for r in group for n in reduces_in(r.body, outermost=True)):
             if free_vars(n) & set(group[0].axes) or (scan is not None and free_vars(n) & set(scan[2])):
                 continue
             if split:  # dealt to the tile's lanes too, and combined at once
@@ -394,9 +377,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         return accs
 
     bodies = [substitute(out.body, clamped) if clamped else out.body for _, clamped, _ in elements]
-    found: dict = {}
-    for b in bodies:
-        _reduces(b, found)
+    found = dict.fromkeys(r for b in bodies for r in reduces_in(b, outermost=True))
     by_axes: dict[tuple, list[Reduce]] = {}
     for r in found:
         by_axes.setdefault(r.axes, []).append(r)

@@ -42,19 +42,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.arith.expr import (
-    Bin,
-    Call,
-    Cast,
     Expr,
     Load,
     Reduce,
-    Select,
     Var,
     binop,
     call,
     cast,
+    children,
     free_vars,
     linear,
+    nodes,
+    reduces_in,
     select,
     substitute,
     transform,
@@ -143,41 +142,9 @@ def _at_upper(d) -> int:
     return int(upper(d)) if is_symbolic(d) else int(d)
 
 
-def _children(x: Expr, into_reduce: bool = True, into_load: bool = True) -> tuple:
-    """The operands of expression node ``x`` (a load's indices and a reduction's body unless told not to)."""
-    if isinstance(x, Bin):
-        return x.a, x.b
-    if isinstance(x, Call):
-        return tuple(x.args)
-    if isinstance(x, Select):
-        return x.cond, x.t, x.f
-    if isinstance(x, Cast):
-        return (x.x,)
-    if isinstance(x, Load) and into_load:
-        return tuple(x.indices)
-    if isinstance(x, Reduce) and into_reduce:
-        return (x.body,)
-    return ()
-
-
-def _nodes(e: Expr, into_reduce: bool = True):
-    """Every distinct node of ``e`` once (depth first, a node before its children), rebuilding nothing (``transform``
-    rebuilds and simplifies every node it visits: too slow for analysis over whole attention expressions). With
-    ``into_reduce`` false, no reduction's body is entered."""
-    seen: set[int] = set()
-    todo = [e]
-    while todo:
-        x = todo.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        yield x
-        todo += reversed(_children(x, into_reduce))
-
-
 def _outermost(e: Expr) -> list[Reduce]:
     """The reductions of ``e`` not nested in another reduction of ``e`` (ordered, deduplicated)."""
-    return [x for x in _nodes(e, into_reduce=False) if isinstance(x, Reduce)]
+    return reduces_in(e, outermost=True)
 
 
 def _stage_size(extent, bound: int | None) -> int:
@@ -227,10 +194,7 @@ def analyse_rows(t: Tensor, max_row: int = MAX_ROW, max_stage: int = MAX_STAGE,
     question, :data:`MAX_STAGED_ROWS`; a group fused so is a row kernel at every dim, its variants' included), and its
     workgroup arrays fit :data:`WORKGROUP_BYTES`.
     """
-    found: dict[Reduce, None] = {}
-    for x in _nodes(t.body):
-        if isinstance(x, Reduce):
-            found.setdefault(x, None)
+    found = dict.fromkeys(reduces_in(t.body))
     if not found:
         return "no reductions"
     axes = set(t.axes)
@@ -289,9 +253,9 @@ def _summaries(e: Expr) -> dict[int, tuple[frozenset, bool]]:
             continue
         if not ready:
             todo.append((x, True))
-            todo += [(k, False) for k in _children(x) if id(k) not in memo]
+            todo += [(k, False) for k in children(x) if id(k) not in memo]
             continue
-        ks = _children(x)
+        ks = children(x)
         fv = frozenset({x} if isinstance(x, Var) else ()).union(*(memo[id(k)][0] for k in ks))
         memo[id(x)] = (fv, isinstance(x, (Load, Reduce)) or any(memo[id(k)][1] for k in ks))
     return memo
@@ -308,7 +272,7 @@ def _invariant(e: Expr, bad: set[Var], ax: Var) -> list[Expr]:
         if not fv & bad and ax in fv and reads:
             out.setdefault(x, None)
         else:
-            for k in _children(x, into_reduce=False, into_load=False):
+            for k in children(x, into_reduce=False, into_load=False):
                 go(k)
 
     go(e)
@@ -344,14 +308,10 @@ def _plan_hoists(plan: RowPlan, t: Tensor) -> None:
     h = found[0]
     mine = [x for x in plan.occurs if plan.occurs[x] == (0, s_ax)]
     body = _replace(r.body, {h: BufLoad("st0", s_ax, plan.sizes[0], False, h.dtype)})
-    if any(x in _all_reduces(body) for x in plan.occurs) or not any(x in _all_reduces(h) for x in mine):
+    if any(x in reduces_in(body) for x in plan.occurs) or not any(x in reduces_in(h) for x in mine):
         return
     plan.hoisted.append(("st0", h, s_ax, "post"))
     plan.bodies[r] = body
-
-
-def _all_reduces(e: Expr) -> set[Reduce]:
-    return {x for x in _nodes(e) if isinstance(x, Reduce)}
 
 
 def _row_plan(t: Tensor, found: dict[Reduce, None], axes: set[Var], max_row: int, columns: list[Reduce]) \
@@ -397,7 +357,7 @@ def _row_plan(t: Tensor, found: dict[Reduce, None], axes: set[Var], max_row: int
 
 def _nested(r: Reduce) -> list[Var]:
     """The axes of the reductions nested in ``r``'s body (bound there, not free)."""
-    return [a for x in _nodes(r.body) if isinstance(x, Reduce) and x is not r for a in x.axes]
+    return [a for x in nodes(r.body) if isinstance(x, Reduce) and x is not r for a in x.axes]
 
 
 def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kiln.arith import symbolic
-from kiln.arith.expr import Load, Reduce, free_vars, transform
+from kiln.arith.expr import Load, Reduce, free_vars, reduces_in, transform
 from kiln.arith.symbolic import at_opt, at_variant_top
 from kiln.te.compute import Tensor
 from kiln.te.rows import analyse_rows
@@ -187,15 +187,8 @@ def reductions(t: Tensor) -> list[Reduce]:
 
 
 def reductions_in(e) -> list[Reduce]:
-    """The distinct :class:`Reduce` nodes of expression ``e``."""
-    found: dict[Reduce, None] = {}
-
-    def visit(x):
-        if isinstance(x, Reduce):
-            found.setdefault(x, None)
-
-    transform(e, visit)
-    return list(found)
+    """The distinct :class:`Reduce` nodes of expression ``e`` (outermost first)."""
+    return reduces_in(e)
 
 
 def reduction_size(t: Tensor) -> int:
