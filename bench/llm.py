@@ -62,7 +62,7 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
     from kiln.compiler import compile_model
     from kiln.runtime.dynamic import StepSizes
 
-    # (a multiple of the split attention's block, kiln.passes.split_attention, which needs the cache's rows to be one)
+    # (a multiple of the split attention's block, kiln.passes.split_attention: no zero rows padded to its last block)
     max_context = -(-(max(prompts + contexts) + GENERATED // 2 + 8) // BLOCK) * BLOCK
     out = Path(tempfile.mkdtemp(prefix="kiln-llm-")) / "pkg"
     t0 = time.perf_counter()

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device-class", default="gpu", choices=["gpu", "cpu"])
     a = ap.parse_args(argv)
     out = Path(tempfile.mkdtemp(prefix="kiln-llm-")) / "pkg"
-    from kiln.passes.split_attention import BLOCK  # (the split attention needs the cache's rows a multiple of it)
+    from kiln.passes.split_attention import BLOCK  # (whole blocks: the split pads no zero rows)
 
     compile_model(a.model, out, max_context=-(-(max(a.context, a.prompt) + 8) // BLOCK) * BLOCK,
                   device_class=a.device_class, validate=False,

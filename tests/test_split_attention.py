@@ -77,6 +77,26 @@ def test_split_decode_equals_the_prefill(llama, past):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_split_decode_over_a_cache_of_no_whole_blocks(tmp_path):
+    """A cache of 1000 rows (no whole number of blocks): the split reads zero rows past its end for the last block,
+    masked like the tail keys; a decode step at the cache's last row equals a prefill of the same tokens."""
+    rows = 1000
+    model = tiny_llama(tmp_path / "tiny.gguf", {"llama.context_length": (rows, gguf.GGUFValueType.UINT32)})
+    pkg = compile_model(model, tmp_path / "pkg", max_context=rows, device_class="gpu", target="webgpu")
+    manifest = kiln.load(pkg).manifest
+    plan, kernels = manifest["targets"]["webgpu"]["plan"], manifest["targets"]["webgpu"]["kernels"]
+    counts = StepSizes(plan, "groups").dispatches({"sequence": 1, "past_sequence": rows - 1})[1]
+    assert any("Concat" in kernels[st["kernel"]]["ops"] and "Pad" in kernels[st["kernel"]]["ops"]
+               for st, c in zip(plan, counts) if c[0])  # (the split kernel runs)
+    tokens = np.random.default_rng(5).integers(0, 8, rows)
+    decode, prefill = kiln.load(pkg, poison=True), kiln.load(pkg, poison=True)
+    _prefill(decode.run, tokens, rows - 1)
+    got = decode.run(_feeds(tokens[rows - 1:], rows - 1))["logits"]
+    _prefill(prefill.run, tokens, 512)
+    want = prefill.run(_feeds(tokens[512:], 512))["logits"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 #: runs the package's steps ``chunks`` ([token ids, past]) in one session in the page; answers the last logits
 STEPS = """async ({chunks}) => {
   const kiln = await import('./kiln.js');

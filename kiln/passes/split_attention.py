@@ -12,8 +12,8 @@ workgroup of its own:
 2. the *combine* kernel: ``out = sum_b exp(lse_b - M) O_b / sum_b exp(lse_b - M)`` with ``M = max_b lse_b``.
 
 Keys past the step's last (the last block's tail, read from the cache's rows beyond it, which exist: the cache holds
-``max_context`` rows) are masked by the attention's own causal mask (a key after the query's position), extended
-over the blocks. Every block of a decode step holds at least one key it may attend to, so no block's maximum is
+``max_context`` rows, zero rows beyond them where those are no whole number of blocks) are masked by the
+attention's own causal mask (a key after the query's position), extended over the blocks. Every block of a decode step holds at least one key it may attend to, so no block's maximum is
 ``-inf``. The pair is an *alternative* to the three kernels (``Group.alternative_to``), for one query token only
 (``Group.split``: the target runs it where the fused row kernel's keys would be too many).
 """
@@ -107,14 +107,16 @@ def _split(graph: Graph, q: Group, p: Group, c: Group) -> tuple[Group, Group] | 
             symbolic.is_symbolic(k_cache.shape[2]) or any(symbolic.is_symbolic(d) for d in (one, heads, hd)) or \
             ks.attrs.get("starts") != (0, 0, 0, 0) or vs.attrs.get("starts") != (0, 0, 0, 0) or \
             tuple(ks.attrs.get("steps", (1, 1, 1, 1))) != (1, 1, 1, 1) or \
-            tuple(vs.attrs.get("steps", (1, 1, 1, 1))) != (1, 1, 1, 1) or \
-            k_cache.shape[2] % BLOCK:  # (the keys never pass the cache's rows: the dims' limits bound them)
+            tuple(vs.attrs.get("steps", (1, 1, 1, 1))) != (1, 1, 1, 1):
         return None
     b = Builder.beside(graph)
     blocks = symbolic.simplify((keys + (BLOCK - 1)) // BLOCK)
     padded = symbolic.simplify(blocks * BLOCK)
+    tail = -k_cache.shape[2] % BLOCK  # (the keys never pass the cache's rows: the dims' limits bound them)
 
     def blocked(cache: Value) -> Value:  # [1, H, blocks, BLOCK, hd]: the cache's rows up to the last block's end
+        if tail:  # zero rows after a cache whose rows are no whole number of blocks (masked like every tail key)
+            cache = b.op("Pad", [cache], pads=(0, 0, 0, 0, 0, 0, tail, 0), mode="constant", value=0.0)
         rows_ = b.op("Slice", [cache], starts=(0, 0, 0, 0), ends=(one, heads, padded, hd), steps=(1, 1, 1, 1))
         return b.op("Reshape", [rows_], shape=(one, heads, blocks, BLOCK, hd))
 
