@@ -36,8 +36,10 @@ for MiniLM; torch rows only where they share the ONNX weights).
 Medians over ``--repeat`` runs after ``--warmup``; first-run (cold) time and peak GPU memory
 reported separately; for Kiln also the load time (``load_ms``: the package's first load in the process,
 its phases, and ``reload_ms``: a second load of the same package, whose pipelines come from the
-device's cache); ONNX-based outputs checked against onnxruntime CPU. Prints a table and
-writes JSON (``gpu-<date>.json``).
+device's cache), its dispatches a run and the host's microseconds a dispatch (``host_ms``: until
+``run(feeds, output="gpu")`` returns, the device idle before: feeds written, plan encoded and submitted, divided by
+the dispatches); ONNX-based outputs checked against onnxruntime CPU. Prints a table and writes JSON
+(``gpu-<date>.json``).
 """
 
 from __future__ import annotations
@@ -175,6 +177,18 @@ def tuned_schedules(db_path: Path):
     return db.scheduler(identity, functools.partial(default_schedule, device_class="gpu"))
 
 
+def host_ms(session, feeds: dict, n: int) -> float:
+    """Median ms until ``session.run(feeds, output="gpu")`` returns (the feeds written, the plan encoded and
+    submitted; no waiting for the GPU), the device idle before each run: the host's share of a run."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        session.run(feeds, output="gpu")
+        times.append((time.perf_counter() - t0) * 1e3)
+        session.sync()
+    return float(np.median(times))
+
+
 def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> dict:
     """All contestants on one model; returns ``{contestant: result or {"error": ...}}``."""
     import onnxruntime as ort
@@ -216,6 +230,7 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         out = session.outputs[0]["name"]
         accuracy_row = acc(session.run(feeds)[out])
         cold, times = time_runs(lambda: session.run(feeds), args.repeat, args.warmup)
+        host = host_ms(session, feeds, min(args.repeat, 20))
         info = session.adapter_info()
         mem = sum(b["bytes"] for b in session.manifest["buffers"])
         prof = session.profile(feeds, repeat=args.profile_repeat) if args.profile_repeat > 0 else []
@@ -236,7 +251,9 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row, "precision": precision, **tuned_row,
                 "load_ms": load_ms, "reload_ms": reload_ms,
                 "gpu_bytes": mem, "device": state["device"],
-                "dispatches": len(session.steps), "gpu_ms": sum(by_kernel.values()), "profile": prof}
+                "dispatches": len(session.steps), "host_ms": host,
+                "host_us_per_dispatch": host * 1e3 / max(1, len(session.steps)),
+                "gpu_ms": sum(by_kernel.values()), "profile": prof}
 
     def run_ort_webgpu():
         t0 = time.perf_counter()
@@ -340,7 +357,7 @@ def main(argv: list[str] | None = None) -> dict:
                          "torch-eager-fp16 (autocast) row; accuracy against onnxruntime CPU fp32 in every row")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)
-    console = Console(width=140)
+    console = Console(width=180)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         needs_torch = any(c.startswith("torch") for c in args.contestants.split(","))
@@ -355,15 +372,15 @@ def main(argv: list[str] | None = None) -> dict:
             results[name] = bench_model(name, onnx_path, module, args, console)
     table = Table(title=f"fp32 unless named (batch 1 unless named), median ms of {args.repeat} runs after "
                         f"{args.warmup} warm-up; errors against onnxruntime CPU fp32")
-    for col in ("model", "contestant", "median ms", "min ms", "cold ms", "load ms", "reload ms", "GPU MiB", "max err",
-                "rel err", "agreement", "kiln / this", "kiln gpu-io / this"):
+    for col in ("model", "contestant", "median ms", "min ms", "cold ms", "load ms", "reload ms", "GPU MiB",
+                "dispatches", "host us/disp", "max err", "rel err", "agreement", "kiln / this", "kiln gpu-io / this"):
         table.add_column(col, justify="left" if col in ("model", "contestant") else "right")
     for model, rows in results.items():
         kiln_ms = rows.get("kiln-native", {}).get("median_ms")
         gpu_io_ms = rows.get("kiln-gpu-io", {}).get("median_ms")
         for contestant, r in rows.items():
             if "error" in r:
-                table.add_row(model, contestant, "error: " + r["error"][:60], *[""] * 10)
+                table.add_row(model, contestant, "error: " + r["error"][:60], *[""] * 12)
                 continue
             ratio = kiln_ms / r["median_ms"] if kiln_ms else float("nan")
             ratio_gpu = gpu_io_ms / r["median_ms"] if gpu_io_ms else float("nan")
@@ -371,6 +388,8 @@ def main(argv: list[str] | None = None) -> dict:
                           f"{r['load_ms']['wall']:.0f}" if "load_ms" in r else "-",
                           f"{r['reload_ms']['wall']:.0f}" if "reload_ms" in r else "-",
                           f"{r['gpu_bytes'] / 2**20:.1f}" if "gpu_bytes" in r else "-",
+                          str(r.get("dispatches", "-")),
+                          f"{r['host_us_per_dispatch']:.1f}" if "host_us_per_dispatch" in r else "-",
                           f"{r['max_abs_error']:.1e}" if "max_abs_error" in r else "-",
                           f"{r['rel_error']:.1e}" if "rel_error" in r else "-", quality(r), f"{ratio:.2f}",
                           f"{ratio_gpu:.2f}")
