@@ -376,7 +376,8 @@ def test_dynamic_quantize_lstm(rng, tmp_path, direction):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "lstm.onnx")
-    quantize_dynamic(str(tmp_path / "lstm.onnx"), str(tmp_path / "q.onnx"), op_types_to_quantize=["LSTM"])
+    quantize_dynamic(str(tmp_path / "lstm.onnx"), str(tmp_path / "q.onnx"), op_types_to_quantize=["LSTM"],
+                     reduce_range=INT8_RANGE[0] > -128)  # (7-bit weights where onnxruntime saturates)
     assert [n.op_type for n in onnx.load(tmp_path / "q.onnx").graph.node] == ["DynamicQuantizeLSTM"]
     x = f32(rng, seq, batch, inp)
     want = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
