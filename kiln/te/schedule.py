@@ -183,12 +183,7 @@ def tile_axes(t: Tensor) -> list[int]:
 
 def reductions(t: Tensor) -> list[Reduce]:
     """The distinct :class:`Reduce` nodes of ``t`` (outermost first)."""
-    return reductions_in(t.body)
-
-
-def reductions_in(e) -> list[Reduce]:
-    """The distinct :class:`Reduce` nodes of expression ``e`` (outermost first)."""
-    return reduces_in(e)
+    return reduces_in(t.body)
 
 
 def reduction_size(t: Tensor) -> int:
@@ -302,7 +297,7 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     most = 256 if tiles <= FEW_TILES else 64
     # a reduction nested in the body (RMSNorm's sum of squares in the matmul after it: fuse_norm_prologues) is split
     # over the same lanes, so it wants more of them
-    target = target_invocations * 4 if tiles <= FEW_TILES or any(reductions_in(r.body) for r in reds) else \
+    target = target_invocations * 4 if tiles <= FEW_TILES or any(reduces_in(r.body) for r in reds) else \
         target_invocations
     per_lane = GEMV_ITERATIONS_PER_LANE if sum(1 for d in shape if d > 1) <= 1 else ITERATIONS_PER_LANE
     while lanes < most and tiles * lanes < target and lanes * 2 * per_lane <= outer:
