@@ -40,6 +40,19 @@ def time_runs(fn: Callable[[], object], repeat: int, warmup: int, on_step: Calla
     return cold, [one() for _ in range(repeat)]
 
 
+def host_ms(session, feeds: dict, n: int) -> float:
+    """Median ms until ``session.run(feeds, output="gpu")`` returns (the feeds written, the plan encoded and
+    submitted; no waiting for the GPU), the device idle before each run: the host's share of a run. (``time_runs``
+    would time the sync too.)"""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        session.run(feeds, output="gpu")
+        times.append((time.perf_counter() - t0) * 1e3)
+        session.sync()
+    return float(np.median(times))
+
+
 def summary(times: list[float], cold: float) -> dict[str, float]:
     """Median, min, max and first-run milliseconds."""
     return {"median_ms": float(np.median(times)), "min_ms": float(min(times)), "max_ms": float(max(times)),

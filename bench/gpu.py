@@ -54,7 +54,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import ROOT, summary, time_runs, write_record
+from bench.common import ROOT, host_ms, summary, time_runs, write_record
 from bench.precision import accuracy, quality
 
 
@@ -175,18 +175,6 @@ def tuned_schedules(db_path: Path):
     if identity is None:
         raise RuntimeError(f"{db_path} has no records for this machine's adapter")
     return db.scheduler(identity, functools.partial(default_schedule, device_class="gpu"))
-
-
-def host_ms(session, feeds: dict, n: int) -> float:
-    """Median ms until ``session.run(feeds, output="gpu")`` returns (the feeds written, the plan encoded and
-    submitted; no waiting for the GPU), the device idle before each run: the host's share of a run."""
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        session.run(feeds, output="gpu")
-        times.append((time.perf_counter() - t0) * 1e3)
-        session.sync()
-    return float(np.median(times))
 
 
 def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> dict:

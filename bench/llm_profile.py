@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import time_runs
+from bench.common import host_ms, time_runs
 from bench.llm import MODEL
 
 
@@ -77,18 +77,13 @@ def split(s, gen: dict, feeds: dict, n: int = 40) -> dict[str, float]:
     moved = itertools.count()
     _, moving = time_runs(lambda: step({**feeds, gen["cache"]["position"]: np.array([pos + next(moved) % 8], np.int64)}),
                           n, 0)
-    host = []
-    for _ in range(n):  # (time_runs would time the sync too)
-        t0 = time.perf_counter()
-        s.run(feeds, output="gpu")
-        host.append((time.perf_counter() - t0) * 1e3)
-        s.sync()
+    host = host_ms(s, feeds, n)
     t0 = time.perf_counter()
     for _ in range(n):
         s.run(feeds, output="gpu")
     s.sync()
     queued = (time.perf_counter() - t0) * 1e3 / n
-    return {"wall": float(np.median(wall)), "moving": float(np.median(moving)), "host": float(np.median(host)),
+    return {"wall": float(np.median(wall)), "moving": float(np.median(moving)), "host": host,
             "queued": queued}
 
 

@@ -31,8 +31,10 @@ def _exact_u8s8() -> bool:
     return "vnni" in flags or "avx2" not in flags
 
 
+#: onnxruntime's products saturate here: its quantizer's ``reduce_range`` (7-bit int8 weights) keeps them exact
+REDUCE_RANGE = not _exact_u8s8()
 #: int8 weights onnxruntime multiplies exactly here: the full range, or 7 bits where its products saturate
-INT8_RANGE = (-128, 127) if _exact_u8s8() else (-64, 63)
+INT8_RANGE = (-64, 63) if REDUCE_RANGE else (-128, 127)
 
 
 def int8_weights(rng, dtype, shape) -> np.ndarray:
@@ -209,7 +211,7 @@ def test_minilm_fused_by_onnxruntime_optimizer(rng, tmp_path):
     from onnxruntime.quantization import quantize_dynamic
 
     qpath = tmp_path / "minilm_opt_int8.onnx"
-    quantize_dynamic(str(path), str(qpath), reduce_range=INT8_RANGE[0] > -128,  # (7 bits where onnxruntime saturates)
+    quantize_dynamic(str(path), str(qpath), reduce_range=REDUCE_RANGE,
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     assert Counter((n.domain, n.op_type) for n in onnx.load(qpath).graph.node)[(MS, "QAttention")] == 6
     (qwant,) = ort.InferenceSession(str(qpath), providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -377,7 +379,7 @@ def test_dynamic_quantize_lstm(rng, tmp_path, direction):
     model.ir_version = 8
     onnx.save(model, tmp_path / "lstm.onnx")
     quantize_dynamic(str(tmp_path / "lstm.onnx"), str(tmp_path / "q.onnx"), op_types_to_quantize=["LSTM"],
-                     reduce_range=INT8_RANGE[0] > -128)  # (7-bit weights where onnxruntime saturates)
+                     reduce_range=REDUCE_RANGE)
     assert [n.op_type for n in onnx.load(tmp_path / "q.onnx").graph.node] == ["DynamicQuantizeLSTM"]
     x = f32(rng, seq, batch, inp)
     want = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})

@@ -14,8 +14,9 @@ workgroup of its own:
 Keys past the step's last (the last block's tail, read from the cache's rows beyond it, which exist: the cache holds
 ``max_context`` rows, zero rows beyond them where those are no whole number of blocks) are masked by the
 attention's own causal mask (a key after the query's position), extended over the blocks. Every block of a decode
-step holds at least one key it may attend to, so no block's maximum is ``-inf``. The pair is an *alternative* to the three kernels (``Group.alternative_to``), for one query token only
-(``Group.split``: the target runs it where the fused row kernel's keys would be too many).
+step holds at least one key it may attend to, so no block's maximum is ``-inf``. The pair is an *alternative* to the
+three kernels (``Group.alternative_to``), for one query token only (``Group.split``: the target runs it where the
+fused row kernel's keys would be too many).
 """
 
 from __future__ import annotations

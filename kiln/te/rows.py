@@ -142,11 +142,6 @@ def _at_upper(d) -> int:
     return int(upper(d)) if is_symbolic(d) else int(d)
 
 
-def _outermost(e: Expr) -> list[Reduce]:
-    """The reductions of ``e`` not nested in another reduction of ``e`` (ordered, deduplicated)."""
-    return reduces_in(e, outermost=True)
-
-
 def _stage_size(extent, bound: int | None) -> int:
     """The values a stage array holds: its extent's upper bound, or at most ``bound`` (a kernel the plan runs only
     for that many; ``stage_bound``)."""
@@ -167,9 +162,9 @@ def _stages(found: dict[Reduce, None], axes: set[Var], max_stage: int, bound: in
         if len(r.axes) != 1 or _stage_size(r.axes[0].extent, bound) > max_stage:
             continue
         x = r.axes[0]
-        for d in _outermost(r.body):
+        for d in reduces_in(r.body, outermost=True):
             fv = free_vars(d.body)
-            if _outermost(d.body) or x not in fv or not fv - {x, *d.axes} <= axes:
+            if reduces_in(d.body, outermost=True) or x not in fv or not fv - {x, *d.axes} <= axes:
                 continue
             sigma = Var("sigma", x.extent)
             key = Reduce(d.op, substitute(d.body, {x: sigma}), d.axes, d.dtype)
@@ -204,7 +199,8 @@ def analyse_rows(t: Tensor, max_row: int = MAX_ROW, max_stage: int = MAX_STAGE,
     # (an outermost reduction reading a stage is a column reduction where it depends on an output axis the stages do
     # not: attention's P V on V's columns; a block's max and sum beside it are row reductions, FlashDecoding's split)
     in_stages = set().union(*(free_vars(d.body) - {sigma, *d.axes} for d, sigma in stages))
-    staged = [r for r in _outermost(t.body) if r in rest and any(d in occurs for d in _outermost(r.body))
+    staged = [r for r in reduces_in(t.body, outermost=True)
+              if r in rest and any(d in occurs for d in reduces_in(r.body, outermost=True))
               and free_vars(r.body) & axes - in_stages]
     plan = _row_plan(t, rest, axes, max_row, [])
     if isinstance(plan, str) and plan.startswith("no columns") and staged:
@@ -321,7 +317,7 @@ def _row_plan(t: Tensor, found: dict[Reduce, None], axes: set[Var], max_row: int
 
     def level_of(r: Reduce) -> int:
         if r not in level:
-            inner = [i for i in _outermost(r.body) if i in found]
+            inner = [i for i in reduces_in(r.body, outermost=True) if i in found]
             level[r] = 1 + max((level_of(i) for i in inner), default=0)
         return level[r]
 

@@ -177,7 +177,7 @@ def warm_up() -> None:
     src = PRELUDE + ('KILN_EXPORT("f") void f(float* x, int n) {\n'
                      '    for (int i = 0; i < n; i++) x[i] = expf(x[i]) + logf(x[i]) + sinf(x[i]) + cosf(x[i])\n'
                      '        + tanf(x[i]) + kiln_tanhf(x[i]) + kiln_powf(x[i], 0.5f);\n}\n')
-    compile_modules(src, -(-ARENA // PAGE) + 1)
+    compile_modules(src, plan_layout([]).pages)  # (the stacks and the arena's first bytes)
 
 
 def heap_base(module: bytes) -> int:
