@@ -138,3 +138,28 @@ def test_hoisting_leaves_other_sums_alone():
     assert hoist_factors(half) == half
     scaled = reduce("sum", x[Var("i"), r] / s[Var("i")], [r])
     assert hoist_factors(scaled) == reduce("sum", x[Var("i"), r], [r]) / s[Var("i")]
+
+
+def test_a_nested_reduction_read_twice_is_reduced_once():
+    """FlashDecoding's combine (kiln.passes.split_attention), ``sum_b exp(l_b - M) o_b / sum_b exp(l_b - M)`` with
+    ``M = max_b l_b``: the maximum, nested in both sums (one value inlined twice), is one loop before them, not one
+    each; the result matches numpy."""
+    from kiln.arith.expr import reduce, reduce_axis
+    from kiln.runtime.kernel import KernelRunner
+
+    blocks, n = 9, 40
+    lse, o = placeholder((blocks,), name="lse"), placeholder((blocks, n), name="o")
+    m = reduce_axis(blocks, "m")
+    peak = reduce("max", lse[m], [m])
+    ra, rb = reduce_axis(blocks, "a"), reduce_axis(blocks, "b")
+    t = compute((n,), lambda j: reduce("sum", call("exp", lse[ra] - peak) * o[ra, j], [ra]) /
+                reduce("sum", call("exp", lse[rb] - peak), [rb]), "combine")
+    k = lower(t)
+    src = wgsl.render(k)
+    validate_wgsl(src, "combine")
+    assert src.count("for (var") == 3, src  # the maximum once, then the two sums
+    rng = np.random.default_rng()
+    ls, os_ = (rng.standard_normal(blocks) * 4).astype(np.float32), rng.standard_normal((blocks, n)).astype(np.float32)
+    w = np.exp(ls.astype(np.float64) - ls.max())
+    got = KernelRunner(src, [ls, os_], n, k.dispatch).run()
+    np.testing.assert_allclose(got.reshape(n), (w[:, None] * os_).sum(0) / w.sum(), rtol=1e-5, atol=1e-6)

@@ -63,6 +63,34 @@ def test_decode_past_the_fused_kernels_keys_runs_split_and_combine(llama):
     assert BLOCK * (CONTEXT // BLOCK) == CONTEXT
 
 
+def test_alternatives_take_the_token_count_as_a_constant(llama):
+    """A decode step's alternatives (the split and combine kernels, the fused row kernel, RMSNorm inside the
+    projections) run for one token only: ``sequence`` is the constant 1 in their WGSL (``kiln.te.loops.pin_dims``),
+    not a word of the dims uniform, which the kernels of a prefill read."""
+    pkg, _ = llama
+    manifest = kiln.load(pkg).manifest
+    plan, kernels = manifest["targets"]["webgpu"]["plan"], manifest["targets"]["webgpu"]["kernels"]
+    index = next(d["index"] for d in manifest["dynamic_dims"] if d["name"] == "sequence")
+    word = f"kiln_dims[{index // 4}][{index % 4}]"
+    sizes = StepSizes(plan, "groups")
+
+    def source(k: int) -> str:
+        return (pkg / kernels[k]["source"]).read_text()
+
+    alternatives = set()
+    for past in (10, MAX_FUSED_KEYS):  # (the fused row kernel, then the split's two)
+        one, three = sizes.dispatches({"sequence": 1, "past_sequence": past}), \
+            sizes.dispatches({"sequence": 3, "past_sequence": past})
+        alternatives |= {st["kernel"] for st, c1, n1, c3, n3 in zip(plan, *one, *three)
+                         if not c1 and n1[0] and not c3 and not n3[0]}  # (its own kernel, for one token only)
+    names = [kernels[k]["name"] for k in alternatives]
+    assert len(alternatives) >= 4 and any("Concat" in kernels[k]["ops"] for k in alternatives), names
+    assert all(word not in source(k) for k in alternatives), names
+    prefill = sizes.dispatches({"sequence": 3, "past_sequence": 10})
+    assert any(word in source(st["kernel"] if not c else st["variants"][c - 1]["kernel"])
+               for st, c, n in zip(plan, *prefill) if n[0])
+
+
 @pytest.mark.parametrize("past", [MAX_FUSED_KEYS, MAX_FUSED_KEYS + BLOCK + 3, CONTEXT - 1])
 def test_split_decode_equals_the_prefill(llama, past):
     """A decode step at ``past`` cached keys (split and combine kernels; the last block partly past the keys, a whole

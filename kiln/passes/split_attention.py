@@ -29,9 +29,10 @@ from kiln.arith import symbolic
 from kiln.ir.graph import Builder, Graph, Node, Value
 from kiln.passes.fusion import Group, _buffers
 
-#: keys a split kernel's workgroup reads (a block): 128 keeps SmolLM2's rows at 2048 keys within
-#: ``kiln.te.rows``'s staged-row bound (3 KV heads x 16 blocks x 3 queries)
-BLOCK = 128
+#: keys a split kernel's workgroup reads (a block). H200, SmolLM2's decode step at 1024 keys
+#: (bench/results/llm-profile-20261128-split-h200.txt): the split kernel 14.4 us a layer at 64 keys a block (144
+#: workgroups) against 18.6 at 128 (72); 9 query heads x 32 blocks at 2048 keys
+BLOCK = 64
 
 
 def fuse_split_attention(graph: Graph, groups: list[Group], supported: Callable[[Group], bool],
@@ -112,20 +113,23 @@ def _split(graph: Graph, q: Group, p: Group, c: Group) -> tuple[Group, Group] | 
         return None
     b = Builder.beside(graph)
     blocks = symbolic.simplify((keys + (BLOCK - 1)) // BLOCK)
-    padded = symbolic.simplify(blocks * BLOCK)
     tail = -k_cache.shape[2] % BLOCK  # (the keys never pass the cache's rows: the dims' limits bound them)
+    whole = (k_cache.shape[2] + tail) // BLOCK  # the cache's blocks
 
     def blocked(cache: Value) -> Value:  # [1, H, blocks, BLOCK, hd]: the cache's rows up to the last block's end
         if tail:  # zero rows after a cache whose rows are no whole number of blocks (masked like every tail key)
             cache = b.op("Pad", [cache], pads=(0, 0, 0, 0, 0, 0, tail, 0), mode="constant", value=0.0)
-        rows_ = b.op("Slice", [cache], starts=(0, 0, 0, 0), ends=(one, heads, padded, hd), steps=(1, 1, 1, 1))
-        return b.op("Reshape", [rows_], shape=(one, heads, blocks, BLOCK, hd))
+        # the cache's own blocks, then the first ``blocks`` of them: a load's index is the cache's, in constants
+        cache = b.op("Reshape", [cache], shape=(one, heads, whole, BLOCK, hd))
+        return b.op("Slice", [cache], starts=(0, 0, 0, 0, 0), ends=(one, heads, blocks, BLOCK, hd),
+                    steps=(1, 1, 1, 1, 1))
 
     kb = b.op("Transpose", [blocked(k_cache)], perm=(0, 1, 2, 4, 3))
     scores = b.op("MatMul", [b.op("Reshape", [query], shape=(one, heads, 1, rows, hd)), kb])  # [1, H, blocks, rows, B]
     scores = b.op("Mul", [scores, scale.inputs[1]])
-    at = b.op("Reshape", [b.op("Iota", [], shape=(padded,), dtype="int32", start=0, delta=1)],
-              shape=(blocks, 1, BLOCK))
+    at = b.op("Reshape", [b.op("Iota", [], shape=(whole * BLOCK,), dtype="int32", start=0, delta=1)],
+              shape=(whole, 1, BLOCK))
+    at = b.op("Slice", [at], starts=(0, 0, 0), ends=(blocks, 1, BLOCK), steps=(1, 1, 1))
     scores = b.op("Where", [b.op("Greater", [at, positions]), where.inputs[1], scores])
     peak = b.op("ReduceMax", [scores], axes=(4,), keepdims=1)
     e = b.op("Exp", [b.op("Sub", [scores, peak])])

@@ -12,9 +12,9 @@ another writes) is the caller's to know (:func:`kiln.codegen.webgpu.build.build_
 
 from __future__ import annotations
 
-from kiln.arith.expr import Expr, Var, binop, transform
+from kiln.arith.expr import Expr, Var, binop
 from kiln.arith.symbolic import simplify
-from kiln.te.loops import Assign, Barrier, BufLoad, Decl, For, If, Let, LoweredKernel, Param, Store
+from kiln.te.loops import If, Let, LoweredKernel, Param, rewrite
 
 
 def concatenable(k: LoweredKernel) -> bool:
@@ -84,26 +84,4 @@ def concat(kernels: list[LoweredKernel], buffers: list[list[int]], name: str) ->
 
 def _renamed(stmts: list, names: dict[str, str]) -> list:
     """``stmts`` with every buffer parameter ``p`` read or written renamed ``names[p]``."""
-    def fn(x):
-        if isinstance(x, BufLoad):
-            return BufLoad(names[x.buf], transform(x.index, fn), x.size, x.guard, x.dtype)
-        return None
-
-    def expr(e):
-        return transform(e, fn) if isinstance(e, Expr) else e
-
-    out = []
-    for s in stmts:
-        if isinstance(s, (Let, Decl, Assign)):
-            out.append(type(s)(s.var, expr(s.value)))
-        elif isinstance(s, For):
-            out.append(For(s.var, s.extent, _renamed(s.body, names), s.lanes))
-        elif isinstance(s, If):
-            out.append(If(expr(s.cond), _renamed(s.body, names)))
-        elif isinstance(s, Store):
-            out.append(Store(names[s.buf], expr(s.index), expr(s.value)))
-        elif isinstance(s, Barrier):
-            out.append(s)
-        else:
-            raise TypeError(f"concat: cannot rename the buffers of a {type(s).__name__} statement")
-    return out
+    return rewrite(stmts, lambda x: None, names.__getitem__)

@@ -10,7 +10,8 @@ row kernels :mod:`kiln.te.rows`, shared tiles :mod:`kiln.te.tiles`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kiln.arith.expr import (
@@ -29,6 +30,7 @@ from kiln.arith.expr import (
     linear,
     lowest,
     substitute,
+    transform,
 )
 from kiln.arith.symbolic import ceil_div, is_symbolic, simplify
 from kiln.errors import KilnError
@@ -374,6 +376,63 @@ def combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: lis
     return {"red": (dtype, size)}
 
 
+def rewrite(stmts: list, fn: Callable[[Expr], Expr | None], rename: Callable[[str], str] | None = None) -> list:
+    """``stmts`` rebuilt: every expression passed through :func:`~kiln.arith.expr.transform` with ``fn`` (which may
+    replace a node; also inside buffer loads' indices and vector nodes, which ``transform`` alone does not enter),
+    loop extents too, and every storage buffer a load reads or a store writes renamed by ``rename``.
+
+    Raises:
+        TypeError: a statement of a kind it does not know.
+    """
+    def hook(x: Expr) -> Expr | None:
+        r = fn(x)
+        if r is not None:
+            return r
+        if isinstance(x, BufLoad):
+            return BufLoad(rename(x.buf) if rename else x.buf, transform(x.index, hook), x.size, x.guard, x.dtype)
+        if isinstance(x, VecLoad):
+            return VecLoad(x.buf, transform(x.index, hook), x.width, x.dtype)
+        if isinstance(x, Lane):
+            return Lane(transform(x.x, hook), x.lane, x.dtype)
+        if isinstance(x, Vec):
+            return Vec(tuple(transform(i, hook) for i in x.items), x.dtype)
+        return None
+
+    def expr(e):
+        if not isinstance(e, Expr):
+            return e
+        e = transform(e, hook)
+        return int(e.value) if isinstance(e, Const) and e.dtype == "int32" else e
+
+    out: list = []
+    for s in stmts:
+        if isinstance(s, (Let, Decl, Assign)):
+            out.append(type(s)(s.var, transform(s.value, hook)))
+        elif isinstance(s, For):
+            out.append(For(s.var, expr(s.extent), rewrite(s.body, fn, rename), s.lanes))
+        elif isinstance(s, If):
+            out.append(If(transform(s.cond, hook), rewrite(s.body, fn, rename)))
+        elif isinstance(s, Store):
+            out.append(Store(rename(s.buf) if rename else s.buf, transform(s.index, hook), transform(s.value, hook)))
+        elif isinstance(s, Barrier):
+            out.append(s)
+        else:
+            raise TypeError(f"cannot rewrite a {type(s).__name__} statement")
+    return out
+
+
+def pin_dims(k: LoweredKernel, values: dict[str, int]) -> LoweredKernel:
+    """``k`` for run-time dims fixed at ``values`` (name -> value): each such :class:`~kiln.arith.expr.SizeVar` a
+    constant, folded into the index arithmetic (a decode step's kernels at ``sequence`` 1 divide by constants, not
+    by the dims uniform's words). Only for a kernel that never runs at other values of those dims (a plan step's
+    alternative whose range pins them, :func:`kiln.codegen.webgpu.build.build_kernels`)."""
+    def fn(x: Expr) -> Expr | None:
+        return const(values[x.name], "int32") if isinstance(x, SizeVar) and x.name in values else None
+
+    total = transform(k.total, fn) if isinstance(k.total, Expr) else k.total
+    return replace(k, body=rewrite(k.body, fn), total=int(total.value) if isinstance(total, Const) else simplify(total))
+
+
 def merge_arrays(into: dict[str, tuple[str, int]], arrays: dict[str, tuple[str, int]]) -> None:
     """Add workgroup arrays (name -> ``(dtype, elements)``) to ``into``, an array used twice keeping its larger size.
 
@@ -387,5 +446,5 @@ def merge_arrays(into: dict[str, tuple[str, int]], arrays: dict[str, tuple[str, 
 
 
 __all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Lane", "Let", "LoweredKernel", "Param", "Store", "Vec",
-           "VecLoad", "accumulator_init", "combine", "combine_lanes", "lane_loop", "loop_iterations", "merge_arrays", "prod", "ravel",
-           "unravel"]
+           "VecLoad", "accumulator_init", "combine", "combine_lanes", "lane_loop", "loop_iterations", "merge_arrays",
+           "pin_dims", "prod", "ravel", "rewrite", "unravel"]

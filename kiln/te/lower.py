@@ -227,6 +227,10 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         body = loop.body
     split_accs: list[tuple[Var, str]] = []
     hoisted: dict[str, tuple[str, int]] = {}  # workgroup arrays of the reductions hoisted out of a split nest
+    # nested reductions computed before a nest in the kernel's body, by their expression: a value read twice (the
+    # maximum of a softmax's numerator and of its denominator in two sums) is reduced once
+    top = body
+    reduced: dict[Reduce, Var] = {}
 
     # the elements of the register tile: axis values, clamped values for loads, in-range condition
     elements = []
@@ -282,6 +286,9 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         for n in dict.fromkeys(n for r in group for n in reduces_in(r.body, outermost=True)):
             if free_vars(n) & set(group[0].axes) or (scan is not None and free_vars(n) & set(scan[2])):
                 continue
+            if block is top and n in reduced:
+                pre[n] = reduced[n]
+                continue
             if split:  # dealt to the tile's lanes too, and combined at once
                 before = len(split_accs)
                 pre[n] = reduction_nest([n], block, split=True)[n]
@@ -290,6 +297,8 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
                 block.append(Barrier())  # every lane has its value before the array is used again
             else:
                 pre[n] = reduction_nest([n], block)[n]
+            if block is top:
+                reduced[n] = pre[n]
         accs = {}
         for r in group:
             acc = Var(f"acc{next(counter)}", 0, r.dtype)

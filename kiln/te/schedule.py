@@ -222,6 +222,10 @@ GEMV_ITERATIONS_PER_LANE = 1
 #: 64 -> 256 lanes) 14.1 -> 10.0 us a layer, the down projection 9.2 -> 8.5, a step queued back to back 1.70-1.72 ->
 #: 1.56-1.63 ms (bench/results/llm-profile-20261128-lanes-h200.txt)
 FEW_TILES = 1024
+#: a reduction at most this long (its outermost axis, at the dims' ``opt``) over at most :data:`FEW_TILES` tiles
+#: takes a lane an iteration: its iterations are dependent loads, each a memory latency, and the GPU has lanes to
+#: spare (FlashDecoding's combine over a decode step's blocks of keys, kiln.passes.split_attention: 9 to 16 blocks)
+SHORT_REDUCTION = 32
 #: the default shared-tile schedules, as ``bench.micro`` names its candidates: (register tile factor per axis,
 #: workgroup size, ``shared_k``, innermost output axis contiguous per invocation (else strided), ``vector_width``,
 #: ``prefetch``)
@@ -299,7 +303,8 @@ def default_schedule(t: Tensor, min_invocations: int = 4096, target_invocations:
     # over the same lanes, so it wants more of them
     target = target_invocations * 4 if tiles <= FEW_TILES or any(reduces_in(r.body) for r in reds) else \
         target_invocations
-    per_lane = GEMV_ITERATIONS_PER_LANE if sum(1 for d in shape if d > 1) <= 1 else ITERATIONS_PER_LANE
+    per_lane = GEMV_ITERATIONS_PER_LANE if sum(1 for d in shape if d > 1) <= 1 or \
+        (tiles <= FEW_TILES and outer <= SHORT_REDUCTION) else ITERATIONS_PER_LANE
     while lanes < most and tiles * lanes < target and lanes * 2 * per_lane <= outer:
         lanes *= 2
     if device_class == "cpu":

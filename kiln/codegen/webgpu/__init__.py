@@ -122,8 +122,9 @@ def _row_kernel(group: Group) -> bool:
     over static shapes, or, for an alternative (``group.alternative_to``, run-time dims), somewhere in the dims'
     range (:func:`~kiln.codegen.webgpu.build.alternative_range`), its stages then sized for that many
     (``group.stage_bound``)."""
-    if group.split:  # (FlashDecoding's split kernel, kiln.passes.split_attention: a stage of a block of keys)
-        plan = analyse_rows(group_expr(group), max_staged_rows=MAX_STAGED_ROWS)
+    if group.split:  # (FlashDecoding's split kernel, kiln.passes.split_attention: a stage of a block of keys; it
+        # runs for one query token only, each row reading its own block: no bound on its rows)
+        plan = analyse_rows(group_expr(group))
         return not isinstance(plan, str) and bool(plan.columns) and _build.split_range(group) is not None
     if group.alternative_to:  # it runs only up to MAX_FUSED_KEYS keys: its stages are sized for that many
         group.stage_bound = _build.MAX_FUSED_KEYS

@@ -25,7 +25,7 @@ from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
 from kiln.te.compute import Tensor
 from kiln.te.horizontal import concat, concatenable
-from kiln.te.loops import loop_iterations
+from kiln.te.loops import loop_iterations, pin_dims
 from kiln.te.rows import analyse_rows
 from kiln.te.schedule import Schedule, default_schedule
 
@@ -112,11 +112,14 @@ class WebGPUKernels(KernelTable):
 
     def step(self, g: Group, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
              accumulate: str = "float32", shape_text: str | None = None, variants: bool = True,
-             lowered: tuple[Any, list] | None = None) -> Step:
+             lowered: tuple[Any, list] | None = None, pinned: dict[str, int] | None = None) -> Step:
         """Lower (unless ``lowered`` gives ``(kernel, input values)``), render and add group ``g``; returns its plan
         step (buffers from ``plan.of``), with a :class:`Variant` where the schedule at
-        :func:`~kiln.codegen.target.scheduled_variant` differs (unless not ``variants``)."""
+        :func:`~kiln.codegen.target.scheduled_variant` differs (unless not ``variants``). ``pinned`` (dim name ->
+        value): run-time dims constant wherever the step runs (:func:`~kiln.te.loops.pin_dims`)."""
         k, ins = lowered if lowered is not None else build_group(g, schedule, plan if plan.half else None, accumulate)
+        if pinned:
+            k = pin_dims(k, pinned)
         index = self._add([g], k, describe(g, shape_text))
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
         groups = k.groups
@@ -204,8 +207,11 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     ins_of: dict[int, list] = {}  # a run's kernel -> its input values
 
     def one(g: Group, lowered: tuple[Any, list] | None = None) -> Step:
+        # an alternative runs only inside its range: dims the range pins (a decode step's one token) are constants
+        box = boxes.get(id(g)) or ()
         return table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape),
-                          variants=not g.alternative_to, lowered=lowered)
+                          variants=not g.alternative_to, lowered=lowered,
+                          pinned={d.name: lo for d, lo, hi in box if lo == hi})
 
     def flush() -> None:
         if len(run) == 1:
