@@ -48,9 +48,23 @@ def _caught_writing(proc: subprocess.Popen, out: Path, timeout: float = 120.0) -
     while time.monotonic() < deadline and proc.poll() is None:
         if any((t / "weights.safetensors").exists() for t in _temporaries(out)):
             proc.send_signal(signal.SIGSTOP)
-            return bool(_temporaries(out))
+            _wait_stopped(proc)  # (the signal is asynchronous: until it lands the compile may finish its writes)
+            return bool(_temporaries(out)) and proc.poll() is None
         time.sleep(0.001)
     return False
+
+
+def _wait_stopped(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Wait until ``proc`` is stopped (state ``T`` in /proc) or has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state in ("T", "t"):
+            return
+        time.sleep(0.0005)
 
 
 def _assert_intact(out: Path, manifest: bytes) -> None:

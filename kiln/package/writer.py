@@ -288,9 +288,14 @@ def write_package(compiled, out: str | os.PathLike, *, force: bool = False, pres
         validate_manifest(json.loads(text), unwritten)  # exactly what is written
         (tmp / MANIFEST).write_text(text)
         (tmp / MANIFEST_DIGEST).write_text(digest_line(text.encode()))
-        if out.exists():
-            shutil.rmtree(out)
+        # the previous package moves aside by a rename (whole until the new one is in place: a kill between the two
+        # renames leaves it in a hidden sibling, never half deleted), then goes
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)) if out.exists() else None
+        if old is not None:
+            os.replace(out, old / "previous")
         os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except (OSError, SafetensorError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):

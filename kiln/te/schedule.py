@@ -224,7 +224,7 @@ GEMV_ITERATIONS_PER_LANE = 1
 FEW_TILES = 1024
 #: a reduction at most this long (its outermost axis, at the dims' ``opt``) over at most :data:`FEW_TILES` tiles
 #: takes a lane an iteration: its iterations are dependent loads, each a memory latency, and the GPU has lanes to
-#: spare (FlashDecoding's combine over a decode step's blocks of keys, kiln.passes.split_attention: 9 to 16 blocks)
+#: spare (FlashDecoding's combine over a decode step's blocks of keys, kiln.passes.split_attention: up to 32)
 SHORT_REDUCTION = 32
 #: the default shared-tile schedules, as ``bench.micro`` names its candidates: (register tile factor per axis,
 #: workgroup size, ``shared_k``, innermost output axis contiguous per invocation (else strided), ``vector_width``,
