@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from pathlib import Path
@@ -156,3 +157,20 @@ def seed_package(tmp_path_factory) -> Path:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "tiny.onnx")
     return kiln.compile(str(folder / "tiny.onnx"), str(folder / "seed"), target="webgpu,wasm,cpu",
                         device_class="cpu")
+
+
+@contextlib.contextmanager
+def sigint_for_children():
+    """Children started inside get SIGINT's default action: a suite started in the background (``nohup ... &``)
+    ignores SIGINT, children inherit an ignored signal, and Python then raises no KeyboardInterrupt in them (tests
+    that interrupt a child need it)."""
+    import signal
+
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)

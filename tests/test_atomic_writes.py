@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MOBILENET
+from conftest import MOBILENET, sigint_for_children
 
 from kiln.errors import KilnError
 from kiln.package.format import atomic_path, read_manifest, verify_files
@@ -33,8 +33,10 @@ def previous(mobilenet_package, tmp_path) -> Path:
 
 
 def _compile(out: Path, **kw) -> subprocess.Popen:
-    return subprocess.Popen([*KILN, "compile", str(MOBILENET), "-o", str(out), "--force", "--no-validate",
-                             "--device-class", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    with sigint_for_children():
+        return subprocess.Popen([*KILN, "compile", str(MOBILENET), "-o", str(out), "--force", "--no-validate",
+                                 "--device-class", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                **kw)
 
 
 def _temporaries(out: Path) -> list[Path]:

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import pytest
 from browser import CHROMIUM, ConsoleLog
-from conftest import ROOT
+from conftest import ROOT, sigint_for_children
 from onnx import TensorProto, helper, numpy_helper
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
@@ -410,8 +410,9 @@ def test_frames_round_trip_with_aligned_blobs():
 # ---------------------------------------------------------------------------------------------- command line
 def test_cli_serve_rpc_prints_a_token_and_serves():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", "from kiln.cli import run; run()", "serve", "--rpc", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    with sigint_for_children():  # (the test stops it with SIGINT)
+        proc = subprocess.Popen([sys.executable, "-c", "from kiln.cli import run; run()", "serve", "--rpc", "--port",
+                                 "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         lines = [proc.stdout.readline() for _ in range(4)]
         fields = dict(line.split(":", 1) for line in lines[1:3])
