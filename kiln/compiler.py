@@ -27,6 +27,7 @@ from kiln.passes.manager import has_control, optimize, optimize_nested
 from kiln.passes.memory_plan import MemoryPlan, mark_in_place, plan_memory
 from kiln.passes.split_attention import fuse_split_attention
 from kiln.passes.split_k import split_k
+from kiln.passes.split_reduction import split_reduction
 from kiln.te.compute import Tensor
 from kiln.te.schedule import DEVICE_CLASSES, Schedule
 from kiln.train import build_train_graph
@@ -160,9 +161,11 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     else:
         verify(graph)
         fired = optimize(graph)
-        if all(t.split_k(device_class, precision, training) for t in targets) and split_k(graph):
-            verify(graph)
-            fired.append("split_k")
+        if all(t.split_k(device_class, precision, training) for t in targets):  # rfactor for a GPU's many cores
+            for name, rewrite in (("split_k", split_k), ("split_reduction", split_reduction)):
+                if rewrite(graph):
+                    verify(graph)
+                    fired.append(name)
         predicates = [t.row_kernels(device_class, precision, training) for t in targets]
         rows = predicates[0] if len(predicates) == 1 else None  # row kernels only where every target has them
         # the groups and buffers serve every target: the tightest buffer-per-kernel limit applies

@@ -259,7 +259,8 @@ class Target:
 
     def split_k(self, device_class: str, precision: str, training: Any) -> bool:
         """Whether matrix products with few output blocks and a long reduction are split into partial products and
-        their sum (:mod:`kiln.passes.split_k`: parallelism for a GPU's many cores, a kernel more); False by default."""
+        their sum (:mod:`kiln.passes.split_k`), and long reductions of few outputs into their parts'
+        (:mod:`kiln.passes.split_reduction`): parallelism for a GPU's many cores, a kernel more; False by default."""
         return False
 
     def build(self, program: Program, *, validate: bool = True, progress: bool = False) -> TargetBuild:

@@ -172,21 +172,44 @@ def _ancestors(node) -> set[int]:
     return seen
 
 
+#: ops whose result equals one of their input's elements (a maximum of maxima is an element's value)
+_SELECTING = ("ReduceMax", "ReduceMin", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+
+
+def _compared_exactly(graph: Graph) -> set[int]:
+    """``id`` of the values an ``ArgMax``/``ArgMin`` compares its input with (its second input), and of the values
+    they select from (a split reduction's parts' maxima): kept f32 by :func:`plan_memory`'s ``half``."""
+    todo = [n.inputs[1] for n in graph.nodes if n.op in ("ArgMax", "ArgMin") and len(n.inputs) == 2]
+    exact: set[int] = set()
+    while todo:
+        v = todo.pop()
+        if id(v) in exact:
+            continue
+        exact.add(id(v))
+        if v.producer is not None and v.producer.op in _SELECTING:
+            todo += v.producer.inputs[:1]
+    return exact
+
+
 def plan_memory(graph: Graph, groups: list[Group], half: bool = False) -> MemoryPlan:
     """Assign every value the kernels touch to a buffer (see the module docstring).
 
     With ``half`` (fp16 compute) float weights and activations are stored as f16, 2 bytes an
     element (buffer sizes still rounded up to 4 bytes), except weights with finite values beyond
     f16's range (see :func:`fits_half`); model inputs and outputs keep their storage type, so the
-    first and last kernels convert them.
+    first and last kernels convert them. The maximum (minimum) an ``ArgMax`` (``ArgMin``) compares its input with
+    keeps f32: rounded to f16 it would equal no element of an f32 input (a language model's f32 logits), and the
+    arg max would be its "not found" index.
     """
     buffers: list[Buffer] = []
     of: dict[int, int] = {}
     io = {id(v) for v in graph.inputs} | {id(v) for v in graph.outputs}
+    exact = _compared_exactly(graph)
     halves: set[int] = set()
 
     def nbytes(v: Value) -> int:
-        if half and dtypes.is_float(v.dtype) and id(v) not in io and (not v.is_const or fits_half(v.const)):
+        if half and dtypes.is_float(v.dtype) and id(v) not in io | exact and \
+                (not v.is_const or fits_half(v.const)):
             halves.add(id(v))
             return max_size(v) * 2
         return storage_bytes(v)
