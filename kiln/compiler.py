@@ -161,7 +161,7 @@ def compile_graph(graph: Graph, target: str | list[str] = "webgpu", validate: bo
     else:
         verify(graph)
         fired = optimize(graph)
-        if all(t.split_k(device_class, precision, training) for t in targets):  # rfactor for a GPU's many cores
+        if all(t.rfactor(device_class, precision, training) for t in targets):  # for a GPU's many cores
             for name, rewrite in (("split_k", split_k), ("split_reduction", split_reduction)):
                 if rewrite(graph):
                     verify(graph)

@@ -257,7 +257,7 @@ class Target:
         where arithmetic is cheap beside memory); False by default."""
         return False
 
-    def split_k(self, device_class: str, precision: str, training: Any) -> bool:
+    def rfactor(self, device_class: str, precision: str, training: Any) -> bool:
         """Whether matrix products with few output blocks and a long reduction are split into partial products and
         their sum (:mod:`kiln.passes.split_k`), and long reductions of few outputs into their parts'
         (:mod:`kiln.passes.split_reduction`): parallelism for a GPU's many cores, a kernel more; False by default."""

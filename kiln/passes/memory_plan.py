@@ -173,7 +173,7 @@ def _ancestors(node) -> set[int]:
 
 
 #: ops whose result equals one of their input's elements (a maximum of maxima is an element's value)
-_SELECTING = ("ReduceMax", "ReduceMin", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+_SELECTING = ("ReduceMax", "ReduceMin", "Reshape", "Identity")
 
 
 def _compared_exactly(graph: Graph) -> set[int]:

@@ -20,7 +20,7 @@ its ``128 x 384 x 384`` 24, 16-18 and 10 us. Products whose shared-tile blocks a
 1536``: 192 blocks, 17.7 us against 16.8 split, a separate sum's kernel included) are left whole.
 
 The decision depends on the device (a GPU with many cores), so the pass runs only for targets that ask for it
-(:meth:`kiln.codegen.target.Target.split_k`), after the target-independent passes.
+(:meth:`kiln.codegen.target.Target.rfactor`), after the target-independent passes.
 """
 
 from __future__ import annotations

@@ -11,11 +11,13 @@ identity)::
     ArgMax(x, best)[m] = p* C + ArgMax(x[m, p*, :], part_best[m, p*]) where p* = ArgMax(part_best[m], best[m])
 
 (the first part holding the largest value, then the first index in it: the first index overall, as ONNX's
-``select_last_index=0``). The arg max reads each part's maximum and arg max (one row kernel over ``P`` rows), then
-the parts' (one row kernel of ``P`` lanes) and gathers: three short kernels for two long ones.
+``select_last_index=0``). The arg max is five short kernels for two long ones: each part's maximum, then its arg max
+(``P`` workgroups each), the parts' maximum, the first part holding it (one workgroup each), and the gather
+(:func:`kiln.passes.fusion.fuse_rows` merges a reduction into elementwise consumers only, not into the reduction
+that reads it).
 
 The decision depends on the device (a GPU's many cores), so the pass runs where :mod:`kiln.passes.split_k` runs
-(:meth:`kiln.codegen.target.Target.split_k`).
+(:meth:`kiln.codegen.target.Target.rfactor`).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def _parts(b: Builder, x: Value, identity: float, name: str) -> Value:
     n = int(x.shape[-1])
     parts = -(-n // CHUNK)
     if parts * CHUNK != n:
-        pads = (0,) * len(x.shape) + (0,) * (len(lead)) + (parts * CHUNK - n,)
+        pads = (0,) * len(x.shape) + (0,) * len(lead) + (parts * CHUNK - n,)
         x = b.op("Pad", [x], name=f"{name}.pad", pads=pads, mode="constant", value=identity)
     return b.op("Reshape", [x], name=f"{name}.parts", shape=(*lead, parts, CHUNK))
 

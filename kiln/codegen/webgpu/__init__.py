@@ -74,7 +74,7 @@ class WebGPUTarget(Target):
         """True for gpu schedules of inference (a GPU's arithmetic is cheap beside the weights it reads)."""
         return device_class == "gpu" and training is None
 
-    def split_k(self, device_class: str, precision: str, training: Any) -> bool:
+    def rfactor(self, device_class: str, precision: str, training: Any) -> bool:
         """True for gpu schedules of inference (``device_class="cpu"``: SwiftShader and lavapipe have few cores)."""
         return device_class == "gpu" and training is None
 
