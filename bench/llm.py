@@ -54,10 +54,11 @@ MODEL = ROOT / "models" / "zoo" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
-                    device_class: str, console: Console, precision: str = "fp32", sampled: bool = True) -> dict:
+                    device_class: str, console: Console, precision: str = "fp32", sampled: bool = True,
+                    run_ahead: tuple[int, ...] = (), rounds: int = 3) -> dict:
     """Kiln's prefill and decode timings (ms) at each prompt length and context, for a package compiled with
     ``precision`` (``fp16``: f16 activations and KV cache, the packed weights' scales as they are); with
-    ``sampled`` also decode steps that sample (:func:`sampled_decode`)."""
+    ``sampled`` also decode steps that sample (:func:`sampled_decode`); ``run_ahead``: :func:`generate_decode`'s."""
     import kiln
     from kiln.compiler import compile_model
     from kiln.runtime.dynamic import StepSizes
@@ -106,7 +107,7 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
         cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
         rec["decode"][c] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
         console.log(f"kiln {precision} decode at {c}: {np.median(times):.2f} ms")
-    rec["generate"] = generate_decode(session, contexts, console, precision)
+    rec["generate"] = generate_decode(session, contexts, console, precision, rounds=rounds, run_ahead=run_ahead)
     if sampled:
         rec["decode_sampled"] = sampled_decode(session, feeds, contexts, repeat, warmup, console, precision)
     return rec
@@ -116,23 +117,39 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
 GENERATED = 64
 
 
-def generate_decode(session, contexts: list[int], console: Console, precision: str, rounds: int = 3) -> dict:
-    """Greedy decode tokens/s as ``session.generate`` streams an answer (the position moving every step, the next
-    step queued while a token is read: :class:`kiln.runtime.generate.Generator`): a prompt of ``C - 32`` random
-    token ids, then :data:`GENERATED` tokens (fewer if the model chose its end token), the median of ``rounds``."""
+def generate_decode(session, contexts: list[int], console: Console, precision: str, rounds: int = 3,
+                    run_ahead: tuple[int, ...] = ()) -> dict:
+    """Greedy decode tokens/s as ``session.generate`` streams an answer (the position moving every step, steps
+    queued while a token is read: :class:`kiln.runtime.generate.Generator`): a prompt of ``C - 32`` random token
+    ids, then :data:`GENERATED` tokens (fewer if the model chose its end token), the median of ``rounds``. With
+    ``run_ahead`` depths, each round generates once per depth (``Generator.run_ahead``, interleaved, the same
+    prompt) and ``by_run_ahead`` holds each depth's figures; the main figures are the generator's default depth."""
     rng = np.random.default_rng(2)
+    gen = session.generator
+    default = gen.run_ahead
+    depths = list(dict.fromkeys([default, *run_ahead]))
     out = {}
     for c in contexts:
-        rates, tokens = [], []
-        for _ in range(rounds + 1):  # (the first compiles nothing new but warms the step at every position)
-            ids = rng.integers(100, 40000, max(1, c - GENERATED // 2)).tolist()
-            for _ in session.generate(ids, GENERATED):
-                pass
-            stats = session.generator.stats
-            rates.append(stats.decode_tokens_per_s)
-            tokens.append(stats.new_tokens)
-        out[c] = {"tokens_per_s": float(np.median(rates[1:])), "samples": rates[1:], "new_tokens": tokens[1:]}
-        console.log(f"kiln {precision} generate at {c}: {out[c]['tokens_per_s']:.1f} tokens/s")
+        rates: dict[int, list[float]] = {d: [] for d in depths}
+        tokens: dict[int, list[int]] = {d: [] for d in depths}
+        try:
+            for _ in range(rounds + 1):  # (the first compiles nothing new but warms the step at every position)
+                ids = rng.integers(100, 40000, max(1, c - GENERATED // 2)).tolist()
+                for d in depths:
+                    gen.run_ahead = d
+                    for _ in session.generate(ids, GENERATED):
+                        pass
+                    rates[d].append(gen.stats.decode_tokens_per_s)
+                    tokens[d].append(gen.stats.new_tokens)
+        finally:
+            gen.run_ahead = default
+        each = {d: {"tokens_per_s": float(np.median(rates[d][1:])), "samples": rates[d][1:], "new_tokens": tokens[d][1:]}
+                for d in depths}
+        out[c] = {**each[default], "run_ahead": default}
+        if run_ahead:
+            out[c]["by_run_ahead"] = {str(d): v for d, v in each.items()}
+        console.log(f"kiln {precision} generate at {c}: " + ", ".join(
+            f"{v['tokens_per_s']:.1f} tokens/s (run ahead {d})" for d, v in each.items()))
     return out
 
 
@@ -334,6 +351,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--torch-all", action="store_true",
                     help="also PyTorch fp32 and fp16, eager and torch.compile, on CUDA")
     ap.add_argument("--ort", action="store_true", help="also onnxruntime's WebGPU EP on the q4 ONNX export")
+    ap.add_argument("--rounds", type=int, default=3, help="answers generated per context for the generate rows")
+    ap.add_argument("--run-ahead", default="", help="also time generation with these run-ahead depths, e.g. 0,1,3 "
+                    "(Generator.run_ahead; interleaved with the default's rounds)")
     ap.add_argument("--no-sampled", dest="sampled", action="store_false",
                     help="skip the decode steps that sample (the sampler on the GPU against sampling on the host)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -344,7 +364,8 @@ def main(argv: list[str] | None = None) -> dict:
     record = {"model": a.model.name, "repeat": a.repeat, "warmup": a.warmup}
     for precision in a.precision.split(","):
         record["kiln" if precision == "fp32" else f"kiln_{precision}"] = kiln_contestant(
-            a.model, prompts, contexts, a.repeat, a.warmup, a.device_class, console, precision, a.sampled)
+            a.model, prompts, contexts, a.repeat, a.warmup, a.device_class, console, precision, a.sampled,
+            tuple(int(x) for x in a.run_ahead.split(",") if x), a.rounds)
     if a.torch or a.torch_all:
         for dtype in ("float32", "float16") if a.torch_all else ("float32",):
             for compiled in (False, True) if a.torch_all else (False,):

@@ -11,11 +11,19 @@ The step's wall clock is split as well (medians, ms):
 - ``host``: until ``run(output="gpu")`` returns (the dims bound, the plan encoded and submitted; no waiting);
 - ``queued``: steps submitted back to back with nothing read back, per step: the larger of the host's and the
   GPU's time per step (a GPU-bound step shows its GPU time here).
+
+Then the host's time in ``session.generate``'s greedy loop by part (``--generate N`` tokens after a prompt of
+``context - N / 2`` tokens, the last of 3 answers; 0 skips it): every call of the runtime's parts timed (µs a
+token): ``_run`` (a whole step's ``run``) and within it ``_bind_dims`` (the run-time dims bound, dispatches
+evaluated), ``_split_feeds``, ``_encode_chunks`` (the C loop), wgpu's ``finish``/``submit``/``write_buffer``,
+``gpu.empty`` (the returned tensors); and ``result(wait)``, the host waiting for the token: a loop with time to
+wait is GPU-bound.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import tempfile
 import time
@@ -38,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", type=int, default=0, help="profile a prefill of this many tokens instead")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--device-class", default="gpu", choices=["gpu", "cpu"])
+    ap.add_argument("--generate", type=int, default=128, help="tokens a generation for the host's parts (0: skip)")
     a = ap.parse_args(argv)
     out = Path(tempfile.mkdtemp(prefix="kiln-llm-")) / "pkg"
     from kiln.passes.split_attention import BLOCK  # (whole blocks: the split pads no zero rows)
@@ -64,6 +73,60 @@ def main(argv: list[str] | None = None) -> None:
           "alone), " + ", ".join(f"{k} {v:.3f} ms" for k, v in walls.items()))
     for k, v in sorted(total.items(), key=lambda x: -x[1])[:12]:
         print(f"  {k:48s} x{count[k]:4d} {v:8.3f} ms")
+    if a.generate and not a.prompt and a.device_class == "gpu":
+        rate, parts = generate_parts(s, max(1, a.context - a.generate // 2), a.generate)
+        print(f"generate, {a.generate} tokens from context {max(1, a.context - a.generate // 2)}: {rate:.1f} tokens/s; "
+              "host us a token: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+
+
+@contextlib.contextmanager
+def _timed(parts: dict[str, float], targets: list[tuple[object, str, str]]):
+    """Wrap each ``(owner, attribute, label)`` callable so that its calls add their seconds to ``parts[label]``."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+
+    def wrap(f, label):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                parts[label] = parts.get(label, 0.0) + time.perf_counter() - t
+        return timed
+
+    try:
+        for (owner, name, label), (_, _, f) in zip(targets, saved):
+            setattr(owner, name, wrap(f, label))
+        yield
+    finally:
+        for owner, name, f in saved:
+            setattr(owner, name, f)
+
+
+def generate_parts(session, prompt: int, tokens: int) -> tuple[float, dict[str, float]]:
+    """Greedy tokens/s of the last of 3 answers of ``tokens`` after ``prompt`` random ids, and the host's µs a
+    token in each part (module docstring), largest first."""
+    import wgpu.backends.wgpu_native._api as api
+
+    from kiln.runtime import gpu, native
+
+    rng = np.random.default_rng(2)
+    logits = session.manifest["generation"]["logits"]
+    vocab = next(o["shape"][-1] for o in session.manifest["outputs"] if o["name"] == logits)
+    parts: dict[str, float] = {}
+    S = native.Session
+    targets = [(S, n, n) for n in ("_run", "_bind_dims", "_split_feeds", "_encode_chunks")] + [
+        (gpu.PendingRead, "result", "result(wait)"), (gpu, "empty", "gpu.empty"),
+        (api.GPUCommandEncoder, "finish", "finish"), (api.GPUQueue, "submit", "submit"),
+        (api.GPUQueue, "write_buffer", "write_buffer")]
+    with _timed(parts, targets):
+        for _ in range(3):
+            parts.clear()
+            ids = rng.integers(min(100, vocab - 1), min(40000, vocab), prompt).tolist()
+            for _ in session.generate(ids, tokens):
+                pass
+    n = session.generator.stats.new_tokens
+    return session.generator.stats.decode_tokens_per_s, {k: v / n * 1e6 for k, v in sorted(parts.items(),
+                                                                                       key=lambda x: -x[1])}
 
 
 def split(s, gen: dict, feeds: dict, n: int = 40) -> dict[str, float]:

@@ -321,11 +321,11 @@ def test_greedy_generation_reproduces_reference_answers(chat_package, target):
 
 
 def test_run_ahead_decoding_matches_one_step_at_a_time(tmp_path):
-    """Greedy decoding on WebGPU queues step n + 1, fed token n on the device, before token n is read back
-    (``Generator.run_ahead``): a one-layer Llama's answers, from prompts given as token ids, are the same token for
-    token as one step at a time, for answers ended by the length limit and by the end token (the step queued past
-    it is dropped); the session's command buffers per run are restored after; a token id outside the vocabulary is
-    a one-line error."""
+    """Greedy decoding on WebGPU queues steps n + 1 .. n + k, each fed the token of the one before on the device,
+    before token n is read back (``Generator.run_ahead`` k): a one-layer Llama's answers, from prompts given as token
+    ids, are the same token for token at k = 3, 2, 1 as one step at a time, for answers ended by the length limit
+    and by the end token (the steps queued past it are dropped); the session's command buffers per run are restored
+    after; a token id outside the vocabulary is a one-line error."""
     from kiln.compiler import compile_model
 
     pkg = tmp_path / "tiny"
@@ -334,15 +334,15 @@ def test_run_ahead_decoding_matches_one_step_at_a_time(tmp_path):
     gen = session.generator
     chunks = session.submit_chunks = 2
     answers = {}
-    for ahead in (True, False):
+    for ahead in (3, 2, 1, 0):
         gen.run_ahead = ahead
         answers[ahead] = [[c.token for c in session.generate(prompt, 20)] for prompt in ([3, 0, 1], [3, 4, 5, 6, 2])]
         assert session.submit_chunks == chunks
-    assert answers[True] == answers[False] and gen.stats.stop_reason == "length"
-    full = answers[False][1]
+    assert answers[3] == answers[2] == answers[1] == answers[0] and gen.stats.stop_reason == "length"
+    full = answers[0][1]
     k = next(i for i in range(2, len(full)) if full[i] not in full[:i])  # a token first chosen at step k > 1
     gen.eos = {full[k]}  # (this model has no end token: make that one it)
-    for ahead in (True, False):
+    for ahead in (3, 2, 1, 0):
         gen.run_ahead = ahead
         assert [c.token for c in session.generate([3, 4, 5, 6, 2], 20)] == full[:k], ahead
         assert gen.stats.stop_reason == "stop" and gen.stats.new_tokens == k and session.submit_chunks == chunks

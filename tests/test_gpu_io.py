@@ -95,6 +95,40 @@ def test_gpu_feeds_and_outputs_match_host_runs_and_onnxruntime(models, rng):
     np.testing.assert_array_equal(xg.numpy(), x)  # the feed itself is untouched
 
 
+def test_run_returns_only_the_outputs_asked_for(models, rng):
+    """``run(..., outputs=[names])`` (onnxruntime's ``output_names``) returns those outputs alone, equal to a full
+    run's, as host arrays and as GPUTensors, and a read of one GPUTensor after another of its size reuses the
+    readback (the value still the new one); ``read=[names]`` starts those outputs' reads with the run (one
+    submission), and ``read_async`` hands that read out once, with the run's values; an unknown name, or ``read``
+    without ``output="gpu"`` or of an output not returned, is a one-line error."""
+    path, pkg = models["mlp"]
+    session = Session(pkg)
+    for _ in range(2):
+        x = rng.standard_normal((2, 8)).astype(np.float32)
+        expected = _ort(path, {"x": x})
+        full = session.run({"x": x})
+        np.testing.assert_allclose(full["s"], expected["s"], rtol=1e-5, atol=1e-5)
+        only = session.run({"x": x}, outputs=["s"])
+        assert set(only) == {"s"}
+        np.testing.assert_array_equal(only["s"], full["s"])
+        on_gpu = session.run({"x": x}, output="gpu", outputs=["h"])
+        assert set(on_gpu) == {"h"}
+        np.testing.assert_array_equal(on_gpu["h"].numpy(), full["h"])
+        np.testing.assert_array_equal(session.run({"x": x}, output="gpu", outputs="s")["s"].numpy(), full["s"])
+        started = session.run({"x": x}, output="gpu", read=["s"])  # the read submitted with the run
+        later = session.run({"x": 2 * x}, output="gpu", outputs=["s"], read="s")
+        pending = started["s"].read_async()
+        assert started["s"].read_async() is not pending  # (the started read is handed out once)
+        np.testing.assert_array_equal(pending.result(), full["s"])
+        np.testing.assert_array_equal(later["s"].read_async().result(), session.run({"x": 2 * x})["s"])
+        np.testing.assert_array_equal(started["h"].numpy(), full["h"])
+    with pytest.raises(KilnError, match=r"^run: unknown output 'logits'; the model's outputs are 'h', 's'$"):
+        session.run({"x": x}, outputs=["s", "logits"])
+    for bad in ({"read": ["s"]}, {"output": "gpu", "outputs": ["h"], "read": ["s"]}):
+        with pytest.raises(KilnError, match=r"^run: read=\['s'\] names outputs to read back with output='gpu'"):
+            session.run({"x": x}, **bad)
+
+
 def test_runs_split_into_several_command_buffers(models, rng):
     """``submit_chunks`` > 1 (each run's plan in several command buffers, submitted as encoded) gives the same
     outputs as one command buffer, with host and GPU outputs, for more chunks than steps too."""

@@ -68,6 +68,10 @@ def compile_json(j: Any) -> Callable[[dict[str, int]], int]:
     raise PackageError(f"malformed size expression {j!r}")
 
 
+#: :class:`StepSizes` keeps the dispatches of this many distinct dims' outcomes (then starts again)
+MEMO_ENTRIES = 64
+
+
 class StepSizes:
     """The size expression ``key`` (``groups``: workgroups, ``tiles``: C tiles) of every plan step and of its variants,
     compiled once (:func:`compile_json`). Steps alike in their expressions and variants (a decoder's layers repeat
@@ -96,6 +100,7 @@ class StepSizes:
                                               for v in s.get("variants", ())]))
             self._step_kind.append(kinds[text])
         self._index: np.ndarray | None = None  # (the step kinds as an index array, made on first use)
+        self._memo: dict[tuple, tuple] = {}  # (:meth:`_dispatches`'s results by the kinds' values)
 
     def _per_kind(self, env: dict[str, int]) -> list[tuple[int, Any]]:
         out = []
@@ -113,31 +118,43 @@ class StepSizes:
         return (tuple(kinds[k][0] for k in self._step_kind),
                 [v if isinstance(v, int) else None for v in (kinds[k][1] for k in self._step_kind)])
 
-    def dispatches(self, env: dict[str, int], max_x: int = 65535) -> tuple[tuple[int, ...], list[tuple[int, int, int]]]:
-        """``(choice, workgroup counts)`` for dims ``env`` (``key`` ``groups``): ``(0, 0, 0)`` for a step with nothing
-        to do (the runtime skips it); counts above ``max_x`` wrap into y, as the kernels expect."""
+    def dispatches(self, env: dict[str, int],
+                   max_x: int = 65535) -> tuple[tuple[int, ...], tuple[tuple[int, int, int], ...]]:
+        """``(choice, workgroup counts)`` for dims ``env`` (``key`` ``groups``): a tuple of ``(x, y, z)`` a step,
+        ``(0, 0, 0)`` for a step with nothing to do (the runtime skips it); counts above ``max_x`` wrap into y, as the
+        kernels expect."""
         choice, counts, _ = self._dispatches(env, max_x, False)
         return choice, counts
 
     def dispatch_table(self, env: dict[str, int], max_x: int = 65535) -> tuple[tuple[int, ...],
-                                                                              list[tuple[int, int, int]],
+                                                                              tuple[tuple[int, int, int], ...],
                                                                               np.ndarray | None]:
         """:meth:`dispatches` and the same counts as a uint32 ``[steps, 3]`` array (a C loop records from it:
-        :mod:`kiln.runtime.record`), made per kind of step rather than from the list; ``None`` for the array where a
-        step's static dispatch is not three counts."""
+        :mod:`kiln.runtime.record`; read-only), made per kind of step rather than from the list; ``None`` for the
+        array where a step's static dispatch is not three counts."""
         return self._dispatches(env, max_x, True)
 
     def _dispatches(self, env: dict[str, int], max_x: int, table: bool):
-        kinds = [(c, v if not isinstance(v, int) else (0, 0, 0) if v <= 0 else (v, 1, 1) if v <= max_x
-                  else (max_x, -(-v // max_x), 1)) for c, v in self._per_kind(env)]
-        choice, counts = tuple(kinds[k][0] for k in self._step_kind), [kinds[k][1] for k in self._step_kind]
-        if not table:
-            return choice, counts, None
-        if any(len(v) != 3 for _, v in kinds):
-            return choice, counts, None
-        if self._index is None:
-            self._index = np.array(self._step_kind, np.intp)
-        return choice, counts, np.array([v for _, v in kinds], np.uint32).reshape(-1, 3)[self._index]
+        kinds = tuple((c, v if not isinstance(v, int) else (0, 0, 0) if v <= 0 else (v, 1, 1) if v <= max_x
+                       else (max_x, -(-v // max_x), 1)) for c, v in self._per_kind(env))
+        # The steps' values follow from the kinds' alone, and those change far less often than the dims (a decode
+        # step's position moves every token; its attention's block count every 64): the expansion to every step
+        # is kept per kinds' values (read-only: the counts a tuple, the table not writeable).
+        key = (kinds, max_x, table)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        choice, counts = tuple(kinds[k][0] for k in self._step_kind), tuple(kinds[k][1] for k in self._step_kind)
+        rows = None
+        if table and all(len(v) == 3 for _, v in kinds):
+            if self._index is None:
+                self._index = np.array(self._step_kind, np.intp)
+            rows = np.array([v for _, v in kinds], np.uint32).reshape(-1, 3)[self._index]
+            rows.flags.writeable = False
+        if len(self._memo) >= MEMO_ENTRIES:
+            self._memo.clear()
+        self._memo[key] = hit = (choice, counts, rows)
+        return hit
 
 
 def _names(j: Any) -> list[str]:

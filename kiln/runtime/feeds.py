@@ -1,4 +1,5 @@
-"""Checking a model's inputs against its manifest, shared by the native and the RPC runtimes."""
+"""Checking a model's inputs (and the outputs a run is asked for) against its manifest, shared by the native and the
+RPC runtimes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import ShapeError
+from kiln.errors import KilnError, ShapeError
 from kiln.package.format import numpy_dtype, to_storage
 
 
@@ -62,3 +63,25 @@ def storage_feeds(specs: list[dict[str, Any]], feeds: dict[str, Any]) -> list[tu
     """
     return [(spec, np.ascontiguousarray(to_storage(a, spec["dtype"], f"input {spec['name']!r}")))
             for spec, a in check_feeds(specs, feeds)]
+
+
+def selected_outputs(specs: list[dict[str, Any]], names, read, output: str) -> tuple[list[bool], list[str]]:
+    """Per output of ``specs`` (the manifest's ``outputs``), whether a run returns it (``names``: a run's
+    ``outputs``, a name or names, None for all), and ``read`` (a run's outputs to read back as it runs) as a list.
+
+    Raises:
+        KilnError: a name that is no output of the model; ``read`` without ``output="gpu"`` or naming an output not
+            returned.
+    """
+    known = [o["name"] for o in specs]
+    if names is not None:
+        names = [names] if isinstance(names, str) else list(names)
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise KilnError(f"run: unknown output{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                            f"the model's outputs are {', '.join(map(repr, known))}")
+    wanted = [names is None or n in names for n in known]
+    read = [read] if isinstance(read, str) else list(read)
+    if read and (output != "gpu" or not set(read) <= {n for n, w in zip(known, wanted) if w}):
+        raise KilnError(f"run: read={read} names outputs to read back with output='gpu', among those returned")
+    return wanted, read

@@ -6,7 +6,7 @@ already cached in; logits and each row's arg max (``next_token``) out. The KV ca
 :class:`Generator` drives it: the prompt (text, or chat messages through the package's chat template) is tokenized
 with HF ``tokenizers`` from the package's ``tokenizer.json``, prefilled in chunks of at most ``max_tokens``, then
 each decode step feeds one token. Greedy decoding reads back only ``next_token`` (8 bytes a step) and, on WebGPU,
-runs one step ahead (:attr:`Generator.run_ahead`: the next step, fed the token on the device, is submitted before
+runs steps ahead (:attr:`Generator.run_ahead`, 1: the next step, fed the token on the device, is submitted before
 the host waits for the token, so the host encodes a step while the GPU runs the one before). Sampling
 (temperature, top-k, top-p, repetition penalty; seeded) runs the package's sampler on the GPU
 (:mod:`kiln.frontend.sampling`, format 1.8) and reads back only the id on WebGPU; on the C targets (wasm, cpu),
@@ -20,6 +20,7 @@ UTF-8 character (a replacement character). The browser runtime (kiln/js/generate
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,9 +273,11 @@ class Generator:
         self._busy = False  # the session holds one cache: one generation at a time
         self._gpu = hasattr(session, "upload")  # a WebGPU session: outputs stay on the device until read
         self._sampler = None  # the sampler package's session (:meth:`sampler`)
-        #: greedy decoding on WebGPU queues the next step, fed the token on the device, before reading the token
-        #: back (the host encodes step n + 1 while the GPU runs step n); False: one step at a time
-        self.run_ahead = True
+        #: greedy decoding on WebGPU: decode steps queued ahead of the token the host waits for, each fed the token
+        #: of the step before on the device (1: the host encodes step n + 1 while the GPU runs step n; that many
+        #: steps are computed in vain when a token ends the answer); 0 (or False): one step at a time. (Deeper
+        #: queues measured no faster for SmolLM2 on an H200: ``bench.llm --run-ahead``.)
+        self.run_ahead = 1
 
     def encode(self, prompt: str | list[dict[str, str]] | list[int]) -> list[int]:
         """Token ids of ``prompt``: text as it is, chat messages through the package's chat template, or token ids
@@ -305,12 +308,17 @@ class Generator:
         bos = self.config.get("bos_token_id")
         return ([bos] if bos is not None and (not ids or ids[0] != bos) else []) + ids
 
-    def _step(self, ids, cached: int) -> dict[str, Any]:
+    def _step(self, ids, cached: int, greedy: bool = False) -> dict[str, Any]:
         """One decoder step: ``ids`` (a list, or a GPUTensor ``[1, n]`` of ids on the session's device) after ``cached``
-        tokens already in the cache (which it updates)."""
+        tokens already in the cache (which it updates); ``greedy``: on WebGPU only ``next_token`` is wanted (the
+        logits stay in the session's buffer, not copied out), its read back started with the step."""
         feeds = {self.config["input_ids"]: ids if hasattr(ids, "buffer") else np.asarray(ids, np.int64)[None],
                  self.config["cache"]["position"]: np.asarray([cached], np.int64)}
-        return self.session.run(feeds, output="gpu") if self._gpu else self.session.run(feeds)
+        if not self._gpu:
+            return self.session.run(feeds)
+        token = self.config["next_token"]
+        return self.session.run(feeds, output="gpu", outputs=[token] if greedy else None,
+                                read=[token] if greedy else ())
 
     def sampler(self):
         """The session of the package's sampler (``generation.sampler``, format 1.8: token sampling on the GPU,
@@ -394,23 +402,26 @@ class Generator:
         stream = TextStream(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
         text = ""  # the answer's text, of which ``shown`` characters were yielded (the rest may start a stop string)
         shown = 0
-        ahead = None  # the next decode step, submitted before this token is read (greedy on WebGPU)
-        chunks = getattr(self.session, "submit_chunks", None) if opts.greedy and self.run_ahead else None
+        ahead: deque[dict[str, Any]] = deque()  # decode steps submitted before this token is read (greedy, WebGPU)
+        depth = int(self.run_ahead)
+        chunks = getattr(self.session, "submit_chunks", None) if opts.greedy and depth else None
         try:
             t0 = time.perf_counter()
             for start in range(0, len(ids), chunk):  # prefill, in chunks the package's steps take
                 release_tensors(out.values())
-                out = self._step(ids[start:start + chunk], start)
+                out = self._step(ids[start:start + chunk], start, opts.greedy)
             if chunks is not None:  # a step queued ahead keeps the GPU busy: one command buffer a step costs less
                 self.session.submit_chunks = 1
             for n in range(max_new_tokens):
                 if opts.greedy and self._gpu:
-                    # The token stays on the device: its read is submitted, then the next step fed with it, so the
-                    # host encodes step n + 1 while the GPU runs step n (one step ahead; one wasted step when this
-                    # token ends the answer). The prefill's next_token has a row per prompt token: read it first.
+                    # The token stays on the device: its read is submitted, then the steps ahead, each fed the token
+                    # of the one before, so the GPU has work queued while the host waits and encodes (``depth``
+                    # wasted steps when this token ends the answer). The prefill's next_token has a row per prompt
+                    # token: it is read first.
                     pending = out[self.config["next_token"]].read_async()
-                    if self.run_ahead and n and n + 1 < max_new_tokens:
-                        ahead = self._step(out[self.config["next_token"]], len(ids) + n)
+                    while n and len(ahead) < depth and n + len(ahead) + 1 < max_new_tokens:
+                        last = ahead[-1] if ahead else out  # (its token is n + len(ahead), fed at that position)
+                        ahead.append(self._step(last[self.config["next_token"]], len(ids) + n + len(ahead), True))
                     token = int(pending.result().reshape(-1)[-1])
                 elif opts.greedy:
                     token = int(host_array(out[self.config["next_token"]]).reshape(-1)[-1])
@@ -444,16 +455,16 @@ class Generator:
                 shown = max(shown, safe)
                 if at >= 0:
                     break
-                if ahead is not None:
-                    out, ahead = ahead, None
+                if ahead:
+                    out = ahead.popleft()
                 elif n + 1 < max_new_tokens:
-                    out = self._step([token], len(ids) + n)
+                    out = self._step([token], len(ids) + n, opts.greedy)
             else:
                 stats.stop_reason = "length"
         finally:
             release_tensors(out.values())
-            if ahead is not None:
-                release_tensors(ahead.values())
+            for step in ahead:
+                release_tensors(step.values())
             if chunks is not None:
                 self.session.submit_chunks = chunks
             self._busy = False

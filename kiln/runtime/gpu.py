@@ -233,9 +233,10 @@ class Readback:
             if src is not None and size:
                 encoder.copy_buffer_to_buffer(src, 0, self.buffer, off, size)
 
-    def submit(self, encoder) -> None:
-        """Submit ``encoder``'s work (ending with this readback's :meth:`copy`), remembering the submission, so that
-        :meth:`read` waits for it and not for work submitted later (a decode step queued behind a token's read)."""
+    def submit(self, encoder, also: list[Readback] = ()) -> None:
+        """Submit ``encoder``'s work (ending with this readback's :meth:`copy`, and those of ``also``), remembering
+        the submission, so that :meth:`read` waits for it and not for work submitted later (a decode step queued
+        behind a token's read)."""
         if self._raw is None:  # pragma: no cover - other wgpu-py backends
             self.device.queue.submit([encoder.finish()])
             return
@@ -243,7 +244,8 @@ class Readback:
         command_buffer = encoder.finish()  # (held until submitted: its release frees the handle)
         buffers = ffi.new("WGPUCommandBuffer[]", [command_buffer._internal])
         index = lib.wgpuQueueSubmitForIndex(self.device.queue._internal, 1, buffers)
-        self._index = ffi.new("WGPUSubmissionIndex *", index)
+        for rb in [self, *also]:
+            rb._index = ffi.new("WGPUSubmissionIndex *", index)
         del command_buffer
 
     def read(self, convert) -> list:
@@ -310,6 +312,20 @@ class _Pool:
         self.free: dict[int, list[Any]] = {}
         self.bytes = 0
         self.lock = threading.Lock()
+        #: readbacks of :meth:`GPUTensor.read_async` whose read is done, by bytes (a decode loop reads a token a
+        #: step: a staging buffer and a map callback made for each cost more than the read)
+        self.readbacks: dict[int, list[Readback]] = {}
+
+    def take_readback(self, nbytes: int) -> Readback | None:
+        with self.lock:
+            bucket = self.readbacks.get(nbytes)
+            return bucket.pop() if bucket else None
+
+    def give_readback(self, readback: Readback) -> None:
+        with self.lock:
+            bucket = self.readbacks.setdefault(readback.sizes[0], [])
+            if len(bucket) < READBACKS_KEPT:
+                bucket.append(readback)
 
     def take(self, size: int):
         with self.lock:
@@ -325,6 +341,9 @@ class _Pool:
                 self.free.setdefault(buffer.size, []).append(buffer)
                 self.bytes += buffer.size
 
+
+#: readbacks of one size kept per device for reuse (:meth:`_Pool.give_readback`)
+READBACKS_KEPT = 4
 
 _pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -370,6 +389,7 @@ class GPUTensor:
         self.storage = np.dtype(STORAGE[self.dtype.name])
         self.device = device
         self._recycle = None
+        self._pending: PendingRead | None = None  # a read started with the run that made it, for read_async
 
     def _own(self, buffer, pool: _Pool) -> None:
         """Hold ``buffer``; it goes back to ``pool`` when this tensor is garbage-collected."""
@@ -409,11 +429,23 @@ class GPUTensor:
         Raises:
             KilnError: the tensor was released.
         """
-        rb = Readback(self.device, [self.nbytes])
+        buffer = self._live()
+        if self._pending is not None:  # (started with the run that made it: Session.run's ``read``)
+            pending, self._pending = self._pending, None
+            return pending
         enc = self.device.create_command_encoder()
-        rb.copy(enc, [self._live()])
-        rb.submit(enc)
-        return PendingRead(rb, self.dtype.name, self.shape)
+        pending = self.start_read(enc, buffer)
+        pending._readback.submit(enc)
+        return pending
+
+    def start_read(self, encoder, source=None) -> PendingRead:
+        """Record into ``encoder`` a copy of this tensor's bytes (or of ``source``, a buffer holding the same
+        bytes) to a staging buffer, and return the read that waits for it once ``encoder`` is submitted (through
+        its readback's :meth:`Readback.submit`, or :meth:`Readback.submit`'s ``also``)."""
+        pool = _pool(self.device)
+        rb = pool.take_readback(self.nbytes) or Readback(self.device, [self.nbytes])
+        rb.copy(encoder, [self._live() if source is None else source])
+        return PendingRead(rb, self.dtype.name, self.shape, pool)
 
     def release(self) -> None:
         """Free the buffer now (work already submitted that uses it still completes); the tensor is unusable after."""
@@ -432,8 +464,8 @@ class PendingRead:
     """A copy of a :class:`GPUTensor` to host memory, submitted and not yet waited for (:meth:`GPUTensor.read_async`).
     """
 
-    def __init__(self, readback: Readback, dtype: str, shape: tuple[int, ...]):
-        self._readback, self._dtype, self._shape = readback, dtype, shape
+    def __init__(self, readback: Readback, dtype: str, shape: tuple[int, ...], pool: _Pool | None = None):
+        self._readback, self._dtype, self._shape, self._pool = readback, dtype, shape, pool
         self._value = None
 
     def result(self) -> np.ndarray:
@@ -444,6 +476,8 @@ class PendingRead:
         """
         if self._value is None:
             self._value = self._readback.read(lambda _i, data: from_storage(data, self._dtype, self._shape))[0]
+            if self._pool is not None:  # (read and unmapped: the next read_async may take it)
+                self._pool.give_readback(self._readback)
         return self._value
 
 

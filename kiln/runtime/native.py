@@ -17,6 +17,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,7 +36,7 @@ from kiln.package.format import (
 )
 from kiln.runtime import dynamic, gpu, record
 from kiln.runtime.control import ControlPlan, is_control_plan
-from kiln.runtime.feeds import storage_feeds
+from kiln.runtime.feeds import selected_outputs, storage_feeds
 from kiln.runtime.generate import GenerationMixin
 from kiln.runtime.gpu import GPUTensor, shared_device, synchronize, to_gpu
 from kiln.runtime.loop_limit import LoopLimit
@@ -387,7 +388,8 @@ class Session(TrainingMixin, GenerationMixin):
     def _check_feeds(self, feeds: dict[str, np.ndarray]) -> list[tuple[dict, np.ndarray]]:
         return storage_feeds(self.inputs, feeds)
 
-    def run(self, feeds: dict[str, np.ndarray | GPUTensor], output: str = "numpy") -> dict[str, Any]:
+    def run(self, feeds: dict[str, np.ndarray | GPUTensor], output: str = "numpy",
+            outputs: Sequence[str] | None = None, read: Sequence[str] = ()) -> dict[str, Any]:
         """Run the model on ``feeds`` (input name -> array of the manifest's dtype and shape, or a
         :class:`~kiln.runtime.gpu.GPUTensor` of that dtype and shape on this session's device).
 
@@ -398,6 +400,12 @@ class Session(TrainingMixin, GenerationMixin):
                 ``"gpu"``: outputs copied, on the GPU, into new GPUTensors that this session never
                 writes again (later runs do not change them), and nothing is read back: the call
                 returns once the work is submitted (``GPUTensor.numpy()`` or :meth:`sync` waits).
+            outputs: the names of the outputs to return (default: all; onnxruntime's ``output_names``): the others
+                are computed but neither copied nor read back (a greedy decode step wants ``next_token``, not the
+                logits).
+            read: with ``output="gpu"``, outputs whose copy to host memory starts with the run, in its own command
+                buffer: the returned GPUTensor's first :meth:`~kiln.runtime.gpu.GPUTensor.read_async` gives that
+                read instead of submitting another (a decode step's token: one submission a step, not two).
 
         Returns:
             Output name -> a new numpy array, or a new GPUTensor with ``output="gpu"``.
@@ -415,10 +423,11 @@ class Session(TrainingMixin, GenerationMixin):
                 work (a validation error: a package that does not fit the device); at these run-time dims, a kernel
                 would run past the adapter's loop limit (llvmpipe, :mod:`kiln.runtime.loop_limit`).
             DeviceLostError: the device was lost (a driver reset, ``destroy()``): load the package again.
-            KilnError: a released GPUTensor, or an unknown ``output``.
+            KilnError: a released GPUTensor, an unknown ``output``, an unknown name in ``outputs``, or ``read``
+                naming an output not returned or without ``output="gpu"``.
         """
         with self._device_work("run"), self._lock:  # (one run at a time: it owns the session's buffers)
-            return self._run(feeds, output)
+            return self._run(feeds, output, outputs, read)
 
     @contextlib.contextmanager
     def _device_work(self, what: str):
@@ -440,9 +449,11 @@ class Session(TrainingMixin, GenerationMixin):
         return DeviceLostError(f"{self.path}: the GPU device was lost{why}; this session cannot run again: "
                                "kiln.load the package again for a session on a new device")
 
-    def _run(self, feeds: dict[str, np.ndarray | GPUTensor], output: str) -> dict[str, Any]:
+    def _run(self, feeds: dict[str, np.ndarray | GPUTensor], output: str,
+             names: Sequence[str] | None = None, read: Sequence[str] = ()) -> dict[str, Any]:
         if output not in ("numpy", "gpu"):
             raise KilnError(f"run: output must be 'numpy' or 'gpu', got {output!r}")
+        wanted, read = selected_outputs(self.outputs, names, read, output)
         host, on_gpu = self._split_feeds(feeds)
         dispatch, shapes = self._bind_dims(feeds) if self._dyn else (None, None)
         dev = self.device
@@ -472,18 +483,27 @@ class Session(TrainingMixin, GenerationMixin):
             else self._out_bytes
         if output == "gpu":
             results = {}
-            for o, shape, size in zip(outs, out_shapes, sizes):
+            for o, shape, size, want in zip(outs, out_shapes, sizes, wanted):
+                if not want:
+                    continue
                 t = results[o["name"]] = gpu.empty(shape, o["dtype"], dev, label=o["name"])
                 if size:
                     enc.copy_buffer_to_buffer(self.buffers[o["buffer"]], 0, t.buffer, 0, size)
-            dev.queue.submit([enc.finish()])
+                if o["name"] in read:
+                    t._pending = t.start_read(enc, self.buffers[o["buffer"]])
+            pending = [t._pending._readback for t in results.values() if t._pending is not None]
+            if pending:
+                pending[0].submit(enc, pending[1:])
+            else:
+                dev.queue.submit([enc.finish()])
             self._ran = True
             return results
-        self._readback.copy(enc, [self.buffers[o["buffer"]] for o in outs], sizes)
+        self._readback.copy(enc, [self.buffers[o["buffer"]] if want else None for o, want in zip(outs, wanted)], sizes)
         dev.queue.submit([enc.finish()])
         self._ran = True
-        return dict(zip((o["name"] for o in outs),
-                        self._readback.read(lambda i, data: from_storage(data, outs[i]["dtype"], out_shapes[i]))))
+        values = self._readback.read(lambda i, data: from_storage(data, outs[i]["dtype"], out_shapes[i])
+                                     if wanted[i] else None)
+        return {o["name"]: v for o, v, want in zip(outs, values, wanted) if want}
 
     def _encode_chunks(self, enc, dispatch: list[tuple[int, int, int]] | None = None):
         """Record the plan into ``enc`` and return the encoder that takes the rest of the run (the output
