@@ -271,6 +271,19 @@ def shared_runner() -> PackageRunner:
     return _RUNNER[0]
 
 
+@contextmanager
+def sync_playwright_alone():
+    """A started sync Playwright (``with sync_playwright_alone() as playwright``), the shared runner's stopped first:
+    two sync Playwright instances may not overlap in one thread ("using Playwright Sync API inside the asyncio
+    loop"), and under pytest-xdist a worker runs its files in another order than a whole run does, so a runner
+    that an earlier file's op checks started may still be up."""
+    from playwright.sync_api import sync_playwright
+
+    close_shared_runner()
+    with sync_playwright() as playwright:
+        yield playwright
+
+
 def close_shared_runner() -> None:
     """Stop the shared runner, if one was started, and delete its packages."""
     import shutil

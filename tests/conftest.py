@@ -47,8 +47,9 @@ def pytest_report_header(config):
     return f"kiln test seed base: {SEED} (set KILN_TEST_SEED to replay)"
 
 
-#: a fresh seed per session unless KILN_TEST_SEED pins one; failures print it
-SEED = int(os.environ.get("KILN_TEST_SEED", secrets.randbits(32)))
+#: a fresh seed per session unless KILN_TEST_SEED pins one; failures print it. Set in the environment, so that
+#: pytest-xdist's workers (started after this module is imported in the controller) draw from the same seed
+SEED = int(os.environ.setdefault("KILN_TEST_SEED", str(secrets.randbits(32))))
 
 
 def save_tiny_relu_matmul(path: Path, w: np.ndarray) -> Path:
@@ -120,10 +121,9 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope="module")
 def browser():
     """Headless Chromium with WebGPU, shared by the module's tests."""
-    from browser import launch_chromium
-    from playwright.sync_api import sync_playwright
+    from browser import launch_chromium, sync_playwright_alone
 
-    with sync_playwright() as playwright:
+    with sync_playwright_alone() as playwright:
         chromium = launch_chromium(playwright)
         yield chromium
         chromium.close()

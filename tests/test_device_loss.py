@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from browser import CHROMIUM, ConsoleLog, serving
+from browser import CHROMIUM, ConsoleLog, serving, sync_playwright_alone
 from conftest import save_tiny_relu_matmul
 
 import kiln
@@ -94,9 +94,8 @@ def test_lost_device_in_the_browser(package):
     """In Chromium: the page's shared device destroyed, the session's next run is a DeviceError saying the device was
     lost; ``kiln.load`` again (same page) gets a new device and the right answer."""
     from browser import launch_chromium
-    from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright, serving(package) as url:
+    with sync_playwright_alone() as playwright, serving(package) as url:
         browser = launch_chromium(playwright)
         try:
             page = browser.new_page()

@@ -12,7 +12,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from browser import CHROMIUM, ConsoleLog, serving
+from browser import CHROMIUM, ConsoleLog, serving, sync_playwright_alone
 from conftest import save_tiny_relu_matmul
 
 import kiln
@@ -108,8 +108,6 @@ def test_tampered_files_are_refused_in_the_browser(package, tmp_path):
     edited) and a manifest with a matching digest whose plan names a buffer that does not exist, each with a
     PackageError naming the file; the untouched package loads."""
     from browser import launch_chromium
-    from playwright.sync_api import sync_playwright
-
     kernel = read_manifest(package)["targets"]["webgpu"]["kernels"][0]["source"]
     shader = _copy(package, tmp_path, "shader")
     _flip_last_byte(shader / kernel)
@@ -119,7 +117,7 @@ def test_tampered_files_are_refused_in_the_browser(package, tmp_path):
     inconsistent["targets"]["webgpu"]["plan"][0]["buffers"][0] = 99
     inconsistent_text = json.dumps(inconsistent, indent=1)
     inconsistent_digest = f"{hashlib.sha256(inconsistent_text.encode()).hexdigest()}  manifest.json\n"
-    with sync_playwright() as playwright:
+    with sync_playwright_alone() as playwright:
         browser = launch_chromium(playwright)
         try:
             errors = {}

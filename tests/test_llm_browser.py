@@ -14,7 +14,7 @@ import shutil
 
 import numpy as np
 import pytest
-from browser import CHROMIUM, ConsoleLog, launch_chromium, serving_tree
+from browser import CHROMIUM, ConsoleLog, launch_chromium, serving_tree, sync_playwright_alone
 from conftest import ROOT, SHARED_MODELS
 
 from kiln.compiler import compile_graph
@@ -46,8 +46,6 @@ def served(tmp_path_factory, smollm2_chat_package):
     """A tree of two packages served on loopback: ``chat/`` as ``kiln compile model.gguf --max-context 192 --target
     webgpu,wasm,cpu`` makes it (conftest.py's, copied), and ``tf/``, the decoder step with every row's logits
     (128-token context, both targets) next to the reference logits as raw float32 files; and Chromium."""
-    from playwright.sync_api import sync_playwright
-
     root = tmp_path_factory.mktemp("llm_browser")
     shutil.copytree(smollm2_chat_package, root / "chat")
     dg = import_gguf(SMOLLM2, max_context=128)
@@ -57,7 +55,7 @@ def served(tmp_path_factory, smollm2_chat_package):
     ref = np.load(REFERENCE)
     for name in QUESTIONS:
         ref[f"{name}_logits"].astype("<f4").tofile(root / "tf" / f"{name}_logits.bin")
-    with serving_tree(root) as url, sync_playwright() as playwright:
+    with serving_tree(root) as url, sync_playwright_alone() as playwright:
         browser = launch_chromium(playwright)
         yield url, browser, ref
         browser.close()

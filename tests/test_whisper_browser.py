@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from browser import sync_playwright_alone
 
 from tests.browser import ConsoleLog, launch_chromium, serving
 from tests.speech_clips import CLIPS, espeak_available, make_clip
@@ -27,7 +28,6 @@ def served(tmp_path_factory):
     (``NAME.f32``) and espeak-ng's own 22050 Hz WAV file; the reference's segments; Chromium; and the package's
     folder."""
     from faster_whisper import WhisperModel
-    from playwright.sync_api import sync_playwright
 
     from kiln.compiler import compile_whisper
 
@@ -43,7 +43,7 @@ def served(tmp_path_factory):
         if clip.name == "fox_us":
             refs[clip.name]["beam"] = _reference_segments(reference, samples, False, beam=5)
     (pkg / "junk.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEjunkjunkjunkjunk")
-    with serving(pkg) as url, sync_playwright() as playwright:
+    with serving(pkg) as url, sync_playwright_alone() as playwright:
         browser = launch_chromium(playwright)
         yield url, browser, refs, pkg
         browser.close()

@@ -42,7 +42,7 @@ def _round(harness: str, examples: int, log: Path) -> tuple[int, int, float]:
     env = dict(os.environ, KILN_FUZZ_RANDOM="1", KILN_FUZZ_EXAMPLES=str(examples))
     start = time.perf_counter()
     with log.open("w") as out:
-        rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+        rc = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", "-x",
                              f"tests/test_fuzz_{harness}.py", "--hypothesis-show-statistics"],
                             check=False, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     text = log.read_text(errors="replace")
