@@ -12,6 +12,10 @@ The step's wall clock is split as well (medians, ms):
 - ``queued``: steps submitted back to back with nothing read back, per step: the larger of the host's and the
   GPU's time per step (a GPU-bound step shows its GPU time here).
 
+``--skip PREFIX,...`` then times steps queued back to back with the dispatches of the kernels whose names start
+with each prefix (``k006``: a kernel of this build, as the table lists them) left out, each prefix and all together
+(wrong results, timing only): an upper bound on what fusing those kernels away could save.
+
 Then the host's time in ``session.generate``'s greedy loop by part (``--generate N`` tokens after a prompt of
 ``context - N / 2`` tokens, the last of 3 answers; 0 skips it): every call of the runtime's parts timed (µs a
 token): ``_run`` (a whole step's ``run``) and within it ``_bind_dims`` (the run-time dims bound, dispatches
@@ -47,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--device-class", default="gpu", choices=["gpu", "cpu"])
     ap.add_argument("--generate", type=int, default=128, help="tokens a generation for the host's parts (0: skip)")
+    ap.add_argument("--skip", default="", help="kernel name prefixes whose dispatches to leave out, timing only")
     a = ap.parse_args(argv)
     out = Path(tempfile.mkdtemp(prefix="kiln-llm-")) / "pkg"
     from kiln.passes.split_attention import BLOCK  # (whole blocks: the split pads no zero rows)
@@ -73,10 +78,51 @@ def main(argv: list[str] | None = None) -> None:
           "alone), " + ", ".join(f"{k} {v:.3f} ms" for k, v in walls.items()))
     for k, v in sorted(total.items(), key=lambda x: -x[1])[:12]:
         print(f"  {k:48s} x{count[k]:4d} {v:8.3f} ms")
+    if a.skip and not a.prompt:
+        for label, (ms, dispatches) in skipped(s, feeds, a.skip.split(",")).items():
+            print(f"queued without {label}: {ms:.3f} ms a step, {dispatches} dispatches")
     if a.generate and not a.prompt and a.device_class == "gpu":
         rate, parts = generate_parts(s, max(1, a.context - a.generate // 2), a.generate)
         print(f"generate, {a.generate} tokens from context {max(1, a.context - a.generate // 2)}: {rate:.1f} tokens/s; "
               "host us a token: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+
+
+def skipped(session, feeds: dict, prefixes: list[str], n: int = 300, rounds: int = 5) -> dict[str, tuple[float, int]]:
+    """Per-step ms (the best of ``rounds`` of ``n`` steps queued back to back, fixed dims) and dispatches with the
+    steps of kernels named ``prefix*`` given no workgroups (the recording loop skips them), for no prefix (``none``),
+    each prefix and all of them. Uses the session's recorded counts (``_table``: the C loop's), so the plan keeps
+    its dims; results are wrong while they are skipped."""
+    gen = session.manifest["generation"]
+    want = [gen["next_token"]]
+    session.run(feeds, output="gpu", outputs=want)[want[0]].numpy()
+    if session._table is None:
+        raise SystemExit("--skip needs the C dispatch loop (kiln.runtime.record) and run-time dims")
+    counts, table = session._table
+    names = np.array(session.step_names)
+    live = table[:, 0] > 0
+
+    def queued(mask) -> tuple[float, int]:
+        edited = table.copy()
+        edited[mask] = 0
+        session._table = (counts, edited)
+        try:
+            best = []
+            for _ in range(rounds):
+                session.sync()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    session.run(feeds, output="gpu", outputs=want)
+                session.sync()
+                best.append((time.perf_counter() - t0) * 1e3 / n)
+        finally:
+            session._table = (counts, table)
+        return min(best), int((live & ~mask).sum())
+
+    masks = {"none": np.zeros(len(names), bool)}
+    masks.update({p: np.char.startswith(names, p) for p in prefixes})
+    if len(prefixes) > 1:
+        masks[" and ".join(prefixes)] = np.any([np.char.startswith(names, p) for p in prefixes], axis=0)
+    return {label: queued(m) for label, m in masks.items()}
 
 
 @contextlib.contextmanager
