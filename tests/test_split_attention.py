@@ -5,6 +5,8 @@ Llama GGUF (tests/test_fuzz_gguf.py's) with a 1024-token cache, compiled with th
 
 from __future__ import annotations
 
+import re
+
 import gguf
 import numpy as np
 import pytest
@@ -61,6 +63,21 @@ def test_decode_past_the_fused_kernels_keys_runs_split_and_combine(llama):
     assert attention(1, CONTEXT - 1) == split
     assert len(attention(3, MAX_FUSED_KEYS)) == 3  # a prefill: the three kernels
     assert BLOCK * (CONTEXT // BLOCK) == CONTEXT
+
+
+def test_split_kernel_stores_its_log_sum_exp_apart(llama):
+    """The split kernel's output packs the block's log-sum-exp after ``P V``'s columns (a head's width + 1): the lanes
+    tile the head's width alone (``kiln.te.rows._row_only_tail``; 65 columns made parts 65 lanes apart, whose warps
+    read two keys' rows), one lane stores the last column. The numbers: test_split_decode_equals_the_prefill."""
+    pkg, _ = llama
+    target = kiln.load(pkg).manifest["targets"]["webgpu"]
+    split = [k for k in target["kernels"] if k["ops"][-1] == "Concat" and k["ops"].count("MatMul") == 2]
+    assert len(split) == 1, [k["name"] for k in split]
+    source = (pkg / split[0]["source"]).read_text()
+    stores = [line for line in source.splitlines() if line.strip().startswith("out[")]
+    assert len(stores) >= 2 and "(lane == 0i)" in source, stores
+    strides = [int(n) for n in re.findall(r"let g\d+ = \(lane % (\d+)i\);", source)]  # (the column parts')
+    assert len(strides) == 1 and strides[0] & (strides[0] - 1) == 0, strides
 
 
 def test_alternatives_take_the_token_count_as_a_constant(llama):

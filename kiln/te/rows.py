@@ -50,6 +50,7 @@ from kiln.arith.expr import (
     call,
     cast,
     children,
+    const,
     free_vars,
     linear,
     nodes,
@@ -591,13 +592,16 @@ def _column_parts(out: Tensor, plan: RowPlan, lanes: int, ncols: int, body: list
     :data:`COLUMN_TILE` down, dividing ``ncols``; neighbouring lanes take neighbouring columns, so that a warp's loads
     of a key's row are coalesced) and ``parts`` lanes a tile: lane ``g + p * groups`` sums
     every ``parts``-th term of its tile's columns from ``p`` on, :data:`KEY_TILE` terms a round with their loads in
-    flight together, the parts meet in workgroup array ``redc`` and part 0 stores the tile."""
+    flight together, the parts meet in workgroup array ``redc`` and part 0 stores the tile. A last column of row
+    values only (:func:`_row_only_tail`) is left out of the tiles and stored by one lane."""
     lane, tile = Var("lane"), Var("tile")
+    tail = _row_only_tail(out, plan, ncols)
+    ncols -= tail  # (the columns the lanes tile: a split's P V, 64 columns, its log-sum-exp stored apart)
     w = COLUMN_TILE
     while ncols % w:
         w //= 2
     groups = ncols // w
-    parts = max(1, lanes // groups)  # (a split's 65 columns, its log-sum-exp packed after P V: 3 parts, not 2)
+    parts = max(1, lanes // groups)
     g, part = Var(f"g{next(counter)}"), Var(f"part{next(counter)}")
     body += [Let(g, lane % groups), Let(part, lane // groups)]
     col_axes = [out.axes[a] for a in plan.cols]
@@ -655,6 +659,32 @@ def _column_parts(out: Tensor, plan: RowPlan, lanes: int, ncols: int, body: list
         index = _subst(ravel(list(out.axes), out.shape), cols[t])
         done.body.append(Store("out", linear(index), value))
     body.append(done)
+    if tail:  # the last column, of row values only: one lane stores it
+        last = If(binop("==", lane, 0) & binop("<", tile, total))
+        at = _column_at([out.axes[a] for a in plan.cols], ncols)
+        value = cse([flat(_subst(known(out.body), at), False)], last.body)[0]
+        last.body.append(Store("out", linear(_subst(ravel(list(out.axes), out.shape), at)), value))
+        body.append(last)
+
+
+def _row_only_tail(out: Tensor, plan: RowPlan, ncols: int) -> int:
+    """1 where the last column of ``out`` (its column axes of one value each but the innermost) reads no column
+    reduction (FlashDecoding's split kernel, :mod:`kiln.passes.split_attention`, packs its log-sum-exp there, after
+    ``P V``) and the others are a power of two, else 0: the lanes then tile the others, one lane stores it.
+    SmolLM2's 65 columns had made 3 parts of lanes 65 apart, whose warps read two keys' rows; now 16 parts of 4
+    columns. H200, SmolLM2's decode step at 1024 keys, queued, fastest of 7 rounds: 1.270 / 1.348 / 1.270 ms before,
+    1.218 / 1.230 / 1.269 / 1.232 after, over two leases (bench/results/llm-split-20261129-h200.txt)."""
+    axes = [out.axes[a] for a in plan.cols]
+    if ncols < 3 or (ncols - 1) & (ncols - 2) or any(out.shape[a] != 1 for a in plan.cols[:-1]):
+        return 0
+    marker, columns = Var("kiln_column_reduction"), set(plan.columns)
+    e = transform(out.body, lambda x: marker if x in columns else None)
+    return int(not any(x is marker for x in nodes(substitute(e, _column_at(axes, ncols - 1)))))
+
+
+def _column_at(axes: list[Var], c: int) -> dict[Var, Expr]:
+    """Column axes ``axes`` (all of one value but the last) at column ``c``."""
+    return {**{a: const(0, "int32") for a in axes[:-1]}, axes[-1]: const(c, "int32")}
 
 
 def _prod(dims):
