@@ -32,6 +32,12 @@ SCRIPT = """async ({x, ids}) => {
   out.gpuOutputs = Object.entries(g).map(([k, t]) => [k, t instanceof kiln.GPUTensor, t.dims]);
   out.host = {h: Array.from(host.h.data), s: Array.from(host.s.data)};
   out.gpu = {h: Array.from((await g.h.read()).data), s: Array.from((await g.s.download()).data)};
+  // outputs and read: s alone, its read back recorded with the run (a later run changes nothing of it)
+  const only = await mlp.run({x: xg}, {output: 'gpu', outputs: ['s'], read: ['s']});
+  await mlp.run({x: new kiln.Tensor('float32', Float32Array.from(x, (v) => v - 1), [2, 8])}, {output: 'gpu'});
+  out.only = {names: Object.keys(only), s: Array.from((await only.s.read()).data),
+              again: Array.from((await only.s.read()).data),
+              host: Object.keys(await mlp.run({x: xt}, {outputs: ['h']}))};
   const p = await head.run({h: g.h}, {output: 'gpu'});               // chained on the GPU
   out.p = Array.from((await p.p.read()).data);
   // outputs stay valid after later runs
@@ -63,6 +69,9 @@ SCRIPT = """async ({x, ids}) => {
     destroyed: await error(() => mlp.run({x: destroyed})),
     read: await error(() => destroyed.read()),
     output: await error(() => mlp.run({x: xt}, {output: 'host'})),
+    unknownOutput: await error(() => mlp.run({x: xt}, {output: 'gpu', outputs: ['s', 'nope']})),
+    readHost: await error(() => mlp.run({x: xt}, {read: ['s']})),
+    readNotReturned: await error(() => mlp.run({x: xt}, {output: 'gpu', outputs: ['s'], read: ['h']})),
     badDevice: await error(() => kiln.load('./mlp/', {device: 'gpu0'})),
   };
   out.ownDifferent = own.device !== mlp.device;
@@ -120,6 +129,7 @@ def test_gpu_tensors_chain_sessions_and_share_pipelines_in_the_browser(browser, 
     np.testing.assert_allclose(out["host"]["h"], mlp["h"].ravel(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out["host"]["s"], mlp["s"], rtol=1e-5, atol=1e-5)
     assert out["gpu"] == out["host"] and out["mixedS"] == out["host"]["s"] and out["gStillH"] == out["host"]["h"]
+    assert out["only"] == {"names": ["s"], "s": out["host"]["s"], "again": out["host"]["s"], "host": ["h"]}
     np.testing.assert_allclose(out["laterH"], _ort(paths["mlp"], {"x": x + 1})["h"].ravel(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out["p"], _ort(paths["head"], {"h": mlp["h"]})["p"].ravel(), rtol=1e-5, atol=1e-6)
     assert out["timed"] == 2
@@ -133,6 +143,9 @@ def test_gpu_tensors_chain_sessions_and_share_pipelines_in_the_browser(browser, 
     assert errors["destroyed"] == "KilnError: input 'x': the GPUTensor was destroyed"
     assert errors["read"] == "KilnError: read: this GPUTensor was destroyed"
     assert errors["output"] == "KilnError: run: output must be 'cpu' or 'gpu', got 'host'"
+    assert errors["unknownOutput"] == "KilnError: run: unknown output 'nope'; the model's outputs are 'h', 's'"
+    read = "KilnError: run: read names outputs to read back with output 'gpu', among those returned"
+    assert errors["readHost"] == read and errors["readNotReturned"] == read
     assert errors["badDevice"].startswith("DeviceError: load: device must be 'shared', 'own' or a GPUDevice")
     assert out["ownDifferent"] and out["ownS"] == out["host"]["s"]
     cache = out["cache"]

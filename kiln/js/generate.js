@@ -344,17 +344,18 @@ export class Generator {
       let t1 = t0;
       for (let start = 0; start < ids.length; start += chunk) {  // prefill, in chunks the package's steps take
         free(out);
-        out = await this.step(ids.slice(start, start + chunk), start, onGPU);
+        out = await this.step(ids.slice(start, start + chunk), start, onGPU, greedy);
       }
       for (let n = 0; n < maxNewTokens; n++) {
         let token;
         if (greedy) {
-          // On WebGPU the token stays on the device: its read is submitted, then the next step fed with it, so
-          // that the GPU runs step n + 1 while the token comes back (one wasted step when it ends the answer).
+          // On WebGPU the token stays on the device: its read back was recorded in its step's command buffer, and
+          // the next step is fed with it, so that the GPU runs step n + 1 while the token comes back (one wasted
+          // step when it ends the answer).
           // The prefill's next_token has a row per prompt token: the first decode step waits for it.
           const pending = read(out[this.config.next_token]);
           if (onGPU && this.runAhead && n > 0 && n + 1 < maxNewTokens) {
-            ahead = this.step(/** @type {GPUTensor} */ (out[this.config.next_token]), ids.length + n, onGPU);
+            ahead = this.step(/** @type {GPUTensor} */ (out[this.config.next_token]), ids.length + n, onGPU, true);
             ahead.catch(() => undefined);  // (handled: awaited below, or settled in finally if the read fails)
           }
           token = Number((await pending).data.at(-1));
@@ -396,7 +397,7 @@ export class Generator {
           out = /** @type {Record<string, Tensor | GPUTensor>} */ (ahead);
           ahead = null;
         } else if (n + 1 < maxNewTokens) {
-          out = await this.step([token], ids.length + n, onGPU);
+          out = await this.step([token], ids.length + n, onGPU, greedy);
         }
       }
       if (!stats.stopReason) stats.stopReason = 'length';
@@ -426,15 +427,20 @@ export class Generator {
    * @private
    * @param {number[] | GPUTensor} ids token ids, or a GPUTensor `[1, n]` of them (a step's next_token)
    * @param {number} cached @param {boolean} onGPU
-   * @returns {Promise<Record<string, Tensor | GPUTensor>>} the logits and next_token (GPUTensors on WebGPU)
+   * @param {boolean} [greedy] on WebGPU only next_token is wanted: the logits stay in the session's buffer, and
+   *   the token's read back is recorded with the step (kiln/runtime/generate.py's `_step`)
+   * @returns {Promise<Record<string, Tensor | GPUTensor>>} the logits and next_token (GPUTensors on WebGPU;
+   *   next_token alone for a greedy step there)
    */
-  async step(ids, cached, onGPU) {
+  async step(ids, cached, onGPU, greedy = false) {
     const feeds = {
       [this.config.input_ids]: ids instanceof GPUTensor ? ids
         : new Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]),
       [this.config.cache.position]: new Tensor('int64', BigInt64Array.of(BigInt(cached)), [1]),
     };
-    return this.session.run(feeds, {output: onGPU ? 'gpu' : 'cpu'});
+    if (!onGPU) return this.session.run(feeds);
+    const token = this.config.next_token;
+    return this.session.run(feeds, greedy ? {output: 'gpu', outputs: [token], read: [token]} : {output: 'gpu'});
   }
 }
 

@@ -27,6 +27,30 @@ export function storageType(dtype) {
 /** Buffer usage of every GPUTensor: bindable, and a copy source and destination. */
 const USAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
 
+/** Staging buffers for reads, kept per device (at most {@link READBACKS_KEPT}): a decoder reads a token a step. */
+const READBACKS = new WeakMap();
+/** the most staging buffers a device keeps for reads */
+const READBACKS_KEPT = 4;
+
+/**
+ * A mappable staging buffer of at least `size` bytes on `device`, from its pool or new.
+ * @param {GPUDevice} device @param {number} size @returns {GPUBuffer}
+ */
+function takeReadback(device, size) {
+  const pool = READBACKS.get(device) ?? [];
+  const at = pool.findIndex((b) => b.size >= size);
+  if (at >= 0) return pool.splice(at, 1)[0];
+  return device.createBuffer({label: 'kiln_read', size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
+}
+
+/** Return staging buffer `buffer` (unmapped) to `device`'s pool, or destroy it where the pool is full. */
+function giveReadback(device, buffer) {
+  if (!READBACKS.has(device)) READBACKS.set(device, []);
+  const pool = READBACKS.get(device);
+  if (pool.length < READBACKS_KEPT) pool.push(buffer);
+  else buffer.destroy();
+}
+
 /** A tensor in a WebGPU buffer of one device. Made by `Session.upload` or `Session.run(feeds, {output: 'gpu'})`. */
 export class GPUTensor {
   /**
@@ -42,6 +66,8 @@ export class GPUTensor {
     /** @readonly */ this.device = device;
     /** @type {GPUBuffer | null} null once destroyed */
     this.buffer = buffer;
+    /** @private @type {Promise<import('./tensor.js').Tensor> | null} a read recorded with the run that made it */
+    this.pending = null;
   }
 
   /**
@@ -93,20 +119,41 @@ export class GPUTensor {
    */
   async read() {
     if (!this.buffer) throw new KilnError('read: this GPUTensor was destroyed');
-    const size = Math.max(4, Math.ceil(this.byteLength / 4) * 4);
-    const staging = this.device.createBuffer({label: 'kiln_read', size,
-      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
-    try {
-      const encoder = this.device.createCommandEncoder();
-      encoder.copyBufferToBuffer(this.buffer, 0, staging, 0, size);
-      this.device.queue.submit([encoder.finish()]);
-      await staging.mapAsync(GPUMapMode.READ);
-      const bytes = staging.getMappedRange(0, size).slice(0);
-      staging.unmap();
-      return fromStorage({name: 'read', dtype: this.type, storage: this.storage, shape: this.dims}, bytes);
-    } finally {
-      staging.destroy();
+    if (this.pending) {  // (recorded in the command buffer of the run that made it: no submission of its own)
+      const pending = this.pending;
+      this.pending = null;
+      return pending;
     }
+    const encoder = this.device.createCommandEncoder();
+    const started = this.startRead(encoder, this.buffer);
+    this.device.queue.submit([encoder.finish()]);
+    started();
+    return this.read();
+  }
+
+  /**
+   * Record this tensor's read back into `encoder`, copied from `source` (the buffer it is a copy of, written
+   * earlier in the same command buffer: a decoder step's `next_token`), through a staging buffer of the device's
+   * pool; the next {@link GPUTensor#read} returns it (kiln/runtime/gpu.py's `GPUTensor.start_read`).
+   * @param {GPUCommandEncoder} encoder @param {GPUBuffer} source
+   * @returns {() => void} to call once the encoder's commands are submitted (it maps the staging buffer)
+   */
+  startRead(encoder, source) {
+    const size = Math.max(4, Math.ceil(this.byteLength / 4) * 4);
+    const staging = takeReadback(this.device, size);
+    encoder.copyBufferToBuffer(source, 0, staging, 0, size);
+    return () => {
+      this.pending = staging.mapAsync(GPUMapMode.READ).then(() => {
+        const bytes = staging.getMappedRange(0, size).slice(0);
+        staging.unmap();
+        giveReadback(this.device, staging);
+        return fromStorage({name: 'read', dtype: this.type, storage: this.storage, shape: this.dims}, bytes);
+      }, (error) => {
+        staging.destroy();
+        throw error;
+      });
+      this.pending.catch(() => undefined);  // (a read never asked for is no unhandled rejection)
+    };
   }
 
   /** Same as {@link GPUTensor#read}. @returns {Promise<import('./tensor.js').Tensor>} */

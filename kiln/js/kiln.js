@@ -309,26 +309,41 @@ export class Session {
    *
    * @param {Record<string, Tensor | GPUTensor>} feeds input name -> tensor of the manifest's dtype and shape;
    *   on WebGPU also a {@link GPUTensor} on this session's device, copied into the input on the GPU.
-   * @param {{output?: 'cpu' | 'gpu'}} [options] `output: 'gpu'` (WebGPU): the outputs are copied, on the GPU,
-   *   into new GPUTensors that later runs never change, and nothing is read back (`tensor.read()` does).
+   * @param {{output?: 'cpu' | 'gpu', outputs?: string[], read?: string[]}} [options] `output: 'gpu'` (WebGPU):
+   *   the outputs are copied, on the GPU, into new GPUTensors that later runs never change, and nothing is read
+   *   back (`tensor.read()` does). `outputs`: only these outputs are returned (onnxruntime's `output_names`; with
+   *   `output: 'gpu'` the others are not copied). `read` (with `output: 'gpu'`): outputs among those returned whose
+   *   read back is recorded in the run's own command buffer, their GPUTensors' first `read()` returning it (a
+   *   decoder step's `next_token`: one submission a step, not two).
    * @returns {Promise<Record<string, Tensor | GPUTensor>>} output name -> new tensor (copied out of device
    *   memory), or new GPUTensor with `output: 'gpu'`.
    * @throws {ShapeError} unknown, missing, wrongly typed or wrongly shaped input.
    * @throws {DeviceError} a GPUTensor of another device; the device was lost or rejected the work.
-   * @throws {KilnError} a destroyed GPUTensor, a bad `output`, or GPU tensors on a target other than WebGPU.
+   * @throws {KilnError} a destroyed GPUTensor, a bad `output`, an unknown name in `outputs`, `read` without
+   *   `output: 'gpu'` or naming an output not returned, or GPU tensors on a target other than WebGPU.
    */
   async run(feeds, options = {}) {
-    const {output = 'cpu'} = options;
+    const {output = 'cpu', outputs = null, read = []} = options;
     if (output !== 'cpu' && output !== 'gpu') throw new KilnError(`run: output must be 'cpu' or 'gpu', got '${output}'`);
     if (output === 'gpu') this.requireWebGPU("run(feeds, {output: 'gpu'})");
+    const known = this.outputs.map((spec) => spec.name);
+    const unknown = (outputs ?? []).filter((name) => !known.includes(name));
+    if (unknown.length) {
+      const quoted = (names) => names.map((n) => `'${n}'`).join(', ');
+      throw new KilnError(`run: unknown output${unknown.length > 1 ? 's' : ''} ${quoted(unknown)}; the model's ` +
+                          `outputs are ${quoted(known)}`);
+    }
+    if (read.length && (output !== 'gpu' || read.some((name) => !(outputs ?? known).includes(name)))) {
+      throw new KilnError(`run: read names outputs to read back with output 'gpu', among those returned`);
+    }
     const checked = this.checkFeeds(feeds);
     // run-time dims (dims.js): bound from the fed shapes; outputs take their shapes from them
     const env = checked.dims;
     const result = this.queue.then(async () => {
-      const raw = await this.backend.run(checked, {output, dims: env});
+      const raw = await this.backend.run(checked, {output, dims: env, ...(output === 'gpu' ? {outputs, read} : {})});
       if (output === 'gpu') return raw;
-      return Object.fromEntries(this.outputs.map((spec) => [spec.name, fromStorage(
-        env ? {...spec, shape: outputShape(spec, env)} : spec, raw[spec.name])]));
+      return Object.fromEntries(this.outputs.filter((spec) => !outputs || outputs.includes(spec.name)).map(
+        (spec) => [spec.name, fromStorage(env ? {...spec, shape: outputShape(spec, env)} : spec, raw[spec.name])]));
     });
     this.queue = result.catch(() => undefined);
     return result;

@@ -379,13 +379,16 @@ export class WebGPUBackend {
    * Run the plan once.
    * @param {{spec: TensorSpec, data?: ArrayBufferView, gpu?: GPUTensor}[]} inputs every manifest input: its data in
    *   storage form, or a GPUTensor on this device (copied into the input's buffer on the GPU)
-   * @param {{output?: 'cpu' | 'gpu', dims?: Record<string, number> | null}} [options] `'gpu'`: copy the outputs into
-   *   new GPUTensors, read nothing back; `dims`: the run-time dims' values (dims.js), null for a static package
+   * @param {{output?: 'cpu' | 'gpu', dims?: Record<string, number> | null, outputs?: string[] | null,
+   *   read?: string[]}} [options] `'gpu'`: copy the outputs into new GPUTensors, read nothing back; `dims`: the
+   *   run-time dims' values (dims.js), null for a static package; with `'gpu'`, `outputs`: only these outputs
+   *   (null: all), `read`: outputs whose read back is recorded in the run's own command buffer (their GPUTensors'
+   *   first `read()` returns it)
    * @returns {Promise<Record<string, ArrayBuffer | GPUTensor>>} each output's buffer contents (storage form),
    *   or with `output: 'gpu'` each output's new GPUTensor
    * @throws {DeviceError} the device was lost or rejected the work.
    */
-  async run(inputs, {output = 'cpu', dims = null} = {}) {
+  async run(inputs, {output = 'cpu', dims = null, outputs = null, read = []} = {}) {
     this.checkLost();
     const {device} = this;
     device.pushErrorScope('validation');
@@ -417,11 +420,15 @@ export class WebGPUBackend {
     if (output === 'gpu') {
       /** @type {Record<string, GPUTensor>} */
       const results = {};
+      const reads = [];
       this.outputs.forEach((spec, i) => {
+        if (outputs && !outputs.includes(spec.name)) return;
         const t = results[spec.name] = GPUTensor.empty(device, spec.dtype, shapes[i], spec.name);
         if (sizes[i]) encoder.copyBufferToBuffer(this.buffers[spec.buffer], 0, t.buffer, 0, sizes[i]);
+        if (read.includes(spec.name)) reads.push(t.startRead(encoder, this.buffers[spec.buffer]));
       });
       device.queue.submit([encoder.finish()]);
+      for (const started of reads) started();
       await throwScopeError(device, DeviceError, 'WebGPU rejected the run');
       return results;
     }
