@@ -672,8 +672,8 @@ def _row_only_tail(out: Tensor, plan: RowPlan, ncols: int) -> int:
     reduction (FlashDecoding's split kernel, :mod:`kiln.passes.split_attention`, packs its log-sum-exp there, after
     ``P V``) and the others are a power of two, else 0: the lanes then tile the others, one lane stores it.
     SmolLM2's 65 columns had made 3 parts of lanes 65 apart, whose warps read two keys' rows; now 16 parts of 4
-    columns. H200, SmolLM2's decode step at 1024 keys, queued, fastest of 7 rounds: 1.270 / 1.348 / 1.270 ms before,
-    1.218 / 1.230 / 1.269 / 1.232 after, over two leases (bench/results/llm-split-20261129-h200.txt)."""
+    columns. H200, SmolLM2's decode step at 1024 keys, queued, median of 9 interleaved rounds: 1.268 ms before,
+    1.231 after (bench/results/llm-split-20261129-h200.txt)."""
     axes = [out.axes[a] for a in plan.cols]
     if ncols < 3 or (ncols - 1) & (ncols - 2) or any(out.shape[a] != 1 for a in plan.cols[:-1]):
         return 0
