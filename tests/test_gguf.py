@@ -90,9 +90,15 @@ def test_packed_kernels_native(tmp_path, rng, fmt, bits, target):
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2_gguf():
+    """SmolLM2's GGUF file, read once for the module's tests (4-5 s a read; the weights stay packed, read-only)."""
+    return read_gguf(SMOLLM2)
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory, smollm2_gguf):
     """SmolLM2 compiled for WebGPU with a 128-token context (lavapipe schedules), and the reference."""
-    dg = import_gguf(SMOLLM2, max_context=128)
+    dg = import_gguf(SMOLLM2, max_context=128, model=smollm2_gguf)
     compiled = compile_graph(dg.graph, "webgpu", device_class="cpu", validate=False)
     session = kiln.load(write_package(compiled, tmp_path_factory.mktemp("smollm2") / "pkg"))
     return dg, session, np.load(REFERENCE), {}
@@ -128,13 +134,13 @@ def test_smollm2_teacher_forced_logits_native(smollm2, name):
 
 @needs_model
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_smollm2_teacher_forced_logits_gpu_schedules(tmp_path, precision):
+def test_smollm2_teacher_forced_logits_gpu_schedules(tmp_path, precision, smollm2_gguf):
     """The capital sequence again, compiled with the schedules and fusions for GPUs (what a real GPU runs: matmul
     prologues, shared tiles, reduce lanes, row kernels; slow on lavapipe, so one sequence): fp32 within the same
     bounds; ``--precision fp16`` (f16 activations and KV cache) with the same top-1 token everywhere and its logits
     within 0.25 (measured: 0.12 at most, 0.014 on average). Its last rows are then decoded one token a step."""
     ref = np.load(REFERENCE)
-    dg = import_gguf(SMOLLM2, max_context=128)
+    dg = import_gguf(SMOLLM2, max_context=128, model=smollm2_gguf)
     compiled = compile_graph(dg.graph, "webgpu", device_class="gpu", validate=False, precision=precision)
     names = [k.name for k in compiled.kernels]
     assert any("sigmoid" in n and "matmulnbits" in n for n in names), names  # SwiGLU's product as a prologue
@@ -236,7 +242,7 @@ def test_gguf_bad_input(tmp_path):
 
 
 @needs_model
-def test_tokenizer_and_chat_template_match_reference():
+def test_tokenizer_and_chat_template_match_reference(smollm2_gguf):
     """The tokenizer.json built from the GGUF's vocabulary and merges (HF ``tokenizers``) and its chat template
     (``jinja2``) give the reference's prompt text and ids, and decode the reference answers."""
     from tokenizers import Tokenizer
@@ -244,7 +250,7 @@ def test_tokenizer_and_chat_template_match_reference():
     from kiln.frontend.gguf.tokenizer import tokenizer_json
     from kiln.runtime.chat import render_chat
 
-    meta = read_gguf(SMOLLM2).metadata
+    meta = smollm2_gguf.metadata
     tok = Tokenizer.from_str(tokenizer_json(meta))
     ref = np.load(REFERENCE)
     for name, question in [("capital", "What is the capital of France? Answer in one sentence."),
@@ -399,7 +405,7 @@ def test_stop_strings_end_the_answer(chat_package):
     assert session.generator.stats.stop_reason == "stop"
 
 
-def test_text_stream_is_the_decoded_answer(rng):
+def test_text_stream_is_the_decoded_answer(rng, smollm2_gguf):
     """Incremental detokenization: the pieces :class:`TextStream` yields, token by token, join to the whole
     answer's decoding, with nothing yielded while a character is split across byte-level tokens (emoji, CJK)."""
     from tokenizers import Tokenizer
@@ -407,7 +413,7 @@ def test_text_stream_is_the_decoded_answer(rng):
     from kiln.frontend.gguf.tokenizer import tokenizer_json
     from kiln.runtime.generate import TextStream
 
-    tok = Tokenizer.from_str(tokenizer_json(read_gguf(SMOLLM2).metadata))
+    tok = Tokenizer.from_str(tokenizer_json(smollm2_gguf.metadata))
     pool = list("abc xyz,.!?\n") + ["é", "ß", "日本", "😀", "🎉", "Ωμέγα", " Paris", "  "]
     for _ in range(20):
         text = "".join(rng.choice(pool, 30))
