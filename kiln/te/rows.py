@@ -677,9 +677,11 @@ def _row_only_tail(out: Tensor, plan: RowPlan, ncols: int) -> int:
     axes = [out.axes[a] for a in plan.cols]
     if ncols < 3 or (ncols - 1) & (ncols - 2) or any(out.shape[a] != 1 for a in plan.cols[:-1]):
         return 0
-    marker, columns = Var("kiln_column_reduction"), set(plan.columns)
-    e = transform(out.body, lambda x: marker if x in columns else None)
-    return int(not any(x is marker for x in nodes(substitute(e, _column_at(axes, ncols - 1)))))
+    columns, marker = set(plan.columns), "kiln_column_reduction"
+    e = transform(out.body, lambda x: Var(marker, 0, x.dtype) if x in columns else None)  # (of its dtype: fp16
+    # compute compares it with float bounds)
+    last = substitute(e, _column_at(axes, ncols - 1))
+    return int(not any(isinstance(x, Var) and x.name == marker for x in nodes(last)))
 
 
 def _column_at(axes: list[Var], c: int) -> dict[Var, Expr]:
