@@ -163,3 +163,33 @@ def test_a_nested_reduction_read_twice_is_reduced_once():
     w = np.exp(ls.astype(np.float64) - ls.max())
     got = KernelRunner(src, [ls, os_], n, k.dispatch).run()
     np.testing.assert_allclose(got.reshape(n), (w[:, None] * os_).sum(0) / w.sum(), rtol=1e-5, atol=1e-6)
+
+
+def test_groups_of_one_structure_are_lowered_once(rng):
+    """``build_group`` with a memo (kiln.codegen.lowering; the WebGPU target keeps one a build): groups of the same
+    structure (a decoder's layers) take the kernel lowered first, bound to their own values, rendered as a fresh
+    lowering is; another scalar constant is another kernel."""
+    from kiln.codegen.lowering import build_group, group_key
+    from kiln.ir.graph import Builder, Graph, Value
+    from kiln.passes.fusion import fuse
+
+    g = Graph(name="layers")
+    x = Value("x", "float32", (4, 8))
+    g.inputs = [x]
+    b = Builder(g)
+    h = x
+    for scale in (2.0, 2.0, 3.0):  # (the third layer's constant differs)
+        w = b.const(rng.standard_normal((8, 8)).astype(np.float32))
+        h = b.op("Tanh", [b.op("Mul", [b.op("MatMul", [h, w]), b.const(np.array(scale, np.float32))])])
+    g.outputs = [h]
+    groups = [gr for gr in fuse(g) if not gr.alias]
+    assert len(groups) == 3, [[n.op for n in gr.nodes] for gr in groups]
+    keys = [group_key(gr)[0] for gr in groups]
+    assert keys[0] == keys[1] != keys[2]
+    memo: dict = {}
+    built = [build_group(gr, memo=memo) for gr in groups]
+    assert built[1][0] is built[0][0] and built[2][0] is not built[0][0] and len(memo) == 2
+    for gr, (k, ins) in zip(groups, built):
+        fresh, fresh_ins = build_group(gr)
+        assert [id(v) for v in ins] == [id(v) for v in fresh_ins]  # its own input and weight
+        assert wgsl.render(k) == wgsl.render(fresh)

@@ -489,6 +489,11 @@ def at_opt(d: Dim) -> int:
     return int(evaluate(d, {s.name: over.get(s.name, s.opt) for s in symbols(d)}))
 
 
+def opt_overrides() -> tuple[tuple[str, int], ...]:
+    """The dims' values :func:`opt_values` sets at this point, sorted (empty outside its blocks)."""
+    return tuple(sorted((_OPT_OVERRIDE.get() or {}).items()))
+
+
 @contextlib.contextmanager
 def opt_values(values: dict[str, int]):
     """Within the ``with`` block, :func:`at_opt` evaluates the named dims at ``values`` (schedules chosen for

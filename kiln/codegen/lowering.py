@@ -10,8 +10,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from kiln.arith import symbolic
-from kiln.arith.expr import hoist_factors, substitute
+from kiln.arith.expr import Expr, hoist_factors, substitute
 from kiln.errors import KilnError
 from kiln.ir import dtypes
 from kiln.kernels import library, storage
@@ -114,13 +116,80 @@ def group_expr(group: Group, plan: MemoryPlan | None = None, accumulate: str = "
 
 
 def build_group(group: Group, schedule: Schedule | Callable[[Tensor], Schedule] = default_schedule,
-                plan: MemoryPlan | None = None, accumulate: str = "float32"):
+                plan: MemoryPlan | None = None, accumulate: str = "float32", memo: dict | None = None):
     """A fused group lowered under ``schedule`` (or the one ``schedule(expr)`` picks); ``plan`` and
-    ``accumulate`` as for :func:`group_expr` (fp16 compute).
+    ``accumulate`` as for :func:`group_expr` (fp16 compute). With ``memo`` (a dict kept for one target's build, the
+    schedule and the dims' planned values the same throughout), a group of the same structure as one lowered before
+    (:func:`group_key`: a decoder's layers) takes that kernel, bound to its own values.
 
     Returns:
         ``(LoweredKernel, input values in binding order)``.
     """
+    made = group_key(group, plan, accumulate) if memo is not None else None
+    if made is not None:  # (the schedule, and the dims' values it is chosen at, as well)
+        made = ((made[0], id(schedule), symbolic.opt_overrides()), made[1])
+        if made[0] in memo:
+            k, at = memo[made[0]]
+            return k, [made[1][j] for j in at]
     final = group_expr(group, plan, accumulate)
     k = lower(final, schedule if isinstance(schedule, Schedule) else schedule(final), name=group.name)
-    return k, [t.attrs["value"] for t in k.inputs]
+    ins = [t.attrs["value"] for t in k.inputs]
+    if made is not None:
+        where = {id(v): j for j, v in enumerate(made[1])}
+        memo[made[0]] = (k, [where[id(v)] for v in ins])
+    return k, ins
+
+
+def group_key(group: Group, plan: MemoryPlan | None = None, accumulate: str = "float32"):
+    """``(key, buffer values)``: what :func:`group_expr` builds ``group`` from, with the values it binds as buffers
+    replaced by their place in ``buffer values`` (in order of first use), and their shapes, dtypes and storage: groups
+    of equal keys have the same expression but for the values bound. None where an attribute is no plain data (a
+    subgraph) or a constant array is large."""
+    index: dict[int, tuple] = {}
+    buffers: list[Any] = []
+    parts = []
+    try:
+        for i, node in enumerate(group.nodes):
+            ins = []
+            for v in node.inputs:
+                if id(v) in index:
+                    ins.append(index[id(v)])
+                elif v.is_const and not needs_buffer(node, v):  # (a scalar the expression holds)
+                    ins.append(("const", v.dtype, np.asarray(v.const).tobytes()))
+                else:
+                    index[id(v)] = ("buffer", len(buffers), tuple(v.shape), v.dtype, plan and plan.storage(v))
+                    buffers.append(v)
+                    ins.append(index[id(v)])
+            out = node.outputs[0]
+            index[id(out)] = ("node", i)
+            parts.append((node.op, _plain(node.attrs), tuple(ins), tuple(out.shape), out.dtype))
+    except _NotPlain:
+        return None
+    key = (tuple(parts), index.get(id(group.output)), group.rows, group.stage_bound, bool(plan is not None and plan.half),
+           plan and plan.storage(group.output), accumulate)
+    return key, buffers
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain(x: Any) -> Any:
+    """Attribute value ``x`` as hashable plain data (raises :class:`_NotPlain` for anything else)."""
+    if isinstance(x, float):
+        return ("float", x.hex())  # (-0.0 apart from 0.0)
+    if isinstance(x, bool):
+        return ("bool", x)
+    if x is None or isinstance(x, (int, str, bytes)):
+        return x
+    if isinstance(x, (list, tuple)):
+        return tuple(_plain(v) for v in x)
+    if isinstance(x, dict):
+        return tuple((k, _plain(v)) for k, v in sorted(x.items(), key=lambda kv: str(kv[0])))
+    if isinstance(x, Expr):  # (a run-time dim in a Slice's ends, a Reshape's shape: frozen, compared by structure)
+        return ("dim", x)
+    if isinstance(x, np.generic):
+        return _plain(x.item())
+    if isinstance(x, np.ndarray) and x.size <= 4096:
+        return ("array", x.dtype.str, x.shape, x.tobytes())
+    raise _NotPlain

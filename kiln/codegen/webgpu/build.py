@@ -109,6 +109,8 @@ class WebGPUKernels(KernelTable):
         super().__init__()
         self.validate, self.features = validate, features
         self._variants: dict[int, Variant | None] = {}  # kernel index -> its variant
+        #: lowered kernels by group structure (kiln.codegen.lowering.build_group): a decoder's layers lowered once
+        self.memo: dict = {}
 
     def step(self, g: Group, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
              accumulate: str = "float32", shape_text: str | None = None, variants: bool = True,
@@ -117,7 +119,8 @@ class WebGPUKernels(KernelTable):
         step (buffers from ``plan.of``), with a :class:`Variant` where the schedule at
         :func:`~kiln.codegen.target.scheduled_variant` differs (unless not ``variants``). ``pinned`` (dim name ->
         value): run-time dims constant wherever the step runs (:func:`~kiln.te.loops.pin_dims`)."""
-        k, ins = lowered if lowered is not None else build_group(g, schedule, plan if plan.half else None, accumulate)
+        k, ins = lowered if lowered is not None else build_group(g, schedule, plan if plan.half else None, accumulate,
+                                                                 self.memo)
         if pinned:
             k = pin_dims(k, pinned)
         index = self._add([g], k, describe(g, shape_text))
@@ -223,7 +226,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
 
     for g in progress_over(work, progress, "generating kernels"):
         if concat_steps and not g.alternative_to and not within.get(id(g)):
-            k, ins = build_group(g, schedule, plan if plan.half else None, accumulate)
+            k, ins = build_group(g, schedule, plan if plan.half else None, accumulate, table.memo)
             bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
             # (kernels without loops only: a concatenated kernel's loop count is the sum of its parts', which
             # llvmpipe limits per invocation, and a long kernel gains nothing from sharing its dispatch)
