@@ -65,13 +65,19 @@ def test_decode_past_the_fused_kernels_keys_runs_split_and_combine(llama):
     assert BLOCK * (CONTEXT // BLOCK) == CONTEXT
 
 
+def _split_kernels(target: dict) -> list[dict]:
+    """The split kernels of a manifest's webgpu section: scores and ``P V`` (two MatMuls), ending with the Concat of
+    the log-sum-exp."""
+    return [k for k in target["kernels"] if k["ops"][-1] == "Concat" and k["ops"].count("MatMul") == 2]
+
+
 def test_split_kernel_stores_its_log_sum_exp_apart(llama):
     """The split kernel's output packs the block's log-sum-exp after ``P V``'s columns (a head's width + 1): the lanes
     tile the head's width alone (``kiln.te.rows._row_only_tail``; 65 columns made parts 65 lanes apart, whose warps
     read two keys' rows), one lane stores the last column. The numbers: test_split_decode_equals_the_prefill."""
     pkg, _ = llama
     target = kiln.load(pkg).manifest["targets"]["webgpu"]
-    split = [k for k in target["kernels"] if k["ops"][-1] == "Concat" and k["ops"].count("MatMul") == 2]
+    split = _split_kernels(target)
     assert len(split) == 1, [k["name"] for k in split]
     source = (pkg / split[0]["source"]).read_text()
     stores = [line for line in source.splitlines() if line.strip().startswith("out[")]
@@ -150,7 +156,7 @@ def test_split_decode_in_fp16(tmp_path):
     pkg = compile_model(model, tmp_path / "pkg", max_context=CONTEXT, device_class="gpu", target="webgpu",
                         precision="fp16")
     target = kiln.load(pkg).manifest["targets"]["webgpu"]
-    split = [k for k in target["kernels"] if k["ops"][-1] == "Concat" and k["ops"].count("MatMul") == 2]
+    split = _split_kernels(target)
     assert len(split) == 1 and "(lane == 0i)" in (pkg / split[0]["source"]).read_text()
     tokens = np.random.default_rng(7).integers(0, 8, CONTEXT)
     past = MAX_FUSED_KEYS + BLOCK + 3

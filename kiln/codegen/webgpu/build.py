@@ -142,13 +142,14 @@ class WebGPUKernels(KernelTable):
             step.variants.append(self._variants[index])
         return step
 
-    @staticmethod
-    def variant(g: Group, k, ins: list, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
+    def variant(self, g: Group, k, ins: list, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
                 accumulate: str = "float32") -> tuple[dict[str, list[int]], Any] | None:
-        """``(when, kernel)`` of group ``g``'s variant (``k``, ``ins``: its kernel and input values), or None."""
+        """``(when, kernel)`` of group ``g``'s variant (``k``, ``ins``: its kernel and input values), or None (the
+        variant's lowering kept in :attr:`memo` too: its key holds the dims' values it is scheduled at)."""
         if not callable(schedule) or not symbolic.is_symbolic(k.groups):
             return None
-        made = scheduled_variant(k.size_vars, lambda: build_group(g, schedule, plan if plan.half else None, accumulate))
+        made = scheduled_variant(k.size_vars, lambda: build_group(g, schedule, plan if plan.half else None, accumulate,
+                                                                  self.memo))
         if made is None:
             return None
         when, (kv, ins_v) = made
