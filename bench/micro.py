@@ -9,8 +9,9 @@ or here (lavapipe) with a small size: ``python -m bench.micro --size 256 --no-to
 
 - ``matmul``: ``C = A @ B`` on N x N fp32 matrices. Kiln's kernel is the MatMul tensor expression
   lowered under each schedule of a small sweep (the default schedule first; register tiles, then
-  shared operand tiles ``shared RxC wgW kK`` with rows and columns contiguous (``c``) or strided (``s``)
-  and vector width ``vecV``, ``pf``: next chunk prefetched into registers); TFLOP/s = 2 M K N / time.
+  shared operand tiles ``shared RxC wgW kK`` with rows and columns contiguous (``c``), strided (``s``) or, for
+  columns, strided groups of 4 (``g``: the default products' layout), vector width ``vecV``, ``pf``: next chunk
+  prefetched into registers); TFLOP/s = 2 M K N / time.
   PyTorch runs strict fp32 (TF32 off) on the same GPU.
 - ``copy``: a 256 MiB fp32 copy (an identity elementwise kernel); GB/s counts bytes read plus
   written. PyTorch's ``copy_`` is the peer.
@@ -41,16 +42,18 @@ from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, Split, default_schedule
 
 #: shared-tile candidates: (rows x cols register tile, workgroup size, shared_k, rows contiguous,
-#: columns contiguous, vector width, prefetch)
-SHARED = ((8, 8, 256, 8, True, False, 1, False), (8, 8, 256, 8, True, False, 4, False),
-          (8, 8, 256, 8, True, False, 4, True), (8, 8, 256, 8, True, True, 4, False),
-          (8, 8, 256, 8, True, True, 4, True), (8, 8, 256, 4, True, False, 4, False),
-          (8, 8, 256, 8, False, False, 1, False), (4, 4, 256, 16, True, False, 4, False),
-          (4, 4, 256, 16, True, True, 4, False), (4, 4, 256, 16, True, True, 4, True),
-          (4, 4, 256, 8, True, False, 1, False), (8, 4, 128, 8, True, False, 4, False),
-          (4, 8, 128, 8, True, True, 4, False), (8, 8, 64, 16, True, True, 4, False),
-          (8, 8, 64, 16, True, True, 4, True), (4, 4, 64, 16, True, False, 4, False),
-          (4, 4, 64, 32, True, True, 4, False))
+#: columns contiguous, vector width, prefetch, column group: strided groups of 4 columns, ``g``)
+SHARED = ((8, 8, 256, 8, True, False, 1, False, 1), (8, 8, 256, 8, True, False, 4, False, 1),
+          (8, 8, 256, 8, True, False, 4, True, 1), (8, 8, 256, 8, True, True, 4, False, 1),
+          (8, 8, 256, 8, True, True, 4, True, 1), (8, 8, 256, 4, True, False, 4, False, 1),
+          (8, 8, 256, 8, False, False, 1, False, 1), (4, 4, 256, 16, True, False, 4, False, 1),
+          (4, 4, 256, 16, True, True, 4, False, 1), (4, 4, 256, 16, True, True, 4, True, 1),
+          (4, 4, 256, 8, True, False, 1, False, 1), (8, 4, 128, 8, True, False, 4, False, 1),
+          (4, 8, 128, 8, True, True, 4, False, 1), (8, 8, 64, 16, True, True, 4, False, 1),
+          (8, 8, 64, 16, True, True, 4, True, 1), (4, 4, 64, 16, True, False, 4, False, 1),
+          (4, 4, 64, 32, True, True, 4, False, 1), (8, 8, 128, 8, True, False, 4, True, 4),
+          (8, 8, 128, 16, True, False, 4, False, 4), (8, 4, 128, 16, True, True, 4, False, 1),
+          (8, 4, 128, 16, True, True, 4, True, 1), (8, 8, 256, 8, True, False, 4, True, 4))
 
 
 def matmul_schedules(t) -> dict[str, Schedule]:
@@ -62,10 +65,11 @@ def matmul_schedules(t) -> dict[str, Schedule]:
             for unroll in (1, 4, 8, 16):
                 name = f"{ti}x{tj} wg{wg} unroll{unroll}"
                 out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, True), Split(1, tj)), unroll=unroll)
-    for ti, tj, wg, kc, rows, cols, vw, pf in SHARED:
-        name = f"shared {ti}x{tj} wg{wg} k{kc} {'c' if rows else 's'}{'c' if cols else 's'} vec{vw}" + (" pf" * pf)
-        out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, rows), Split(1, tj, cols)), unroll=kc, shared_k=kc,
-                             vector_width=vw, prefetch=pf)
+    for ti, tj, wg, kc, rows, cols, vw, pf, group in SHARED:
+        layout = ('c' if rows else 's') + ('c' if cols else 'g' if group > 1 else 's')
+        name = f"shared {ti}x{tj} wg{wg} k{kc} {layout} vec{vw}" + (" pf" * pf)
+        out[name] = Schedule(workgroup_size=wg, splits=(Split(0, ti, rows), Split(1, tj, cols, group)), unroll=kc,
+                             shared_k=kc, vector_width=vw, prefetch=pf)
     return out
 
 

@@ -113,15 +113,20 @@ def test_default_schedule_tiles_reuse_axes():
                                 "gemm"))
     if schedule_module.DEFAULT_SHARED_TILES == "off":
         assert default_schedule(gemm) == Schedule(splits=(Split(0, 8, True), Split(1, 8)), unroll=16)
-    else:  # large GEMMs stage their operands through workgroup memory
-        assert default_schedule(gemm) == Schedule(workgroup_size=256, splits=(Split(0, 8, True), Split(1, 8)),
-                                                  unroll=8, shared_k=8, vector_width=4)
+    else:  # large GEMMs stage their operands through workgroup memory: 8 x 8 tiles, columns in vec4 groups
+        assert default_schedule(gemm) == Schedule(workgroup_size=128, splits=(Split(0, 8, True), Split(1, 8, group=4)),
+                                                  unroll=8, shared_k=8, vector_width=4, prefetch=True)
     assert default_schedule(gemm, device_class="cpu").shared_k == 0
 
 
 def test_schedule_json_round_trip():
     s = Schedule(workgroup_size=128, splits=(Split(1, 4, True), Split(3, 2)), unroll=9, reduce_lanes=8)
     assert Schedule.from_json(s.to_json()) == s
+    assert all("group" not in sp for sp in s.to_json()["splits"])  # (records without groups read as before)
+    g = Schedule(workgroup_size=128, splits=(Split(0, 8, True), Split(1, 8, group=4)), shared_k=8)
+    assert Schedule.from_json(g.to_json()) == g
+    with pytest.raises(ValueError, match="group"):
+        Split(1, 8, group=3)
     with pytest.raises(ValueError, match="power of two"):
         Schedule(workgroup_size=64, reduce_lanes=3)
 

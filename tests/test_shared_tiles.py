@@ -35,10 +35,11 @@ CONV = {"strides": (1, 1), "dilations": (1, 1), "pads": (1, 1, 1, 1), "group": 1
 
 
 def shared_schedules(rows: int, cols: int) -> dict[str, Schedule]:
-    """Shared-tile schedules over output axes ``rows`` < ``cols``: every workgroup shape, both split kinds."""
-    def s(wg, fa, fb, kc, unroll=1, ca=True, cb=False, vw=1, pf=False):
-        return Schedule(workgroup_size=wg, splits=(Split(rows, fa, ca), Split(cols, fb, cb)), unroll=unroll, shared_k=kc,
-                        vector_width=vw, prefetch=pf)
+    """Shared-tile schedules over output axes ``rows`` < ``cols``: every workgroup shape, every split layout
+    (contiguous, strided, strided groups of 4)."""
+    def s(wg, fa, fb, kc, unroll=1, ca=True, cb=False, vw=1, pf=False, ga=1, gb=1):
+        return Schedule(workgroup_size=wg, splits=(Split(rows, fa, ca, ga), Split(cols, fb, cb, gb)), unroll=unroll,
+                        shared_k=kc, vector_width=vw, prefetch=pf)
 
     return {
         "wg64_4x4_k8": s(64, 4, 4, 8, 4),
@@ -48,6 +49,8 @@ def shared_schedules(rows: int, cols: int) -> dict[str, Schedule]:
         "wg64_3x2_k5_prefetch": s(64, 3, 2, 5, 5, pf=True),
         "wg256_8x8_k8_vec4_prefetch": s(256, 8, 8, 8, 8, vw=4, pf=True),
         "wg256_4x4_k16_vec4_both": s(256, 4, 4, 16, 1, cb=True, vw=4),
+        "wg128_8x8_k8_grouped_vec4_prefetch": s(128, 8, 8, 8, 8, gb=4, vw=4, pf=True),  # SHARED_WIDE
+        "wg64_8x8_k16_both_grouped_vec4": s(64, 8, 8, 16, 4, ca=False, ga=4, gb=4, vw=4),
     }
 
 
@@ -97,11 +100,12 @@ def test_batched_broadcast_matmul(rng):
     for name in ("wg64_4x4_k8", "wg64_3x2_k5_prefetch"):
         _check(t, arrays, expected, shared_schedules(2, 3)[name], name)
     t, arrays, expected = _primitive("MatMul", [(2, 1, 20, 16), (3, 16, 12)], {}, rng)  # vec4 storage loads
-    for name in ("wg256_8x8_k8_unroll8_vec4", "wg128_4x8_k16_strided_vec4"):
+    vec4_stores = ("wg128_4x8_k16_strided_vec4", "wg128_8x8_k8_grouped_vec4_prefetch")
+    for name in ("wg256_8x8_k8_unroll8_vec4", *vec4_stores):
         src = _check(t, arrays, expected, shared_schedules(2, 3)[name], name)
         assert "read> in1: array<vec4<f32>>" in src
-        # contiguous columns (4 | 8, 4 | 12): the tile's outputs are stored as whole vec4
-        assert ("out: array<vec4<f32>>" in src) == (name == "wg128_4x8_k16_strided_vec4")
+        # contiguous columns or groups of 4 (4 | 8, 4 | 12): the tile's outputs are stored as whole vec4
+        assert ("out: array<vec4<f32>>" in src) == (name in vec4_stores)
 
 
 def test_transposed_gemm_with_epilogue(rng):
@@ -327,5 +331,5 @@ def test_default_large_gemm_kernel_validates():
     """The default 4096^3 MatMul kernel (shared tiles under DEFAULT_SHARED_TILES) passes naga (not run here)."""
     g = inline(library.build("MatMul", [placeholder((4096, 4096)), placeholder((4096, 4096))], {}, (4096, 4096), "g"))
     k = lower(g, default_schedule(g))
-    assert k.dispatch == ((1024, 1, 1) if k.schedule.shared_k else k.dispatch)
+    assert k.dispatch == ((4096 // 64 * 4096 // 128, 1, 1) if k.schedule.shared_k else k.dispatch)  # 64 x 128 blocks
     validate_wgsl(wgsl.render(k), "default 4096 MatMul")

@@ -79,8 +79,8 @@ def test_split_products_match_onnxruntime(tmp_path, rng):
     pkg, model, feeds = _package(tmp_path, rng)
     kernels = _kernels(pkg)["webgpu"]["kernels"]
     partials = [k for k in kernels if "MatMul" in k["ops"]]
-    assert len(partials) == 2 and all(k["schedule"].get("shared_k") == SHARED_SMALL[2] and
-                                      k["schedule"]["workgroup_size"] == SHARED_SMALL[1] for k in partials)
+    assert len(partials) == 2 and all(k["schedule"].get("shared_k") == SHARED_SMALL.shared_k and
+                                      k["schedule"]["workgroup_size"] == SHARED_SMALL.workgroup_size for k in partials)
     # (the 2-D product's partials are the FFN's kernel again.) Batch 1's parts are slices summed by adds in the
     # epilogue's kernel; the 2-D product's a reduction
     assert [sorted(k["ops"]) for k in kernels if "MatMul" not in k["ops"]] == [

@@ -239,10 +239,7 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
         vals, clamped, cond = {}, {}, const(True, "bool")
         for a, j in zip(split_axes, combo):
             s, extent, n_outer = splits[a], out.shape[a], outer_shape[a]
-            if s.contiguous:
-                v, top = outer[a] * s.factor + j, (n_outer - 1) * s.factor + j
-            else:
-                v, top = outer[a] + j * n_outer, n_outer - 1 + j * n_outer
+            v, top = s.offset(outer[a], n_outer, j), s.offset(n_outer - 1, n_outer, j)
             vals[out.axes[a]] = v
             clamped[out.axes[a]] = v
             if is_symbolic(extent) or top >= extent:

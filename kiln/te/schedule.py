@@ -13,7 +13,7 @@ workgroup over the flattened grid of tiles.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from kiln.arith import symbolic
 from kiln.arith.expr import Load, Reduce, free_vars, reduces_in, transform
@@ -29,13 +29,40 @@ class Split:
 
     ``contiguous`` elements are ``outer*factor + j`` (neighbouring windows of a convolution
     overlap, so unrolled loads coincide); otherwise they are ``outer + j*ceil(extent/factor)``
-    (strided: neighbouring invocations read neighbouring addresses, which coalesces). An
-    extent that ``factor`` does not divide is handled by clamped loads and guarded stores.
+    (strided: neighbouring invocations read neighbouring addresses, which coalesces), or, with
+    ``group`` g > 1, strided groups of g consecutive elements: ``(j // g)*n*g + outer*g + j % g`` for
+    ``n = ceil(extent/factor)`` (a shared-tile product's columns as ``vec4`` groups: an invocation reads
+    whole vectors of workgroup memory and stores whole vectors, its neighbours the next vectors, as in
+    the blocked SGEMMs of siboehm's "How to optimize a CUDA matmul kernel", kernel 6). An extent that
+    ``factor`` does not divide is handled by clamped loads and guarded stores.
+
+    Raises:
+        ValueError: ``group`` does not divide ``factor``, or is set on a ``contiguous`` split.
     """
 
     axis: int
     factor: int
     contiguous: bool = False
+    group: int = 1
+
+    def __post_init__(self):
+        if self.group < 1 or self.factor % self.group or (self.contiguous and self.group > 1):
+            raise ValueError(f"Split group={self.group} must divide factor={self.factor} and be 1 when contiguous")
+
+    def offset(self, t, n, j: int):
+        """Position along the axis of tile element ``j`` (0 <= j < factor) of tile ``t`` of ``n`` (expressions or
+        ints; the layout of the class docstring)."""
+        if self.contiguous:
+            return t * self.factor + j
+        g = self.group
+        return t * g + ((j // g) * (n * g) + j % g) if g > 1 else t + j * n
+
+    def to_json(self) -> dict:
+        """A JSON-able description (``group`` only where it is not 1: older records read the same)."""
+        d = {"axis": self.axis, "factor": self.factor, "contiguous": self.contiguous}
+        if self.group > 1:
+            d["group"] = self.group
+        return d
 
 
 @dataclass(frozen=True)
@@ -119,7 +146,7 @@ class Schedule:
 
     def to_json(self) -> dict:
         """A JSON-able description (manifests, tuning records)."""
-        d = {"workgroup_size": self.workgroup_size, "splits": [asdict(s) for s in self.splits],
+        d = {"workgroup_size": self.workgroup_size, "splits": [sp.to_json() for sp in self.splits],
              "unroll": self.unroll, "reduce_lanes": self.reduce_lanes}
         if self.shared_k:  # only when set: records and manifests of other schedules stay as they were
             d["shared_k"] = self.shared_k
@@ -195,17 +222,15 @@ def reduction_size(t: Tensor) -> int:
 DEVICE_CLASSES = ("gpu", "cpu")
 
 #: shared operand tiles (:mod:`kiln.te.tiles`) in the default ``gpu`` schedules, the one switch:
-#: ``"off"`` (register tiles only, as before), ``"large"`` (the large GEMMs that get 8 x 8 tiles: blocks of
-#: 128 x 128 outputs, 256 invocations, chunks of 8) or ``"medium"`` (also matrix products, i.e. contractions
-#: over one reduction axis, not convolutions' implicit GEMMs, that still fill :data:`MEDIUM_GROUPS` workgroups
-#: with blocks of 64 x 64: 4 x 4 tiles, 256 invocations, chunks of 16; or, failing that, :data:`SMALL_GROUPS` with
-#: blocks of 32 x 32: :data:`SHARED_SMALL`).
-#: Rows are contiguous per invocation and read from workgroup memory as vec4 (``vector_width`` 4),
-#: columns strided (coalesced stores): :data:`SHARED_LARGE` and :data:`SHARED_MEDIUM`.
+#: ``"off"`` (register tiles only, as before), ``"large"`` (the large GEMMs, convolutions' implicit GEMMs included,
+#: that still have ``16 * min_invocations`` tiles of 8 x 8: :data:`SHARED_WIDE`, :data:`SHARED_LARGE` for
+#: convolutions) or ``"medium"`` (also matrix
+#: products, i.e. contractions over one reduction axis, not convolutions' implicit GEMMs, that fill
+#: :data:`MEDIUM_GROUPS` workgroups of :data:`SHARED_WIDE` or else of :data:`SHARED_MEDIUM`; or, failing that,
+#: :data:`SMALL_GROUPS` of :data:`SHARED_SMALL`).
 #: Measured on an H100 (bench/results/gpu-20261122-102525.json against gpu-20261122-102645.json, same code
-#: but for this switch): 4096^3 matmul 28.6 TFLOP/s with the large default (25.4 with register tiles alone);
-#: MiniLM batch 32 x 128 10.8 ms with "large", 8.7 ms with "medium"; "medium" on convolutions as well made
-#: ResNet-50 no faster (2.52 -> 2.70 ms), hence matrix products only.
+#: but for this switch): MiniLM batch 32 x 128 10.8 ms with "large", 8.7 ms with "medium"; "medium" on convolutions
+#: as well made ResNet-50 no faster (2.52 -> 2.70 ms), hence matrix products only.
 DEFAULT_SHARED_TILES = "medium"
 #: workgroups a ``"medium"`` contraction must fill (two per streaming multiprocessor of a large GPU)
 MEDIUM_GROUPS = 256
@@ -226,17 +251,48 @@ FEW_TILES = 1024
 #: takes a lane an iteration: its iterations are dependent loads, each a memory latency, and the GPU has lanes to
 #: spare (FlashDecoding's combine over a decode step's blocks of keys, kiln.passes.split_attention: up to 32)
 SHORT_REDUCTION = 32
-#: the default shared-tile schedules, as ``bench.micro`` names its candidates: (register tile factor per axis,
-#: workgroup size, ``shared_k``, innermost output axis contiguous per invocation (else strided), ``vector_width``,
-#: ``prefetch``)
-SHARED_LARGE = (8, 256, 8, False, 4, False)
-SHARED_MEDIUM = (4, 256, 16, False, 4, False)
+
+
+@dataclass(frozen=True)
+class SharedTiles:
+    """A default shared-tile schedule (:mod:`kiln.te.tiles`): register tiles of ``rows`` x ``cols`` (rows
+    contiguous per invocation, columns strided in groups of ``col_group``: vec4 reads of workgroup memory and vec4
+    stores), ``workgroup_size`` invocations (a block of ``rows * ty`` x ``cols * tx``, :func:`kiln.te.tiles.threads`),
+    chunks of ``shared_k``, ``vector_width`` 4, and the next chunk prefetched where ``prefetch``."""
+
+    rows: int
+    cols: int
+    workgroup_size: int
+    shared_k: int
+    col_group: int
+    prefetch: bool
+
+    def schedule(self, row_axis: int, col_axis: int) -> Schedule:
+        """The :class:`Schedule` of these tiles over output axes ``row_axis`` and ``col_axis``."""
+        group = self.col_group if self.cols > self.col_group else 1
+        cols = Split(col_axis, self.cols, contiguous=self.cols == self.col_group, group=group)
+        return Schedule(workgroup_size=self.workgroup_size, splits=(Split(row_axis, self.rows, True), cols),
+                        unroll=self.shared_k, shared_k=self.shared_k, vector_width=4, prefetch=self.prefetch)
+
+
+#: blocks of 64 x 128 outputs: 8 x 8 tiles (columns in two vec4 groups, 64 apart), 128 invocations, chunks of 8, the
+#: next chunk prefetched. H200 (session 34's GEMM probe against hand-written WGSL, bench/results/gemm-20261129-h200.txt):
+#: 4096 x 384 x 1152 0.108 ms against 0.183 for the 128 x 128 blocks of strided 8 x 8 tiles before (33.7 against
+#: 19.8 TFLOP/s; cuBLAS 38), 4096 x 384 x 1536 0.129 against 0.186, 4096^3 3.48 against 4.91 ms (39.5 TFLOP/s)
+SHARED_WIDE = SharedTiles(8, 8, 128, 8, 4, True)
+#: large convolutions' implicit GEMMs keep blocks of 128 x 128 (8 x 8 strided tiles, 256 invocations, chunks of 8: the
+#: best of ``bench.micro``'s 2026-11-22 sweep for the 4096^3 product on an H100, 28.6 TFLOP/s)
+SHARED_LARGE = SharedTiles(8, 8, 256, 8, 1, False)
+#: blocks of 64 x 64 (8 x 4 tiles, 128 invocations, chunks of 16) for products whose :data:`SHARED_WIDE` blocks
+#: are too few: 4096 x 384 x 384 0.044 ms against 0.064 for the 4 x 4 tiles of 256 invocations before, 4096 x 1536 x
+#: 384 0.171 against 0.249
+SHARED_MEDIUM = SharedTiles(8, 4, 128, 16, 4, False)
 #: matrix products too small for :data:`SHARED_MEDIUM`'s blocks (MiniLM at batch 1: 128 rows) get blocks of 32 x 32
 #: (4 x 4 tiles, 64 invocations, chunks of 16) when they fill :data:`SMALL_GROUPS` of them and reduce at least
 #: :data:`SMALL_REDUCTION` long. On an H100 (``bench.gemm_small``, bench/results/gemm-small-20261128-031837.json):
 #: 128 x 384 x 1536 19.6 us against 27.3 with the register-tile default, 128 x 1536 x 384 64 against 86 (and 20
 #: split in 4 parts: :mod:`kiln.passes.split_k` gives such products the blocks this tier wants)
-SHARED_SMALL = (4, 64, 16, False, 4, False)
+SHARED_SMALL = SharedTiles(4, 4, 64, 16, 1, False)
 SMALL_GROUPS = 96
 SMALL_REDUCTION = 64
 
@@ -363,30 +419,30 @@ def _shared_default(t: Tensor, axes: list[int], shape: list[int], big: bool, sha
     """The default shared-tile schedule of contraction ``t`` under :data:`DEFAULT_SHARED_TILES`, or ``None``."""
     if DEFAULT_SHARED_TILES == "off" or len(axes) != 2:
         return None
+    product = all(len(r.axes) == 1 for r in reductions(t))  # a matrix product, not a convolution's implicit GEMM
     if big:
-        factor, wg, kc, cols_contiguous, width, prefetch = SHARED_LARGE
-    elif DEFAULT_SHARED_TILES == "medium" and all(len(r.axes) == 1 for r in reductions(t)):
+        tiers = [(SHARED_WIDE if product else SHARED_LARGE, 0)]
+    elif DEFAULT_SHARED_TILES == "medium" and product:
         # a plan step's variant serves up to its dims' bounds: a prefill's QK^T (tokens x tokens) fills the GPU at
         # 512 prompt tokens though not at the 64 its schedule is chosen for
         shape = [max(d, at_variant_top(e)) for d, e in zip(shape, t.shape)]
-        factor, wg, kc, cols_contiguous, width, prefetch = SHARED_MEDIUM
-        if _groups(axes, shape, factor, wg) < MEDIUM_GROUPS:
-            factor, wg, kc, cols_contiguous, width, prefetch = SHARED_SMALL
-            if _groups(axes, shape, factor, wg) < SMALL_GROUPS or reduction_size(t) < SMALL_REDUCTION:
-                return None
+        tiers = [(SHARED_WIDE, MEDIUM_GROUPS), (SHARED_MEDIUM, MEDIUM_GROUPS)]
+        if reduction_size(t) >= SMALL_REDUCTION:
+            tiers.append((SHARED_SMALL, SMALL_GROUPS))
     else:
         return None
-    last = len(shape) - 1
-    splits = tuple(Split(a, factor, contiguous=a != last or cols_contiguous) for a in axes)
-    s = Schedule(workgroup_size=wg, splits=splits, unroll=kc, shared_k=kc, vector_width=width, prefetch=prefetch)
-    return s if not isinstance(analyse(t, s, shared_bytes), str) else None
+    for tiles, fewest in tiers:
+        if not fewest or _groups(axes, shape, tiles) >= fewest:
+            s = tiles.schedule(*axes)
+            return s if not isinstance(analyse(t, s, shared_bytes), str) else None
+    return None
 
 
-def _groups(axes: list[int], shape: list[int], factor: int, wg: int) -> int:
-    """Workgroups of a shared-tile schedule (register tiles ``factor`` x ``factor``, ``wg`` invocations) over output
-    ``shape`` tiled along ``axes``; 0 where an axis is shorter than its block."""
-    tx, ty = threads(wg)
-    blocks = {axes[0]: ty * factor, axes[1]: tx * factor}
+def _groups(axes: list[int], shape: list[int], tiles: SharedTiles) -> int:
+    """Workgroups of shared ``tiles`` over output ``shape`` tiled along ``axes`` (rows, columns); 0 where an axis is
+    shorter than its block."""
+    tx, ty = threads(tiles.workgroup_size)
+    blocks = {axes[0]: ty * tiles.rows, axes[1]: tx * tiles.cols}
     if any(shape[a] < b for a, b in blocks.items()):
         return 0
     return _prod(-(-d // blocks[a]) if a in blocks else d for a, d in enumerate(shape))

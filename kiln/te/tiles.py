@@ -213,11 +213,8 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
     body += unravel(blk, grid_vars, grid, n_groups)
     row0, col0 = grid_vars[a] * ba, grid_vars[b] * bb
 
-    def local(s: Split, t: Var, n_threads: int, j: int) -> Expr:
-        return t * s.factor + j if s.contiguous else t + j * n_threads
-
-    rows = [local(c.rows, ta, c.ty, i) for i in range(fa)]
-    cols = [local(c.cols, tb, c.tx, j) for j in range(fb)]
+    rows = [c.rows.offset(ta, c.ty, i) for i in range(fa)]
+    cols = [c.cols.offset(tb, c.tx, j) for j in range(fb)]
     acc_dtype = r.dtype
     accs = {}
     for i, j in itertools.product(range(fa), range(fb)):
@@ -230,7 +227,7 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
     w = schedule.vector_width
     # workgroup arrays read as vectors: those whose invocations' rows (columns) are contiguous
     vectors: dict[str, int] = {name: w for name, split in (("sh_p", c.rows), ("sh_q", c.cols))
-                               if w > 1 and split.contiguous and split.factor % w == 0}
+                               if w > 1 and _vector_split(split, w)}
     strides = _row_strides(c)
     operands = (("sh_p", c.p, out.axes[a], A, ba, row0, strides[0]), ("sh_q", c.q, out.axes[b], B, bb, col0, strides[1]))
     for name, f, _, _, width, _, stride in operands:
@@ -328,9 +325,11 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
         if name not in vectors:
             return [BufLoad(name, linear(kk * stride + x), size, False, dtype) for x in locals_]
         out = []
+        n_threads = c.tx if split is c.cols else c.ty
         for q in range(split.factor // w):
             v = Var(f"{name}{next(counter)}", 0, dtype)
-            block.append(Let(v, VecLoad(name, linear(kk * (stride // w) + t * (split.factor // w) + q), w, dtype)))
+            at = t * (split.factor // w) + q if split.contiguous else t + q * n_threads  # (a group of w: w apart)
+            block.append(Let(v, VecLoad(name, linear(kk * (stride // w) + at), w, dtype)))
             out += [Lane(v, lane, dtype) for lane in range(w)]
         return out
 
@@ -364,7 +363,7 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
         indices.append(linear(_ravel([vals.get(ax, ax) for ax in out.axes], out.shape)))
     results = cse(results, body)
     w = schedule.vector_width
-    if (w > 1 and c.cols.contiguous and fb % w == 0 and b == len(out.shape) - 1 and out.dtype == "float32"
+    if (w > 1 and _vector_split(c.cols, w) and b == len(out.shape) - 1 and out.dtype == "float32"
             and not is_symbolic(B) and B % w == 0):
         # the tile's columns are consecutive outputs, whole vectors in or out of range together: vec4 stores
         vectors["out"] = w
@@ -378,6 +377,12 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
             body.append(If(cond, [Store("out", index, value)]))
     shared = {name: (dtype, size) for name, (dtype, size, _) in arrays.items()}
     return body, simplify(n_groups * wg), shared, vectors
+
+
+def _vector_split(split: Split, w: int) -> bool:
+    """Whether an invocation's elements along ``split`` come in whole ``w``-vectors of consecutive elements: a
+    contiguous split with a factor ``w`` divides, or groups of exactly ``w``."""
+    return split.factor % w == 0 and (split.contiguous or split.group == w)
 
 
 def _ravel(indices, shape) -> Expr:

@@ -41,6 +41,19 @@ SHARED_KS = (0, 4, 8, 16)
 VECTOR_WIDTHS = (1, 4)
 #: register prefetch of the next chunk (with ``shared_k`` only)
 PREFETCH = (False, True)
+#: the groups a strided split may keep together (:class:`~kiln.te.schedule.Split`'s ``group``: vec4 groups of a
+#: shared-tile product's columns); only where the factor is larger (a group of the whole factor is contiguous)
+GROUPS = (4,)
+
+
+def layouts(factor: int) -> list[tuple[bool, int]]:
+    """The ``(contiguous, group)`` layouts a split of ``factor`` may take: strided, contiguous, strided groups."""
+    return [(False, 1), (True, 1)] + [(False, g) for g in GROUPS if factor % g == 0 and factor > g]
+
+
+def _random_split(axis: int, factor: int, rng: random.Random) -> Split:
+    """A split of ``axis`` by ``factor`` in a random layout (:func:`layouts`)."""
+    return Split(axis, factor, *rng.choice(layouts(factor)))
 
 
 @dataclass(frozen=True)
@@ -194,7 +207,8 @@ class SearchSpace:
         """Whether ``vector_width`` may apply: a contiguous split with a factor it divides (workgroup-memory
         reads), or an input whose static innermost dim it divides (storage loads; a necessary condition)."""
         w = s.vector_width
-        return any(sp.contiguous and sp.factor % w == 0 for sp in s.splits) or any(d % w == 0 for d in self._inner_dims)
+        return any((sp.contiguous or sp.group == w) and sp.factor % w == 0 for sp in s.splits) or \
+            any(d % w == 0 for d in self._inner_dims)
 
     def valid(self, s: Schedule) -> bool:
         """``check(s) is None``."""
@@ -205,9 +219,9 @@ class SearchSpace:
         yield ()
         for n in range(1, self.max_split_axes + 1):
             for axes in itertools.combinations(self.axes, n):
-                choices = [[(f, c) for f in self.factors[a] if f > 1 for c in (False, True)] for a in axes]
+                choices = [[(f, c, g) for f in self.factors[a] if f > 1 for c, g in layouts(f)] for a in axes]
                 for combo in itertools.product(*choices):
-                    yield tuple(Split(a, f, c) for a, (f, c) in zip(axes, combo))
+                    yield tuple(Split(a, f, c, g) for a, (f, c, g) in zip(axes, combo))
 
     def __iter__(self) -> Iterator[Schedule]:
         """Every valid schedule (brute force; the space has a few thousand points)."""
@@ -235,8 +249,8 @@ class SearchSpace:
         for _ in range(tries):
             n = rng.randint(0, min(self.max_split_axes, len(self.axes)))
             axes = rng.sample(self.axes, n)
-            splits = tuple(sorted((Split(a, rng.choice([f for f in self.factors[a] if f > 1] or [1]),
-                                         rng.random() < 0.5) for a in axes), key=lambda sp: sp.axis))
+            splits = tuple(sorted((_random_split(a, rng.choice([f for f in self.factors[a] if f > 1] or [1]), rng)
+                                   for a in axes), key=lambda sp: sp.axis))
             splits = tuple(sp for sp in splits if sp.factor > 1)
             lanes = rng.choice(self.lanes)
             kc = rng.choice(self.shared) if lanes == 1 else 0
@@ -265,11 +279,13 @@ class SearchSpace:
                 if not options:
                     continue
                 f = rng.choice(options)
-                splits[i] = Split(sp.axis, f, sp.contiguous)
+                splits[i] = Split(sp.axis, f, sp.contiguous, sp.group if f % sp.group == 0 and f > sp.group else 1)
                 splits = [x for x in splits if x.factor > 1]
             elif knob == 1 and splits:
                 i = rng.randrange(len(splits))
-                splits[i] = Split(splits[i].axis, splits[i].factor, not splits[i].contiguous)
+                sp = splits[i]
+                others = [lay for lay in layouts(sp.factor) if lay != (sp.contiguous, sp.group)]
+                splits[i] = Split(sp.axis, sp.factor, *rng.choice(others))
             elif knob == 2:
                 free = [a for a in self.axes if a not in {x.axis for x in splits}]
                 if free and len(splits) < self.max_split_axes and rng.random() < 0.6:
@@ -277,7 +293,7 @@ class SearchSpace:
                     opts = [f for f in self.factors[a] if f > 1]
                     if not opts:
                         continue
-                    splits.append(Split(a, rng.choice(opts), rng.random() < 0.5))
+                    splits.append(_random_split(a, rng.choice(opts), rng))
                 elif splits:
                     splits.pop(rng.randrange(len(splits)))
                 else:
@@ -332,7 +348,7 @@ class SearchSpace:
     def features(self, s: Schedule) -> np.ndarray:
         """A feature vector of ``s`` for the cost model (:class:`kiln.tune.search.CostModel`).
 
-        Per tileable axis: log2 of its factor and whether the split is contiguous; then log2 of
+        Per tileable axis: log2 of its factor, whether the split is contiguous and log2 of its group; then log2 of
         the workgroup size, unrolled iterations, reduce lanes, invocations, tile size and
         workgroups, whether the workgroups fill a large GPU (about 1000 of them), log2 of
         ``shared_k + 1`` and of the vector width, and whether the next chunk is prefetched.
@@ -341,7 +357,8 @@ class SearchSpace:
         row = []
         for a in self.axes:
             sp = factor.get(a)
-            row += [math.log2(sp.factor) if sp else 0.0, 1.0 if sp and sp.contiguous else 0.0]
+            row += [math.log2(sp.factor) if sp else 0.0, 1.0 if sp and sp.contiguous else 0.0,
+                    math.log2(sp.group) if sp else 0.0]
         inv = self.invocations(s)
         groups = max(1, -(-inv // s.workgroup_size))
         row += [math.log2(s.workgroup_size), math.log2(self.unrolled_iterations(s)), math.log2(s.reduce_lanes),
