@@ -18,7 +18,9 @@ Contestants:
   outputs, TM x TN a thread, A's chunk stored transposed with padding, B's as vec4, both loaded from storage as vec4,
   two workgroup buffers so one barrier a chunk); its f16 forms read f16 operands and accumulate ``mixed`` (f16
   products and sums over each chunk, added to f32 accumulators: packed ``vec4<f16>`` FMAs) or ``acc16`` (f16 all
-  the way); ``single``: one buffer and two barriers;
+  the way), with ``scalar`` f16 accumulators instead of ``vec4<f16>`` ones; ``single``: one buffer and two barriers;
+- ``kiln fp16 default`` and ``kiln fp16-acc16 default``: the product as ``kiln compile --precision fp16`` (and
+  ``fp16-acc16``) makes it: f16 operands, f32 (f16) accumulation, f16 output, the default schedule;
 - ``torch float32`` (cuBLAS, TF32 off) and ``torch float16`` (tensor cores) on the same GPU.
 
 Every kernel is checked against numpy (float64; the f16 ones against the product of the f16-rounded operands) before it
@@ -38,23 +40,28 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import ROOT, write_record
+from kiln.arith.expr import cast
 from kiln.codegen.webgpu import wgsl
 from kiln.kernels import library
 from kiln.runtime.kernel import KernelRunner
-from kiln.te.compute import inline, placeholder
+from kiln.te.compute import compute, inline, placeholder
+from kiln.te.half import demote
 from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, Split, default_schedule
 
 SHAPES = ("4096x384x1152", "4096x384x384", "4096x384x1536", "4096x1536x384", "4096x4096x4096")
 
+#: kiln compile's f16 precisions and their accumulation (kiln.compiler.PRECISIONS)
+PRECISIONS = {"fp16": "float32", "fp16-acc16": "float16"}
 #: hand-written kernels: (BM, BN, TM, TN, BK) and the f16 forms of each
 HAND = ((64, 128, 8, 8, 8), (128, 128, 8, 8, 16), (64, 64, 4, 4, 16))
 
 
 def hand_gemm(m: int, k: int, n: int, bm: int = 64, bn: int = 128, tm: int = 8, tn: int = 8, bk: int = 8,
-              half: str | None = None, double: bool = True, pad: int = 4) -> tuple[str, int]:
+              half: str | None = None, double: bool = True, pad: int = 4, packed: bool = True) -> tuple[str, int]:
     """WGSL of the blocked GEMM ``C = A @ B`` (bindings A, B as ``array<vec4<T>>``, C ``array<vec4<f32>>``) and its
-    workgroup count. ``half``: ``None`` (f32), ``"mixed"`` or ``"acc16"`` (f16 operands; see the module docstring).
+    workgroup count. ``half``: ``None`` (f32), ``"mixed"`` or ``"acc16"`` (f16 operands; see the module docstring);
+    ``packed``: f16 accumulators as ``vec4<f16>`` (else scalars, one FMA an output, for the driver to pair or not).
 
     Raises:
         ValueError: the shape is not a multiple of the blocks, or the loads do not divide among the invocations."""
@@ -83,8 +90,11 @@ def hand_gemm(m: int, k: int, n: int, bm: int = 64, bn: int = 128, tm: int = 8, 
     tiles = [(i, g) for i in range(tm) for g in range(tn // 4)]
     for i, g in tiles:
         w(f"  var c{i}_{g} = vec4<f32>(0.0);")
-        if half:
+        if half and packed:
             w(f"  var h{i}_{g} = vec4<f16>(0.0);")
+        elif half:
+            for c in range(4):
+                w(f"  var h{i}_{g}_{c} = f16(0.0);")
 
     def load(t, reg):
         for r in range(la):  # A: vec4 v -> row v / (bk/4), reduction quad v % (bk/4)
@@ -113,14 +123,23 @@ def hand_gemm(m: int, k: int, n: int, bm: int = 64, bn: int = 128, tm: int = 8, 
                 w(f"    let b{g} = Bs[{buf} * {bk * bn // 4} + {kk * bn // 4} + {g * tx} + tx];")
             for i, g in tiles:
                 a = f"a{i // 4}[{i % 4}]"
-                if half:
+                if half and packed:
                     w(f"    h{i}_{g} = fma(vec4<f16>({a}), b{g}, h{i}_{g});")
+                elif half:
+                    for c in range(4):
+                        w(f"    h{i}_{g}_{c} = fma({a}, b{g}[{c}], h{i}_{g}_{c});")
                 else:
                     w(f"    c{i}_{g} = fma(vec4<f32>({a}), b{g}, c{i}_{g});")
             w("    }")
         if half == "mixed":
             for i, g in tiles:
-                w(f"    c{i}_{g} = c{i}_{g} + vec4<f32>(h{i}_{g}); h{i}_{g} = vec4<f16>(0.0);")
+                if packed:
+                    w(f"    c{i}_{g} = c{i}_{g} + vec4<f32>(h{i}_{g}); h{i}_{g} = vec4<f16>(0.0);")
+                else:
+                    hs = ", ".join(f"h{i}_{g}_{c}" for c in range(4))
+                    w(f"    c{i}_{g} = c{i}_{g} + vec4<f32>(vec4<f16>({hs}));")
+                    for c in range(4):
+                        w(f"    h{i}_{g}_{c} = f16(0.0);")
 
     chunks = k // bk
     if double:
@@ -152,7 +171,8 @@ def hand_gemm(m: int, k: int, n: int, bm: int = 64, bn: int = 128, tm: int = 8, 
         w("    workgroupBarrier();")
         w("  }")
     for i, g in tiles:
-        v = f"vec4<f32>(h{i}_{g})" if half == "acc16" else f"c{i}_{g}"
+        h = f"h{i}_{g}" if packed else "vec4<f16>(" + ", ".join(f"h{i}_{g}_{c}" for c in range(4)) + ")"
+        v = f"vec4<f32>({h})" if half == "acc16" else f"c{i}_{g}"
         w(f"  C[((bm * {bm} + ty * {tm} + {i}) * {n} + bn * {bn}) / 4 + {g * tx} + tx] = {v};")
     w("}")
     return "\n".join(lines), (m // bm) * (n // bn)
@@ -173,7 +193,7 @@ def kiln_schedules(t) -> dict[str, Schedule]:
 
 
 def candidates(m: int, k: int, n: int, rng: np.random.Generator) -> dict[str, tuple]:
-    """``{name: (wgsl, inputs, dispatch, reference)}`` of every contestant kernel of one shape."""
+    """``{name: (wgsl, inputs, dispatch, reference[, output dtype])}`` of every contestant kernel of one shape."""
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     ref = a.astype(np.float64) @ b.astype(np.float64)
@@ -184,12 +204,21 @@ def candidates(m: int, k: int, n: int, rng: np.random.Generator) -> dict[str, tu
     for name, sched in kiln_schedules(t).items():
         kern = lower(t, sched)
         out[name] = (wgsl.render(kern), [a, b], kern.dispatch, ref)
+    for precision, accumulate in PRECISIONS.items():  # kiln compile --precision's kernels of the product
+        ins = [placeholder(s, "float16", f"in{i}") for i, s in enumerate(((m, k), (k, n)))]
+        views = [compute(x.shape, lambda *i, x=x: cast(x[i], "float32")) for x in ins]
+        prod = library.build("MatMul", views, {}, (m, n), "matmul")
+        t16 = demote(inline(compute(prod.shape, lambda *i, p=prod: cast(p[i], "float16"))), accumulate)
+        kern = lower(t16, default_schedule(t16))
+        out[f"kiln {precision} default"] = (wgsl.render(kern), [a16, b16], kern.dispatch, ref16, np.float16)
     for bm, bn, tm, tn, bk in HAND:
-        for half, double in ((None, True), (None, False), ("mixed", True), ("acc16", True)):
+        for half, double, packed in ((None, True, True), (None, False, True), ("mixed", True, True),
+                                     ("acc16", True, True), ("mixed", True, False), ("acc16", True, False)):
             kc = max(bk, 16) if half == "mixed" else bk
-            name = f"hand {bm}x{bn} t{tm}x{tn} k{kc}" + (f" {half}" if half else "") + ("" if double else " single")
+            name = f"hand {bm}x{bn} t{tm}x{tn} k{kc}" + (f" {half}" if half else "") + ("" if double else " single") \
+                + ("" if packed else " scalar")
             try:
-                src, groups = hand_gemm(m, k, n, bm, bn, tm, tn, kc, half, double)
+                src, groups = hand_gemm(m, k, n, bm, bn, tm, tn, kc, half, double, packed=packed)
             except ValueError:
                 continue
             out[name] = (src, [a16, b16] if half else [a, b], (groups, 1, 1), ref16 if half else ref)
@@ -241,10 +270,10 @@ def main(argv: list[str] | None = None) -> dict:
         except ValueError:
             ap.error(f"--shapes takes MxKxN products, not {shape!r}")
         runners, errors = {}, {}
-        for name, (src, inputs, dispatch, ref) in candidates(m, k, n, rng).items():
+        for name, (src, inputs, dispatch, ref, *dtype) in candidates(m, k, n, rng).items():
             if "f16" in src and "shader-f16" not in adapter().features:
                 continue
-            runner = KernelRunner(src, inputs, m * n, dispatch)
+            runner = KernelRunner(src, inputs, m * n, dispatch, out_dtype=dtype[0] if dtype else np.float32)
             errors[name] = float(np.abs(runner.run().reshape(m, n) - ref).max() / np.abs(ref).max())
             runners[name] = runner
         samples: dict[str, list[float]] = {name: [] for name in runners}

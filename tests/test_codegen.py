@@ -193,3 +193,37 @@ def test_groups_of_one_structure_are_lowered_once(rng):
         fresh, fresh_ins = build_group(gr)
         assert [id(v) for v in ins] == [id(v) for v in fresh_ins]  # its own input and weight
         assert wgsl.render(k) == wgsl.render(fresh)
+
+
+def _evaluate(e, env: dict[str, int]) -> int:
+    """An integer index expression's value (floor ``//`` and ``%``: every value here is non-negative)."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, Var):
+        return env[e.name]
+    if isinstance(e, Const):
+        return int(e.value)
+    a, b = _evaluate(e.a, env), _evaluate(e.b, env)
+    return {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "//": lambda: a // b,
+            "%": lambda: a % b}[e.op]()
+
+
+def test_reshape_index_reads_each_run_of_dims_apart():
+    """A reshape's input index is computed per run of dims of equal size (a head merge reads ``[i0, i1, i2 // d,
+    i2 % d]``, not an unravelled flat offset), and is the row-major element for every element of every shape pair
+    (size-1 dims on either side, no common runs at all)."""
+    import itertools
+
+    from kiln.kernels.layout import reshape_index
+
+    merged = reshape_index([Var("i0"), Var("i1"), Var("i2")], (2, 3, 12), (2, 3, 4, 3))
+    assert merged[:2] == (Var("i0"), Var("i1")) and [str(getattr(x, "op", "")) for x in merged[2:]] == ["//", "%"]
+    for out_shape, in_shape in [((2, 3, 12), (2, 3, 4, 3)), ((2, 3, 4, 3), (2, 3, 12)), ((6, 4), (2, 3, 4)),
+                                ((2, 12), (4, 6)), ((1, 5, 1, 6), (30,)), ((30,), (1, 5, 1, 6)), ((2, 1, 3), (2, 3, 1)),
+                                ((4, 6), (6, 4)), ((2, 3, 1, 4), (6, 4)), ((1,), (1, 1)), ((6,), (2, 3))]:
+        idx = [Var(f"i{k}") for k in range(len(out_shape))]
+        got = reshape_index(idx, out_shape, in_shape)
+        for element in itertools.product(*(range(d) for d in out_shape)):
+            env = {f"i{k}": v for k, v in enumerate(element)}
+            want = np.unravel_index(np.ravel_multi_index(element, out_shape), in_shape)
+            assert tuple(_evaluate(x, env) for x in got) == tuple(int(w) for w in want), (out_shape, in_shape, element)

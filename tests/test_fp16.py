@@ -96,6 +96,30 @@ def test_dot_products_accumulate_in_f32_or_f16():
     assert "var acc0: f16 = 0.0h;" in wgsl.render(lower(t16))
 
 
+@needs_f16
+@pytest.mark.parametrize("accumulate", ["float32", "float16"])
+def test_products_under_shared_tiles_load_f16_vectors(rng, accumulate):
+    """A demoted MatMul under the default products' shared tiles (SHARED_WIDE, SHARED_MEDIUM) reads its f16 operands
+    from storage as ``vec4<f16>`` (widened lane by lane into the f32 tiles, or kept f16 with f16 accumulation) and
+    computes the product of the f16 operands to f16's precision."""
+    from kiln.runtime.gpu import shared_device
+    from kiln.runtime.kernel import KernelRunner
+    from kiln.te.schedule import SHARED_MEDIUM, SHARED_WIDE
+
+    shared_device(features=("shader-f16",))
+    a, b = f32(rng, 72, 48).astype(np.float16), f32(rng, 48, 136).astype(np.float16)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    t = _demoted(_matmul, a.shape, b.shape, accumulate=accumulate)
+    for tiles in (SHARED_WIDE, SHARED_MEDIUM):
+        k = lower(t, tiles.schedule(0, 1))
+        src = wgsl.render(k)
+        assert k.schedule.shared_k and "in0: array<vec4<f16>>" in src and "in1: array<vec4<f16>>" in src, tiles
+        assert "out: array<vec4<f16>>" in src, tiles  # (whole vectors of the tile's columns stored)
+        got = KernelRunner(src, [a, b], want.size, k.dispatch, out_dtype=np.float16).run().reshape(want.shape)
+        tol = 2e-3 if accumulate == "float32" else 1e-2
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=str(tiles))
+
+
 def test_statistics_accumulate_in_f32_even_with_f16_accumulation():
     def variance(a):
         k, k2 = reduce_axis(a.shape[1]), reduce_axis(a.shape[1])

@@ -27,7 +27,7 @@ from kiln.kernels import elementwise, layout, library
 from kiln.runtime.kernel import KernelRunner
 from kiln.te.compute import inline, placeholder
 from kiln.te.lower import lower
-from kiln.te.schedule import Schedule, Split, default_schedule, tile_axes
+from kiln.te.schedule import SHARED_SMALL, Schedule, Split, default_schedule, tile_axes
 from kiln.te.tiles import analyse
 from kiln.tune.space import SearchSpace
 
@@ -325,6 +325,21 @@ def test_epilogue_reads_a_vec4_operand(rng):
                      vector_width=4, prefetch=True)
     src = _check(t, [a, b], a @ b + a, sched, "epilogue")
     assert "read> in0: array<vec4<f32>>" in src and "% 4i]" in src
+
+
+def test_head_merged_operand_loads_vec4_along_the_reduction(rng):
+    """Attention's output projection: ``[b, h, s, d]`` transposed to ``[b, s, h, d]`` and reshaped to ``[b, s, h *
+    d]`` before the product. Its operand is contiguous along the reduction in runs of ``d``, so the default shared
+    tiles load it as vec4 along ``k`` (the reshape's index per run of dims: ``[b, k // d, s, k % d]``), and the
+    numbers are the product's."""
+    b_, h, s_, d, n = 2, 3, 20, 8, 16
+    x, w = rng.standard_normal((b_, h, s_, d)).astype(np.float32), rng.standard_normal((h * d, n)).astype(np.float32)
+    px, pw = placeholder(x.shape, name="x"), placeholder(w.shape, name="w")
+    merged = layout.reshape(layout.transpose(px, [0, 2, 1, 3], (b_, s_, h, d)), (b_, s_, h * d))
+    t = inline(library.build("MatMul", [merged, pw], {}, (b_, s_, n), "mm"))
+    want = x.transpose(0, 2, 1, 3).reshape(b_, s_, h * d) @ w
+    src = _check(t, [x, w], want, SHARED_SMALL.schedule(1, 2), "head merge", exact=False)
+    assert "read> in0: array<vec4<f32>>" in src  # (the unravelled flat offset read a float at a time, rows fastest)
 
 
 def test_default_large_gemm_kernel_validates():

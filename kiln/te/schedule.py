@@ -89,12 +89,14 @@ class Schedule:
             computes its register tile from workgroup memory. Kernels that are not such a
             contraction (or whose tiles would not fit the workgroup memory limit) are lowered without it.
         vector_width: 1, or 4: with ``shared_k``, each operand tile whose register-tile split is
-            contiguous with a factor divisible by 4 is a workgroup array of ``vec4`` and every invocation
+            contiguous with a factor divisible by 4, or strided in groups of 4, is a workgroup array of ``vec4`` and
+            every invocation
             reads its rows (or columns) of a reduction step as whole vectors (a quarter of the
             workgroup-memory loads); and each float32 operand whose cooperative load walks a
             contiguous innermost dim with static extents divisible by 4 is bound as
-            ``array<vec4<f32>>`` and loaded a vector at a time; a float32 output whose tile columns are
-            contiguous along a static innermost extent divisible by 4 is stored a vector at a time.
+            ``array<vec4<f32>>`` and loaded a vector at a time (float16 ones, ``--precision fp16``, as ``vec4<f16>``); a
+            float32 or float16 output whose tile columns are contiguous (or in groups of 4) along a static innermost
+            extent divisible by 4 is stored a vector at a time.
             Recorded as 1 where none of these applies.
         prefetch: with ``shared_k``, load the next chunk's operands into registers before computing
             on the current one (its load latency then overlaps the arithmetic; a register per loaded
@@ -276,17 +278,19 @@ class SharedTiles:
 
 
 #: blocks of 64 x 128 outputs: 8 x 8 tiles (columns in two vec4 groups, 64 apart), 128 invocations, chunks of 8, the
-#: next chunk prefetched. H200 (session 34's GEMM probe against hand-written WGSL, bench/results/gemm-20261129-h200.txt):
+#: next chunk prefetched. H200 (bench.gemm_hand, bench/results/gemm-hand-20261129-085152.json):
 #: 4096 x 384 x 1152 0.108 ms against 0.183 for the 128 x 128 blocks of strided 8 x 8 tiles before (33.7 against
-#: 19.8 TFLOP/s; cuBLAS 38), 4096 x 384 x 1536 0.129 against 0.186, 4096^3 3.48 against 4.91 ms (39.5 TFLOP/s)
+#: 19.8 TFLOP/s; cuBLAS 38), 4096 x 384 x 1536 0.129 against 0.186, 4096^3 3.48 against 4.91 ms (39.5 TFLOP/s;
+#: cuBLAS 51); the classic hand-written blocked SGEMM in WGSL (bench.gemm_hand) is no faster than these
 SHARED_WIDE = SharedTiles(8, 8, 128, 8, 4, True)
 #: large convolutions' implicit GEMMs keep blocks of 128 x 128 (8 x 8 strided tiles, 256 invocations, chunks of 8: the
 #: best of ``bench.micro``'s 2026-11-22 sweep for the 4096^3 product on an H100, 28.6 TFLOP/s)
 SHARED_LARGE = SharedTiles(8, 8, 256, 8, 1, False)
-#: blocks of 64 x 64 (8 x 4 tiles, 128 invocations, chunks of 16) for products whose :data:`SHARED_WIDE` blocks
-#: are too few: 4096 x 384 x 384 0.044 ms against 0.064 for the 4 x 4 tiles of 256 invocations before, 4096 x 1536 x
-#: 384 0.171 against 0.249
-SHARED_MEDIUM = SharedTiles(8, 4, 128, 16, 4, False)
+#: blocks of 64 x 64 (8 x 4 tiles, 128 invocations, chunks of 16 prefetched) for products whose :data:`SHARED_WIDE`
+#: blocks are too few: 4096 x 384 x 384 0.038 ms against 0.064 for the 4 x 4 tiles of 256 invocations before (0.044
+#: without the prefetch), 4096 x 1536 x 384 0.141 against 0.249 (0.169; cuBLAS 0.126; bench.gemm_hand,
+#: gemm-hand-20261129-085152.json)
+SHARED_MEDIUM = SharedTiles(8, 4, 128, 16, 4, True)
 #: matrix products too small for :data:`SHARED_MEDIUM`'s blocks (MiniLM at batch 1: 128 rows) get blocks of 32 x 32
 #: (4 x 4 tiles, 64 invocations, chunks of 16) when they fill :data:`SMALL_GROUPS` of them and reduce at least
 #: :data:`SMALL_REDUCTION` long. On an H100 (``bench.gemm_small``, bench/results/gemm-small-20261128-031837.json):

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from kiln.arith.expr import (
     FLOATS,
     Bin,
+    Cast,
     Const,
     Expr,
     Load,
@@ -39,6 +40,7 @@ from kiln.arith.expr import (
     Var,
     binop,
     call,
+    cast,
     const,
     free_vars,
     linear,
@@ -168,24 +170,49 @@ def shared_size(c: Contraction, kc: int) -> int:
 def _storage_vector(f: Expr, axis: Var, r_axes, kfast: bool, extent, width: int, kc: int, w: int) -> int:
     """``w`` if factor ``f``'s tile can be loaded from storage as ``w``-vectors, else 1.
 
-    ``f`` must be a plain float32 placeholder load whose innermost index is exactly the direction
+    ``f`` must be a plain float32 placeholder load, or a float16 one widened to f32 (``--precision fp16``: loaded as
+    ``vec4<f16>``, widened lane by lane), whose innermost index is exactly the direction
     the cooperative load walks fastest (the reduction axis, or the tile's output ``axis``), not
     used by its other indices; that innermost dim, and the walked extent, static multiples of
-    ``w`` (so a vector lies wholly inside or outside the extents, and starts 16-byte aligned).
+    ``w`` (so a vector lies wholly inside or outside the extents, and starts aligned).
     """
-    if w == 1 or not isinstance(f, Load) or f.dtype != "float32" or not f.tensor.is_placeholder:
+    f = _widened_half(f) or f
+    if w == 1 or not isinstance(f, Load) or f.dtype not in ("float32", "float16") or not f.tensor.is_placeholder:
         return 1
     last, dim = f.indices[-1], f.tensor.shape[-1]
-    if is_symbolic(dim) or dim % w or not isinstance(last, Var):
-        return 1
-    if any(last in free_vars(i) for i in f.indices[:-1]):
+    if is_symbolic(dim) or dim % w:
         return 1
     if kfast:
         k = r_axes[0] if len(r_axes) == 1 else None
-        ok = last == k and kc % w == 0 and not is_symbolic(k.extent) and k.extent % w == 0
+        if k is None or kc % w or is_symbolic(k.extent) or k.extent % w:
+            return 1
+        # k itself, or k % c (a head-merged operand: [b, s, h * d] read from [b, h, s, d]) whose other indices see k
+        # only as k // c: w consecutive iterations from a multiple of w stay in one run of c
+        blocks = _blocks_of(k, last, w)
+        if blocks is None or any(k in free_vars(transform(i, blocks)) for i in f.indices[:-1]):
+            return 1
+        return w
+    ok = last == axis and width % w == 0 and not is_symbolic(extent) and extent % w == 0
+    return w if ok and not any(last in free_vars(i) for i in f.indices[:-1]) else 1
+
+
+def _blocks_of(k: Var, last: Expr, w: int):
+    """For an innermost index ``last`` that is ``k``, or ``k % c`` with ``c`` a multiple of ``w``: a :func:`transform`
+    function that hides ``k // c`` (the run's number) from the other indices; ``None`` for any other index."""
+    if last == k:
+        c = None
+    elif isinstance(last, Bin) and last.op == "%" and last.a == k and isinstance(last.b, Const) and \
+            last.b.value % w == 0:
+        c = last.b.value
     else:
-        ok = last == axis and width % w == 0 and not is_symbolic(extent) and extent % w == 0
-    return w if ok else 1
+        return None
+
+    def hide(x):
+        if c is not None and isinstance(x, Bin) and x.op == "//" and x.a == k and isinstance(x.b, Const) and \
+                x.b.value == c:
+            return const(0, "int32")
+        return None
+    return hide
 
 
 def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, counter):
@@ -268,20 +295,24 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
                         v = v % ax.extent
                     mapping[ax] = v
                 value = flatten(substitute(f, mapping), False)
+                # an operand widened from f16 (--precision fp16) is fetched as f16 and widened at the store: widening
+                # at the fetch would wait for a prefetched load before the products
+                raw = value.x if isinstance(value, Cast) else value
                 fetch: list = []
                 if vl == 1:
-                    values, targets = [value], [kk * stride + row]
+                    values, targets = [raw], [kk * stride + row]
                 else:  # one vector load of storage, stored element by element
-                    vec = Var(f"ld{next(counter)}", 0, dtype)
-                    fetch.append(Let(vec, VecLoad(value.buf, linear(value.index) // vl, vl, dtype)))
-                    vectors[value.buf] = vl
-                    values = [Lane(vec, q, dtype) for q in range(vl)]
+                    vec = Var(f"ld{next(counter)}", 0, raw.dtype)
+                    fetch.append(Let(vec, VecLoad(raw.buf, linear(raw.index) // vl, vl, raw.dtype)))
+                    vectors[raw.buf] = vl
+                    values = [Lane(vec, q, raw.dtype) for q in range(vl)]
                     targets = [(kk + q) * stride + row if kfast else kk * stride + row + q for q in range(vl)]
                 if registers:  # the raw loads (masking them here would wait for them before the products)
-                    regs = [Var(f"pf{next(counter)}", 0, dtype) for _ in values]
-                    decls.extend(Decl(x, const(0.0, dtype)) for x in regs)
+                    regs = [Var(f"pf{next(counter)}", 0, raw.dtype) for _ in values]
+                    decls.extend(Decl(x, const(0.0, raw.dtype)) for x in regs)
                     fetch += [Assign(x, v) for x, v in zip(regs, values)]
                     values = regs
+                values = [cast(x, dtype) for x in values]
                 if not (isinstance(cond, Const) and cond.value is True):
                     values = [select(cond, x, const(0.0, dtype)) for x in values]
                 store: list = []
@@ -363,7 +394,7 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
         indices.append(linear(_ravel([vals.get(ax, ax) for ax in out.axes], out.shape)))
     results = cse(results, body)
     w = schedule.vector_width
-    if (w > 1 and _vector_split(c.cols, w) and b == len(out.shape) - 1 and out.dtype == "float32"
+    if (w > 1 and _vector_split(c.cols, w) and b == len(out.shape) - 1 and out.dtype in ("float32", "float16")
             and not is_symbolic(B) and B % w == 0):
         # the tile's columns are consecutive outputs, whole vectors in or out of range together: vec4 stores
         vectors["out"] = w
@@ -377,6 +408,13 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
             body.append(If(cond, [Store("out", index, value)]))
     shared = {name: (dtype, size) for name, (dtype, size, _) in arrays.items()}
     return body, simplify(n_groups * wg), shared, vectors
+
+
+def _widened_half(f: Expr) -> Load | None:
+    """The float16 load ``f`` widens to f32 (an operand of an ``--precision fp16`` kernel), or ``None``."""
+    if isinstance(f, Cast) and f.dtype == "float32" and isinstance(f.x, Load) and f.x.dtype == "float16":
+        return f.x
+    return None
 
 
 def _vector_split(split: Split, w: int) -> bool:
