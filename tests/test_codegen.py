@@ -220,7 +220,8 @@ def test_reshape_index_reads_each_run_of_dims_apart():
     assert merged[:2] == (Var("i0"), Var("i1")) and [str(getattr(x, "op", "")) for x in merged[2:]] == ["//", "%"]
     for out_shape, in_shape in [((2, 3, 12), (2, 3, 4, 3)), ((2, 3, 4, 3), (2, 3, 12)), ((6, 4), (2, 3, 4)),
                                 ((2, 12), (4, 6)), ((1, 5, 1, 6), (30,)), ((30,), (1, 5, 1, 6)), ((2, 1, 3), (2, 3, 1)),
-                                ((4, 6), (6, 4)), ((2, 3, 1, 4), (6, 4)), ((1,), (1, 1)), ((6,), (2, 3))]:
+                                ((4, 6), (6, 4)), ((2, 3, 1, 4), (6, 4)), ((1,), (1, 1)), ((6,), (2, 3)),
+                                ((), (1, 1)), ((1, 1), ())]:
         idx = [Var(f"i{k}") for k in range(len(out_shape))]
         got = reshape_index(idx, out_shape, in_shape)
         for element in itertools.product(*(range(d) for d in out_shape)):

@@ -56,7 +56,11 @@ def reshape_index(idx, shape, in_shape) -> tuple[Expr, ...]:
         if cc is not None:
             cuts.append((a, cc))
             c = cc
-    cuts[-1] = (len(shape), len(in_shape))  # (dims of size 1 left over on either side join the last run)
+    end = (len(shape), len(in_shape))  # (dims of size 1 left over on either side join the last run)
+    if len(cuts) > 1:
+        cuts[-1] = end
+    else:  # (a 0-d side, or sizes that never agree: one run of everything)
+        cuts.append(end)
     out: list[Expr] = []
     for (a0, c0), (a1, c1) in itertools.pairwise(cuts):
         flat = ravel(idx[a0:a1], shape[a0:a1])

@@ -174,7 +174,9 @@ def _storage_vector(f: Expr, axis: Var, r_axes, kfast: bool, extent, width: int,
     ``vec4<f16>``, widened lane by lane), whose innermost index is exactly the direction
     the cooperative load walks fastest (the reduction axis, or the tile's output ``axis``), not
     used by its other indices; that innermost dim, and the walked extent, static multiples of
-    ``w`` (so a vector lies wholly inside or outside the extents, and starts aligned).
+    ``w`` (so a vector lies wholly inside or outside the extents, and starts aligned). Along the reduction
+    ``k % c`` also qualifies, ``c`` a multiple of ``w``, where the other indices see ``k`` only as ``k // c``
+    (a head-merged operand, :func:`kiln.kernels.layout.reshape_index`).
     """
     f = _widened_half(f) or f
     if w == 1 or not isinstance(f, Load) or f.dtype not in ("float32", "float16") or not f.tensor.is_placeholder:
