@@ -256,7 +256,7 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
     w = schedule.vector_width
     # workgroup arrays read as vectors: those whose invocations' rows (columns) are contiguous
     vectors: dict[str, int] = {name: w for name, split in (("sh_p", c.rows), ("sh_q", c.cols))
-                               if w > 1 and _vector_split(split, w)}
+                               if w > 1 and vector_split(split, w)}
     strides = _row_strides(c)
     operands = (("sh_p", c.p, out.axes[a], A, ba, row0, strides[0]), ("sh_q", c.q, out.axes[b], B, bb, col0, strides[1]))
     for name, f, _, _, width, _, stride in operands:
@@ -396,7 +396,7 @@ def lower_shared(out: Tensor, c: Contraction, schedule: Schedule, flatten, cse, 
         indices.append(linear(_ravel([vals.get(ax, ax) for ax in out.axes], out.shape)))
     results = cse(results, body)
     w = schedule.vector_width
-    if (w > 1 and _vector_split(c.cols, w) and b == len(out.shape) - 1 and out.dtype in ("float32", "float16")
+    if (w > 1 and vector_split(c.cols, w) and b == len(out.shape) - 1 and out.dtype in ("float32", "float16")
             and not is_symbolic(B) and B % w == 0):
         # the tile's columns are consecutive outputs, whole vectors in or out of range together: vec4 stores
         vectors["out"] = w
@@ -419,7 +419,7 @@ def _widened_half(f: Expr) -> Load | None:
     return None
 
 
-def _vector_split(split: Split, w: int) -> bool:
+def vector_split(split: Split, w: int) -> bool:
     """Whether an invocation's elements along ``split`` come in whole ``w``-vectors of consecutive elements: a
     contiguous split with a factor ``w`` divides, or groups of exactly ``w``."""
     return split.factor % w == 0 and (split.contiguous or split.group == w)

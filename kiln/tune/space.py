@@ -25,7 +25,7 @@ import numpy as np
 
 from kiln.te.compute import Tensor, placeholders
 from kiln.te.schedule import GEMV_ITERATIONS_PER_LANE, Schedule, Split, reductions, reuse_axes
-from kiln.te.tiles import analyse
+from kiln.te.tiles import analyse, vector_split
 
 #: register tiles per axis
 FACTORS = (1, 2, 4, 8)
@@ -204,11 +204,10 @@ class SearchSpace:
         return self._analysed[key]
 
     def _vectorizable(self, s: Schedule) -> bool:
-        """Whether ``vector_width`` may apply: a contiguous split with a factor it divides (workgroup-memory
+        """Whether ``vector_width`` may apply: a split whose elements come in whole vectors (:func:`vector_split`: workgroup-memory
         reads), or an input whose static innermost dim it divides (storage loads; a necessary condition)."""
         w = s.vector_width
-        return any((sp.contiguous or sp.group == w) and sp.factor % w == 0 for sp in s.splits) or \
-            any(d % w == 0 for d in self._inner_dims)
+        return any(vector_split(sp, w) for sp in s.splits) or any(d % w == 0 for d in self._inner_dims)
 
     def valid(self, s: Schedule) -> bool:
         """``check(s) is None``."""
