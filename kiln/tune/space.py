@@ -204,8 +204,9 @@ class SearchSpace:
         return self._analysed[key]
 
     def _vectorizable(self, s: Schedule) -> bool:
-        """Whether ``vector_width`` may apply: a split whose elements come in whole vectors (:func:`vector_split`: workgroup-memory
-        reads), or an input whose static innermost dim it divides (storage loads; a necessary condition)."""
+        """Whether ``vector_width`` may apply: a split whose elements come in whole vectors (:func:`vector_split`:
+        workgroup-memory reads), or an input whose static innermost dim it divides (storage loads; a necessary
+        condition)."""
         w = s.vector_width
         return any(vector_split(sp, w) for sp in s.splits) or any(d % w == 0 for d in self._inner_dims)
 
