@@ -256,7 +256,7 @@ def test_c_targets_many_shapes(models, c_sessions, name, target, rng):
 def test_manifest(models):
     _, pkg, _ = models["attention"]
     m = json.loads((pkg / "manifest.json").read_text())
-    assert m["version"] == VERSION == "1.13"
+    assert m["version"] == VERSION == "1.14"
     assert m["dynamic_dims"] == [{"name": "batch", "index": 0, "min": 1, "max": 4, "opt": 4},
                                  {"name": "seq", "index": 1, "min": 1, "max": 16, "opt": 8}]
     x = next(i for i in m["inputs"] if i["name"] == "x")

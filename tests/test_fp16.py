@@ -172,7 +172,7 @@ def tiny(tmp_path_factory):
 def test_manifest_records_precision_and_feature(tiny):
     _, pkg = tiny
     m = json.loads((pkg / "manifest.json").read_text())
-    assert m["version"] == "1.13" and m["precision"] == "fp16"
+    assert m["version"] == "1.14" and m["precision"] == "fp16"
     assert m["targets"]["webgpu"]["features"] == ["shader-f16"]
     weights = [b for b in m["buffers"] if b["kind"] == "weight"]
     assert {b["dtype"] for b in weights} == {"float16"} and {b["model_dtype"] for b in weights} == {"float32"}

@@ -138,13 +138,17 @@ def test_smollm2_teacher_forced_logits_gpu_schedules(tmp_path, precision, smollm
     """The capital sequence again, compiled with the schedules and fusions for GPUs (what a real GPU runs: matmul
     prologues, shared tiles, reduce lanes, row kernels; slow on lavapipe, so one sequence): fp32 within the same
     bounds; ``--precision fp16`` (f16 activations and KV cache) with the same top-1 token everywhere and its logits
-    within 0.25 (measured: 0.12 at most, 0.014 on average). Its last rows are then decoded one token a step."""
+    within 0.25 (measured: 0.12 at most, 0.014 on average). Its last rows are then decoded one token a step. fp32 runs
+    the kernels' subgroup forms (lane combines shuffled within subgroups, as on GPUs; kiln.runtime.subgroups), fp16
+    the plain forms."""
     ref = np.load(REFERENCE)
     dg = import_gguf(SMOLLM2, max_context=128, model=smollm2_gguf)
     compiled = compile_graph(dg.graph, "webgpu", device_class="gpu", validate=False, precision=precision)
     names = [k.name for k in compiled.kernels]
     assert any("sigmoid" in n and "matmulnbits" in n for n in names), names  # SwiGLU's product as a prologue
-    session = kiln.load(write_package(compiled, tmp_path / "pkg"), poison=True)
+    session = kiln.load(write_package(compiled, tmp_path / "pkg"), poison=True, subgroups=precision == "fp32")
+    assert any("subgroups" in k for k in session.manifest["targets"]["webgpu"]["kernels"])
+    assert session.subgroups is (precision == "fp32" and "subgroup" in session.device.features)
     rows = len(ref["capital_logits"])
     ids = np.concatenate([ref["capital_prompt_ids"], ref["capital_generated_ids"]])[:rows]
     got = session.run(_feeds(ids))["logits"][0]

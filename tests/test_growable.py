@@ -175,7 +175,7 @@ def test_webgl2_kernels_read_run_time_dims(growable_minilm_webgl2):
     lay tensors out by their run-time sizes; steps carry their output's element count, growable buffers' textures
     grow. (tests/test_dynamic_browser.py runs such packages in Chromium against onnxruntime.)"""
     m = json.loads((growable_minilm_webgl2 / "manifest.json").read_text())
-    assert m["version"] == "1.13" and {d["name"] for d in m["dynamic_dims"]} == {"batch", "seq"}
+    assert m["version"] == "1.14" and {d["name"] for d in m["dynamic_dims"]} == {"batch", "seq"}
     gl = m["targets"]["webgl2"]
     assert any(t.get("grow") for t in gl["textures"]) and all(t["width"] == gl["texture_width"]
                                                               for t in gl["textures"] if t.get("grow"))

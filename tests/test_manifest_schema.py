@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TYPECHECK = ROOT / "tools" / "typecheck"
 TSC = TYPECHECK / "node_modules" / "typescript" / "bin" / "tsc"
 #: the modules that read the manifest, typed against manifest.d.ts and checked by tsc
-ANNOTATED = ("package.js", "webgpu.js", "webgl2.js", "wasm.js", "dims.js", "control.js", "train.js", "kiln.js")
+ANNOTATED = ("package.js", "webgpu.js", "pipelines.js", "webgl2.js", "wasm.js", "dims.js", "control.js", "train.js",
+             "kiln.js")
 
 
 def _vi(name, dtype, shape):

@@ -26,7 +26,7 @@ _ids = itertools.count()
 #: math functions an expression may call; each target renders them (WGSL builtins, C, GLSL)
 CALLS = {"exp", "log", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tanh", "max", "min", "pow", "clamp",
          "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "round", "sign", "trunc",
-         "bitcast_i32", "bitcast_f32", "round_f16", "half_lo"}
+         "bitcast_i32", "bitcast_f32", "round_f16", "half_lo", "subgroup_shuffle_xor"}
 
 #: unary functions folded on constants (expression function -> numpy function)
 _FOLD = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "abs", "floor": "floor", "ceil": "ceil", "sin": "sin",
@@ -37,6 +37,8 @@ FLOATS = ("float32", "float16")
 
 #: functions whose result dtype is fixed (the others return their operands' dtype)
 CALL_DTYPES = {"bitcast_i32": "int32", "bitcast_f32": "float32", "half_lo": "float32"}
+#: ``subgroup_shuffle_xor(x, mask)``: ``x`` of the subgroup's lane ``own lane ^ mask`` (WGSL's
+#: ``subgroupShuffleXor``; only in the subgroup forms of :class:`kiln.te.loops.Subgroups`, which WGSL alone renders)
 #: ``half_lo(x)``: the float32 value of int32 ``x``'s low 16 bits read as an IEEE half float (packed weights' scales)
 
 

@@ -125,6 +125,10 @@ class CStyle:
             out.extend(method(s, pad, depth))
         return out
 
+    def s_Subgroups(self, s, pad: str, depth: int) -> list[str]:
+        """Statements with a subgroup form (:class:`~kiln.te.loops.Subgroups`): the plain form."""
+        return self.stmts(s.plain, depth)
+
     def block(self, head: str, body, pad: str, depth: int) -> list[str]:
         """``head {``, the body one level deeper, ``}``."""
         return [f"{pad}{head} {{", *self.stmts(body, depth + 1), f"{pad}}}"]

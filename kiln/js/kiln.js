@@ -102,6 +102,8 @@ const BACKENDS = {
  * @property {'shared' | 'own' | GPUDevice} [device='shared'] (WebGPU) the device: the page's shared one, so that
  *   sessions exchange GPUTensors and reuse each other's compiled pipelines; a new one of the session's own
  *   (freed by {@link Session#destroy}); or a given GPUDevice, e.g. another session's {@link Session#device}.
+ * @property {boolean} [subgroups] (WebGPU) run kernels' subgroup forms (format 1.14, subgroups.js): true wherever
+ *   the device can, false never; by default on GPUs, not on CPU adapters (SwiftShader), which emulate them.
  * @property {(p: import('./package.js').LoadProgress) => void} [onProgress] called as the weights are read:
  *   `{file, loaded, total, cached}` (bytes over all weights files; `cached`: this file came from the cache).
  * @property {boolean} [cache=true] keep the weights files in the browser's Cache API (cache 'kiln-weights',

@@ -12,7 +12,7 @@ export interface Manifest {
   /** Always "kiln-package". */
   format: "kiln-package";
   /**
-   * The package format version "MAJOR.MINOR" ("1.12" today). A runtime reads every package of its own major version
+   * The package format version "MAJOR.MINOR" ("1.14" today). A runtime reads every package of its own major version
    * and refuses a newer major version with a message saying to upgrade Kiln.
    */
   version: string;
@@ -427,6 +427,24 @@ export interface WebGPUKernel {
    * (1.13) The loop iterations one invocation runs in all (every loop counted with the trip counts of the loops
    * around it; an upper bound where a loop sits in a branch). A runtime on Mesa's llvmpipe, which ends an invocation
    * silently after 65535, refuses a kernel over that.
+   */
+  loop_iterations?: SizeExpression;
+  /**
+   * (1.14) Present when the kernel has a subgroup form: source, the package file of a WGSL variant that combines
+   * lanes with subgroup builtins (enable subgroups; WebGPU feature subgroups) and computes the same values. A runtime
+   * may run it instead of source on a device with the feature whose subgroups fill a workgroup in
+   * local_invocation_index order (checked once per device); otherwise, or when it ignores the key, it runs source.
+   */
+  subgroups?: SubgroupForm;
+}
+
+/** (1.14) A kernel's subgroup form (WebGPUKernel.subgroups). */
+export interface SubgroupForm {
+  /** The package file of the WGSL variant (kernels/NAME.subgroups.wgsl). */
+  source: string;
+  /**
+   * Its loop iterations one invocation runs in all, as the kernel's loop_iterations counts them (the subgroups a lane
+   * group spans are combined in a loop of up to lanes / 4 - 1 trips); absent when it has no loops.
    */
   loop_iterations?: SizeExpression;
 }

@@ -1,5 +1,5 @@
 // @ts-check
-// Kiln browser runtime: the WebGPU backend (zero dependencies besides errors.js and package.js).
+// Kiln browser runtime: the WebGPU backend (zero dependencies; its own modules: pipelines.js, subgroups.js, ...).
 //
 // Execution matches the native runtime (kiln/runtime/native.py): one GPUBuffer per
 // manifest buffer, weights uploaded once at load, one compute pipeline per kernel and one
@@ -8,7 +8,7 @@
 // Feeds may be GPUTensors (gputensor.js), copied into the input buffers on the GPU, and
 // `run(inputs, {output: 'gpu'})` copies the outputs into new GPUTensors instead of reading them back.
 // Sessions share one device per page by default (`sharedDevice`), and every device has a
-// pipeline cache keyed by the SHA-256 of the kernel's WGSL (`pipelineCache`): a second session of
+// pipeline cache keyed by the SHA-256 of the kernel's WGSL (`pipelineCache`, pipelines.js): a second session of
 // a package, or of one sharing kernels, compiles nothing.
 // See kiln.js for the backend interface this module implements.
 
@@ -19,7 +19,9 @@ import {
 } from './dims.js';
 import {DeviceError, PackageError} from './errors.js';
 import {GPUTensor, storageType} from './gputensor.js';
-import {kernelText, readWeights} from './package.js';
+import {readWeights} from './package.js';
+import {createPipelines, pipelineCache} from './pipelines.js';
+import {isCpuAdapter} from './subgroups.js';
 import {DTYPES, product} from './tensor.js';
 
 /** @typedef {import('./manifest').Manifest} Manifest */
@@ -31,6 +33,7 @@ import {DTYPES, product} from './tensor.js';
 
 /** The manifest target this backend runs. */
 export const target = 'webgpu';
+export {PIPELINE_CACHE_SIZE, pipelineCache} from './pipelines.js';
 
 /**
  * Why this browser cannot run WebGPU packages, or null if it can (it has `navigator.gpu`
@@ -57,20 +60,20 @@ export async function unavailable(spec = undefined) {
  * @param {PackageSource} source
  * @param {Manifest} manifest
  * @param {{verify: boolean, powerPreference?: GPUPowerPreference, timing?: boolean,
- *   device?: 'shared' | 'own' | GPUDevice}} options
+ *   device?: 'shared' | 'own' | GPUDevice, subgroups?: boolean}} options
  * @returns {Promise<WebGPUBackend>}
  * @throws {DeviceError} no WebGPU, no adapter, or a missing limit or feature.
  * @throws {PackageError} a kernel that does not compile, bad weights, or an invalid plan.
  */
 export async function create(source, manifest, options) {
-  const {verify, powerPreference = 'high-performance', timing = false, device: wanted = 'shared'} = options;
+  const {verify, powerPreference = 'high-performance', timing = false, device: wanted = 'shared', subgroups} = options;
   const spec = manifest.targets.webgpu;
   const started = performance.now();
   const grows = manifest.buffers.some((b) => b.grow !== undefined);
   const {adapter, device, shared} = await chooseDevice(spec, powerPreference, timing, wanted, grows);
   const deviceMs = performance.now() - started;
   try {
-    const backend = await WebGPUBackend.create(source, manifest, adapter, device, verify);
+    const backend = await WebGPUBackend.create(source, manifest, adapter, device, verify, subgroups);
     backend.sharedDevice = shared;
     if (!timing) backend.timestampQuery = false;  // a shared device may have the feature; time() uses it when asked
     backend.loadMs = {...backend.loadMs, device: deviceMs, total: performance.now() - started};
@@ -196,6 +199,8 @@ async function requestDevice(spec, powerPreference, timing, maximal = false, gro
   if ((timing || maximal) && adapter.features.has('timestamp-query') && !requiredFeatures.includes('timestamp-query')) {
     requiredFeatures.push('timestamp-query');
   }
+  // kernels' subgroup forms (subgroups.js) where the adapter has the feature
+  if (adapter.features.has('subgroups') && !requiredFeatures.includes('subgroups')) requiredFeatures.push('subgroups');
   let device;
   try {
     device = await adapter.requestDevice({requiredFeatures, requiredLimits});
@@ -318,9 +323,10 @@ export class WebGPUBackend {
    * Build the GPU objects; see {@link create}.
    * @param {PackageSource} source @param {Manifest} manifest @param {GPUAdapter} adapter
    * @param {GPUDevice} device @param {boolean} verify
+   * @param {boolean} [subgroups] run kernels' subgroup forms (undefined: on GPUs, not CPU adapters)
    * @returns {Promise<WebGPUBackend>}
    */
-  static async create(source, manifest, adapter, device, verify) {
+  static async create(source, manifest, adapter, device, verify, subgroups = undefined) {
     const root = source.name;
     const spec = manifest.targets.webgpu;
     const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
@@ -346,7 +352,7 @@ export class WebGPUBackend {
       label: 'kiln_dims', size: spec.dims_uniform.bytes, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
     }) : null;
     const [pipelines] = await Promise.all([
-      createPipelines(source, device, spec.kernels).then((p) => {
+      createPipelines(source, device, spec.kernels, subgroups ?? !isCpuAdapter(adapter.info)).then((p) => {
         pipelinesMs = performance.now() - compileStart;
         return p;
       }),
@@ -747,105 +753,6 @@ export class WebGPUBackend {
   }
 }
 
-/** Pipelines a device's cache keeps at most; the oldest go first (live sessions keep theirs alive). */
-export const PIPELINE_CACHE_SIZE = 1024;
-
-/** @type {WeakMap<GPUDevice, {hits: number, misses: number, entries: Map<string, Promise<any>>}>} */
-const PIPELINE_CACHES = new WeakMap();
-
-/**
- * The pipeline cache of `device`: compiled pipelines (and their bind group layouts) keyed by the
- * SHA-256 of the kernel's WGSL, its entry point and binding layout; `hits` and `misses` count lookups.
- * @param {GPUDevice} device
- * @returns {{hits: number, misses: number, entries: Map<string, Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}>>}}
- */
-export function pipelineCache(device) {
-  let cache = PIPELINE_CACHES.get(device);
-  if (!cache) PIPELINE_CACHES.set(device, cache = {hits: 0, misses: 0, entries: new Map()});
-  return cache;
-}
-
-/**
- * Hex SHA-256 of `text` (Web Crypto; pages served over plain http from another host have none, and then
- * the text itself is the key).
- * @param {string} text
- * @returns {Promise<string>}
- */
-async function sourceKey(text) {
-  const subtle = globalThis.crypto?.subtle;
-  if (!subtle) return text;
-  const digest = new Uint8Array(await subtle.digest('SHA-256', new TextEncoder().encode(text)));
-  return Array.from(digest, (b) => b.toString(16).padStart(2, '0')).join('');
-}
-
-/**
- * Read every kernel's WGSL and get its pipeline from the device's cache, compiling the missing ones
- * with `createComputePipelineAsync`, all in parallel.
- * @param {PackageSource} source
- * @param {GPUDevice} device
- * @param {WebGPUKernel[]} kernels the target's kernels
- * @returns {Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}[]>}
- */
-function createPipelines(source, device, kernels) {
-  const cache = pipelineCache(device);
-  return Promise.all(kernels.map(async (kernel) => {
-    const code = await kernelText(source, kernel);
-    const access = [...kernel.bindings].sort((a, b) => a.binding - b.binding).map((b) => b.access);
-    const key = `${await sourceKey(code)}|${kernel.entry_point}|${access.join(',')}|${kernel.dims_binding ?? ''}`;
-    let entry = cache.entries.get(key);
-    if (entry) {
-      cache.hits++;
-    } else {
-      cache.misses++;
-      entry = compilePipeline(device, kernel, code, access, kernel.dims_binding);
-      cache.entries.set(key, entry);
-      entry.catch(() => cache.entries.delete(key));
-      if (cache.entries.size > PIPELINE_CACHE_SIZE) cache.entries.delete(cache.entries.keys().next().value);
-    }
-    return entry;
-  }));
-}
-
-/**
- * Compile one kernel's pipeline.
- * @param {GPUDevice} device @param {WebGPUKernel} kernel @param {string} code @param {string[]} access per binding
- * @param {number} [dimsBinding] the binding of the run-time dims uniform (dims.js), if the kernel reads it
- * @returns {Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}>}
- * @throws {PackageError} the kernel does not compile on this device.
- */
-async function compilePipeline(device, kernel, code, access, dimsBinding) {
-  const module = device.createShaderModule({label: kernel.name, code});
-  const layout = device.createBindGroupLayout({
-    label: kernel.name,
-    entries: [...access.map((a, binding) => ({
-      binding,
-      visibility: GPUShaderStage.COMPUTE,
-      buffer: {type: /** @type {GPUBufferBindingType} */ (a === 'read' ? 'read-only-storage' : 'storage')},
-    })), ...(dimsBinding === undefined ? [] : [
-      {binding: dimsBinding, visibility: GPUShaderStage.COMPUTE, buffer: {type: /** @type {const} */ ('uniform')}}])],
-  });
-  try {
-    const pipeline = await device.createComputePipelineAsync({
-      label: kernel.name,
-      layout: device.createPipelineLayout({bindGroupLayouts: [layout]}),
-      compute: {module, entryPoint: kernel.entry_point},
-    });
-    return {pipeline, layout};
-  } catch (error) {
-    const info = await module.getCompilationInfo();
-    const details = info.messages.filter((m) => m.type === 'error')
-      .map((m) => `${kernel.source}:${m.lineNum}:${m.linePos}: ${m.message}`).join('\n');
-    throw new PackageError(`kernel ${kernel.name} does not compile on this device: ${error.message}` +
-      (details ? `\n${details}` : ''));
-  }
-}
-
-/**
- * Bytes of the tensor `spec` (an input or output) of shape `shape` (default: the manifest's; run-time dims give
- * smaller ones) in its buffer `buffer`, rounded up to whole 4-byte words.
- * @param {TensorSpec} spec @param {GPUBuffer} buffer @param {number[]} [shape]
- * @returns {number}
- */
 /**
  * Each plan step's GPU objects: its kernel's pipeline and bind group, then its variants' (scheduled for another range
  * of run-time dims: setDims picks one); made at load and again when growable buffers grow.
@@ -886,6 +793,12 @@ function makeStaging(device, sizes) {
   })};
 }
 
+/**
+ * Bytes of the tensor `spec` (an input or output) of shape `shape` (default: the manifest's; run-time dims give
+ * smaller ones) in its buffer `buffer`, rounded up to whole 4-byte words.
+ * @param {TensorSpec} spec @param {GPUBuffer} buffer @param {number[]} [shape]
+ * @returns {number}
+ */
 function copySize(spec, buffer, shape = spec.shape) {
   const storage = spec.storage ?? storageType(spec.dtype);
   return Math.min(buffer.size, Math.ceil(product(shape) * DTYPES[storage].bytes / 4) * 4);

@@ -100,7 +100,7 @@ def from_storage(raw: bytes | memoryview | np.ndarray, dtype: str, shape) -> np.
     return stored.astype(numpy_dtype(dtype), copy=True)
 
 FORMAT = "kiln-package"
-VERSION = "1.13"
+VERSION = "1.14"
 MAJOR = 1
 MANIFEST = "manifest.json"
 #: the manifest's SHA-256 in ``sha256sum``'s format (format 1.8): ``sha256sum -c manifest.sha256`` checks it too

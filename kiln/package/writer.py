@@ -49,8 +49,9 @@ SCHEMA_VALIDATOR = tuple(f"vendor/json-schema/{name}" for name in (
 
 #: the browser runtime (ES modules, kiln.js first; the package schema and its validator) and the demo page, copied
 #: from kiln/js into every package
-RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "webgl2.js",
-                 "wasm.js", "wasm-host.js", "wasm-worker.js", "train.js", "control.js", "gputensor.js", "dims.js", "manifest-schema.js",
+RUNTIME_FILES = ("kiln.js", "errors.js", "tensor.js", "package.js", "preprocess.js", "webgpu.js", "pipelines.js",
+                 "subgroups.js", "webgl2.js", "wasm.js", "wasm-host.js", "wasm-worker.js", "train.js", "control.js",
+                 "gputensor.js", "dims.js", "manifest-schema.js",
                  *SCHEMA_VALIDATOR, "index.html", "kiln.css")
 
 #: pages copied into train-step packages besides RUNTIME_FILES (the fine-tuning demo)

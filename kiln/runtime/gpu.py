@@ -83,7 +83,7 @@ def _fits(device, limits: dict[str, int], features) -> bool:
             and all(f in device.features for f in features))
 
 
-def shared_device(limits: dict[str, int] | None = None, features=(), optional=("timestamp-query",)):
+def shared_device(limits: dict[str, int] | None = None, features=(), optional=("timestamp-query", "subgroup")):
     """The process-wide wgpu device with at least ``limits`` (spec names -> values) and ``features``.
 
     The first call requests a device from :func:`adapter` with the adapter's own maxima for the

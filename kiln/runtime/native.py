@@ -34,13 +34,13 @@ from kiln.package.format import (
     read_weights,
     verify_weights,
 )
-from kiln.runtime import dynamic, gpu, record
+from kiln.runtime import dynamic, gpu, record, subgroups
 from kiln.runtime.control import ControlPlan, is_control_plan
 from kiln.runtime.feeds import selected_outputs, storage_feeds
 from kiln.runtime.generate import GenerationMixin
 from kiln.runtime.gpu import GPUTensor, shared_device, synchronize, to_gpu
 from kiln.runtime.loop_limit import LoopLimit
-from kiln.runtime.pipelines import KernelSpec, pipeline_cache
+from kiln.runtime.pipelines import pipeline_cache
 from kiln.runtime.timing import wall_clock_ms
 from kiln.runtime.training import TrainingMixin
 
@@ -85,7 +85,7 @@ def _session_device(tgt: dict[str, Any], device, grows: bool = False):
     if device == "shared":
         return gpu.adapter(), shared_device(limits, features)
     if device == "own":
-        return _request_device(limits, features, optional=("timestamp-query",), grows=grows)
+        return _request_device(limits, features, optional=("timestamp-query", subgroups.FEATURE), grows=grows)
     if isinstance(device, str) or not hasattr(device, "create_buffer"):
         raise KilnError(f"device must be 'shared', 'own' or a wgpu device (e.g. another session's .device), "
                         f"got {device!r}")
@@ -135,12 +135,15 @@ class Session(TrainingMixin, GenerationMixin):
             so sessions exchange :class:`~kiln.runtime.gpu.GPUTensor` s and reuse each other's compiled
             pipelines; ``"own"``: a device of its own; or a wgpu device (e.g. another session's ``device``).
         jobs: threads compiling the pipelines the device's cache lacks (default: CPU count, at most 8).
+        subgroups: run kernels' subgroup forms (format 1.14, :mod:`kiln.runtime.subgroups`): ``True`` wherever the
+            device can, ``False`` never, ``None`` as ``KILN_SUBGROUPS`` says or, unset, on GPUs (not CPU adapters).
 
     Attributes:
         load_ms: milliseconds of the load's phases: ``device``, ``weights`` (buffers and weight
             uploads, overlapping the pipelines), ``pipelines`` (compiling or fetching from the cache)
             and ``total``.
         pipeline_hits: kernels whose pipeline the device's cache already held at load.
+        subgroups: whether the kernels that have subgroup forms run them.
         submit_chunks: command buffers a run's dispatches are split into (``KILN_SUBMIT_CHUNKS`` if set,
             else 2 for plans of at least :data:`CHUNKED_STEPS` dispatches, else 1): each is submitted as soon
             as it is encoded, so the GPU works on the first while the host encodes the next. On an H100,
@@ -155,16 +158,17 @@ class Session(TrainingMixin, GenerationMixin):
     """
 
     def __init__(self, package: str | os.PathLike, target: str = "webgpu", verify: bool = True, poison: bool = False,
-                 device: Any = "shared", jobs: int | None = None):
+                 device: Any = "shared", jobs: int | None = None, subgroups: bool | None = None):
         import wgpu
 
         try:
-            self._load(package, target, verify, poison, device, jobs)
+            self._load(package, target, verify, poison, device, jobs, subgroups)
         except wgpu.GPUError as e:  # what the manifest asks of the device does not validate (an inconsistent package)
             raise PackageError(f"{package}: the device refused the package's buffers or bindings ({one_line(e)})") \
                 from None
 
-    def _load(self, package, target: str, verify: bool, poison: bool, device: Any, jobs: int | None) -> None:
+    def _load(self, package, target: str, verify: bool, poison: bool, device: Any, jobs: int | None,
+              use_subgroups: bool | None) -> None:
         import wgpu
 
         t_start = time.perf_counter()
@@ -179,16 +183,17 @@ class Session(TrainingMixin, GenerationMixin):
         grows = any("grow" in b for b in self.manifest["buffers"])
         self.adapter, self.device = _session_device(tgt, device, grows)
         self._lock = threading.RLock()
-        #: kernels that would run past the adapter's loop limit (llvmpipe) are refused, not run wrong
-        self._loops = LoopLimit(tgt["kernels"], dict(self.adapter.info), str(self.path))
         dev = self.device
+        #: whether kernels run their subgroup forms (kiln.runtime.subgroups) where the package has them
+        self.subgroups = any("subgroups" in k for k in tgt["kernels"]) and subgroups.usable(dev, use_subgroups)
+        #: kernels that would run past the adapter's loop limit (llvmpipe) are refused, not run wrong
+        self._loops = LoopLimit(subgroups.forms_run(tgt["kernels"], self.subgroups), dict(self.adapter.info),
+                                str(self.path))
         t_device = time.perf_counter()
         cache = pipeline_cache(dev)
         # a kernel over run-time dims (docs/dynamic-shapes.md) reads their uniform after its storage buffers
-        specs = [KernelSpec(read_package_text(self.path, self.manifest, k["source"], "kernel"), k["entry_point"],
-                            tuple(b["access"] for b in sorted(k["bindings"], key=lambda b: b["binding"]))
-                            + (("uniform",) if "dims_binding" in k else ()), k["name"])
-                 for k in tgt["kernels"]]
+        specs = [subgroups.kernel_spec(k, lambda f: read_package_text(self.path, self.manifest, f, "kernel"),
+                                       self.subgroups) for k in tgt["kernels"]]
         hits = cache.hits
         # the pipelines compile on their own threads while this one uploads the weights
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-load") as ex:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.errors import PackageError, one_line
@@ -39,12 +40,15 @@ class KernelSpec:
             ``"read_write"`` (storage) or ``"uniform"`` (a uniform buffer: the run-time dims of
             docs/dynamic-shapes.md); ``None`` for wgpu's automatic layout.
         label: a name for errors and debuggers.
+        fallback: WGSL compiled instead if ``source`` does not compile (a kernel's plain form where ``source`` is
+            its subgroup form, :mod:`kiln.runtime.subgroups`), with a warning.
     """
 
     source: str
     entry_point: str = "main"
     access: tuple[str, ...] | None = None
     label: str = ""
+    fallback: str | None = None
 
     def key(self) -> tuple[str, str, tuple[str, ...] | None]:
         """The cache key: SHA-256 of the source, the entry point, the binding layout."""
@@ -148,6 +152,11 @@ class PipelineCache:
                 try:
                     return key, self._compile(spec, key[0])
                 except Exception as e:  # wgpu's GPUValidationError and friends carry the compiler's message
+                    if spec.fallback is not None:
+                        warnings.warn(f"kernel {spec.label}'s subgroup form does not compile ({one_line(e)}): "
+                                      "running its plain form", RuntimeWarning, stacklevel=2)
+                        plain = replace(spec, source=spec.fallback, fallback=None)
+                        return key, build((plain.key(), plain))[1]
                     raise PackageError(f"kernel {spec.label or key[0][:12]} does not compile on this device: "
                                        f"{one_line(e)}") from e
 

@@ -29,6 +29,7 @@ from kiln.arith.expr import (
     highest,
     linear,
     lowest,
+    select,
     substitute,
     transform,
 )
@@ -120,6 +121,19 @@ class For:
 class Barrier:
     """``workgroupBarrier()``: every invocation of the workgroup reaches it before any passes
     (WGSL §17.11); only emitted at the top level of a kernel body (uniform control flow)."""
+
+
+@dataclass
+class Subgroups:
+    """Statements in two forms that leave the same values in the same variables: ``plain`` (workgroup memory and
+    barriers; every target renders it) and ``subgroup`` (WGSL's subgroup builtins, WebGPU feature ``subgroups``;
+    WGSL spec §17.12), which a WGSL renderer may pick instead (:func:`kiln.codegen.webgpu.wgsl.render`). The
+    ``subgroup`` form reads :data:`SUBGROUP_SIZE` and assumes a workgroup's invocations fill subgroups in
+    ``local_invocation_index`` order (invocation ``i`` is lane ``i % size`` of subgroup ``i / size``), which a
+    runtime checks on its device before it runs such a kernel (``kiln.runtime.subgroups``)."""
+
+    plain: list = field(default_factory=list)
+    subgroup: list = field(default_factory=list)
 
 
 @dataclass
@@ -225,9 +239,11 @@ class LoweredKernel:
         return sorted(found.values(), key=lambda s: s.index)
 
 
-def loop_iterations(body: list, outer: int | Expr = 1, around: dict | None = None) -> int | Expr:
+def loop_iterations(body: list, outer: int | Expr = 1, around: dict | None = None,
+                    subgroups: bool = False) -> int | Expr:
     """Loop iterations one invocation runs in all, every loop of ``body`` counted with the trip counts of the loops
-    around it (loops under an ``If`` are counted as taken); an int, or a size expression of run-time dims.
+    around it (loops under an ``If`` are counted as taken); an int, or a size expression of run-time dims. Of
+    :class:`Subgroups` statements the plain form counts, or with ``subgroups`` the subgroup form.
 
     A triangular loop (its trip count the variable of a loop around it, as a scan's, :mod:`kiln.te.lower`) counts
     exactly; any other trip count naming a loop or axis variable counts with the variable at its loop's trip count or
@@ -255,9 +271,11 @@ def loop_iterations(body: list, outer: int | Expr = 1, around: dict | None = Non
                 n = simplify(outer * e)
             # (a loop of one trip is no loop: the shader compilers remove it)
             looped = n if is_symbolic(e) or e != 1 else 0
-            total = total + looped + loop_iterations(s.body, n, {**around, s.var: e})
+            total = total + looped + loop_iterations(s.body, n, {**around, s.var: e}, subgroups)
         elif isinstance(s, If):
-            total = total + loop_iterations(s.body, outer, around)
+            total = total + loop_iterations(s.body, outer, around, subgroups)
+        elif isinstance(s, Subgroups):
+            total = total + loop_iterations(s.subgroup if subgroups else s.plain, outer, around, subgroups)
     return simplify(total) if is_symbolic(total) else total
 
 
@@ -339,41 +357,96 @@ COMBINE_RADIX = 8
 
 
 def combine_lanes(accs: list[tuple[Var, str]], lanes: int, width: int, body: list) -> dict[str, tuple[str, int]]:
-    """Tree-combine each lane's partial accumulators through workgroup memory: each round the first ``n / r`` of
-    ``n`` lanes combine ``r`` (up to :data:`COMBINE_RADIX`) values ``n / r`` apart, so ``log_r(lanes)`` rounds, each
-    after a barrier (a lane reads only slots no lane writes in that round).
+    """Combine each lane's partial accumulators over its group of ``lanes`` neighbouring lanes (``lane`` its index
+    there, ``lid`` in the workgroup); afterwards every lane holds its group's full value. Returns the workgroup
+    arrays used.
 
-    Accumulator ``a`` of invocation ``lid`` lives at ``red[a * width + lid]``, so the lanes of
-    a step touch consecutive words. Afterwards every lane holds the tile's full value.
-    Returns the workgroup arrays used.
+    Plain form (every target): a tree through workgroup memory; each round the first ``n / r`` of ``n`` lanes
+    combine ``r`` (up to :data:`COMBINE_RADIX`) values ``n / r`` apart, so ``log_r(lanes)`` rounds, each after a
+    barrier (a lane reads only slots no lane writes in that round). Accumulator ``a`` of invocation ``lid`` lives at
+    ``red[a * width + lid]``, so the lanes of a step touch consecutive words.
+
+    Where ``lanes`` is a power of two, also a :class:`Subgroups` form (:func:`_subgroup_combine`): a butterfly of
+    ``subgroupShuffleXor`` inside each subgroup, then, for groups wider than a subgroup, one barrier and a sum of the
+    group's subgroups' values.
     """
     lid, lane = Var("lid"), Var("lane")
     dtypes = {acc.dtype for acc, _ in accs}
     # one workgroup array: f16 and f32 accumulators (fp16 compute) meet in f32
     dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
     size = len(accs) * width
+    plain: list = []
 
     def slot(a: int, offset: int = 0) -> Expr:
         return linear(lid + (a * width + offset))
 
     for a, (acc, _) in enumerate(accs):
-        body.append(Store("red", slot(a), cast(acc, dtype)))
+        plain.append(Store("red", slot(a), cast(acc, dtype)))
     count = lanes
     while count > 1:  # each round, the first count / r lanes combine r values each
         r = min(COMBINE_RADIX, count)
         count //= r
-        body.append(Barrier())
+        plain.append(Barrier())
         step = If(binop("<", lane, count))
         for a, (_, op) in enumerate(accs):
             x = BufLoad("red", slot(a), size, False, dtype)
             for j in range(1, r):
                 x = combine(op, x, BufLoad("red", slot(a, j * count), size, False, dtype))
             step.body.append(Store("red", slot(a), x))
-        body.append(step)
-    body.append(Barrier())
+        plain.append(step)
+    plain.append(Barrier())
     for a, (acc, _) in enumerate(accs):
-        body.append(Assign(acc, cast(BufLoad("red", linear(lid - lane + a * width), size, False, dtype), acc.dtype)))
+        plain.append(Assign(acc, cast(BufLoad("red", linear(lid - lane + a * width), size, False, dtype), acc.dtype)))
+    if lanes < 2 or lanes & (lanes - 1):
+        body += plain
+    else:
+        body.append(Subgroups(plain, _subgroup_combine(accs, lanes, width, dtype, size)))
     return {"red": (dtype, size)}
+
+
+#: the subgroup size, an ``i32`` the WGSL renderer binds from ``@builtin(subgroup_size)`` (WGSL §13.3.1.1)
+SUBGROUP_SIZE = Var("sg_size")
+#: WebGPU's smallest and largest subgroup sizes (``subgroupMinSize`` is at least 4, ``subgroupMaxSize`` at most
+#: 128; a shuffle's constant mask must be below 128)
+MIN_SUBGROUP, MAX_SUBGROUP = 4, 128
+
+
+def _subgroup_combine(accs: list[tuple[Var, str]], lanes: int, width: int, dtype: str, size: int) -> list:
+    """The :class:`Subgroups` form of :func:`combine_lanes` (``lanes`` a power of two; subgroup sizes are powers of
+    two from 4 to 128): each lane combines its value with lane ``lid ^ o``'s for ``o = min(lanes, 128) / 2, ..., 1``
+    where ``o`` is below the subgroup size (``subgroupShuffleXor``; the partner is in the same group and subgroup), so
+    every lane then holds its part of the group: the whole group where ``lanes`` fits a subgroup. A wider group
+    (``lanes / sg_size`` subgroups) has each subgroup's first lane store its value at ``red[a * width + lid /
+    sg_size]``; after one barrier every lane combines its group's values there. Shuffles run where every invocation
+    does (no branch around them; WGSL's subgroup uniformity)."""
+    lid, lane, sg = Var("lid"), Var("lane"), SUBGROUP_SIZE
+    out: list = []
+    o = min(lanes, MAX_SUBGROUP) // 2
+    while o >= 1:
+        for acc, op in accs:
+            x = cast(acc, "float32") if acc.dtype == "float16" else acc  # (f16 shuffles need another feature)
+            other = call("subgroup_shuffle_xor", x, const(o, "int32"))
+            mixed = combine(op, acc, cast(other, acc.dtype) if acc.dtype == "float16" else other)
+            out.append(Assign(acc, mixed if o < MIN_SUBGROUP else select(binop("<", const(o, "int32"), sg), mixed, acc)))
+        o //= 2
+    if lanes <= MIN_SUBGROUP:
+        return out
+    out.append(If(binop("==", lid % sg, 0),
+                  [Store("red", linear(lid // sg + a * width), cast(acc, dtype)) for a, (acc, _) in enumerate(accs)]))
+    out.append(Barrier())
+    parts = Var("sg_parts", lanes // MIN_SUBGROUP)  # subgroups a group spans (its extent: the most there may be)
+    first = Var("sg_first")
+    wide = If(binop(">", binop("//", const(lanes, "int32"), sg), 1))  # (its lets are local to it)
+    wide.body += [Let(parts, binop("//", const(lanes, "int32"), sg)), Let(first, (lid - lane) // sg)]
+    j = Var("sg_j")
+    gather = For(j, parts - 1)
+    for a, (acc, op) in enumerate(accs):
+        wide.body.append(Assign(acc, cast(BufLoad("red", linear(first + a * width), size, False, dtype), acc.dtype)))
+        gather.body.append(Assign(acc, combine(op, acc, cast(
+            BufLoad("red", linear(first + j + (1 + a * width)), size, False, dtype), acc.dtype))))
+    wide.body.append(gather)
+    out.append(wide)
+    return out
 
 
 def rewrite(stmts: list, fn: Callable[[Expr], Expr | None], rename: Callable[[str], str] | None = None) -> list:
@@ -416,6 +489,8 @@ def rewrite(stmts: list, fn: Callable[[Expr], Expr | None], rename: Callable[[st
             out.append(Store(rename(s.buf) if rename else s.buf, transform(s.index, hook), transform(s.value, hook)))
         elif isinstance(s, Barrier):
             out.append(s)
+        elif isinstance(s, Subgroups):
+            out.append(Subgroups(rewrite(s.plain, fn, rename), rewrite(s.subgroup, fn, rename)))
         else:
             raise TypeError(f"cannot rewrite a {type(s).__name__} statement")
     return out
@@ -445,6 +520,6 @@ def merge_arrays(into: dict[str, tuple[str, int]], arrays: dict[str, tuple[str, 
         into[name] = (dtype, max(size, into.get(name, (dtype, 0))[1]))
 
 
-__all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Lane", "Let", "LoweredKernel", "Param", "Store", "Vec",
+__all__ = ["Assign", "Barrier", "BufLoad", "Decl", "For", "If", "Lane", "Let", "LoweredKernel", "Param", "Store", "Subgroups", "Vec",
            "VecLoad", "accumulator_init", "combine", "combine_lanes", "lane_loop", "loop_iterations", "merge_arrays",
            "pin_dims", "prod", "ravel", "rewrite", "unravel"]

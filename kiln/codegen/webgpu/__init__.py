@@ -108,7 +108,9 @@ class WebGPUTarget(Target):
                                                   accumulate=program.accumulate or "float32", concat_steps=concat_steps)
             nested = None
         section = _build.section(program, kernels, steps, features, nested)
-        return TargetBuild(self.name, section, {k.path: k.source for k in kernels}, kernels, steps)
+        files = {k.path: k.source for k in kernels}
+        files.update({k.subgroup_path: k.subgroup_source for k in kernels if k.subgroup_source})
+        return TargetBuild(self.name, section, files, kernels, steps)
 
 
 #: the most bytes a buffer of a WebGPU package may hold: browsers bind at most 2 GiB to a shader (Chromium caps

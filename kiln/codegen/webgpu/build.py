@@ -18,7 +18,7 @@ from kiln.arith.expr import call
 from kiln.codegen.lowering import build_group, group_expr, kernel_groups
 from kiln.codegen.target import KernelTable, Program, describe, progress_over, scheduled_variant
 from kiln.codegen.webgpu import wgsl
-from kiln.codegen.webgpu.validate import validate_wgsl
+from kiln.codegen.webgpu.validate import SUBGROUP_FEATURE, has_feature, validate_wgsl
 from kiln.package import dynamic
 from kiln.package.format import DEFAULT_LIMITS
 from kiln.passes.fusion import Group
@@ -45,6 +45,10 @@ class Kernel:
     dims: bool = False
     #: loop iterations one invocation runs in all (:func:`kiln.te.loops.loop_iterations`): an int or a size expression
     loop_iterations: Any = 0
+    #: the kernel's subgroup form (:func:`kiln.codegen.webgpu.wgsl.render` with ``subgroups``), where it has one,
+    #: and its loop iterations
+    subgroup_source: str | None = None
+    subgroup_loop_iterations: Any = 0
 
     @property
     def workgroup_size(self) -> int:
@@ -56,6 +60,11 @@ class Kernel:
         """The kernel's file in a package."""
         return f"kernels/{self.name}.wgsl"
 
+    @property
+    def subgroup_path(self) -> str:
+        """The file of the kernel's subgroup form in a package."""
+        return f"kernels/{self.name}.subgroups.wgsl"
+
     def to_json(self) -> dict[str, Any]:
         """The kernel's entry in ``targets.webgpu.kernels``."""
         return {"name": self.name, "source": self.path, "entry_point": "main",
@@ -63,6 +72,9 @@ class Kernel:
                 "bindings": [{"binding": i, "access": a} for i, a in enumerate(self.access)],
                 "ops": self.ops, "schedule": self.schedule, **({"dims_binding": len(self.access)} if self.dims else {}),
                 **({"loop_iterations": symbolic.to_json(self.loop_iterations)} if self.loop_iterations else {}),
+                **({"subgroups": {"source": self.subgroup_path, **({"loop_iterations": symbolic.to_json(
+                    self.subgroup_loop_iterations)} if self.subgroup_loop_iterations else {})}}
+                   if self.subgroup_source else {}),
                 **({"tuned": True, "tuning": self.tuning} if self.tuning else {})}
 
 
@@ -111,6 +123,7 @@ class WebGPUKernels(KernelTable):
         self._variants: dict[int, Variant | None] = {}  # kernel index -> its variant
         #: lowered kernels by group structure (kiln.codegen.lowering.build_group): a decoder's layers lowered once
         self.memo: dict = {}
+        self._rendered: dict[tuple[int, str], tuple[Any, str]] = {}  # (id, comment) -> (kernel, its WGSL)
 
     def step(self, g: Group, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
              accumulate: str = "float32", shape_text: str | None = None, variants: bool = True,
@@ -169,16 +182,31 @@ class WebGPUKernels(KernelTable):
         return Step(index, self._dispatch(k), bufs, groups[0].nodes[0].name, groups=k.groups)
 
     def _add(self, groups: list[Group], k, comment: str) -> int:
-        src = wgsl.render(k, comment)
+        src = self._render(k, comment)
 
         def make(name: str) -> Kernel:
             if self.validate:
                 validate_wgsl(src, name, features=self.features)
+            sub = wgsl.render(k, comment, subgroups=True)
+            if sub == src:
+                sub = None
+            elif self.validate and has_feature(SUBGROUP_FEATURE):  # (else checked where a runtime compiles it)
+                validate_wgsl(sub.replace("enable subgroups;\n", "", 1), name,  # (naga: the feature alone)
+                              features=(*self.features, SUBGROUP_FEATURE))
             return Kernel(name, src, [p.access for p in k.params], [n.op for g in groups for n in g.nodes],
                           k.schedule.to_json(), dict(getattr(k.schedule, "tuning", None) or {}),
-                          dims=bool(k.size_vars), loop_iterations=loop_iterations(k.body))
+                          dims=bool(k.size_vars), loop_iterations=loop_iterations(k.body), subgroup_source=sub,
+                          subgroup_loop_iterations=loop_iterations(k.body, subgroups=True) if sub else 0)
 
         return self.add(src, "_".join(g.name for g in groups), make)
+
+    def _render(self, k, comment: str) -> str:
+        """``wgsl.render(k, comment)``, once per lowered kernel object (the memo hands a decoder's layers one)."""
+        key = (id(k), comment)
+        kept = self._rendered.get(key)
+        if kept is None or kept[0] is not k:
+            kept = self._rendered[key] = (k, wgsl.render(k, comment))
+        return kept[1]
 
     @staticmethod
     def _dispatch(k) -> tuple[int, int, int]:

@@ -15,8 +15,14 @@ class ShaderError(KilnError):
     """Generated WGSL failed validation (a Kiln bug: please report it with the model)."""
 
 
-@functools.lru_cache(maxsize=4)
-def _device(features: tuple[str, ...] = ()):
+#: wgpu's name of WebGPU's ``subgroups`` feature (the WGSL ``enable subgroups;`` extension)
+SUBGROUP_FEATURE = "subgroup"
+#: the features a validating device is made with where the adapter has them (one device serves every shader)
+VALIDATION_FEATURES = ("shader-f16", SUBGROUP_FEATURE)
+
+
+@functools.lru_cache(maxsize=1)
+def _device():
     from kiln.errors import DeviceError
     from kiln.runtime import gpu
 
@@ -24,20 +30,26 @@ def _device(features: tuple[str, ...] = ()):
         adapter = gpu.request_adapter()
     except DeviceError:
         return None
-    missing = [f for f in features if f not in adapter.features]
-    if missing:
-        raise ShaderError(f"the WebGPU adapter here ({adapter.info.get('device', '?')}) lacks {', '.join(missing)}, "
-                          "so naga cannot validate these shaders (pass validate=False to skip)")
-    return adapter.request_device_sync(required_features=list(features))
+    return adapter.request_device_sync(required_features=[f for f in VALIDATION_FEATURES if f in adapter.features])
+
+
+def has_feature(feature: str) -> bool:
+    """Whether the device that validates shaders here has WebGPU ``feature`` (one of :data:`VALIDATION_FEATURES`)."""
+    dev = _device()
+    return dev is not None and feature in dev.features
 
 
 def validate_wgsl(source: str, name: str, features: tuple[str, ...] = ()) -> None:
     """Compile ``source`` with naga on a device with WebGPU ``features`` (``shader-f16`` for shaders that
     ``enable f16``); raise :class:`ShaderError` naming kernel ``name`` if it is invalid or no adapter here
     has the features."""
-    dev = _device(tuple(features))
+    dev = _device()
     if dev is None:
         raise ShaderError("no WebGPU adapter to validate shaders with (pass validate=False to skip)")
+    missing = [f for f in features if f not in dev.features]
+    if missing:
+        raise ShaderError(f"the WebGPU adapter here ({dev.adapter.info.get('device', '?')}) lacks "
+                          f"{', '.join(missing)}, so naga cannot validate these shaders (pass validate=False to skip)")
     try:
         dev.create_shader_module(label=name, code=source)
     except Exception as e:  # noqa: BLE001  (wgpu raises several error types for invalid WGSL)

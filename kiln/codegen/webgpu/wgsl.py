@@ -17,7 +17,19 @@ import numpy as np
 
 from kiln.arith.expr import Bin, Call, Expr, Select, SizeVar
 from kiln.codegen.cstyle import CStyle
-from kiln.te.loops import Barrier, BufLoad, Decl, Lane, Let, LoweredKernel, Store, Vec, VecLoad
+from kiln.te.loops import (
+    SUBGROUP_SIZE,
+    Barrier,
+    BufLoad,
+    Decl,
+    Lane,
+    Let,
+    LoweredKernel,
+    Store,
+    Subgroups,
+    Vec,
+    VecLoad,
+)
 
 #: Kiln dtype -> WGSL scalar type (WGSL §6.2.1); int64 is narrowed to i32 before codegen
 TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "bool": "bool"}
@@ -61,8 +73,11 @@ class WGSL(CStyle):
     int_suffix = "i"
     loop_type = "var"
 
-    def __init__(self, vectors: dict[str, int] | None = None):
+    def __init__(self, vectors: dict[str, int] | None = None, subgroups: bool = False):
         self.vectors = vectors or {}
+        self.subgroups = subgroups
+        #: whether a rendered statement took its subgroup form
+        self.used_subgroups = False
 
     def literal(self, value, dtype: str) -> str:
         """A WGSL literal of ``dtype``.
@@ -115,6 +130,8 @@ class WGSL(CStyle):
     def x_Call(self, e: Call) -> str:
         if e.fn == "round_f16":  # f32 rounded to half precision, without the optional shader-f16 feature
             return f"kiln_round_f16({self.expr(e.args[0])})"
+        if e.fn == "subgroup_shuffle_xor":  # WGSL §17.12.3.13: the value of lane (own lane ^ mask)
+            return f"subgroupShuffleXor({self.expr(e.args[0])}, u32({self.expr(e.args[1])}))"
         if e.fn == "half_lo":  # WGSL §17.9.7: component 0 is bits 0..15 as binary16
             return f"unpack2x16float(bitcast<u32>({self.expr(e.args[0])})).x"
         return super().x_Call(e)
@@ -130,6 +147,12 @@ class WGSL(CStyle):
 
     def s_Barrier(self, s: Barrier, pad: str, depth: int) -> list[str]:
         return [f"{pad}workgroupBarrier();"]
+
+    def s_Subgroups(self, s: Subgroups, pad: str, depth: int) -> list[str]:
+        if not self.subgroups:
+            return self.stmts(s.plain, depth)
+        self.used_subgroups = True
+        return self.stmts(s.subgroup, depth)
 
     def s_Store(self, s: Store, pad: str, depth: int) -> list[str]:
         if s.buf in self.vectors and not isinstance(s.value, Vec):  # one element of an array of vectors
@@ -166,8 +189,12 @@ def uniform(i: int) -> str:
 DIMS = "kiln_dims"
 
 
-def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
+def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0, subgroups: bool = False) -> str:
     """WGSL source of kernel ``k`` with entry point ``main``.
+
+    With ``subgroups`` the statements that have a subgroup form (:class:`~kiln.te.loops.Subgroups`: lane combines)
+    take it: the source then ``enable subgroups;`` (WebGPU feature ``subgroups``, wgpu's ``subgroup``) and reads
+    ``@builtin(subgroup_size)``; a kernel with no such statements renders as without.
 
     ``uniform_words`` > 0 declares a uniform buffer of that many ``i32`` words (see :func:`uniform`)
     at the binding after the storage buffers: shape-generic kernels read their shapes from it.
@@ -175,7 +202,7 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
     :data:`DIMS` (``array<vec4<i32>, K>``, dim ``i`` in word ``i``) at that binding instead.
     """
     wg = k.schedule.workgroup_size
-    r = WGSL(k.vectors)
+    r = WGSL(k.vectors, subgroups)
     lines = [f"// Kiln kernel {k.name}" + (f": {comment}" if comment else ""), "// generated from a tensor expression; do not edit", ""]
     for i, p in enumerate(k.params):
         access = "read" if p.access == "read" else "read_write"
@@ -213,6 +240,11 @@ def render(k: LoweredKernel, comment: str = "", uniform_words: int = 0) -> str:
         ]
     body = r.stmts(k.body, 1)
     text = "\n".join(body)
+    if r.used_subgroups:  # WGSL §17.12: the subgroup builtins need the extension
+        at = next(i for i, line in enumerate(lines) if line.startswith("fn main("))
+        lines[at] = lines[at].replace("fn main(", "fn main(@builtin(subgroup_size) sg_size_u: u32, ")
+        body.insert(0, f"    let {SUBGROUP_SIZE.name} = i32(sg_size_u);")
+        lines.insert(3, "enable subgroups;")
     if any(_F16.search(line) for line in lines[3:] + body):  # f16 types need the extension (WGSL §4.1.2)
         lines.insert(3, "enable f16;")
     for name, bits in SPECIAL_FLOATS.items():
