@@ -46,25 +46,10 @@ def test_loop_iterations_counts_every_loop_with_the_loops_around_it():
 
 def _run_loops(outer: int, inner: int) -> int:
     """A WGSL kernel counting the trips of two nested loops, run on the process's adapter."""
-    import wgpu
-
-    dev = gpu.shared_device()
     src = (f"@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n@compute @workgroup_size(1) fn main() "
            f"{{ var c: u32 = 0u; for (var i = 0; i < {outer}; i++) {{ for (var j = 0; j < {inner}; j++) "
            "{ c = c + 1u; } } out[0] = c; }")
-    pipe = dev.create_compute_pipeline(layout="auto", compute={"module": dev.create_shader_module(code=src),
-                                                               "entry_point": "main"})
-    buf = dev.create_buffer(size=4, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-    group = dev.create_bind_group(layout=pipe.get_bind_group_layout(0),
-                                  entries=[{"binding": 0, "resource": {"buffer": buf}}])
-    enc = dev.create_command_encoder()
-    cpass = enc.begin_compute_pass()
-    cpass.set_pipeline(pipe)
-    cpass.set_bind_group(0, group)
-    cpass.dispatch_workgroups(1)
-    cpass.end()
-    dev.queue.submit([enc.finish()])
-    return int(np.frombuffer(dev.queue.read_buffer(buf), np.uint32)[0])
+    return int(gpu.run_words(gpu.shared_device(), src, 1)[0])
 
 
 @pytest.mark.skipif(not ON_LLVMPIPE, reason="the adapter is not llvmpipe")

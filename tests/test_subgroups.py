@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.runtime import gpu, subgroups
 from kiln.runtime.pipelines import KernelSpec, pipeline_cache
-from tests.browser import ConsoleLog, serving
+from tests.browser import evaluate_in_package
 
 
 def _model(path, rng):
@@ -124,22 +124,15 @@ def test_subgroup_forms_in_chromium(browser, package):
     pkg, model = package
     x = np.random.default_rng(3).standard_normal((3, 384)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    page = browser.new_page()
-    log = ConsoleLog(page)
-    try:
-        with serving(pkg) as url:
-            page.goto(url + "manifest.json")
-            got = log.evaluate("""async (x) => {
-              const kiln = await import('./kiln.js');
-              const {subgroupsUsable} = await import('./subgroups.js');
-              const session = await kiln.load('./', {target: 'webgpu', subgroups: true});
-              const out = await session.run({x: new kiln.Tensor('float32', Float32Array.from(x), [3, 384])});
-              const usable = await subgroupsUsable(session.device);
-              session.destroy();
-              return {usable, y: Array.from(out.y.data), m: Array.from(out.m.data)};
-            }""", x.ravel().tolist())
-    finally:
-        page.close()
+    got = evaluate_in_package(browser, pkg, """async (x) => {
+      const kiln = await import('./kiln.js');
+      const {subgroupsUsable} = await import('./subgroups.js');
+      const session = await kiln.load('./', {target: 'webgpu', subgroups: true});
+      const out = await session.run({x: new kiln.Tensor('float32', Float32Array.from(x), [3, 384])});
+      const usable = await subgroupsUsable(session.device);
+      session.destroy();
+      return {usable, y: Array.from(out.y.data), m: Array.from(out.m.data)};
+    }""", x.ravel().tolist())
     assert got["usable"], "Chromium's SwiftShader adapter has subgroups: the subgroup forms should run"
     np.testing.assert_allclose(np.reshape(got["y"], (3, 96)), want[0], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(got["m"][0], want[1], rtol=1e-5, atol=1e-6)

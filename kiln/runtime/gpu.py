@@ -170,6 +170,29 @@ def synchronize(device) -> None:
         device.queue.read_buffer(device.create_buffer(size=4, usage=0x8 | 0x4), 0, 4)
 
 
+def run_words(device, source: str, words: int) -> np.ndarray:
+    """Run WGSL ``source`` (entry point ``main``, one storage buffer of ``words`` u32 at binding 0) on one workgroup
+    of ``device`` and read the buffer back: a probe of what a device does (subgroups, loop limits)."""
+    import wgpu
+
+    buf = device.create_buffer(size=4 * words, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+    pipeline = device.create_compute_pipeline(layout="auto", compute={
+        "module": device.create_shader_module(code=source), "entry_point": "main"})
+    group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                     entries=[{"binding": 0, "resource": {"buffer": buf}}])
+    enc = device.create_command_encoder()
+    cpass = enc.begin_compute_pass()
+    cpass.set_pipeline(pipeline)
+    cpass.set_bind_group(0, group)
+    cpass.dispatch_workgroups(1)
+    cpass.end()
+    device.queue.submit([enc.finish()])
+    try:
+        return np.frombuffer(device.queue.read_buffer(buf), np.uint32).copy()
+    finally:
+        buf.destroy()
+
+
 def record_dispatches(cpass, steps) -> None:
     """Record ``steps`` (``(pipeline, bind group, (x, y, z))`` each) in compute pass ``cpass`` through
     wgpu-py's checked API, setting a pipeline only when it changes."""

@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from kiln.runtime.gpu import run_words
 from kiln.runtime.pipelines import KernelSpec
 
 #: wgpu's name of WebGPU's ``subgroups`` feature
@@ -63,24 +64,8 @@ def usable(device, wanted: bool | None = None) -> bool:
 
 
 def _probe(device) -> bool:
-    import numpy as np
-    import wgpu
-
     try:
-        buf = device.create_buffer(size=4 * PROBE_LANES, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-        pipeline = device.create_compute_pipeline(layout="auto", compute={
-            "module": device.create_shader_module(code=PROBE), "entry_point": "main"})
-        group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
-                                         entries=[{"binding": 0, "resource": {"buffer": buf}}])
-        enc = device.create_command_encoder()
-        p = enc.begin_compute_pass()
-        p.set_pipeline(pipeline)
-        p.set_bind_group(0, group)
-        p.dispatch_workgroups(1)
-        p.end()
-        device.queue.submit([enc.finish()])
-        words = np.frombuffer(device.queue.read_buffer(buf), np.uint32)
-        buf.destroy()
+        words = run_words(device, PROBE, PROBE_LANES)
     except Exception:  # noqa: BLE001  (a driver that cannot compile or run it: the plain forms then)
         return False
     sizes = words >> 8
