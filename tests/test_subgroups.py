@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from kiln.codegen.webgpu.wgsl import SUBGROUP_PROBE, SUBGROUP_PROBE_FILE
 from kiln.runtime import gpu, subgroups
 from kiln.runtime.pipelines import KernelSpec, pipeline_cache
 from tests.browser import evaluate_in_package
@@ -48,13 +49,16 @@ def package(tmp_path_factory):
 
 
 def _usable() -> bool:
-    return subgroups.usable(gpu.shared_device(), True)
+    return subgroups.usable(gpu.shared_device(), True, SUBGROUP_PROBE)
 
 
 def test_kernels_that_combine_lanes_carry_a_subgroup_form(package):
     pkg, _ = package
-    kernels = json.loads((pkg / "manifest.json").read_text())["targets"]["webgpu"]["kernels"]
+    target = json.loads((pkg / "manifest.json").read_text())["targets"]["webgpu"]
+    kernels = target["kernels"]
     forms = [k for k in kernels if "subgroups" in k]
+    # the probe a runtime checks a device with comes in the package, from the compiler
+    assert target["subgroup_probe"] == SUBGROUP_PROBE_FILE and (pkg / SUBGROUP_PROBE_FILE).read_text() == SUBGROUP_PROBE
     assert len(forms) >= 3, [k["name"] for k in kernels]
     for k in kernels:
         plain = (pkg / k["source"]).read_text()
@@ -94,17 +98,19 @@ def test_subgroup_and_plain_forms_match_onnxruntime(package, wanted):
 def test_probe_and_switch(monkeypatch):
     device = gpu.shared_device()
     if subgroups.FEATURE not in device.features:
-        assert not subgroups.usable(device, True)
+        assert not subgroups.usable(device, True, SUBGROUP_PROBE)
         return
-    assert subgroups.usable(device, True)  # lavapipe and every Vulkan GPU seen fill subgroups in order
-    assert not subgroups.usable(device, False)
+    # lavapipe and every Vulkan GPU seen fill subgroups in order
+    assert subgroups.usable(device, True, SUBGROUP_PROBE)
+    assert not subgroups.usable(device, False, SUBGROUP_PROBE)
     cpu = device.adapter.info.get("adapter_type") == "CPU"
     monkeypatch.delenv(subgroups.ENV, raising=False)
-    assert subgroups.usable(device) is not cpu  # by default on GPUs only (CPU adapters emulate the shuffles)
+    # by default on GPUs only (CPU adapters emulate the shuffles)
+    assert subgroups.usable(device, probe=SUBGROUP_PROBE) is not cpu
     monkeypatch.setenv(subgroups.ENV, "0")
-    assert not subgroups.usable(device)
+    assert not subgroups.usable(device, probe=SUBGROUP_PROBE)
     monkeypatch.setenv(subgroups.ENV, "1")
-    assert subgroups.usable(device)
+    assert subgroups.usable(device, probe=SUBGROUP_PROBE)
 
 
 def test_a_subgroup_form_that_does_not_compile_falls_back_to_the_plain_form(package):
@@ -129,7 +135,8 @@ def test_subgroup_forms_in_chromium(browser, package):
       const {subgroupsUsable} = await import('./subgroups.js');
       const session = await kiln.load('./', {target: 'webgpu', subgroups: true});
       const out = await session.run({x: new kiln.Tensor('float32', Float32Array.from(x), [3, 384])});
-      const usable = await subgroupsUsable(session.device);
+      const probe = await (await fetch('./kernels/subgroup-probe.wgsl')).text();
+      const usable = await subgroupsUsable(session.device, probe);
       session.destroy();
       return {usable, y: Array.from(out.y.data), m: Array.from(out.m.data)};
     }""", x.ravel().tolist())

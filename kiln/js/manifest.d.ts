@@ -392,6 +392,14 @@ export interface WebGPUTarget {
    * that has one.
    */
   dims_uniform?: DimsUniform;
+  /**
+   * (1.14) Present when a kernel has a subgroup form: the package file of the probe kernel
+   * (kernels/subgroup-probe.wgsl, one workgroup of 256 invocations, one storage buffer of 256 u32 at binding 0) a
+   * runtime runs once per device before it runs subgroup forms. Word i is 1 + (subgroup size << 8) where invocation i
+   * is lane i % size of its subgroup and subgroupShuffleXor(i, 1) gives i ^ 1; the forms run only where every word
+   * says so with one size from 4 to 128, a power of two.
+   */
+  subgroup_probe?: string;
 }
 
 /** A WGSL compute shader of targets.webgpu.kernels. */

@@ -51,11 +51,13 @@ async function sourceKey(text) {
  * @param {GPUDevice} device
  * @param {WebGPUKernel[]} kernels the target's kernels
  * @param {boolean} wanted run subgroup forms where the device can
+ * @param {string} [probe] the package file of the subgroup probe (targets.webgpu.subgroup_probe), if it has forms
  * @returns {Promise<{pipeline: GPUComputePipeline, layout: GPUBindGroupLayout}[]>}
  */
-export async function createPipelines(source, device, kernels, wanted) {
+export async function createPipelines(source, device, kernels, wanted, probe) {
   const cache = pipelineCache(device);
-  const subgroups = wanted && kernels.some((k) => k.subgroups) && await subgroupsUsable(device);
+  const subgroups = Boolean(wanted && probe && device.features.has('subgroups')) && await subgroupsUsable(
+    device, new TextDecoder().decode(await source.bytes(probe, 'the subgroup probe')));
   /** @param {WebGPUKernel} kernel @param {string} code */
   const pipeline = async (kernel, code) => {
     const access = [...kernel.bindings].sort((a, b) => a.binding - b.binding).map((b) => b.access);

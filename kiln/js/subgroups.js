@@ -5,23 +5,10 @@
 // targets.webgpu.kernels[].subgroups, format 1.14) that shuffles them inside subgroups (subgroupShuffleXor,
 // WGSL §17.12) instead of passing them through workgroup memory. It needs the 'subgroups' feature and subgroups of
 // 4 to 128 lanes that a workgroup's invocations fill in local_invocation_index order, which WGSL does not promise:
-// a probe kernel checks it once per device.
+// the package's probe kernel (targets.webgpu.subgroup_probe, made by the compiler) checks it once per device.
 
-/** invocations of the probe's workgroup (the widest a Kiln kernel has) */
-const LANES = 256;
-
-/** the probe: word i is 1 where invocation i is lane i % size and its xor-1 neighbour's shuffle gives i ^ 1, plus
- * the subgroup size shifted left by 8 */
-const PROBE = `enable subgroups;
-@group(0) @binding(0) var<storage, read_write> out: array<u32>;
-
-@compute @workgroup_size(${LANES})
-fn main(@builtin(local_invocation_index) i: u32, @builtin(subgroup_size) n: u32,
-        @builtin(subgroup_invocation_id) s: u32) {
-    let other = subgroupShuffleXor(i, 1u);
-    out[i] = select(0u, 1u, s == i % n && other == (i ^ 1u)) + (n << 8u);
-}
-`;
+/** words the probe kernel writes (a workgroup of 256 invocations) */
+const WORDS = 256;
 
 /**
  * Whether an adapter is a CPU implementation (SwiftShader, llvmpipe), which emulates subgroup shuffles: kernels'
@@ -40,30 +27,31 @@ export function isCpuAdapter(info) {
 const CHECKED = new WeakMap();
 
 /**
- * Whether `device` runs kernels' subgroup forms: it has the 'subgroups' feature and the probe finds subgroups of 4
- * to 128 lanes filled in invocation order. Checked once per device (one dispatch, a 1 KiB read); an error in the
- * probe means no.
+ * Whether `device` runs kernels' subgroup forms: it has the 'subgroups' feature and the package's probe kernel finds
+ * subgroups of 4 to 128 lanes filled in invocation order. Checked once per device (one dispatch, a 1 KiB read); an
+ * error in the probe means no.
  * @param {GPUDevice} device
+ * @param {string} probe the probe's WGSL (the package file targets.webgpu.subgroup_probe)
  * @returns {Promise<boolean>}
  */
-export function subgroupsUsable(device) {
+export function subgroupsUsable(device, probe) {
   if (!device.features.has('subgroups')) return Promise.resolve(false);
   let checked = CHECKED.get(device);
   if (!checked) {
-    checked = probe(device).catch(() => false);
+    checked = runProbe(device, probe).catch(() => false);
     CHECKED.set(device, checked);
   }
   return checked;
 }
 
-/** @param {GPUDevice} device @returns {Promise<boolean>} */
-async function probe(device) {
+/** @param {GPUDevice} device @param {string} code @returns {Promise<boolean>} */
+async function runProbe(device, code) {
   device.pushErrorScope('validation');
-  const out = device.createBuffer({size: 4 * LANES, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC});
-  const read = device.createBuffer({size: 4 * LANES, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
+  const out = device.createBuffer({size: 4 * WORDS, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC});
+  const read = device.createBuffer({size: 4 * WORDS, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
   try {
     const pipeline = await device.createComputePipelineAsync({
-      layout: 'auto', compute: {module: device.createShaderModule({code: PROBE}), entryPoint: 'main'}});
+      layout: 'auto', compute: {module: device.createShaderModule({code}), entryPoint: 'main'}});
     const group = device.createBindGroup({layout: pipeline.getBindGroupLayout(0),
       entries: [{binding: 0, resource: {buffer: out}}]});
     const encoder = device.createCommandEncoder();
@@ -72,7 +60,7 @@ async function probe(device) {
     pass.setBindGroup(0, group);
     pass.dispatchWorkgroups(1);
     pass.end();
-    encoder.copyBufferToBuffer(out, 0, read, 0, 4 * LANES);
+    encoder.copyBufferToBuffer(out, 0, read, 0, 4 * WORDS);
     device.queue.submit([encoder.finish()]);
     if (await device.popErrorScope()) return false;
     await read.mapAsync(GPUMapMode.READ);

@@ -352,7 +352,8 @@ export class WebGPUBackend {
       label: 'kiln_dims', size: spec.dims_uniform.bytes, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
     }) : null;
     const [pipelines] = await Promise.all([
-      createPipelines(source, device, spec.kernels, subgroups ?? !isCpuAdapter(adapter.info)).then((p) => {
+      createPipelines(source, device, spec.kernels, subgroups ?? !isCpuAdapter(adapter.info),
+        spec.subgroup_probe).then((p) => {
         pipelinesMs = performance.now() - compileStart;
         return p;
       }),

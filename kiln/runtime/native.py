@@ -185,7 +185,8 @@ class Session(TrainingMixin, GenerationMixin):
         self._lock = threading.RLock()
         dev = self.device
         #: whether kernels run their subgroup forms (kiln.runtime.subgroups) where the package has them
-        self.subgroups = any("subgroups" in k for k in tgt["kernels"]) and subgroups.usable(dev, use_subgroups)
+        self.subgroups = "subgroup_probe" in tgt and subgroups.usable(
+            dev, use_subgroups, read_package_text(self.path, self.manifest, tgt["subgroup_probe"], "kernel"))
         #: kernels that would run past the adapter's loop limit (llvmpipe) are refused, not run wrong
         self._loops = LoopLimit(subgroups.forms_run(tgt["kernels"], self.subgroups), dict(self.adapter.info),
                                 str(self.path))

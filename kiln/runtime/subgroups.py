@@ -6,7 +6,8 @@ format 1.14) that shuffles values between the lanes of a subgroup (``subgroupShu
 passing them through workgroup memory, with fewer barriers. It needs WebGPU's ``subgroups`` feature (wgpu's
 ``subgroup``) and one more property that WGSL does not promise: that a workgroup's invocations fill subgroups in
 ``local_invocation_index`` order (invocation ``i`` is lane ``i % size`` of subgroup ``i / size``), with sizes from
-4 to 128. :func:`usable` checks both once per device with a small probe kernel.
+4 to 128. :func:`usable` checks both once per device with the probe kernel the package holds
+(``targets.webgpu.subgroup_probe``, made by the compiler: ``kiln.codegen.webgpu.wgsl.SUBGROUP_PROBE``).
 
 Whether a session runs them (``kiln.load(..., subgroups=...)``): ``True`` wherever the device can, ``False`` never,
 ``None`` (the default) as environment variable ``KILN_SUBGROUPS`` says (``1`` or ``0``) or, unset, on GPUs only: a
@@ -27,45 +28,33 @@ from kiln.runtime.pipelines import KernelSpec
 
 #: wgpu's name of WebGPU's ``subgroups`` feature
 FEATURE = "subgroup"
+#: words the probe writes (a workgroup of 256 invocations)
+PROBE_WORDS = 256
 #: environment variable: ``1`` runs kernels' subgroup forms wherever the device can, ``0`` never (unset: on GPUs)
 ENV = "KILN_SUBGROUPS"
-#: invocations of the probe's workgroup (the widest a Kiln kernel has)
-PROBE_LANES = 256
-
-#: the probe: word ``i`` is 1 where invocation ``i`` is lane ``i % size`` and its xor-1 neighbour's shuffle gives
-#: ``i ^ 1``, plus the subgroup size shifted left by 8
-PROBE = f"""@group(0) @binding(0) var<storage, read_write> out: array<u32>;
-
-@compute @workgroup_size({PROBE_LANES})
-fn main(@builtin(local_invocation_index) i: u32, @builtin(subgroup_size) n: u32,
-        @builtin(subgroup_invocation_id) s: u32) {{
-    let other = subgroupShuffleXor(i, 1u);
-    out[i] = select(0u, 1u, s == i % n && other == (i ^ 1u)) + (n << 8u);
-}}
-"""
-
 _checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def usable(device, wanted: bool | None = None) -> bool:
+def usable(device, wanted: bool | None = None, probe: str | None = None) -> bool:
     """Whether ``device`` (a wgpu device) runs kernels' subgroup forms: they are wanted (``wanted``, module
-    docstring), it has the feature, and the probe (module docstring) finds subgroups of 4 to 128 lanes filled in
-    invocation order. The probe runs once per device (one dispatch and a 1 KiB read); any error in it means no."""
+    docstring), it has the feature, and the package's ``probe`` (WGSL text; module docstring) finds subgroups of 4
+    to 128 lanes filled in invocation order. The probe runs once per device (one dispatch and a 1 KiB read); none
+    given, or any error in it, means no."""
     if wanted is None:
         flag = os.environ.get(ENV, "")
         wanted = flag == "1" if flag in ("0", "1") else device.adapter.info.get("adapter_type") != "CPU"
     if not wanted or FEATURE not in device.features:
         return False
     with _lock:
-        if device not in _checked:
-            _checked[device] = _probe(device)
-        return _checked[device]
+        if device not in _checked and probe is not None:
+            _checked[device] = _probe(device, probe)
+        return _checked.get(device, False)
 
 
-def _probe(device) -> bool:
+def _probe(device, probe: str) -> bool:
     try:
-        words = run_words(device, PROBE, PROBE_LANES)
+        words = run_words(device, for_naga(probe), PROBE_WORDS)
     except Exception:  # noqa: BLE001  (a driver that cannot compile or run it: the plain forms then)
         return False
     sizes = words >> 8

@@ -15,6 +15,7 @@ from kiln.arith import symbolic
 from kiln.codegen.lowering import group_expr
 from kiln.codegen.target import Program, Target, TargetBuild, register
 from kiln.codegen.webgpu import build as _build
+from kiln.codegen.webgpu import wgsl
 from kiln.codegen.webgpu.control import compile_control
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph
@@ -110,6 +111,9 @@ class WebGPUTarget(Target):
         section = _build.section(program, kernels, steps, features, nested)
         files = {k.path: k.source for k in kernels}
         files.update({k.subgroup_path: k.subgroup_source for k in kernels if k.subgroup_source})
+        if any(k.subgroup_source for k in kernels):  # what a runtime checks a device with before running them
+            files[wgsl.SUBGROUP_PROBE_FILE] = wgsl.SUBGROUP_PROBE
+            section["subgroup_probe"] = wgsl.SUBGROUP_PROBE_FILE
         return TargetBuild(self.name, section, files, kernels, steps)
 
 

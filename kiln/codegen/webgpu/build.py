@@ -191,8 +191,7 @@ class WebGPUKernels(KernelTable):
             if sub == src:
                 sub = None
             elif self.validate and has_feature(SUBGROUP_FEATURE):  # (else checked where a runtime compiles it)
-                validate_wgsl(sub.replace("enable subgroups;\n", "", 1), name,  # (naga: the feature alone)
-                              features=(*self.features, SUBGROUP_FEATURE))
+                validate_wgsl(sub, name, features=(*self.features, SUBGROUP_FEATURE))
             return Kernel(name, src, [p.access for p in k.params], [n.op for g in groups for n in g.nodes],
                           k.schedule.to_json(), dict(getattr(k.schedule, "tuning", None) or {}),
                           dims=bool(k.size_vars), loop_iterations=loop_iterations(k.body), subgroup_source=sub,

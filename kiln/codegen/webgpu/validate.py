@@ -50,7 +50,9 @@ def validate_wgsl(source: str, name: str, features: tuple[str, ...] = ()) -> Non
     if missing:
         raise ShaderError(f"the WebGPU adapter here ({dev.adapter.info.get('device', '?')}) lacks "
                           f"{', '.join(missing)}, so naga cannot validate these shaders (pass validate=False to skip)")
+    from kiln.runtime.subgroups import for_naga  # (naga enables subgroups by the device's feature alone)
+
     try:
-        dev.create_shader_module(label=name, code=source)
+        dev.create_shader_module(label=name, code=for_naga(source))
     except Exception as e:  # noqa: BLE001  (wgpu raises several error types for invalid WGSL)
         raise ShaderError(f"generated WGSL for kernel {name!r} is invalid: {e}") from None

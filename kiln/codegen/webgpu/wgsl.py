@@ -54,6 +54,24 @@ ROUND_F16 = """fn kiln_round_f16(x: f32) -> f32 {
     return select(o, x, (bitcast<i32>(x) & 0x7fffffffi) > 0x7f800000i);
 }"""
 
+#: invocations of the subgroup probe's workgroup (the widest a Kiln kernel has)
+PROBE_LANES = 256
+#: the kernel a runtime runs once per device before it runs kernels' subgroup forms (package file
+#: :data:`SUBGROUP_PROBE_FILE`, ``targets.webgpu.subgroup_probe``): word ``i`` is 1 where invocation ``i`` is lane
+#: ``i % size`` of its subgroup (the order the forms assume and WGSL does not promise) and its xor-1 neighbour's
+#: shuffle gives ``i ^ 1``, plus the subgroup size shifted left by 8
+SUBGROUP_PROBE = f"""enable subgroups;
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+
+@compute @workgroup_size({PROBE_LANES})
+fn main(@builtin(local_invocation_index) i: u32, @builtin(subgroup_size) n: u32,
+        @builtin(subgroup_invocation_id) s: u32) {{
+    let other = subgroupShuffleXor(i, 1u);
+    out[i] = select(0u, 1u, s == i % n && other == (i ^ 1u)) + (n << 8u);
+}}
+"""
+SUBGROUP_PROBE_FILE = "kernels/subgroup-probe.wgsl"
+
 #: a use of the f16 type: WGSL's ``enable f16;`` (WebGPU feature ``shader-f16``) must come first
 _F16 = re.compile(r"\bf16\b")
 
