@@ -15,7 +15,9 @@ On the lent GPU machine (recipe: ../shared/gpu/README.md and bench/gpu.py), one 
     python3 -m bench.tune --models mobilenet_v2 --minutes 6 --db $OUT/tuning-h100.json --out $OUT
 
 Models: MobileNetV2 (``models/``), ResNet-50 (torchvision's architecture, random weights, exported
-here; needs torch and torchvision).
+here; needs torch and torchvision), MiniLM at batch 1 and 32 (``minilm_b1``, ``minilm_b32``: bench.gpu's
+all-MiniLM-L6-v2 architecture, random weights, sequence 128; the dims bound as bench.gpu binds them, so its
+``--tuning-db`` row finds these records). Classifiers are tuned and compiled at batch 1.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from bench.common import ROOT, write_record
 
 
 def model_path(name: str, tmp: Path) -> Path:
-    """The ONNX file of ``name`` (``mobilenet_v2``: the bundled model; ``resnet50``: exported here)."""
+    """The ONNX file of ``name`` (``mobilenet_v2``: the bundled model; the others exported here as bench.gpu does)."""
     if name == "mobilenet_v2":
         return ROOT / "models" / "mobilenet_v2_imagenet.onnx"
     from bench.gpu import export_onnx, torch_model
@@ -44,12 +46,22 @@ def model_path(name: str, tmp: Path) -> Path:
     return export_onnx(torch_model(name), name, tmp / f"{name}.onnx")
 
 
-def load(pkg: Path, x: np.ndarray, expected: np.ndarray) -> dict:
+def model_feeds(name: str) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    """``(dims, feeds)`` of ``name``: the dims tuned and compiled (MiniLM's batch and sequence as bench.gpu binds them;
+    a classifier's batch 1) and random inputs."""
+    from bench.gpu import MINILM_SHAPES, model_inputs
+
+    rng = np.random.default_rng(0)
+    if name in MINILM_SHAPES:
+        return dict(zip(("batch", "seq"), MINILM_SHAPES[name])), model_inputs(name, rng)
+    return {"N": 1}, {"input": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+
+
+def load(pkg: Path, feeds: dict[str, np.ndarray], expected: np.ndarray) -> dict:
     """Load ``pkg``: its session, feeds, max error against ``expected``, kernel counts and empty time lists."""
     from kiln.runtime.native import Session
 
     session = Session(pkg)
-    feeds = {session.inputs[0]["name"]: x}
     out = next(iter(session.run(feeds).values()))
     gpu_feeds = session.upload(feeds)
     out_gpu = next(iter(session.run(gpu_feeds, output="gpu").values())).numpy()
@@ -98,6 +110,7 @@ def bench_model(name: str, args, console: Console, tmp: Path) -> dict:
     from kiln.tune.tuner import Budget, estimated_speedup, tune_model
 
     onnx_path = model_path(name, tmp)
+    dims, feeds = model_feeds(name)
     db = TuningDB(args.db)
     t0 = time.monotonic()
     tasks = []
@@ -106,20 +119,19 @@ def bench_model(name: str, args, console: Console, tmp: Path) -> dict:
         console.print(f"[bold]{name}[/]: tuning on {measurer.describe()} for {args.minutes:g} min, "
                       f"{args.trials} trials per kernel, {args.jobs} lowering processes")
         tasks = tune_model(onnx_path, measurer, db, Budget(args.trials, args.minutes * 60), device_class="gpu",
-                           jobs=args.jobs, seed=args.seed, progress=True, log=console.print)
+                           dims=dims, jobs=args.jobs, seed=args.seed, progress=True, log=console.print)
         del measurer
     tune_s = time.monotonic() - t0
     identity = db.match_adapter(None)
     if identity is None:
         raise SystemExit(f"{args.db} has no records for this machine's adapter")
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
-    expected = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
-    pkgs = {"default": compile_model(onnx_path, tmp / f"{name}-default", force=True),
-            "tuned": compile_model(onnx_path, tmp / f"{name}-tuned", force=True,
-                                   schedule=db.scheduler(identity, functools.partial(default_schedule,
-                                                                                     device_class="gpu")))}
-    runs = {k: load(p, x, expected) for k, p in pkgs.items()}
+    expected = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    chooser = db.scheduler(identity, functools.partial(default_schedule, device_class="gpu"))
+    pkgs = {"default": compile_model(onnx_path, tmp / f"{name}-default", force=True, dims=dims),
+            "tuned": compile_model(onnx_path, tmp / f"{name}-tuned", force=True, dims=dims, schedule=chooser)}
+    if chooser.stale:
+        console.print(f"[yellow]{len(chooser.stale)} stale tuning records not used[/] (measured on other code)")
+    runs = {k: load(p, feeds, expected) for k, p in pkgs.items()}
     for _ in range(args.rounds):  # interleaved, so drifting clocks affect both alike
         for r in runs.values():
             r["e2e"] += r["session"].benchmark(r["feeds"], repeat=args.repeat, warmup=3)
@@ -154,7 +166,8 @@ def main() -> None:
     import os
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="mobilenet_v2,resnet50", help="comma list of mobilenet_v2, resnet50")
+    parser.add_argument("--models", default="mobilenet_v2,resnet50",
+                        help="comma list of mobilenet_v2, resnet50, minilm_b1, minilm_b32")
     parser.add_argument("--minutes", type=float, default=6.0, help="tuning budget per model (0: only load --db)")
     parser.add_argument("--trials", type=int, default=400, help="candidates per kernel at most")
     parser.add_argument("--db", type=Path, default=Path("tuning.json"), help="tuning database to resume/record")

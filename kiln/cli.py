@@ -128,6 +128,11 @@ def compile_cmd(model: Path, out: Path, target: str, dims, unbound: str, force: 
                          labels=labels, validate=not no_validate, progress=sys.stderr.isatty(),
                          device_class=device_class, schedule=schedule, train=train_options, precision=precision,
                          max_context=max_context, beams=beams, unbound=unbound)
+    if schedule is not None and schedule.stale:
+        click.echo(f"warning: {len(schedule.stale)} tuning record{'s' if len(schedule.stale) > 1 else ''} of "
+                   f"{tuning_db} {'were' if len(schedule.stale) > 1 else 'was'} measured on code this Kiln no longer "
+                   f"generates (another version of its lowering or default schedules) and not used; run kiln tune "
+                   "again to refresh them", err=True)
     if (path / "speech.json").is_file():  # a speech package: one line per part
         for part in ("resample", "log_mel", "encoder", "decoder"):
             _summary(read_manifest(path / part), f"{model} ({part})", path / part, targets, tuning_db, precision,

@@ -24,7 +24,7 @@ from kiln.runtime.kernel import KernelRunner
 from kiln.te.compute import inline, placeholder
 from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, Split, default_schedule
-from kiln.tune.db import TunedSchedule, TuningDB, adapter_identity, kernel_signature
+from kiln.tune.db import TunedSchedule, TuningDB, adapter_identity, code_digest, kernel_signature
 from kiln.tune.measure import Measurement, matches, sample_indices
 from kiln.tune.search import Search
 from kiln.tune.space import Limits, SearchSpace
@@ -159,7 +159,8 @@ def test_database_round_trip_resume_and_adapter_matching(tmp_path):
     sig = kernel_signature(t)
     best = Schedule(128, splits=(Split(1, 4, True), Split(3, 2)), unroll=9)
     db.put(sig, adapter_identity(NVIDIA), best, best_ms=0.02, default_ms=0.03, trials=64,
-           clock="timestamp-query", device_class="gpu", ops="Conv+Add", shape=[1, 32, 14, 14])
+           clock="timestamp-query", device_class="gpu", ops="Conv+Add", shape=[1, 32, 14, 14],
+           code=code_digest(t, best), default_code=code_digest(t, default_schedule(t)))
     db.put(sig, adapter_identity(LLVMPIPE), Schedule(), best_ms=1.0, default_ms=1.0, trials=8, clock="wall",
            device_class="cpu")
     db.save()
@@ -180,12 +181,37 @@ def test_database_round_trip_resume_and_adapter_matching(tmp_path):
     assert isinstance(tuned, TunedSchedule) and tuned.to_json() == best.to_json() and tuned.tuning["speedup"] == 1.5
     other = matmul_expr()
     assert choose(other) == default_schedule(other) and not isinstance(choose(other), TunedSchedule)
+    assert choose.stale == []
     path.write_text('{"format": "kiln-tuning", "version": 99, "records": []}')
     with pytest.raises(KilnError, match="version 99"):
         TuningDB(path)
     path.write_text("[1, 2")
     with pytest.raises(KilnError, match="not a readable"):
         TuningDB(path)
+
+
+def test_stale_records_are_not_used(tmp_path):
+    """A record holds for the code it measured: one whose schedule, or the default it was measured against, lowers
+    to other code today (another Kiln), or that predates the digests, falls back to the default and is reported."""
+    t = conv_expr()
+    sig, best, default = kernel_signature(t), Schedule(128, splits=(Split(1, 4, True), Split(3, 2)), unroll=9), \
+        default_schedule(t)
+    assert code_digest(conv_expr(), best) == code_digest(t, best) != code_digest(t, default)  # fresh names: equal
+    cases = {"current": (code_digest(t, best), code_digest(t, default)),
+             "schedule's code changed": ("0" * 16, code_digest(t, default)),
+             "default's code changed": (code_digest(t, best), "0" * 16), "no digests": ("", "")}
+    for case, (code, default_code) in cases.items():
+        db = TuningDB(tmp_path / f"{len(case)}.json")
+        db.put(sig, adapter_identity(NVIDIA), best, best_ms=0.02, default_ms=0.03, trials=64, clock="wall",
+               device_class="gpu", code=code, default_code=default_code)
+        choose = db.scheduler(adapter_identity(NVIDIA), default_schedule)
+        chosen = [choose(conv_expr()) for _ in range(2)]
+        if case == "current":
+            assert all(isinstance(c, TunedSchedule) and c.to_json() == best.to_json() for c in chosen), case
+            assert choose.stale == [], case
+        else:
+            assert all(c == default and not isinstance(c, TunedSchedule) for c in chosen), case
+            assert [r["kernel"] for r in choose.stale] == [sig], case  # reported once per kernel
 
 
 # ---------------------------------------------------------------------- a tiny local tuning run
@@ -230,6 +256,20 @@ def test_local_tuning_run_and_tuned_package(tmp_path, rng):
     more = runner.invoke(main, ["tune", str(model), "--db", str(db), "--trials", "5", "--jobs", "1"])
     assert more.exit_code == 0, more.output
     assert [r["trials"] for r in json.loads(db.read_text())["records"]] == [5, 5]
+    # a record measured on code this Kiln no longer generates is searched again, not skipped, and compiles warn
+    doc = json.loads(db.read_text())
+    doc["records"][0]["code"] = "0" * 16
+    db.write_text(json.dumps(doc))
+    out = runner.invoke(main, ["compile", str(model), "-o", str(tmp_path / "stale"), "--tuning-db", str(db),
+                               "--device-class", "cpu"])
+    assert out.exit_code == 0 and "1 tuned" in out.output and "1 tuning record of" in out.output, out.output
+    again = runner.invoke(main, ["tune", str(model), "--db", str(db), "--trials", "5", "--jobs", "1",
+                                 "--json", str(tmp_path / "report.json")])
+    assert again.exit_code == 0, again.output
+    assert sorted(r["status"] for r in json.loads((tmp_path / "report.json").read_text())) == ["recorded", "tuned"]
+    records = json.loads(db.read_text())["records"]
+    assert len(records[0]["code"]) == 16 and records[0]["code"] != "0" * 16 and records[0]["trials"] == 5  # (the
+    # whole budget again, and digests of what it measured)
     # compile with the records of this machine's adapter; the package is correct
     pkg = tmp_path / "pkg"
     out = runner.invoke(main, ["compile", str(model), "-o", str(pkg), "--tuning-db", str(db), "--device-class", "cpu"])

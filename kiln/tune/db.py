@@ -8,12 +8,20 @@ Format (``format: "kiln-tuning"``, ``version: 1``; indented, records sorted, so 
                   "ops": "Conv+Add+Clip", "shape": [1, 32, 112, 112],
                   "schedule": {...Schedule.to_json()...}, "best_ms": 0.01, "default_ms": 0.02,
                   "speedup": 2.0, "trials": 64, "clock": "timestamp-query", "device_class": "gpu",
+                  "code": "<digest>", "default_code": "<digest>",
                   "date": "2026-11-22T05:00:00+00:00"}, ...]}
 
 A kernel's **signature** (:func:`kernel_signature`) is a SHA-256 of its canonical tensor expression:
 axis names canonicalised (:func:`kiln.te.lower.canonical`), input buffers named by first use with
 their shapes and dtypes, constants with their dtypes, and the output's shape and dtype. Two kernels
 with the same signature compute the same function of their buffers, whatever model they come from.
+
+A record holds for the code it was measured as: ``code`` and ``default_code`` (:func:`code_digest`) are digests of
+the WGSL that the recorded schedule and the device class's default schedule lowered to when it was measured. When
+Kiln's lowering or its default schedules change, a kernel's record may no longer be the faster one (a record
+measured against an older default can be slower than today's default): :meth:`TuningDB.scheduler` then uses the
+default schedule and reports the record as *stale*, and ``kiln tune`` searches that kernel again. Records written
+before these fields existed (before 2026-11-29) count as stale.
 
 Writes are atomic (a temporary file in the same directory renamed over the old one), so a tuning
 run that is interrupted leaves the last complete database, and a later run resumes from it.
@@ -32,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from kiln.arith.expr import Bin, Call, Cast, Const, Expr, Load, Reduce, Select, Var
+from kiln.codegen.webgpu import wgsl
 from kiln.errors import DeviceError, KilnError
 from kiln.te.compute import Tensor
-from kiln.te.lower import canonical
+from kiln.te.lower import canonical, lower
 from kiln.te.schedule import Schedule
 from kiln.tune.space import SearchSpace
 
@@ -88,6 +97,19 @@ def kernel_signature(t: Tensor) -> str:
     """The signature of a kernel expression: the first 24 hex digits of the SHA-256 of
     :func:`expression_text` (96 bits)."""
     return hashlib.sha256(expression_text(t).encode()).hexdigest()[:24]
+
+
+def code_digest(t: Tensor, schedule: Schedule) -> str:
+    """What kernel expression ``t`` lowers to under ``schedule`` now: the first 16 hex digits of the SHA-256 of its
+    WGSL (comment lines left out) and its dispatch. Equal digests mean the code a tuning record measured is the code
+    a compile would generate.
+
+    Raises:
+        Exception: whatever :func:`kiln.te.lower.lower` raises for a schedule it refuses.
+    """
+    k = lower(t, schedule, name="tuned")
+    code = "\n".join(line for line in wgsl.render(k).splitlines() if not line.startswith("//"))
+    return hashlib.sha256(f"{tuple(k.dispatch)}\n{code}".encode()).hexdigest()[:16]
 
 
 def adapter_identity(info: dict[str, Any]) -> dict[str, str]:
@@ -182,7 +204,8 @@ class TuningDB:
         return self._records.get((kernel, adapter_key(adapter)))
 
     def put(self, kernel: str, adapter: dict[str, str], schedule: Schedule, *, best_ms: float, default_ms: float,
-            trials: int, clock: str, device_class: str, ops: str = "", shape: list[int] | None = None) -> dict:
+            trials: int, clock: str, device_class: str, ops: str = "", shape: list[int] | None = None,
+            code: str = "", default_code: str = "") -> dict:
         """Add or replace the record of ``kernel`` on ``adapter`` (call :meth:`save` to write it).
 
         Args:
@@ -190,6 +213,8 @@ class TuningDB:
             trials: candidates measured for this kernel so far (over every run).
             clock: what measured them (``timestamp-query`` or ``wall``).
             device_class: the device class whose default schedule ``default_ms`` measured.
+            code, default_code: :func:`code_digest` of ``schedule`` and of the default schedule as measured (a
+                record without them is :meth:`stale`).
 
         Returns:
             The record.
@@ -198,7 +223,7 @@ class TuningDB:
                   "shape": list(shape or []), "schedule": schedule.to_json(), "best_ms": float(best_ms),
                   "default_ms": float(default_ms), "speedup": round(float(default_ms) / float(best_ms), 4)
                   if best_ms > 0 else 1.0, "trials": int(trials), "clock": clock, "device_class": device_class,
-                  "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+                  "code": code, "default_code": default_code, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         self._records[(kernel, record["adapter_key"])] = record
         return record
 
@@ -242,23 +267,55 @@ class TuningDB:
                             "add words to choose one")
         return found[0] if found else None
 
+    @staticmethod
+    def stale(record: dict[str, Any], t: Tensor, default: Schedule) -> bool:
+        """Whether ``record`` (of kernel expression ``t``) was measured on other code than its schedule and
+        ``default`` lower to now (module docstring): no digests, or either :func:`code_digest` differs."""
+        if not record.get("code") or not record.get("default_code"):
+            return True
+        try:
+            return (code_digest(t, Schedule.from_json(record["schedule"])) != record["code"]
+                    or code_digest(t, default) != record["default_code"])
+        except Exception:  # noqa: BLE001  (a schedule today's lowering refuses: the record is of another Kiln)
+            return True
+
     def scheduler(self, adapter: dict[str, str] | None,
-                  fallback: Callable[[Tensor], Schedule]) -> Callable[[Tensor], Schedule]:
-        """A schedule chooser for the compiler: the record of each kernel on ``adapter`` when there
-        is one and it is valid for the kernel, otherwise ``fallback(t)``.
+                  fallback: Callable[[Tensor], Schedule]) -> TunedScheduler:
+        """A schedule chooser for the compiler: the record of each kernel on ``adapter`` when there is one, it is
+        valid for the kernel and not :meth:`stale` (against ``fallback(t)``), otherwise ``fallback(t)``.
 
         The chosen schedules are :class:`TunedSchedule` objects, which the package writer records
         as ``tuned: true`` with the record's speedup.
         """
-        def choose(t: Tensor) -> Schedule:
-            record = self.get(kernel_signature(t), adapter) if adapter is not None else None
-            if record is not None:
-                s = Schedule.from_json(record["schedule"])
-                if SearchSpace(t).check(s) is None:
-                    knobs = {f.name: getattr(s, f.name) for f in fields(Schedule)}
-                    return TunedSchedule(**knobs,
-                                         tuning={"speedup": record["speedup"], "trials": record["trials"],
-                                                 "adapter": record["adapter_key"]})
-            return fallback(t)
+        return TunedScheduler(self, adapter, fallback)
 
-        return choose
+
+class TunedScheduler:
+    """The compiler's schedule chooser of :meth:`TuningDB.scheduler`: call it with a kernel expression.
+
+    Attributes:
+        stale: the records passed over as :meth:`TuningDB.stale` (each a record dict, once per kernel signature).
+    """
+
+    def __init__(self, db: TuningDB, adapter: dict[str, str] | None, fallback: Callable[[Tensor], Schedule]):
+        self.db, self.adapter, self.fallback = db, adapter, fallback
+        self.stale: list[dict[str, Any]] = []
+        self._seen: set[str] = set()
+
+    def __call__(self, t: Tensor) -> Schedule:
+        default = self.fallback(t)
+        sig = kernel_signature(t) if self.adapter is not None else None
+        record = self.db.get(sig, self.adapter) if sig is not None else None
+        if record is None:
+            return default
+        s = Schedule.from_json(record["schedule"])
+        if SearchSpace(t).check(s) is not None:
+            return default
+        if TuningDB.stale(record, t, default):
+            if sig not in self._seen:
+                self._seen.add(sig)
+                self.stale.append(record)
+            return default
+        knobs = {f.name: getattr(s, f.name) for f in fields(Schedule)}
+        return TunedSchedule(**knobs, tuning={"speedup": record["speedup"], "trials": record["trials"],
+                                              "adapter": record["adapter_key"]})

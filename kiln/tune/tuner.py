@@ -34,7 +34,7 @@ from kiln.package.writer import write_package
 from kiln.te.compute import Tensor, placeholder, placeholders
 from kiln.te.lower import lower
 from kiln.te.schedule import Schedule, default_schedule
-from kiln.tune.db import TuningDB, kernel_signature
+from kiln.tune.db import TuningDB, code_digest, kernel_signature
 from kiln.tune.measure import Candidate, LocalMeasurer, Measurement, Measurer, matches
 from kiln.tune.search import Search
 from kiln.tune.space import SearchSpace
@@ -279,7 +279,9 @@ def tune_model(model: str | os.PathLike, measurer: Measurer, db: TuningDB, budge
     ``budget.trials`` measured candidates and, when ``budget.seconds`` is set, a slice of the
     remaining time proportional to its share of the remaining kernels' time. A kernel already in
     ``db`` for this adapter with at least ``budget.trials`` trials is skipped (resuming); with
-    fewer, the search starts from its record and adds the rest.
+    fewer, the search starts from its record and adds the rest. A :meth:`~kiln.tune.db.TuningDB.stale` record (measured
+    on code the lowering no longer generates) is searched again with the whole budget, its schedule the first
+    candidate.
 
     Returns:
         The tasks, each with ``result``: ``status`` (``tuned``, ``recorded``, ``skipped``, ``failed``),
@@ -316,6 +318,10 @@ def tune_model(model: str | os.PathLike, measurer: Measurer, db: TuningDB, budge
                     bar.advance(overall)
                     continue
                 record = db.get(task.signature, measurer.adapter)
+                if record is not None and TuningDB.stale(record, task.expr, task.default):
+                    # measured on code that today's lowering no longer generates: searched again from scratch, its
+                    # schedule the first candidate
+                    record = {**record, "trials": 0}
                 if record is not None and record["trials"] >= budget.trials:
                     task.result = {"status": "recorded", "default_ms": record["default_ms"],
                                    "best_ms": record["best_ms"], "speedup": record["speedup"],
@@ -348,7 +354,9 @@ def tune_model(model: str | os.PathLike, measurer: Measurer, db: TuningDB, budge
                 else:
                     rec = db.put(task.signature, measurer.adapter, result["schedule"], best_ms=result["best_ms"],
                                  default_ms=result["default_ms"], trials=done + result["trials"],
-                                 clock=measurer.clock, device_class=device_class, ops=task.ops, shape=task.shape)
+                                 clock=measurer.clock, device_class=device_class, ops=task.ops, shape=task.shape,
+                                 code=code_digest(task.expr, result["schedule"]),
+                                 default_code=code_digest(task.expr, task.default))
                     db.save()
                     task.result = {"status": "tuned", "default_ms": rec["default_ms"], "best_ms": rec["best_ms"],
                                    "speedup": rec["speedup"], "trials": rec["trials"], "failed": result["failed"]}
