@@ -18,7 +18,7 @@ batch 32 x seq 128. Contestants:
   (``session.upload``), the outputs kept on the GPU (``run(feeds, output="gpu")``); a timed run is
   the run plus a device sync (``session.sync()``), like the torch rows whose input is on the GPU;
 - ``kiln-tuned`` (with ``--tuning-db``): ``kiln-native`` compiled with a ``kiln tune`` database's schedules for this
-  adapter (``bench/results/tuning-h100.json``: MobileNetV2's and ResNet-50's kernels tuned on an H100), how users
+  adapter (``bench/results/tuning-h200.json``: the four models' kernels tuned on the lent H200), how users
   who tune their device run it, with the CNNs' batch bound to 1 (``--dim N=1``: records are for static shapes; the
   other Kiln rows keep it a run-time dim); the row counts the kernels that found a record;
 - ``ort-webgpu``: onnxruntime's WebGPU execution provider (``onnxruntime-webgpu``, Dawn), host copies included;

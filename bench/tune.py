@@ -12,7 +12,7 @@ as ``Session.run`` records them, timestamps at its start and end). Prints a tabl
 
 On the lent GPU machine (recipe: ../shared/gpu/README.md and bench/gpu.py), one model per command::
 
-    python3 -m bench.tune --models mobilenet_v2 --minutes 6 --db $OUT/tuning-h100.json --out $OUT
+    python3 -m bench.tune --models mobilenet_v2 --minutes 6 --db $OUT/tuning-h200.json --out $OUT
 
 Models: MobileNetV2 (``models/``), ResNet-50 (torchvision's architecture, random weights, exported
 here; needs torch and torchvision), MiniLM at batch 1 and 32 (``minilm_b1``, ``minilm_b32``: bench.gpu's
