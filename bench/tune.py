@@ -3,7 +3,9 @@
 For each model: tune its kernels on this machine's adapter within a time budget (or load a
 tuning database that already has them, resuming), compile it twice (default schedules; the
 database's schedules), check both against onnxruntime CPU, then time both in the same process,
-interleaved: end-to-end ``Session.run`` medians in both I/O modes (host I/O: upload, compute,
+interleaved. The tuning runs in a child process and the timing ``--cool-down`` seconds after it (timed in the
+tuning's own process right after the search, MobileNetV2's packages ran 2x slower on the lent H200 than in a
+fresh process). Timed: end-to-end ``Session.run`` medians in both I/O modes (host I/O: upload, compute,
 readback; GPU-resident I/O: the input uploaded once as a GPUTensor, ``run(feeds, output="gpu")``
 plus a device sync, no host copies), GPU-only medians (the
 sum of ``Session.profile``'s per-dispatch timestamp medians: each dispatch in a pass of its own, so a
@@ -99,29 +101,40 @@ def pass_ms(session, repeat: int) -> list[float]:
     return [float(b - a) / 1e6 for a, b in ticks[1:]]
 
 
-def bench_model(name: str, args, console: Console, tmp: Path) -> dict:
-    """Tune (or resume) ``name``, then compare default and tuned packages."""
+def tune(name: str, args, console: Console, tmp: Path) -> dict:
+    """Tune (or resume) ``name`` within ``--minutes``; returns its report (``tune_s``, ``estimated_gpu_speedup``,
+    ``kernels``: each kernel's outcome)."""
+    from kiln.tune.db import TuningDB
+    from kiln.tune.measure import LocalMeasurer
+    from kiln.tune.tuner import Budget, estimated_speedup, tune_model
+
+    onnx_path = model_path(name, tmp)
+    dims, _ = model_feeds(name)
+    db = TuningDB(args.db)
+    t0 = time.monotonic()
+    measurer = LocalMeasurer()
+    console.print(f"[bold]{name}[/]: tuning on {measurer.describe()} for {args.minutes:g} min, "
+                  f"{args.trials} trials per kernel, {args.jobs} lowering processes")
+    tasks = tune_model(onnx_path, measurer, db, Budget(args.trials, args.minutes * 60), device_class="gpu",
+                       dims=dims, jobs=args.jobs, seed=args.seed, progress=True, log=console.print)
+    return {"tune_s": time.monotonic() - t0, "estimated_gpu_speedup": estimated_speedup(tasks) if tasks else None,
+            "kernels": [{"kernel": t.name, "ops": t.ops, "shape": t.shape, "uses": t.uses,
+                         "profile_ms": t.profile_ms, **t.result} for t in tasks]}
+
+
+def bench_model(name: str, args, console: Console, tmp: Path, report: dict | None) -> dict:
+    """Compare ``name``'s default and tuned packages (the database's records for this adapter), with ``report`` the
+    tuning run's (``None``: only loaded ``--db``)."""
     import onnxruntime as ort
 
     from kiln.compiler import compile_model
     from kiln.te.schedule import default_schedule
     from kiln.tune.db import TuningDB, adapter_key
-    from kiln.tune.measure import LocalMeasurer
-    from kiln.tune.tuner import Budget, estimated_speedup, tune_model
 
     onnx_path = model_path(name, tmp)
     dims, feeds = model_feeds(name)
     db = TuningDB(args.db)
-    t0 = time.monotonic()
-    tasks = []
-    if args.minutes > 0:
-        measurer = LocalMeasurer()
-        console.print(f"[bold]{name}[/]: tuning on {measurer.describe()} for {args.minutes:g} min, "
-                      f"{args.trials} trials per kernel, {args.jobs} lowering processes")
-        tasks = tune_model(onnx_path, measurer, db, Budget(args.trials, args.minutes * 60), device_class="gpu",
-                           dims=dims, jobs=args.jobs, seed=args.seed, progress=True, log=console.print)
-        del measurer
-    tune_s = time.monotonic() - t0
+    report = report or {"tune_s": 0.0, "estimated_gpu_speedup": None, "kernels": []}
     identity = db.match_adapter(None)
     if identity is None:
         raise SystemExit(f"{args.db} has no records for this machine's adapter")
@@ -141,11 +154,8 @@ def bench_model(name: str, args, console: Console, tmp: Path) -> dict:
             r["clock"] = prof[0]["clock"]
             if r["clock"] == "timestamp-query":
                 r["pass"] += pass_ms(r["session"], args.repeat)
-    result = {"tune_s": tune_s, "adapter": adapter_key(identity), "budget_minutes": args.minutes,
-              "trials_per_kernel": args.trials,
-              "estimated_gpu_speedup": estimated_speedup(tasks) if tasks else None,
-              "kernels": [{"kernel": t.name, "ops": t.ops, "shape": t.shape, "uses": t.uses,
-                           "profile_ms": t.profile_ms, **t.result} for t in tasks]}
+    result = {**report, "adapter": adapter_key(identity), "budget_minutes": args.minutes,
+              "trials_per_kernel": args.trials}
     for k, r in runs.items():
         result[k] = {"e2e_median_ms": float(np.median(r["e2e"])),
                      "e2e_gpu_io_median_ms": float(np.median(r["e2e_gpu_io"])),
@@ -162,8 +172,10 @@ def bench_model(name: str, args, console: Console, tmp: Path) -> dict:
 
 
 def main() -> None:
-    """Parse arguments, run every model, print the table and write the JSON."""
+    """Parse arguments, tune every model (in a child process), then time them all, print the table, write the JSON."""
     import os
+    import subprocess
+    import sys
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mobilenet_v2,resnet50",
@@ -175,13 +187,31 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=30, help="runs per timing round")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--cool-down", type=float, default=20.0,
+                        help="seconds between the tuning and the timing (the GPU's clocks recover from the search)")
+    parser.add_argument("--tune-only", type=Path, default=None, help=argparse.SUPPRESS)  # (the child process)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     console = Console(width=200)
-    results = {}
+    models = args.models.split(",")
     with tempfile.TemporaryDirectory(prefix="kiln-bench-tune-") as tmp:
-        for name in args.models.split(","):
-            results[name] = bench_model(name, args, console, Path(tmp))
+        if args.tune_only is not None:
+            args.tune_only.write_text(json.dumps({name: tune(name, args, console, Path(tmp)) for name in models}))
+            return
+        reports: dict[str, dict] = {}
+        if args.minutes > 0:
+            # Tuning runs in a process of its own, and the timing after a pause: timed in the tuning's process
+            # right after its search, MobileNetV2's packages ran 2x slower on the H200 than in a fresh process
+            # (bench/results/tune-20261129-h200-session36.txt).
+            report_file = Path(tmp) / "reports.json"
+            subprocess.run([sys.executable, "-m", "bench.tune", *sys.argv[1:], "--tune-only", str(report_file)],
+                           check=True)
+            reports = json.loads(report_file.read_text())
+            console.print(f"tuned; timing after {args.cool_down:g} s")
+            time.sleep(args.cool_down)
+        results = {}
+        for name in models:
+            results[name] = bench_model(name, args, console, Path(tmp), reports.get(name))
             r = results[name]
             console.print(f"{name}: GPU {r['default']['gpu_median_ms']:.3f} -> {r['tuned']['gpu_median_ms']:.3f} ms "
                           f"({r['speedup_gpu']:.2f}x), end to end {r['default']['e2e_median_ms']:.3f} -> "
