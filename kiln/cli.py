@@ -130,9 +130,9 @@ def compile_cmd(model: Path, out: Path, target: str, dims, unbound: str, force: 
                          max_context=max_context, beams=beams, unbound=unbound)
     if schedule is not None and schedule.stale:
         click.echo(f"warning: {len(schedule.stale)} tuning record{'s' if len(schedule.stale) > 1 else ''} of "
-                   f"{tuning_db} {'were' if len(schedule.stale) > 1 else 'was'} measured on code this Kiln no longer "
-                   f"generates (another version of its lowering or default schedules) and not used; run kiln tune "
-                   "again to refresh them", err=True)
+                   f"{tuning_db} {'were' if len(schedule.stale) > 1 else 'was'} measured on code this compile does not "
+                   f"generate (another Kiln version, or another --device-class's default schedules) and not used; run "
+                   "kiln tune again to refresh them", err=True)
     if (path / "speech.json").is_file():  # a speech package: one line per part
         for part in ("resample", "log_mel", "encoder", "decoder"):
             _summary(read_manifest(path / part), f"{model} ({part})", path / part, targets, tuning_db, precision,

@@ -20,8 +20,9 @@ A record holds for the code it was measured as: ``code`` and ``default_code`` (:
 the WGSL that the recorded schedule and the device class's default schedule lowered to when it was measured. When
 Kiln's lowering or its default schedules change, a kernel's record may no longer be the faster one (a record
 measured against an older default can be slower than today's default): :meth:`TuningDB.scheduler` then uses the
-default schedule and reports the record as *stale*, and ``kiln tune`` searches that kernel again. Records written
-before these fields existed (before 2026-11-29) count as stale.
+default schedule and reports the record as *stale*, and ``kiln tune`` searches that kernel again. A compile for
+another device class than the tuning's (``--device-class``) finds its records stale too: their speedups were measured
+against another default. Records written before these fields existed (before 2026-11-29) count as stale.
 
 Writes are atomic (a temporary file in the same directory renamed over the old one), so a tuning
 run that is interrupted leaves the last complete database, and a later run resumes from it.
