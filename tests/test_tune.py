@@ -266,7 +266,9 @@ def test_local_tuning_run_and_tuned_package(tmp_path, rng):
     again = runner.invoke(main, ["tune", str(model), "--db", str(db), "--trials", "5", "--jobs", "1",
                                  "--json", str(tmp_path / "report.json")])
     assert again.exit_code == 0, again.output
-    assert sorted(r["status"] for r in json.loads((tmp_path / "report.json").read_text())) == ["recorded", "tuned"]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert sorted((r["status"], r.get("replaced_stale", False)) for r in report) == [("recorded", False),
+                                                                                     ("tuned", True)]
     records = json.loads(db.read_text())["records"]
     assert len(records[0]["code"]) == 16 and records[0]["code"] != "0" * 16 and records[0]["trials"] == 5  # (the
     # whole budget again, and digests of what it measured)

@@ -91,7 +91,8 @@ def tune_cmd(model: Path, db_path: Path, device: str, token, device_ids, trials:
                       f"{r['default_ms']:.4f}" if "default_ms" in r else "-",
                       f"{r['best_ms']:.4f}" if "best_ms" in r else "-",
                       f"{r['speedup']:.2f}x" if "speedup" in r else "-", str(r.get("trials", "-")),
-                      r.get("status", "-") + (f": {r['reason']}" if "reason" in r else ""))
+                      r.get("status", "-") + (f": {r['reason']}" if "reason" in r else "")
+                      + (" (replaced a stale record)" if r.get("replaced_stale") else ""))
     out = Console()
     if not out.is_terminal:
         out.width = 160

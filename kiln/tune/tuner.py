@@ -285,7 +285,8 @@ def tune_model(model: str | os.PathLike, measurer: Measurer, db: TuningDB, budge
 
     Returns:
         The tasks, each with ``result``: ``status`` (``tuned``, ``recorded``, ``skipped``, ``failed``),
-        ``default_ms``, ``best_ms`` (per dispatch), ``speedup``, ``trials``.
+        ``default_ms``, ``best_ms`` (per dispatch), ``speedup``, ``trials``, and ``replaced_stale`` where a tuned
+        kernel's record was stale.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -318,9 +319,8 @@ def tune_model(model: str | os.PathLike, measurer: Measurer, db: TuningDB, budge
                     bar.advance(overall)
                     continue
                 record = db.get(task.signature, measurer.adapter)
-                if record is not None and TuningDB.stale(record, task.expr, task.default):
-                    # measured on code that today's lowering no longer generates: searched again from scratch, its
-                    # schedule the first candidate
+                stale = record is not None and TuningDB.stale(record, task.expr, task.default)
+                if stale:  # measured on code this run does not generate: searched again, its schedule first
                     record = {**record, "trials": 0}
                 if record is not None and record["trials"] >= budget.trials:
                     task.result = {"status": "recorded", "default_ms": record["default_ms"],
@@ -359,14 +359,16 @@ def tune_model(model: str | os.PathLike, measurer: Measurer, db: TuningDB, budge
                                  default_code=code_digest(task.expr, task.default))
                     db.save()
                     task.result = {"status": "tuned", "default_ms": rec["default_ms"], "best_ms": rec["best_ms"],
-                                   "speedup": rec["speedup"], "trials": rec["trials"], "failed": result["failed"]}
+                                   "speedup": rec["speedup"], "trials": rec["trials"], "failed": result["failed"],
+                                   **({"replaced_stale": True} if stale else {})}
                 bar.advance(overall)
                 bar.update(overall, note=f"model GPU est. {estimated_speedup(tasks):.2f}x")
                 if not (progress and bar.console.is_terminal):
                     r = task.result
                     log(f"[{rank + 1}/{len(order)}] {task.name} {'x'.join(map(str, task.shape))} ({share:.1%}): "
                         + (f"{r['default_ms']:.4f} -> {r['best_ms']:.4f} ms ({r['speedup']:.2f}x, {r['trials']} "
-                           f"trials, {r['failed']} failed)" if r["status"] == "tuned" else r.get("reason", ""))
+                           f"trials, {r['failed']} failed" + ("; replaced a stale record" if stale else "") + ")"
+                           if r["status"] == "tuned" else r.get("reason", ""))
                         + f"; {time.monotonic() - t0:.0f} s")
     return tasks
 
