@@ -9,14 +9,14 @@ from __future__ import annotations
 import functools
 
 from kiln.errors import KilnError
+from kiln.runtime.subgroups import FEATURE as SUBGROUP_FEATURE
+from kiln.runtime.subgroups import for_naga
 
 
 class ShaderError(KilnError):
     """Generated WGSL failed validation (a Kiln bug: please report it with the model)."""
 
 
-#: wgpu's name of WebGPU's ``subgroups`` feature (the WGSL ``enable subgroups;`` extension)
-SUBGROUP_FEATURE = "subgroup"
 #: the features a validating device is made with where the adapter has them (one device serves every shader)
 VALIDATION_FEATURES = ("shader-f16", SUBGROUP_FEATURE)
 
@@ -50,9 +50,7 @@ def validate_wgsl(source: str, name: str, features: tuple[str, ...] = ()) -> Non
     if missing:
         raise ShaderError(f"the WebGPU adapter here ({dev.adapter.info.get('device', '?')}) lacks "
                           f"{', '.join(missing)}, so naga cannot validate these shaders (pass validate=False to skip)")
-    from kiln.runtime.subgroups import for_naga  # (naga enables subgroups by the device's feature alone)
-
-    try:
+    try:  # (for_naga: naga enables subgroups by the device's feature alone, not by the directive)
         dev.create_shader_module(label=name, code=for_naga(source))
     except Exception as e:  # noqa: BLE001  (wgpu raises several error types for invalid WGSL)
         raise ShaderError(f"generated WGSL for kernel {name!r} is invalid: {e}") from None
