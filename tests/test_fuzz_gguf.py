@@ -29,8 +29,11 @@ FUZZ = fuzz_settings(200)
 WIDTH, FFN, HEADS, KV_HEADS, VOCAB = 32, 32, 2, 1, 8
 
 
-def tiny_llama(path: Path, fields: dict | None = None) -> Path:
-    """A valid one-layer Llama GGUF of width 32 with a tokenizer; ``fields`` replaces metadata (key -> (value, type))."""
+def tiny_llama(path: Path, fields: dict | None = None, qkv=None) -> Path:
+    """A valid one-layer Llama GGUF of width 32 with a tokenizer; ``fields`` replaces metadata (key -> (value, type));
+    ``qkv``: one quantization type for the query, key and value projections (SmolLM2's form: one merged matmul)
+    instead of three, and the key projection the first query head's: that head's query scores its own key highest
+    (relative position 0, no rotation), so its attention takes the value of the new token's row."""
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
@@ -47,8 +50,8 @@ def tiny_llama(path: Path, fields: dict | None = None) -> Path:
     for key, (value, kind) in (fields or {}).items():
         w.add_key_value(key, value, kind)
 
-    def t(name, *shape, qtype=None):
-        data = rng.standard_normal(shape).astype(np.float32)
+    def t(name, *shape, qtype=None, data=None):
+        data = rng.standard_normal(shape).astype(np.float32) if data is None else data
         if qtype is None:
             w.add_tensor(name, data)
         elif qtype == gguf.GGMLQuantizationType.F16:
@@ -59,9 +62,11 @@ def tiny_llama(path: Path, fields: dict | None = None) -> Path:
     hd = WIDTH // HEADS
     t("token_embd.weight", VOCAB, WIDTH, qtype=gguf.GGMLQuantizationType.Q8_0)
     t("blk.0.attn_norm.weight", WIDTH)
-    t("blk.0.attn_q.weight", WIDTH, WIDTH, qtype=gguf.GGMLQuantizationType.Q4_0)
-    t("blk.0.attn_k.weight", KV_HEADS * hd, WIDTH, qtype=gguf.GGMLQuantizationType.Q4_1)
-    t("blk.0.attn_v.weight", KV_HEADS * hd, WIDTH, qtype=gguf.GGMLQuantizationType.F16)
+    wq = rng.standard_normal((WIDTH, WIDTH)).astype(np.float32)
+    t("blk.0.attn_q.weight", WIDTH, WIDTH, qtype=qkv or gguf.GGMLQuantizationType.Q4_0, data=wq)
+    t("blk.0.attn_k.weight", KV_HEADS * hd, WIDTH, qtype=qkv or gguf.GGMLQuantizationType.Q4_1,
+      data=wq[:KV_HEADS * hd] if qkv else None)
+    t("blk.0.attn_v.weight", KV_HEADS * hd, WIDTH, qtype=qkv or gguf.GGMLQuantizationType.F16)
     t("blk.0.attn_output.weight", WIDTH, WIDTH)
     t("blk.0.ffn_norm.weight", WIDTH)
     t("blk.0.ffn_gate.weight", FFN, WIDTH, qtype=gguf.GGMLQuantizationType.Q8_0)

@@ -14,12 +14,13 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln.codegen.lowering import kernel_groups
+from kiln.codegen.webgpu import wgsl
 from kiln.codegen.webgpu.build import MAX_CONCAT_BUFFERS, _joins
 from kiln.compiler import compile_graph
 from kiln.frontend.onnx.importer import import_model
 from kiln.package.writer import write_package
 from kiln.te.compute import compute, placeholder
-from kiln.te.horizontal import concat, concatenable
+from kiln.te.horizontal import concat, concatenable, ride
 from kiln.te.loops import Param
 from kiln.te.lower import lower
 from kiln.te.schedule import Schedule
@@ -141,3 +142,28 @@ def test_concat_refuses_cooperative_kernels():
     as_int = dataclasses.replace(k, params=[Param("in0", "int32", 10, "read"), k.params[1]])
     with pytest.raises(ValueError, match="read as float32 and as int32"):
         concat([k, as_int], [[1, 2], [1, 3]], "bad")
+
+
+def test_ride_joins_a_rider_after_a_cooperative_kernels_workgroups():
+    """``ride``: the cooperative host's workgroups first (its body under a condition on the workgroup index alone),
+    then the rider's invocations; a buffer the host reads and the rider writes is bound once, read_write. A host that
+    is not cooperative, a rider that is, or a rider binding the host's output is refused. (The numbers:
+    tests/test_split_attention.py, where a decode step's KV-cache writes ride on the split attention.)"""
+    x = placeholder((4, 256))
+    from kiln.arith.expr import reduce, reduce_axis
+
+    r = reduce_axis(256, "r")
+    summed = lower(compute((4,), lambda i: reduce("sum", x[i, r], [r]), "sum"),
+                   Schedule(workgroup_size=64, reduce_lanes=64))
+    rider = _kernel(32)  # (a rider keeps its own invocations whatever the host's workgroup size)
+    k, bufs = ride(summed, rider, [1, 2], [5, 1], "both")  # the rider writes what the host reads
+    assert bufs == [5, 2, 1] and [p.access for p in k.params] == ["read", "read_write", "read_write"]
+    assert k.groups == summed.groups + 1 and k.cooperative and k.shared == summed.shared
+    source = wgsl.render(k)
+    assert f"if ((wid < {summed.groups}i))" in source and "(wid >= 4i)" in source, source
+    with pytest.raises(ValueError, match="must be cooperative"):
+        ride(rider, rider, [1, 2], [3, 4], "bad")
+    with pytest.raises(ValueError, match="must be cooperative"):
+        ride(summed, summed, [1, 2], [3, 4], "bad")
+    with pytest.raises(ValueError, match="rider binds the host's output"):
+        ride(summed, rider, [1, 2], [2, 5], "bad")

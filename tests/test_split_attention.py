@@ -19,13 +19,16 @@ from kiln.passes.split_attention import BLOCK
 from kiln.runtime.dynamic import StepSizes
 
 CONTEXT = 1024
+#: one quantization type for the query, key and value projections (one merged matmul, as in SmolLM2): the split
+#: kernel's buffers then leave room for the KV-cache writes to ride on its dispatch
+QKV = gguf.GGMLQuantizationType.Q4_1
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """The package (webgpu, GPU schedules) and token ids for every position of its cache."""
     tmp = tmp_path_factory.mktemp("split")
-    model = tiny_llama(tmp / "tiny.gguf", {"llama.context_length": (CONTEXT, gguf.GGUFValueType.UINT32)})
+    model = tiny_llama(tmp / "tiny.gguf", {"llama.context_length": (CONTEXT, gguf.GGUFValueType.UINT32)}, qkv=QKV)
     pkg = tmp / "pkg"
     compile_model(model, pkg, max_context=CONTEXT, device_class="gpu", target="webgpu")
     return pkg, np.random.default_rng(3).integers(0, 8, CONTEXT)
@@ -66,9 +69,9 @@ def test_decode_past_the_fused_kernels_keys_runs_split_and_combine(llama):
 
 
 def _split_kernels(target: dict) -> list[dict]:
-    """The split kernels of a manifest's webgpu section: scores and ``P V`` (two MatMuls), ending with the Concat of
-    the log-sum-exp."""
-    return [k for k in target["kernels"] if k["ops"][-1] == "Concat" and k["ops"].count("MatMul") == 2]
+    """The split kernels of a manifest's webgpu section: scores and ``P V`` (two MatMuls) and the Concat of the
+    log-sum-exp (then the cache writes riding on it, where they do)."""
+    return [k for k in target["kernels"] if "Concat" in k["ops"] and k["ops"].count("MatMul") == 2]
 
 
 def test_split_kernel_stores_its_log_sum_exp_apart(llama):
@@ -80,7 +83,8 @@ def test_split_kernel_stores_its_log_sum_exp_apart(llama):
     split = _split_kernels(target)
     assert len(split) == 1, [k["name"] for k in split]
     source = (pkg / split[0]["source"]).read_text()
-    stores = [line for line in source.splitlines() if line.strip().startswith("out[")]
+    out = re.search(r"var<storage, read_write> (\w+)", source)[1]  # (the partials; the caches' writes ride after)
+    stores = [line for line in source.splitlines() if line.strip().startswith(f"{out}[")]
     assert len(stores) >= 2 and "(lane == 0i)" in source, stores
     strides = [int(n) for n in re.findall(r"let g\d+ = \(lane % (\d+)i\);", source)]  # (the column parts')
     assert len(strides) == 1 and strides[0] & (strides[0] - 1) == 0, strides
@@ -128,9 +132,48 @@ def test_split_decode_equals_the_prefill(llama, past):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_kv_cache_writes_ride_on_the_split_kernel(llama):
+    """Past MAX_FUSED_KEYS keys a decode step's KV-cache writes run inside the split kernel's dispatch (the split
+    reads the new row from the keys and values it writes): the write kernel has no workgroups there, and a step runs
+    as many dispatches as one with the fused row kernel (split and combine for fused row kernel and write). Four decode
+    steps in a row, each reading the rows the last ones wrote, end with the logits of a prefill of the same tokens."""
+    pkg, _ = llama
+    manifest = kiln.load(pkg).manifest
+    plan, kernels = manifest["targets"]["webgpu"]["plan"], manifest["targets"]["webgpu"]["kernels"]
+    sizes = StepSizes(plan, "groups")
+
+    def ran(past: int) -> list[dict]:
+        choice, counts = sizes.dispatches({"sequence": 1, "past_sequence": past})
+        return [kernels[st["kernel"] if not c else st["variants"][c - 1]["kernel"]]
+                for st, c, n in zip(plan, choice, counts) if n[0]]
+
+    def writes(past: int) -> list[str]:  # the kernels that write the caches and nothing else
+        return [k["name"] for k in ran(past) if k["ops"][-1] == "TensorScatter" and "MatMul" not in k["ops"]]
+
+    assert writes(10) and not writes(MAX_FUSED_KEYS) and not writes(CONTEXT - 1), writes(MAX_FUSED_KEYS)
+    split = _split_kernels(manifest["targets"]["webgpu"])
+    assert len(split) == 1 and split[0] in ran(MAX_FUSED_KEYS), [k["name"] for k in ran(MAX_FUSED_KEYS)]
+    assert [b["access"] for b in split[0]["bindings"]].count("read_write") == 3  # its partials and both caches
+    assert len(ran(MAX_FUSED_KEYS)) == len(ran(10))
+    # the tokens before one token each (the model's values depend on the token alone: each new row's value is one
+    # no other row holds, and the first head's query scores its own key highest; tests/test_fuzz_gguf.tiny_llama)
+    tokens = np.concatenate([np.zeros(MAX_FUSED_KEYS, np.int64), [1, 2, 4, 5]])
+    decode, prefill = kiln.load(pkg, poison=True), kiln.load(pkg, poison=True)
+    _prefill(decode.run, tokens, MAX_FUSED_KEYS)
+    got = [decode.run(_feeds(tokens[past:past + 1], past))["logits"]
+           for past in range(MAX_FUSED_KEYS, MAX_FUSED_KEYS + 4)]
+    start = MAX_FUSED_KEYS - 1  # (each prefill from there rewrites the rows after it: two tokens or more)
+    _prefill(prefill.run, tokens, start)
+    want = [prefill.run(_feeds(tokens[start:past + 1], start))["logits"]
+            for past in range(MAX_FUSED_KEYS, MAX_FUSED_KEYS + 4)]
+    np.testing.assert_allclose(np.concatenate(got), np.concatenate(want), rtol=1e-4, atol=1e-4)
+
+
 def test_split_decode_over_a_cache_of_no_whole_blocks(tmp_path):
     """A cache of 1000 rows (no whole number of blocks): the split reads zero rows past its end for the last block,
-    masked like the tail keys; a decode step at the cache's last row equals a prefill of the same tokens."""
+    masked like the tail keys; a decode step at the cache's last row equals a prefill of the same tokens. (Its
+    projections are three matmuls: too many buffers for the cache writes to ride on the split kernel, which then
+    reads the cache after them.)"""
     rows = 1000
     model = tiny_llama(tmp_path / "tiny.gguf", {"llama.context_length": (rows, gguf.GGUFValueType.UINT32)})
     pkg = compile_model(model, tmp_path / "pkg", max_context=rows, device_class="gpu", target="webgpu")
@@ -152,7 +195,8 @@ def test_split_decode_in_fp16(tmp_path):
     """``--precision fp16`` (f16 cache and activations): the split kernel (its log-sum-exp stored apart, as in fp32)
     gives a decode step the logits of a prefill of the same tokens, to fp16's accuracy (measured: 0.014 at most, the
     logits up to 5.9). The split's tail column once failed to compile in fp16 (a marker of the wrong dtype)."""
-    model = tiny_llama(tmp_path / "tiny.gguf", {"llama.context_length": (CONTEXT, gguf.GGUFValueType.UINT32)})
+    model = tiny_llama(tmp_path / "tiny.gguf", {"llama.context_length": (CONTEXT, gguf.GGUFValueType.UINT32)},
+                       qkv=QKV)
     pkg = compile_model(model, tmp_path / "pkg", max_context=CONTEXT, device_class="gpu", target="webgpu",
                         precision="fp16")
     target = kiln.load(pkg).manifest["targets"]["webgpu"]

@@ -75,6 +75,9 @@ class Group:
         split: ``(block, keys, row dims)`` for the two groups of an attention split over blocks of keys
             (:mod:`kiln.passes.split_attention`): the target runs them, for the row dims at their lowest value, where
             ``keys`` (a size expression) is past what it runs the fused row kernel for.
+        riders: groups whose work this (alternative) group's dispatch does too, in workgroups after its own, where it
+            runs; elsewhere they run as their own kernels (a decode step's KV-cache writes riding on the split
+            attention, :mod:`kiln.passes.split_attention`; :func:`kiln.te.horizontal.ride`).
     """
 
     nodes: list[Node]
@@ -85,6 +88,7 @@ class Group:
     alternative_box: list | None = None
     stage_bound: int | None = None
     split: tuple | None = None
+    riders: tuple = ()
 
     @property
     def output(self) -> Value:

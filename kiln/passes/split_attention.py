@@ -17,6 +17,13 @@ attention's own causal mask (a key after the query's position), extended over th
 step holds at least one key it may attend to, so no block's maximum is ``-inf``. The pair is an *alternative* to the
 three kernels (``Group.alternative_to``), for one query token only (``Group.split``: the target runs it where the
 fused row kernel's keys would be too many).
+
+Where the caches are updated in place (``TensorScatter`` into the cache's own buffer, :func:`~kiln.passes.memory_plan.
+mark_in_place`: a decode step writes its one key and value row), the split kernel does not wait for that write: it
+reads the cache as it was before the step and takes the step's new row from the keys and values being written
+(``Where(row == write, new row, cache row)``), and the write *rides* on the split kernel's dispatch
+(``Group.riders``, :func:`kiln.te.horizontal.ride`): one dispatch a layer fewer. No workgroup loads the row the
+riders store (the split reads the row before it in its place, and discards it): nothing races in the dispatch.
 """
 
 from __future__ import annotations
@@ -43,9 +50,14 @@ def fuse_split_attention(graph: Graph, groups: list[Group], supported: Callable[
     the form a decoder's importer writes: ``MatMul(Q, Transpose(Slice(K cache)))``, scaled by a constant, masked by
     ``Where(Greater(Reshape(Iota(keys)), positions), -inf, .)``, a softmax, and ``MatMul(P, Slice(V cache))`` ending
     its group. The split group must be a row kernel of the target (``supported``) within ``max_inputs`` buffers."""
+    scatters = {id(g.output): g for g in groups if not g.alias and g.nodes[-1].op == "TensorScatter" and
+                g.nodes[-1].attrs.get("in_place")}
     for fused in [g for g in groups if len(g.alternative_to) == 3 and g.rows and not g.split]:
         q, p, c = fused.alternative_to
-        made = _split(graph, q, p, c)
+        for writes in (scatters, {}):  # (the cache writes riding on the split kernel where its buffers allow)
+            made = _split(graph, q, p, c, writes)
+            if made is None or _buffers(made[0].inputs) <= max_inputs:
+                break
         if made is None:
             continue
         split, combine = made
@@ -78,8 +90,10 @@ def _needed(nodes: list[Node], values: list[Value]) -> list[Node]:
     return [n for n in nodes if id(n) in keep]
 
 
-def _split(graph: Graph, q: Group, p: Group, c: Group) -> tuple[Group, Group] | None:
-    """The split and combine groups of attention ``(q, p, c)``, or ``None`` where it has another form."""
+def _split(graph: Graph, q: Group, p: Group, c: Group, scatters: dict[int, Group]) -> tuple[Group, Group] | None:
+    """The split and combine groups of attention ``(q, p, c)``, or ``None`` where it has another form; ``scatters``
+    (a group's output id -> the group): the in-place cache updates, which ride on the split kernel where both caches
+    are such updates of one write position (module docstring)."""
     mm, where = _only(q.nodes, "MatMul"), _only(q.nodes, "Where")
     scale = mm and next((n for n in q.nodes if n.op == "Mul" and n.inputs[0] is mm.outputs[0]), None)
     pv = c.nodes[-1]
@@ -111,12 +125,32 @@ def _split(graph: Graph, q: Group, p: Group, c: Group) -> tuple[Group, Group] | 
             tuple(ks.attrs.get("steps", (1, 1, 1, 1))) != (1, 1, 1, 1) or \
             tuple(vs.attrs.get("steps", (1, 1, 1, 1))) != (1, 1, 1, 1):
         return None
+    writes = [scatters.get(id(x)) for x in (k_cache, v_cache)]
+    riders = tuple(writes) if all(writes) and _one_write(*(w.nodes[-1] for w in writes)) else ()
     b = Builder.beside(graph)
     blocks = symbolic.simplify((keys + (BLOCK - 1)) // BLOCK)
     tail = -k_cache.shape[2] % BLOCK  # (the keys never pass the cache's rows: the dims' limits bound them)
     whole = (k_cache.shape[2] + tail) // BLOCK  # the cache's blocks
 
     def blocked(cache: Value) -> Value:  # [1, H, blocks, BLOCK, hd]: the cache's rows up to the last block's end
+        if riders:  # the cache before the step, its row ``write`` the step's new one (a decode step's one token)
+            past, new, write = next(w.nodes[-1] for w in writes if w.output is cache).inputs
+            row = b.op("Reshape", [b.op("Iota", [], shape=(whole * BLOCK,), dtype="int32", start=0, delta=1)],
+                       shape=(whole, BLOCK, 1))
+            row = b.op("Slice", [row], starts=(0, 0, 0), ends=(blocks, BLOCK, 1), steps=(1, 1, 1))
+            write = b.op("Cast", [write], to="int32")
+            at_write = b.op("Equal", [row, write])  # [blocks, BLOCK, 1]
+            new = b.op("Slice", [new], starts=(0, 0, 0, 0), ends=(one, heads, 1, hd), steps=(1, 1, 1, 1))
+            new = b.op("Reshape", [new], shape=(one, heads, 1, 1, hd))
+            # the cache's row ``write`` is read from the row before it (the one after the last, for row 0): no load
+            # races with the riders' store there, and the Where discards it
+            cached = b.op("Iota", [], shape=(past.shape[2],), dtype="int32", start=0, delta=1)
+            cached = b.op("Where", [b.op("Equal", [cached, write]), b.op("Sub", [cached, b.const(np.array(1, np.int32))]),
+                                    cached])
+            return b.op("Where", [at_write, new, _blocked(b.op("Gather", [past, cached], axis=2))])
+        return _blocked(cache)
+
+    def _blocked(cache: Value) -> Value:
         if tail:  # zero rows after a cache whose rows are no whole number of blocks (masked like every tail key)
             cache = b.op("Pad", [cache], pads=(0, 0, 0, 0, 0, 0, tail, 0), mode="constant", value=0.0)
         # the cache's own blocks, then the first ``blocks`` of them: a load's index is the cache's, in constants
@@ -137,7 +171,8 @@ def _split(graph: Graph, q: Group, p: Group, c: Group) -> tuple[Group, Group] | 
     values = b.op("MatMul", [b.op("Div", [e, total]), blocked(v_cache)])  # [1, H, blocks, rows, hd]
     lse = b.op("Add", [peak, b.op("Log", [total])])
     partial = b.op("Concat", [values, lse], axis=4)  # [1, H, blocks, rows, hd + 1]
-    split_nodes = _needed(q.nodes, [query, positions]) + b.graph.nodes
+    made_new = [n for w in riders for n in _needed(w.nodes, [w.nodes[-1].inputs[1]])]  # the new rows' producers
+    split_nodes = list({id(n): n for n in _needed(q.nodes, [query, positions]) + made_new + b.graph.nodes}.values())
     mark = len(b.graph.nodes)
     o = b.op("Slice", [partial], starts=(0, 0, 0, 0, 0), ends=(one, heads, blocks, rows, hd), steps=(1, 1, 1, 1, 1))
     w = b.op("Slice", [partial], starts=(0, 0, 0, 0, hd), ends=(one, heads, blocks, rows, hd + 1),
@@ -147,9 +182,16 @@ def _split(graph: Graph, q: Group, p: Group, c: Group) -> tuple[Group, Group] | 
     den = b.op("ReduceSum", [w], axes=(2,), keepdims=0)
     combine_nodes = b.graph.nodes[mark:] + [Node("Div", [num, den], [c.output], {}, name=f"{pv.name}.combine")]
     split = Group(split_nodes, _inputs(split_nodes), rows=True, alternative_to=(q, p, c),
-                  split=(BLOCK, keys, symbolic.symbols([rows])))
+                  split=(BLOCK, keys, symbolic.symbols([rows])), riders=riders)
     combine = Group(combine_nodes, _inputs(combine_nodes), alternative_to=(q, p, c), split=split.split)
     return split, combine
+
+
+def _one_write(k: Node, v: Node) -> bool:
+    """Whether in-place cache updates ``k`` and ``v`` write their new rows at one position, along the rows axis."""
+    return all(n.attrs.get("axis") == 2 and n.attrs.get("mode", "linear") == "linear" and len(n.inputs) == 3 and
+               len(n.inputs[1].shape) == 4 for n in (k, v)) and k.inputs[2] is v.inputs[2] and \
+        k.inputs[0].shape == v.inputs[0].shape
 
 
 def _inputs(nodes: list[Node]) -> list[Value]:

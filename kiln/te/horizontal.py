@@ -8,12 +8,16 @@ invocation ``g`` runs the first kernel's body for ``g < total_0``, the second's 
 and so on. Only kernels whose invocations work alone (no reduce lanes, no workgroup memory: not
 ``LoweredKernel.cooperative``) are concatenated; whether they are independent (no kernel reads or overwrites a buffer
 another writes) is the caller's to know (:func:`kiln.codegen.webgpu.build.build_kernels` checks the plan's buffers).
+
+:func:`ride` joins such a kernel to a cooperative one at workgroup granularity instead: the cooperative kernel's
+workgroups first, then workgroups running the other's invocations (a decode step's KV-cache write riding on the
+split attention's kernel, :mod:`kiln.passes.split_attention`).
 """
 
 from __future__ import annotations
 
 from kiln.arith.expr import Expr, Var, binop
-from kiln.arith.symbolic import simplify
+from kiln.arith.symbolic import ceil_div, simplify
 from kiln.te.loops import If, Let, LoweredKernel, Param, rewrite
 
 
@@ -82,6 +86,72 @@ def concat(kernels: list[LoweredKernel], buffers: list[list[int]], name: str) ->
     return LoweredKernel(name, params, inputs, simplify(start), gid, body, kernels[0].schedule), bound
 
 
+def ride(host: LoweredKernel, rider: LoweredKernel, host_buffers: list[int], rider_buffers: list[int],
+         name: str) -> tuple[LoweredKernel, list[int]]:
+    """One dispatch of cooperative kernel ``host`` followed by workgroups running ``rider``'s invocations.
+
+    Workgroup ``w`` runs ``host``'s body for ``w < groups(host)`` (a condition uniform over the workgroup, so its
+    barriers stay in uniform control flow, WGSL §15.2); the workgroups after it run ``rider``'s invocations,
+    ``(w - groups(host)) * workgroup_size + local index``, each below ``rider.total``. The rider may write a buffer
+    the host reads: it is bound once, ``read_write`` (the caller makes sure the host never uses what the rider writes
+    there in the same dispatch: the split attention reads the cache rows the rider writes, and discards them).
+
+    Args:
+        host: a cooperative kernel (:attr:`~kiln.te.loops.LoweredKernel.cooperative`).
+        rider: a :func:`concatenable` kernel (of any workgroup size: its invocations work alone).
+        host_buffers, rider_buffers: the buffer each kernel's params are bound to (the plan's buffer ids).
+        name: the new kernel's name.
+
+    Returns:
+        ``(kernel, buffers)``: the kernel (its reads first, then the host's output and the rider's outputs) and the
+        buffer of each of its params.
+
+    Raises:
+        ValueError: a host that is not cooperative or a rider that is not concatenable, a buffer the host writes
+            that the rider binds, one buffer written twice, or one buffer bound as two dtypes.
+    """
+    if not host.cooperative or not concatenable(rider):
+        raise ValueError("ride: the host must be cooperative and the rider's invocations must work alone")
+    sides = ((host, host_buffers), (rider, rider_buffers))
+    written = [b for k, bufs in sides for p, b in zip(k.params, bufs) if p.access != "read"]
+    if len(set(written)) != len(written) or set(written[:1]) & set(rider_buffers):
+        raise ValueError("ride: a buffer is written twice, or the rider binds the host's output")
+    params: list[Param] = []
+    bound: list[int] = []
+    inputs = []
+    names: dict[int, str] = {}  # buffer -> its param
+    renames: list[dict[str, str]] = [{}, {}]
+    for side, (k, bufs) in enumerate(sides):
+        for j, (p, b) in enumerate(zip(k.params, bufs)):
+            if p.access == "read" and b not in written and b not in names:
+                names[b] = f"in{len(params)}"
+                params.append(Param(names[b], p.dtype, p.size, "read"))
+                bound.append(b)
+                inputs.append(k.inputs[j])
+    for side, (k, bufs) in enumerate(sides):
+        for p, b in zip(k.params, bufs):
+            if p.access != "read":
+                names[b] = f"out{len(params)}"
+                params.append(Param(names[b], p.dtype, p.size, p.access))
+                bound.append(b)
+    dtype = {p.name: p.dtype for p in params}
+    for side, (k, bufs) in enumerate(sides):
+        for p, b in zip(k.params, bufs):
+            if dtype[names[b]] != p.dtype:
+                raise ValueError(f"ride: buffer {b} is bound as {dtype[names[b]]} and as {p.dtype}")
+            renames[side][p.name] = names[b]
+    wg = host.schedule.workgroup_size
+    lid, wid = Var("lid"), Var("wid")
+    groups = host.groups
+    body = [If(binop("<", wid, groups), _renamed(host.body, renames[0])),
+            If(binop(">=", wid, groups), [
+                Let(rider.gid, simplify((wid - groups) * wg + lid)),
+                If(binop("<", rider.gid, rider.total), _renamed(rider.body, renames[1]))])]
+    total = simplify((groups + ceil_div(rider.total, wg)) * (wg // host.lanes))
+    return LoweredKernel(name, params, inputs, total, host.gid, body, host.schedule, dict(host.shared),
+                         dict(host.vectors)), bound
+
+
 def _renamed(stmts: list, names: dict[str, str]) -> list:
     """``stmts`` with every buffer parameter ``p`` read or written renamed ``names[p]``."""
-    return rewrite(stmts, lambda x: None, names.__getitem__)
+    return rewrite(stmts, lambda x: None, lambda n: names.get(n, n))

@@ -462,7 +462,9 @@ def rewrite(stmts: list, fn: Callable[[Expr], Expr | None], rename: Callable[[st
         if r is not None:
             return r
         if isinstance(x, BufLoad):
-            return BufLoad(rename(x.buf) if rename else x.buf, transform(x.index, hook), x.size, x.guard, x.dtype)
+            size = transform(x.size, hook) if isinstance(x.size, Expr) else x.size  # (a guard's size: dims too)
+            return BufLoad(rename(x.buf) if rename else x.buf, transform(x.index, hook),
+                           int(size.value) if isinstance(size, Const) else size, x.guard, x.dtype)
         if isinstance(x, VecLoad):
             return VecLoad(x.buf, transform(x.index, hook), x.width, x.dtype)
         if isinstance(x, Lane):

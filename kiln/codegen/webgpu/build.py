@@ -24,7 +24,7 @@ from kiln.package.format import DEFAULT_LIMITS
 from kiln.passes.fusion import Group
 from kiln.passes.memory_plan import MemoryPlan
 from kiln.te.compute import Tensor
-from kiln.te.horizontal import concat, concatenable
+from kiln.te.horizontal import concat, concatenable, ride
 from kiln.te.loops import loop_iterations, pin_dims
 from kiln.te.rows import analyse_rows
 from kiln.te.schedule import Schedule, default_schedule
@@ -181,6 +181,26 @@ class WebGPUKernels(KernelTable):
             return Step(index, k.dispatch, bufs, groups[0].nodes[0].name)
         return Step(index, self._dispatch(k), bufs, groups[0].nodes[0].name, groups=k.groups)
 
+    def ride_step(self, g: Group, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
+                  accumulate: str = "float32", pinned: dict[str, int] | None = None) -> Step:
+        """The step of group ``g`` (a cooperative kernel) with its riders' (``g.riders``: kernels whose invocations
+        work alone, :func:`~kiln.te.horizontal.concat` joins them first) in workgroups after its own
+        (:func:`kiln.te.horizontal.ride`); ``pinned`` as for :meth:`step`, for all of them."""
+        def lowered(x: Group) -> tuple[Any, list[int]]:
+            k, ins = build_group(x, schedule, plan if plan.half else None, accumulate, self.memo)
+            return (pin_dims(k, pinned) if pinned else k), [plan.of[id(v)] for v in ins] + [plan.of[id(x.output)]]
+
+        host, bufs = lowered(g)
+        parts = [lowered(r) for r in g.riders]
+        rider, rider_bufs = parts[0] if len(parts) == 1 else \
+            concat([k for k, _ in parts], [b for _, b in parts], "_".join(r.name for r in g.riders))
+        k, bufs = ride(host, rider, bufs, rider_bufs, "_".join(x.name for x in (g, *g.riders)))
+        index = self._add([g, *g.riders], k, " + ".join([describe(g, symbolic.format_shape(g.output.shape)),
+                                                          *(describe(r) for r in g.riders)]))
+        if not symbolic.is_symbolic(k.groups):
+            return Step(index, k.dispatch, bufs, g.nodes[0].name)
+        return Step(index, self._dispatch(k), bufs, g.nodes[0].name, groups=k.groups)
+
     def _add(self, groups: list[Group], k, comment: str) -> int:
         src = self._render(k, comment)
 
@@ -230,7 +250,7 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
              alternative_range(g) for g in work if g.alternative_to}
     within: dict[int, list] = {}  # a replaced group -> the ranges where alternatives run instead (one per alternative)
     for g in work:
-        for r in g.alternative_to:
+        for r in (*g.alternative_to, *g.riders):  # (a rider runs within its host's dispatch there)
             if boxes[id(g)] and boxes[id(g)] not in within.setdefault(id(r), []):
                 within[id(r)].append(boxes[id(g)])
     steps = []
@@ -240,9 +260,11 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
     def one(g: Group, lowered: tuple[Any, list] | None = None) -> Step:
         # an alternative runs only inside its range: dims the range pins (a decode step's one token) are constants
         box = boxes.get(id(g)) or ()
+        pinned = {d.name: lo for d, lo, hi in box if lo == hi}
+        if g.riders:
+            return table.ride_step(g, schedule, plan, accumulate, pinned)
         return table.step(g, schedule, plan, accumulate, symbolic.format_shape(g.output.shape),
-                          variants=not g.alternative_to, lowered=lowered,
-                          pinned={d.name: lo for d, lo, hi in box if lo == hi})
+                          variants=not g.alternative_to, lowered=lowered, pinned=pinned)
 
     def flush() -> None:
         if len(run) == 1:
@@ -250,23 +272,30 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
             steps.append(one(g, (k, ins_of[id(k)])))
         elif run:
             steps.append(table.concat_step(run))
+        if run:  # (replaced, or riding on another step's dispatch, in those ranges: no workgroups there)
+            vacate(steps[-1], run[0][0])
         run.clear()
 
+    def vacate(step: Step, g: Group) -> None:
+        step.variants[:0] = [Variant(_when(box), step.kernel, step.dispatch, 0) for box in within.get(id(g), ())]
+
     for g in progress_over(work, progress, "generating kernels"):
-        if concat_steps and not g.alternative_to and not within.get(id(g)):
+        if concat_steps and not g.alternative_to:
             k, ins = build_group(g, schedule, plan if plan.half else None, accumulate, table.memo)
             bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
             # (kernels without loops only: a concatenated kernel's loop count is the sum of its parts', which
             # llvmpipe limits per invocation, and a long kernel gains nothing from sharing its dispatch)
             if concatenable(k) and not loop_iterations(k.body) and \
                     table.variant(g, k, ins, schedule, plan, accumulate) is None:
-                if not _joins(run, k, bufs):
+                if not _joins(run, k, bufs) or within.get(id(g)) != within.get(id(run[0][0])):
                     flush()
                 run.append((g, k, bufs))
                 ins_of[id(k)] = ins
                 continue
             flush()
-            steps.append(one(g, (k, ins)))
+            step = one(g, (k, ins))
+            vacate(step, g)
+            steps.append(step)
             continue
         flush()
         step = one(g)
@@ -274,8 +303,8 @@ def build_kernels(groups: list[Group], plan: MemoryPlan, validate: bool = True, 
             box = boxes[id(g)]
             count = step.groups if step.groups is not None else step.dispatch[0] * step.dispatch[1] * step.dispatch[2]
             step.groups = symbolic.simplify(count * _inside(box)) if box else 0
-        elif within.get(id(g)):  # replaced by an alternative inside its range: no workgroups there
-            step.variants[:0] = [Variant(_when(box), step.kernel, step.dispatch, 0) for box in within[id(g)]]
+        else:  # replaced by an alternative inside its range: no workgroups there
+            vacate(step, g)
         steps.append(step)
     flush()
     return table.kernels, steps
