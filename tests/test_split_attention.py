@@ -132,40 +132,40 @@ def test_split_decode_equals_the_prefill(llama, past):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_kv_cache_writes_ride_on_the_split_kernel(llama):
-    """Past MAX_FUSED_KEYS keys a decode step's KV-cache writes run inside the split kernel's dispatch (the split
-    reads the new row from the keys and values it writes): the write kernel has no workgroups there, and a step runs
-    as many dispatches as one with the fused row kernel (split and combine for fused row kernel and write). Four decode
-    steps in a row, each reading the rows the last ones wrote, end with the logits of a prefill of the same tokens."""
+@pytest.mark.parametrize("first", [12, MAX_FUSED_KEYS])
+def test_kv_cache_writes_ride_on_the_decode_attention(llama, first):
+    """A decode step's KV-cache writes run inside its attention kernel's dispatch, the fused row kernel's up to
+    MAX_FUSED_KEYS keys and the split kernel's past them (each reads the new rows from the keys and values being
+    written): the write kernel has workgroups in a prefill only. Four decode steps in a row from ``first`` cached
+    keys, each reading the rows the steps before wrote, give the logits of prefills of the same tokens."""
     pkg, _ = llama
     manifest = kiln.load(pkg).manifest
     plan, kernels = manifest["targets"]["webgpu"]["plan"], manifest["targets"]["webgpu"]["kernels"]
     sizes = StepSizes(plan, "groups")
 
-    def ran(past: int) -> list[dict]:
-        choice, counts = sizes.dispatches({"sequence": 1, "past_sequence": past})
+    def ran(past: int, sequence: int = 1) -> list[dict]:
+        choice, counts = sizes.dispatches({"sequence": sequence, "past_sequence": past})
         return [kernels[st["kernel"] if not c else st["variants"][c - 1]["kernel"]]
                 for st, c, n in zip(plan, choice, counts) if n[0]]
 
-    def writes(past: int) -> list[str]:  # the kernels that write the caches and nothing else
-        return [k["name"] for k in ran(past) if k["ops"][-1] == "TensorScatter" and "MatMul" not in k["ops"]]
+    def writes(past: int, sequence: int = 1) -> list[str]:  # the kernels that write the caches and nothing else
+        return [k["name"] for k in ran(past, sequence) if k["ops"][-1] == "TensorScatter" and "MatMul" not in k["ops"]]
 
-    assert writes(10) and not writes(MAX_FUSED_KEYS) and not writes(CONTEXT - 1), writes(MAX_FUSED_KEYS)
-    split = _split_kernels(manifest["targets"]["webgpu"])
-    assert len(split) == 1 and split[0] in ran(MAX_FUSED_KEYS), [k["name"] for k in ran(MAX_FUSED_KEYS)]
-    assert [b["access"] for b in split[0]["bindings"]].count("read_write") == 3  # its partials and both caches
-    assert len(ran(MAX_FUSED_KEYS)) == len(ran(10))
+    assert writes(first, 3) and not writes(first), writes(first)
+    hosts = [k for k in ran(first) if k["ops"][-1] == "TensorScatter"]  # the attention kernel, the writes after it
+    assert len(hosts) == 1 and hosts[0]["ops"].count("MatMul") == 2, [k["name"] for k in ran(first)]
+    assert [b["access"] for b in hosts[0]["bindings"]].count("read_write") == 3  # its output and both caches
+    if first >= MAX_FUSED_KEYS:
+        assert hosts == _split_kernels(manifest["targets"]["webgpu"])
     # the tokens before one token each (the model's values depend on the token alone: each new row's value is one
     # no other row holds, and the first head's query scores its own key highest; tests/test_fuzz_gguf.tiny_llama)
-    tokens = np.concatenate([np.zeros(MAX_FUSED_KEYS, np.int64), [1, 2, 4, 5]])
+    tokens = np.concatenate([np.zeros(first, np.int64), [1, 2, 4, 5]])
     decode, prefill = kiln.load(pkg, poison=True), kiln.load(pkg, poison=True)
-    _prefill(decode.run, tokens, MAX_FUSED_KEYS)
-    got = [decode.run(_feeds(tokens[past:past + 1], past))["logits"]
-           for past in range(MAX_FUSED_KEYS, MAX_FUSED_KEYS + 4)]
-    start = MAX_FUSED_KEYS - 1  # (each prefill from there rewrites the rows after it: two tokens or more)
+    _prefill(decode.run, tokens, first)
+    got = [decode.run(_feeds(tokens[past:past + 1], past))["logits"] for past in range(first, first + 4)]
+    start = first - 1  # (each prefill from there rewrites the rows after it: two tokens or more)
     _prefill(prefill.run, tokens, start)
-    want = [prefill.run(_feeds(tokens[start:past + 1], start))["logits"]
-            for past in range(MAX_FUSED_KEYS, MAX_FUSED_KEYS + 4)]
+    want = [prefill.run(_feeds(tokens[start:past + 1], start))["logits"] for past in range(first, first + 4)]
     np.testing.assert_allclose(np.concatenate(got), np.concatenate(want), rtol=1e-4, atol=1e-4)
 
 

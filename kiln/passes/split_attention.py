@@ -54,6 +54,9 @@ def fuse_split_attention(graph: Graph, groups: list[Group], supported: Callable[
                 g.nodes[-1].attrs.get("in_place")}
     for fused in [g for g in groups if len(g.alternative_to) == 3 and g.rows and not g.split]:
         q, p, c = fused.alternative_to
+        ridden = _ride_on_fused(graph, fused, scatters, supported, max_inputs)
+        if ridden is not None:  # (the fused row kernel of a decode step up to its keys: the writes ride there too)
+            groups[groups.index(fused)] = fused = ridden
         for writes in (scatters, {}):  # (the cache writes riding on the split kernel where its buffers allow)
             made = _split(graph, q, p, c, writes)
             if made is None or _buffers(made[0].inputs) <= max_inputs:
@@ -185,6 +188,44 @@ def _split(graph: Graph, q: Group, p: Group, c: Group, scatters: dict[int, Group
                   split=(BLOCK, keys, symbolic.symbols([rows])), riders=riders)
     combine = Group(combine_nodes, _inputs(combine_nodes), alternative_to=(q, p, c), split=split.split)
     return split, combine
+
+
+def _ride_on_fused(graph: Graph, fused: Group, scatters: dict[int, Group], supported: Callable[[Group], bool],
+                   max_inputs: int) -> Group | None:
+    """The fused attention row kernel ``fused`` (an alternative for one query token) reading the caches as they were
+    before the step, the step's new rows selected in, with the in-place cache updates riding on its dispatch (as for
+    the split kernel, module docstring); ``None`` where it reads no such updates or the result is not a kernel of the
+    target within ``max_inputs`` buffers."""
+    slices = [n for n in fused.nodes if n.op == "Slice" and id(n.inputs[0]) in scatters]
+    writes = [scatters[id(n.inputs[0])] for n in slices]
+    if len(slices) != 2 or not _one_write(*(w.nodes[-1] for w in writes)) or \
+            any(n.attrs.get("starts") != (0, 0, 0, 0) or tuple(n.attrs.get("steps", (1, 1, 1, 1))) != (1, 1, 1, 1)
+                for n in slices):
+        return None
+    b = Builder.beside(graph)
+    swap: dict[int, Value] = {}
+    for sl, w in zip(slices, writes):
+        past, new, write = w.nodes[-1].inputs
+        one, heads, keys, hd = sl.outputs[0].shape
+        write = b.op("Cast", [write], to="int32")
+        cached = b.op("Iota", [], shape=(past.shape[2],), dtype="int32", start=0, delta=1)
+        cached = b.op("Where", [b.op("Equal", [cached, write]), b.op("Sub", [cached, b.const(np.array(1, np.int32))]),
+                                cached])  # (row ``write`` read from the row before it: no load races the riders)
+        old = b.op("Slice", [b.op("Gather", [past, cached], axis=2)], starts=(0, 0, 0, 0), ends=(one, heads, keys, hd),
+                   steps=(1, 1, 1, 1))
+        row = b.op("Reshape", [b.op("Iota", [], shape=(keys,), dtype="int32", start=0, delta=1)], shape=(keys, 1))
+        new = b.op("Slice", [new], starts=(0, 0, 0, 0), ends=(one, heads, 1, hd), steps=(1, 1, 1, 1))
+        swap[id(sl.outputs[0])] = b.op("Where", [b.op("Equal", [row, write]), new, old])
+    nodes = [n if not any(id(v) in swap for v in n.inputs) else
+             Node(n.op, [swap.get(id(v), v) for v in n.inputs], n.outputs, dict(n.attrs), name=n.name)
+             for n in fused.nodes if n not in slices]
+    made_new = [n for w in writes for n in _needed(w.nodes, [w.nodes[-1].inputs[1]])]  # the new rows' producers
+    nodes = list({id(n): n for n in made_new + b.graph.nodes + nodes}.values())
+    ridden = Group(nodes, _inputs(nodes), rows=True, alternative_to=fused.alternative_to,
+                   alternative_box=fused.alternative_box, riders=tuple(writes))
+    if _buffers(ridden.inputs) > max_inputs or not supported(ridden):
+        return None
+    return ridden
 
 
 def _one_write(k: Node, v: Node) -> bool:
