@@ -24,6 +24,8 @@ reads the cache as it was before the step and takes the step's new row from the 
 (``Where(row == write, new row, cache row)``), and the write *rides* on the split kernel's dispatch
 (``Group.riders``, :func:`kiln.te.horizontal.ride`): one dispatch a layer fewer. No workgroup loads the row the
 riders store (the split reads the row before it in its place, and discards it): nothing races in the dispatch.
+The fused row kernel that :func:`~kiln.passes.fusion.fuse_attention` made for a decode step up to its keys gets the
+same rewrite and riders (:func:`_ride_on_fused`): every decode step's attention carries its cache writes.
 """
 
 from __future__ import annotations
