@@ -139,20 +139,13 @@ def _split(graph: Graph, q: Group, p: Group, c: Group, scatters: dict[int, Group
 
     def blocked(cache: Value) -> Value:  # [1, H, blocks, BLOCK, hd]: the cache's rows up to the last block's end
         if riders:  # the cache before the step, its row ``write`` the step's new one (a decode step's one token)
-            past, new, write = next(w.nodes[-1] for w in writes if w.output is cache).inputs
+            past, new, write = _before_step(b, next(w.nodes[-1] for w in writes if w.output is cache))
             row = b.op("Reshape", [b.op("Iota", [], shape=(whole * BLOCK,), dtype="int32", start=0, delta=1)],
                        shape=(whole, BLOCK, 1))
             row = b.op("Slice", [row], starts=(0, 0, 0), ends=(blocks, BLOCK, 1), steps=(1, 1, 1))
-            write = b.op("Cast", [write], to="int32")
             at_write = b.op("Equal", [row, write])  # [blocks, BLOCK, 1]
-            new = b.op("Slice", [new], starts=(0, 0, 0, 0), ends=(one, heads, 1, hd), steps=(1, 1, 1, 1))
             new = b.op("Reshape", [new], shape=(one, heads, 1, 1, hd))
-            # the cache's row ``write`` is read from the row before it (the one after the last, for row 0): no load
-            # races with the riders' store there, and the Where discards it
-            cached = b.op("Iota", [], shape=(past.shape[2],), dtype="int32", start=0, delta=1)
-            cached = b.op("Where", [b.op("Equal", [cached, write]), b.op("Sub", [cached, b.const(np.array(1, np.int32))]),
-                                    cached])
-            return b.op("Where", [at_write, new, _blocked(b.op("Gather", [past, cached], axis=2))])
+            return b.op("Where", [at_write, new, _blocked(past)])
         return _blocked(cache)
 
     def _blocked(cache: Value) -> Value:
@@ -207,16 +200,10 @@ def _ride_on_fused(graph: Graph, fused: Group, scatters: dict[int, Group], suppo
     b = Builder.beside(graph)
     swap: dict[int, Value] = {}
     for sl, w in zip(slices, writes):
-        past, new, write = w.nodes[-1].inputs
+        past, new, write = _before_step(b, w.nodes[-1])
         one, heads, keys, hd = sl.outputs[0].shape
-        write = b.op("Cast", [write], to="int32")
-        cached = b.op("Iota", [], shape=(past.shape[2],), dtype="int32", start=0, delta=1)
-        cached = b.op("Where", [b.op("Equal", [cached, write]), b.op("Sub", [cached, b.const(np.array(1, np.int32))]),
-                                cached])  # (row ``write`` read from the row before it: no load races the riders)
-        old = b.op("Slice", [b.op("Gather", [past, cached], axis=2)], starts=(0, 0, 0, 0), ends=(one, heads, keys, hd),
-                   steps=(1, 1, 1, 1))
+        old = b.op("Slice", [past], starts=(0, 0, 0, 0), ends=(one, heads, keys, hd), steps=(1, 1, 1, 1))
         row = b.op("Reshape", [b.op("Iota", [], shape=(keys,), dtype="int32", start=0, delta=1)], shape=(keys, 1))
-        new = b.op("Slice", [new], starts=(0, 0, 0, 0), ends=(one, heads, 1, hd), steps=(1, 1, 1, 1))
         swap[id(sl.outputs[0])] = b.op("Where", [b.op("Equal", [row, write]), new, old])
     nodes = [n if not any(id(v) in swap for v in n.inputs) else
              Node(n.op, [swap.get(id(v), v) for v in n.inputs], n.outputs, dict(n.attrs), name=n.name)
@@ -228,6 +215,20 @@ def _ride_on_fused(graph: Graph, fused: Group, scatters: dict[int, Group], suppo
     if _buffers(ridden.inputs) > max_inputs or not supported(ridden):
         return None
     return ridden
+
+
+def _before_step(b: Builder, scatter: Node) -> tuple[Value, Value, Value]:
+    """``(cache, new row, write)`` for in-place cache update ``scatter`` (``TensorScatter(past, new, write)``, one
+    token): the cache before the step ``[B, KV, rows, hd]`` with its row ``write`` read from the row before it (the
+    last row, for row 0: no load of a kernel riding the update races with its store there; the attention's
+    ``Where`` takes the new row in its place), the new row ``[B, KV, 1, hd]`` and ``write`` as int32."""
+    past, new, write = scatter.inputs
+    write = b.op("Cast", [write], to="int32")
+    rows = b.op("Iota", [], shape=(past.shape[2],), dtype="int32", start=0, delta=1)
+    rows = b.op("Where", [b.op("Equal", [rows, write]), b.op("Sub", [rows, b.const(np.array(1, np.int32))]), rows])
+    one, heads, _, hd = new.shape
+    new = b.op("Slice", [new], starts=(0, 0, 0, 0), ends=(one, heads, 1, hd), steps=(1, 1, 1, 1))
+    return b.op("Gather", [past, rows], axis=2), new, write
 
 
 def _one_write(k: Node, v: Node) -> bool:
