@@ -76,8 +76,8 @@ class Group:
             (:mod:`kiln.passes.split_attention`): the target runs them, for the row dims at their lowest value, where
             ``keys`` (a size expression) is past what it runs the fused row kernel for.
         riders: groups whose work this (alternative) group's dispatch does too, in workgroups after its own, where it
-            runs; elsewhere they run as their own kernels (a decode step's KV-cache writes riding on the split
-            attention, :mod:`kiln.passes.split_attention`; :func:`kiln.te.horizontal.ride`).
+            runs; elsewhere they run as their own kernels (a decode step's KV-cache writes riding on its attention
+            kernel, :mod:`kiln.passes.split_attention`; :func:`kiln.te.horizontal.ride`).
     """
 
     nodes: list[Node]

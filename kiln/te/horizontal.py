@@ -10,8 +10,8 @@ and so on. Only kernels whose invocations work alone (no reduce lanes, no workgr
 another writes) is the caller's to know (:func:`kiln.codegen.webgpu.build.build_kernels` checks the plan's buffers).
 
 :func:`ride` joins such a kernel to a cooperative one at workgroup granularity instead: the cooperative kernel's
-workgroups first, then workgroups running the other's invocations (a decode step's KV-cache write riding on the
-split attention's kernel, :mod:`kiln.passes.split_attention`).
+workgroups first, then workgroups running the other's invocations (a decode step's KV-cache write riding on its
+attention kernel, :mod:`kiln.passes.split_attention`).
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def ride(host: LoweredKernel, rider: LoweredKernel, host_buffers: list[int], rid
     Workgroup ``w`` runs ``host``'s body for ``w < groups(host)`` (a condition uniform over the workgroup, so its
     barriers stay in uniform control flow, WGSL §15.2); the workgroups after it run ``rider``'s invocations,
     ``(w - groups(host)) * workgroup_size + local index``, each below ``rider.total``. The rider may write a buffer
-    the host reads: it is bound once, ``read_write`` (the caller makes sure the host never uses what the rider writes
-    there in the same dispatch: the split attention reads the cache rows the rider writes, and discards them).
+    the host reads: it is bound once, ``read_write`` (the caller makes sure the host loads none of the elements the
+    rider stores: a decode step's attention reads the row before the cache row its riders write, and discards it).
 
     Args:
         host: a cooperative kernel (:attr:`~kiln.te.loops.LoweredKernel.cooperative`).
@@ -114,21 +114,22 @@ def ride(host: LoweredKernel, rider: LoweredKernel, host_buffers: list[int], rid
         raise ValueError("ride: the host must be cooperative and the rider's invocations must work alone")
     sides = ((host, host_buffers), (rider, rider_buffers))
     written = [b for k, bufs in sides for p, b in zip(k.params, bufs) if p.access != "read"]
-    if len(set(written)) != len(written) or set(written[:1]) & set(rider_buffers):
+    hosts = {b for p, b in zip(host.params, host_buffers) if p.access != "read"}
+    if len(set(written)) != len(written) or hosts & set(rider_buffers):
         raise ValueError("ride: a buffer is written twice, or the rider binds the host's output")
     params: list[Param] = []
     bound: list[int] = []
     inputs = []
     names: dict[int, str] = {}  # buffer -> its param
     renames: list[dict[str, str]] = [{}, {}]
-    for side, (k, bufs) in enumerate(sides):
+    for k, bufs in sides:
         for j, (p, b) in enumerate(zip(k.params, bufs)):
             if p.access == "read" and b not in written and b not in names:
                 names[b] = f"in{len(params)}"
                 params.append(Param(names[b], p.dtype, p.size, "read"))
                 bound.append(b)
                 inputs.append(k.inputs[j])
-    for side, (k, bufs) in enumerate(sides):
+    for k, bufs in sides:
         for p, b in zip(k.params, bufs):
             if p.access != "read":
                 names[b] = f"out{len(params)}"
@@ -153,5 +154,6 @@ def ride(host: LoweredKernel, rider: LoweredKernel, host_buffers: list[int], rid
 
 
 def _renamed(stmts: list, names: dict[str, str]) -> list:
-    """``stmts`` with every buffer parameter ``p`` read or written renamed ``names[p]``."""
+    """``stmts`` with every buffer parameter ``p`` read or written renamed ``names[p]`` (workgroup arrays, not in
+    ``names``, keep theirs)."""
     return rewrite(stmts, lambda x: None, lambda n: names.get(n, n))
