@@ -148,7 +148,7 @@ def test_ride_joins_a_rider_after_a_cooperative_kernels_workgroups():
     """``ride``: the cooperative host's workgroups first (its body under a condition on the workgroup index alone),
     then the rider's invocations; a buffer the host reads and the rider writes is bound once, read_write. A host that
     is not cooperative, a rider that is, or a rider binding the host's output is refused. (The numbers:
-    tests/test_split_attention.py, where a decode step's KV-cache writes ride on the split attention.)"""
+    tests/test_split_attention.py, where a decode step's KV-cache writes ride on its attention kernel.)"""
     x = placeholder((4, 256))
     from kiln.arith.expr import reduce, reduce_axis
 

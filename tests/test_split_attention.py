@@ -1,7 +1,8 @@
 """FlashDecoding's split of a decode step's attention over blocks of keys (kiln.passes.split_attention): a one-layer
 Llama GGUF (tests/test_fuzz_gguf.py's) with a 1024-token cache, compiled with the GPU fusions. A decode step past
 ``MAX_FUSED_KEYS`` keys runs the split and combine kernels; its logits equal those of a prefill of the same tokens
-(the three attention kernels), natively with poisoned buffers and in Chromium."""
+(the three attention kernels), natively with poisoned buffers and in Chromium. A decode step's KV-cache writes ride
+on its attention kernel, the fused one's or the split's (kiln.te.horizontal.ride)."""
 
 from __future__ import annotations
 
