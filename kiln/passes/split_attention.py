@@ -169,8 +169,8 @@ def _split(graph: Graph, q: Group, p: Group, c: Group, scatters: dict[int, Group
     values = b.op("MatMul", [b.op("Div", [e, total]), blocked(v_cache)])  # [1, H, blocks, rows, hd]
     lse = b.op("Add", [peak, b.op("Log", [total])])
     partial = b.op("Concat", [values, lse], axis=4)  # [1, H, blocks, rows, hd + 1]
-    made_new = [n for w in riders for n in _needed(w.nodes, [w.nodes[-1].inputs[1]])]  # the new rows' producers
-    split_nodes = list({id(n): n for n in _needed(q.nodes, [query, positions]) + made_new + b.graph.nodes}.values())
+    split_nodes = list({id(n): n for n in _needed(q.nodes, [query, positions]) + _new_rows(riders) +
+                        b.graph.nodes}.values())
     mark = len(b.graph.nodes)
     o = b.op("Slice", [partial], starts=(0, 0, 0, 0, 0), ends=(one, heads, blocks, rows, hd), steps=(1, 1, 1, 1, 1))
     w = b.op("Slice", [partial], starts=(0, 0, 0, 0, hd), ends=(one, heads, blocks, rows, hd + 1),
@@ -208,8 +208,7 @@ def _ride_on_fused(graph: Graph, fused: Group, scatters: dict[int, Group], suppo
     nodes = [n if not any(id(v) in swap for v in n.inputs) else
              Node(n.op, [swap.get(id(v), v) for v in n.inputs], n.outputs, dict(n.attrs), name=n.name)
              for n in fused.nodes if n not in slices]
-    made_new = [n for w in writes for n in _needed(w.nodes, [w.nodes[-1].inputs[1]])]  # the new rows' producers
-    nodes = list({id(n): n for n in made_new + b.graph.nodes + nodes}.values())
+    nodes = list({id(n): n for n in _new_rows(writes) + b.graph.nodes + nodes}.values())
     ridden = Group(nodes, _inputs(nodes), rows=True, alternative_to=fused.alternative_to,
                    alternative_box=fused.alternative_box, riders=tuple(writes))
     if _buffers(ridden.inputs) > max_inputs or not supported(ridden):
@@ -229,6 +228,12 @@ def _before_step(b: Builder, scatter: Node) -> tuple[Value, Value, Value]:
     one, heads, _, hd = new.shape
     new = b.op("Slice", [new], starts=(0, 0, 0, 0), ends=(one, heads, 1, hd), steps=(1, 1, 1, 1))
     return b.op("Gather", [past, rows], axis=2), new, write
+
+
+def _new_rows(writes) -> list[Node]:
+    """The nodes of in-place cache update groups ``writes`` that compute their new rows (a kernel reading the new
+    rows in their place computes them too: the keys' RoPE)."""
+    return [n for w in writes for n in _needed(w.nodes, [w.nodes[-1].inputs[1]])]
 
 
 def _one_write(k: Node, v: Node) -> bool:

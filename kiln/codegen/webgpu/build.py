@@ -138,11 +138,8 @@ class WebGPUKernels(KernelTable):
             k = pin_dims(k, pinned)
         index = self._add([g], k, describe(g, shape_text))
         bufs = [plan.of[id(v)] for v in ins] + [plan.of[id(g.output)]]
-        groups = k.groups
-        if not symbolic.is_symbolic(groups):
-            return Step(index, k.dispatch, bufs, g.nodes[0].name)
-        step = Step(index, self._dispatch(k), bufs, g.nodes[0].name, groups=groups)
-        if not variants:
+        step = self._step(index, k, bufs, g)
+        if step.groups is None or not variants:
             return step
         if index not in self._variants:  # steps of one kernel (same source: same computation) share its variant
             self._variants[index] = None
@@ -177,9 +174,7 @@ class WebGPUKernels(KernelTable):
         name = "_".join(g.name for g in groups)
         k, bufs = concat([k for _, k, _ in run], [b for _, _, b in run], name)
         index = self._add(groups, k, " + ".join(describe(g) for g in groups))
-        if not symbolic.is_symbolic(k.groups):
-            return Step(index, k.dispatch, bufs, groups[0].nodes[0].name)
-        return Step(index, self._dispatch(k), bufs, groups[0].nodes[0].name, groups=k.groups)
+        return self._step(index, k, bufs, groups[0])
 
     def ride_step(self, g: Group, schedule: Schedule | Callable[[Tensor], Schedule], plan: MemoryPlan,
                   accumulate: str = "float32", pinned: dict[str, int] | None = None) -> Step:
@@ -197,6 +192,11 @@ class WebGPUKernels(KernelTable):
         k, bufs = ride(host, rider, bufs, rider_bufs, "_".join(x.name for x in (g, *g.riders)))
         index = self._add([g, *g.riders], k, " + ".join([describe(g, symbolic.format_shape(g.output.shape)),
                                                           *(describe(r) for r in g.riders)]))
+        return self._step(index, k, bufs, g)
+
+    def _step(self, index: int, k, bufs: list[int], g: Group) -> Step:
+        """The plan step running kernel ``index`` (lowered as ``k``) over ``bufs``, named by group ``g``'s first node:
+        a static dispatch, or the workgroups as a size expression of run-time dims."""
         if not symbolic.is_symbolic(k.groups):
             return Step(index, k.dispatch, bufs, g.nodes[0].name)
         return Step(index, self._dispatch(k), bufs, g.nodes[0].name, groups=k.groups)
