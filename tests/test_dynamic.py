@@ -14,13 +14,17 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import SHARED_MODELS
+from fuzzing import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as hs
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.arith import symbolic
 from kiln.errors import KilnError, ShapeError
 from kiln.package.format import VERSION
-from kiln.runtime.dynamic import eval_json
+from kiln.runtime import dynamic
+from kiln.runtime.dynamic import StepSizes, eval_json
 from tools.dynamic_minilm import feeds as minilm_feeds
 
 DIMS = {"batch": (1, 4), "seq": (1, 16, 8)}  # opt 8: schedules for seq=8 must also be right for 1, 7, 16
@@ -338,6 +342,50 @@ def test_size_expressions():
     assert symbolic.resolve_reshape((b, s, 384), [0, 0, 12, -1]) == (b, s, 12, 32)
     with pytest.raises(ShapeError):
         symbolic.resolve_reshape((b, s, 384), [0, -1, 7])
+
+
+_SIZE = hs.recursive(hs.integers(-2, 70000) | hs.sampled_from(["a", "b"]),
+                     lambda x: hs.tuples(hs.sampled_from(["+", "*", "//", "max", "min"]), x, x).map(
+                         lambda t: [t[0], t[1], t[2] if t[0] != "//" else max(1, t[2]) if isinstance(t[2], int)
+                                    else ["max", 1, t[2]]]), max_leaves=4)
+_STEP = hs.fixed_dictionaries({"groups": _SIZE}) | hs.fixed_dictionaries({"dispatch": hs.just([2, 1, 1])})
+_VARIANT = hs.tuples(hs.sampled_from(["a", "b"]), hs.integers(0, 9), hs.integers(0, 9), _SIZE)
+
+
+def _direct(plan, env, max_x=65535):
+    """Each step's choice and workgroups for dims ``env``, evaluated step by step (what StepSizes must give)."""
+    choice, counts = [], []
+    for s in plan:
+        c, chosen = next(((i + 1, v) for i, v in enumerate(s.get("variants", ()))
+                          if all(lo <= env[n] <= hi for n, (lo, hi) in v["when"].items())), (0, s))
+        v = eval_json(chosen["groups"], env) if "groups" in chosen else tuple(chosen["dispatch"])
+        choice.append(c)
+        counts.append(v if not isinstance(v, int) else (0, 0, 0) if v <= 0 else (v, 1, 1) if v <= max_x
+                      else (max_x, -(-v // max_x), 1))
+    return tuple(choice), tuple(counts)
+
+
+@fuzz_settings(60)
+@given(steps=hs.lists(hs.tuples(_STEP, hs.lists(_VARIANT, max_size=2)), min_size=1, max_size=6),
+       repeat=hs.lists(hs.integers(0, 5), min_size=1, max_size=12),
+       envs=hs.lists(hs.tuples(hs.integers(0, 9), hs.integers(0, 9)), min_size=1, max_size=40))
+def test_step_sizes_equal_each_steps_own_evaluation(monkeypatch, steps, repeat, envs):
+    """StepSizes (kinds of alike steps, each evaluated once per value of the dims it reads, the expansion kept per
+    outcome, memos cleared when full) gives every step the choice and workgroups of its own evaluation, for any
+    sequence of dims (a decode step's position moving by one, jumps, values seen before)."""
+    monkeypatch.setattr(dynamic, "MEMO_ENTRIES", 3)  # (the memos fill and clear within an example)
+    plan = []
+    for i in repeat:  # (repeated steps: kinds with several steps)
+        step, variants = steps[i % len(steps)]
+        plan.append({**step, "variants": [{"when": {d: [lo, hi]}, "groups": g} for d, lo, hi, g in variants]})
+    sizes = StepSizes(plan, "groups")
+    for a, b in envs:
+        env = {"a": a, "b": b}
+        want = _direct(plan, env)
+        choice, counts, table = sizes.dispatch_table(env)
+        assert (choice, counts) == want == sizes.dispatches(env)
+        assert table is None or table.tolist() == [list(c) for c in counts]
+        assert sizes(env)[0] == choice
 
 
 def test_minilm_one_package(tmp_path_factory):

@@ -32,7 +32,20 @@ def eval_json(j: Any, env: dict[str, int]) -> int:
     Raises:
         PackageError: a malformed expression, an unknown dim, or a division by zero.
     """
+    if isinstance(j, int) and not isinstance(j, bool):
+        return j
+    if isinstance(j, list):  # (compiled once per expression object: a manifest's shapes are evaluated every run)
+        kept = _COMPILED.get(id(j))
+        if kept is None or kept[0] is not j:
+            if len(_COMPILED) >= 4096:
+                _COMPILED.clear()
+            kept = _COMPILED[id(j)] = (j, compile_json(j))  # (holding ``j``: its id stays its own while kept)
+        return kept[1](env)
     return compile_json(j)(env)
+
+
+#: :func:`eval_json`'s compiled expressions, by the expression object's id: ``(expression, function)``
+_COMPILED: dict[int, tuple[Any, Callable[[dict[str, int]], int]]] = {}
 
 
 def compile_json(j: Any) -> Callable[[dict[str, int]], int]:
@@ -75,7 +88,8 @@ MEMO_ENTRIES = 64
 class StepSizes:
     """The size expression ``key`` (``groups``: workgroups, ``tiles``: C tiles) of every plan step and of its variants,
     compiled once (:func:`compile_json`). Steps alike in their expressions and variants (a decoder's layers repeat
-    the same few) are evaluated once per call.
+    the same few: a *kind*) are evaluated together, and a kind once per value of the dims it reads (kept: a decode
+    step's position moves every token, which most kinds do not read).
 
     Calling it with dims ``env`` gives ``(choice, sizes)``: each step's kernel (0: its own, ``i``: ``variants[i -
     1]``, the first variant whose ``when`` ranges all hold: a variant is the step's group scheduled for another part
@@ -91,6 +105,7 @@ class StepSizes:
             return compile_json(s[key]) if key in s else tuple(s.get("dispatch", ()))
 
         self._step_kind = []
+        reads: dict[int, tuple[str, ...]] = {}  # a kind -> the dims its sizes and variants' ranges read
         for s in plan:
             text = json.dumps([s.get(key), s.get("dispatch"), [[v["when"], v.get(key), v.get("dispatch")]
                                                               for v in s.get("variants", ())]])
@@ -99,19 +114,51 @@ class StepSizes:
                 self._kinds.append((size(s), [(tuple((n, lo, hi) for n, (lo, hi) in v["when"].items()), size(v))
                                               for v in s.get("variants", ())]))
             self._step_kind.append(kinds[text])
+            reads[kinds[text]] = tuple(sorted({n for j in (s.get(key), *(v.get(key) for v in s.get("variants", ())))
+                                               for n in _names(j)} | {n for v in s.get("variants", ())
+                                                                      for n in v["when"]}))
+        # A kind's outcome depends on the dims it reads alone: kept per kind and those dims' values, numbered in
+        # order of first sight (a decode step's position moves every token; the layers' projections read only its
+        # one-token ``sequence``, its attention's block count moves every 64)
+        self._reads = [reads[i] for i in range(len(self._kinds))]
+        self._seen: list[dict[tuple, int]] = [{} for _ in self._kinds]  # a kind's dims' values -> outcome number
+        self._outcomes: list[list[tuple[int, Any]]] = [[] for _ in self._kinds]  # a kind's outcomes by number
+        self._numbering: list[dict[tuple[int, Any], int]] = [{} for _ in self._kinds]  # and their numbers
         self._index: np.ndarray | None = None  # (the step kinds as an index array, made on first use)
-        self._memo: dict[tuple, tuple] = {}  # (:meth:`_dispatches`'s results by the kinds' values)
+        self._memo: dict[tuple, tuple] = {}  # (:meth:`_dispatches`'s results by the kinds' outcome numbers)
+
+    def _numbers(self, env: dict[str, int]) -> tuple[int, ...]:
+        """Each kind's outcome number for dims ``env`` (its kernel choice and size, :attr:`_outcomes`)."""
+        out = []
+        values: dict[tuple[str, ...], tuple] = {}
+        for k, (names, seen) in enumerate(zip(self._reads, self._seen)):
+            at = values.get(names)
+            if at is None:
+                at = values[names] = tuple(env.get(n) for n in names)  # (an unknown dim: raised below)
+            number = seen.get(at)
+            if number is None:
+                own, variants = self._kinds[k]
+                c, f = 0, own
+                for i, (when, vf) in enumerate(variants):
+                    if all(lo <= env[n] <= hi for n, lo, hi in when):
+                        c, f = i + 1, vf
+                        break
+                got = (c, f(env) if callable(f) else f)
+                numbers, outcomes = self._numbering[k], self._outcomes[k]
+                number = numbers.get(got)
+                if number is None:
+                    if len(outcomes) >= MEMO_ENTRIES:  # (a kind sized anew for every dims' value: a prefill's)
+                        numbers.clear(), outcomes.clear(), seen.clear(), self._memo.clear()
+                    number = numbers[got] = len(outcomes)
+                    outcomes.append(got)
+                if len(seen) >= MEMO_ENTRIES * 16:
+                    seen.clear()
+                seen[at] = number
+            out.append(number)
+        return tuple(out)
 
     def _per_kind(self, env: dict[str, int]) -> list[tuple[int, Any]]:
-        out = []
-        for own, variants in self._kinds:
-            c, f = 0, own
-            for i, (when, vf) in enumerate(variants):
-                if all(lo <= env[n] <= hi for n, lo, hi in when):
-                    c, f = i + 1, vf
-                    break
-            out.append((c, f(env) if callable(f) else f))
-        return out
+        return [self._outcomes[k][n] for k, n in enumerate(self._numbers(env))]
 
     def __call__(self, env: dict[str, int]) -> tuple[tuple[int, ...], list[int | None]]:
         kinds = self._per_kind(env)
@@ -135,15 +182,14 @@ class StepSizes:
         return self._dispatches(env, max_x, True)
 
     def _dispatches(self, env: dict[str, int], max_x: int, table: bool):
-        kinds = tuple((c, v if not isinstance(v, int) else (0, 0, 0) if v <= 0 else (v, 1, 1) if v <= max_x
-                       else (max_x, -(-v // max_x), 1)) for c, v in self._per_kind(env))
-        # The steps' values follow from the kinds' alone, and those change far less often than the dims (a decode
-        # step's position moves every token; its attention's block count every 64): the expansion to every step
-        # is kept per kinds' values (read-only: the counts a tuple, the table not writeable).
-        key = (kinds, max_x, table)
+        # The steps' values follow from the kinds' alone, and those change far less often than the dims: the
+        # expansion to every step is kept per kinds' outcomes (read-only: the counts a tuple, the table not writeable).
+        key = (self._numbers(env), max_x, table)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
+        kinds = tuple((c, v if not isinstance(v, int) else (0, 0, 0) if v <= 0 else (v, 1, 1) if v <= max_x
+                       else (max_x, -(-v // max_x), 1)) for c, v in (self._outcomes[k][n] for k, n in enumerate(key[0])))
         choice, counts = tuple(kinds[k][0] for k in self._step_kind), tuple(kinds[k][1] for k in self._step_kind)
         rows = None
         if table and all(len(v) == 3 for _, v in kinds):

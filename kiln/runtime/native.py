@@ -14,6 +14,7 @@ output="gpu")``), and sessions share one device per process and its pipeline cac
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -101,7 +102,8 @@ CHUNKED_STEPS = 32
 def _copy_size(spec: dict[str, Any], buffer, shape=None) -> int:
     """Bytes of the tensor ``spec`` (an input or output) of ``shape`` (default: the manifest's; run-time dims
     give smaller ones) in its buffer, rounded up to WebGPU's 4-byte copies."""
-    n = int(np.prod(spec["shape"] if shape is None else shape, dtype=np.int64)) * np.dtype(spec.get("storage", STORAGE[spec["dtype"]])).itemsize
+    n = math.prod(int(d) for d in (spec["shape"] if shape is None else shape)) * \
+        np.dtype(spec.get("storage", STORAGE[spec["dtype"]])).itemsize
     return min(buffer.size, -(-n // 4) * 4)
 
 
@@ -610,7 +612,7 @@ class Session(TrainingMixin, GenerationMixin):
     def _choose_variants(self, choice: tuple[int, ...]) -> None:
         """Point :attr:`steps` at the kernels ``choice`` names (per step, 0: its own, i: ``variants[i - 1]``; from
         :class:`~kiln.runtime.dynamic.StepSizes`)."""
-        if choice == self._choice:
+        if choice is self._choice or choice == self._choice:  # (StepSizes gives one tuple for one outcome)
             return
         self._choice = choice
         tgt = self.manifest["targets"]["webgpu"]
