@@ -19,14 +19,13 @@ CUDA graph (``torch.cuda.graphs``), timed the same way (synchronize, then per la
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import ROOT, write_record
+from bench.common import ROOT, time_runs, write_record
 
 #: floats each dispatch reads and writes, and the kernel's workgroup size
 ELEMENTS, WORKGROUP = 4096, 64
@@ -39,11 +38,13 @@ KERNEL = f"""
 
 
 def wgpu_rows(n: int, repeat: int) -> tuple[dict[str, float], str]:
-    """Median µs a dispatch of each form on wgpu's high-performance adapter, and the adapter's name."""
+    """Median µs a dispatch of each form on Kiln's shared device (:func:`kiln.runtime.gpu.shared_device`), and its
+    adapter's name."""
     import wgpu
 
-    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    dev = adapter.request_device_sync()
+    from kiln.runtime import gpu
+
+    dev = gpu.shared_device()
     pipe = dev.create_compute_pipeline(layout="auto", compute={"module": dev.create_shader_module(code=KERNEL),
                                                                "entry_point": "main"})
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -61,24 +62,30 @@ def wgpu_rows(n: int, repeat: int) -> tuple[dict[str, float], str]:
              "same output": [group(shared, x) for _ in range(n)]}
 
     def per_dispatch(groups) -> float:
-        times = []
-        for _ in range(repeat + 2):
+        def encoded():  # (encoded before the clock starts: only the GPU's work is timed)
             enc = dev.create_command_encoder()
             cpass = enc.begin_compute_pass()
-            cpass.set_pipeline(pipe)
-            for g in groups:
-                cpass.set_bind_group(0, g)
-                cpass.dispatch_workgroups(ELEMENTS // WORKGROUP)
+            gpu.record_dispatches(cpass, [(pipe, g, (ELEMENTS // WORKGROUP, 1, 1)) for g in groups])
             cpass.end()
-            commands = enc.finish()
-            t0 = time.perf_counter()
-            dev.queue.submit([commands])
-            dev.queue.read_buffer(x, 0, 4)  # (waits for the pass)
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times[2:])) / n * 1e6
+            return enc.finish()
 
-    info = adapter.info
+        passes = iter([encoded() for _ in range(repeat + 2)])
+
+        def submit_and_wait() -> None:
+            dev.queue.submit([next(passes)])
+            dev.queue.read_buffer(x, 0, 4)  # (waits for the pass)
+
+        return _per_call(submit_and_wait, n, repeat)
+
+    info = gpu.adapter().info
     return {form: per_dispatch(groups) for form, groups in forms.items()}, f"{info['device']} ({info['backend_type']})"
+
+
+def _per_call(fn, n: int, repeat: int, sync=None) -> float:
+    """Median µs of one of the ``n`` dispatches (launches) ``fn`` makes, over ``repeat`` calls after 2 warm-up calls
+    (:func:`bench.common.time_runs`)."""
+    _, ms = time_runs(fn, repeat, 1, sync=sync)
+    return float(np.median(ms)) / n * 1e3
 
 
 def torch_rows(n: int, repeat: int) -> dict[str, float]:
@@ -97,17 +104,7 @@ def torch_rows(n: int, repeat: int) -> dict[str, float]:
             src, dst = (a, b) if i % 2 == 0 else (b, a)
             torch.add(src, 1.0, out=dst)
 
-    def per_launch(fn) -> float:
-        times = []
-        for _ in range(repeat + 2):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times[2:])) / n * 1e6
-
-    rows = {"torch eager (dependent)": per_launch(chain)}
+    rows = {"torch eager (dependent)": _per_call(chain, n, repeat, torch.cuda.synchronize)}
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -116,7 +113,7 @@ def torch_rows(n: int, repeat: int) -> dict[str, float]:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         chain()
-    rows["torch CUDA graph (dependent)"] = per_launch(graph.replay)
+    rows["torch CUDA graph (dependent)"] = _per_call(graph.replay, n, repeat, torch.cuda.synchronize)
     return rows
 
 
