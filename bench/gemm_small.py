@@ -36,22 +36,36 @@ from kiln.kernels import library
 from kiln.runtime.kernel import KernelRunner
 from kiln.te.compute import compute, inline, placeholder
 from kiln.te.lower import lower
-from kiln.te.schedule import Schedule, Split, default_schedule
+from kiln.te.schedule import SHARED_MEDIUM, Schedule, SharedTiles, Split, default_schedule
 
-#: the partial products' schedules tried (register tile factor, workgroup size, ``shared_k``, vector width): the
-#: default, shared operand tiles (:mod:`kiln.te.tiles`) of 64 x 64 and 32 x 32 blocks, register tiles alone
-PARTIAL = {"default": None, "shared 4x4 wg256 k16": (4, 256, 16, 4), "shared 4x4 wg64 k16": (4, 64, 16, 4),
-           "shared 4x4 wg64 k8": (4, 64, 8, 4), "shared 4x4 wg64 k32": (4, 64, 32, 4),
-           "shared 2x2 wg256 k16": (2, 256, 16, 1), "tile 4x4 unroll8": (4, 64, 0, 1)}
+#: the partial products' schedules tried: the default, shared operand tiles (:mod:`kiln.te.tiles`, as
+#: :class:`~kiln.te.schedule.SharedTiles`: rows x columns a register tile, workgroup size, ``shared_k``, column group,
+#: prefetch), register tiles alone. The prefetched 32-invocation blocks are what ``kiln tune`` chose for MiniLM 1 x 128's
+#: products on an H200 (bench/results/tuning-h200.json)
+PARTIAL = {"default": None,
+           "shared 4x4 wg256 k16": SharedTiles(4, 4, 256, 16, 1, False),
+           "shared 4x4 wg64 k16": SharedTiles(4, 4, 64, 16, 1, False),
+           "shared 4x4 wg64 k8": SharedTiles(4, 4, 64, 8, 1, False),
+           "shared 4x4 wg64 k32": SharedTiles(4, 4, 64, 32, 1, False),
+           "shared 4x4 wg64 k16 prefetch": SharedTiles(4, 4, 64, 16, 1, True),
+           "shared 4x4c wg64 k16 prefetch": SharedTiles(4, 4, 64, 16, 4, True),
+           "shared 4x4c wg32 k16 prefetch": SharedTiles(4, 4, 32, 16, 4, True),
+           "shared 4x4c wg32 k8 prefetch": SharedTiles(4, 4, 32, 8, 4, True),
+           "shared 4x4c wg32 k32 prefetch": SharedTiles(4, 4, 32, 32, 4, True),
+           "shared 8x2c wg32 k16 prefetch": SharedTiles(8, 2, 32, 16, 2, True),
+           "shared 8x4c wg32 k16 prefetch": SharedTiles(8, 4, 32, 16, 4, True),
+           "shared 4x4c wg128 k16 prefetch": SharedTiles(4, 4, 128, 16, 4, True),
+           "shared 8x4 wg128 k16 prefetch (medium)": SHARED_MEDIUM,
+           "tile 4x4 unroll8": "tile"}
 
 
 def _schedule(spec, rank: int) -> Schedule | None:
     """``PARTIAL``'s entry as a :class:`Schedule` of a product whose last two output axes are its rows and columns."""
     if spec is None:
         return None
-    factor, wg, kc, width = spec
-    splits = (Split(rank - 2, factor, True), Split(rank - 1, factor))
-    return Schedule(workgroup_size=wg, splits=splits, unroll=kc or 8, shared_k=kc, vector_width=width)
+    if spec == "tile":
+        return Schedule(workgroup_size=64, splits=(Split(rank - 2, 4, True), Split(rank - 1, 4)), unroll=8)
+    return spec.schedule(rank - 2, rank - 1)
 
 
 SHAPES = ("128x1536x384", "128x384x1536", "128x384x1152", "128x384x384")

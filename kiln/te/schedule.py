@@ -292,11 +292,15 @@ SHARED_LARGE = SharedTiles(8, 8, 256, 8, 1, False)
 #: gemm-hand-20261129-085152.json)
 SHARED_MEDIUM = SharedTiles(8, 4, 128, 16, 4, True)
 #: matrix products too small for :data:`SHARED_MEDIUM`'s blocks (MiniLM at batch 1: 128 rows) get blocks of 32 x 32
-#: (4 x 4 tiles, 64 invocations, chunks of 16) when they fill :data:`SMALL_GROUPS` of them and reduce at least
-#: :data:`SMALL_REDUCTION` long. On an H100 (``bench.gemm_small``, bench/results/gemm-small-20261128-031837.json):
-#: 128 x 384 x 1536 19.6 us against 27.3 with the register-tile default, 128 x 1536 x 384 64 against 86 (and 20
-#: split in 4 parts: :mod:`kiln.passes.split_k` gives such products the blocks this tier wants)
-SHARED_SMALL = SharedTiles(4, 4, 64, 16, 1, False)
+#: (4 x 4 tiles of four contiguous columns: vec4 reads of workgroup memory; 64 invocations, chunks of 16, the next
+#: chunk prefetched) when they fill :data:`SMALL_GROUPS` of them and reduce at least :data:`SMALL_REDUCTION` long.
+#: On an H200 (``bench.gemm_small``, bench/results/gemm-small-20261130-002601.json, GPU us): 128 x 384 x 1152 13.1
+#: against 19.5 with the strided, unprefetched columns before (torch 23.7), 128 x 384 x 1536 13.1 against 19.6,
+#: 128 x 1536 x 384 split in 4 (:mod:`kiln.passes.split_k` gives such products the blocks this tier wants) 37.5
+#: against 53.1 the partials; MiniLM 1 x 128's GPU time 0.69 against 0.86 ms (``bench.gpu``, its products 20-21 us
+#: against 29-30). The same tiles with 32 invocations (``kiln tune``'s choice there) were as fast in the model; 64
+#: keep a whole wave on 64-wide GPUs.
+SHARED_SMALL = SharedTiles(4, 4, 64, 16, 4, True)
 SMALL_GROUPS = 96
 SMALL_REDUCTION = 64
 
