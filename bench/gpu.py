@@ -24,7 +24,10 @@ batch 32 x seq 128. Contestants:
 - ``ort-webgpu``: onnxruntime's WebGPU execution provider (``onnxruntime-webgpu``, Dawn), host copies included;
 - ``torch-eager`` and ``torch-compile``: PyTorch CUDA, strict fp32 (TF32 off), input already on the GPU, synchronised;
 - ``torch-cudagraphs``: ``torch.compile(mode="reduce-overhead")``, Inductor's kernels replayed as one CUDA graph, the
-  native reference of issue 16 (with ``--precision`` other than fp32 also ``torch-cudagraphs-fp16``, autocast).
+  native reference of issue 16 (with ``--precision`` other than fp32 also ``torch-cudagraphs-fp16``, autocast);
+- ``torch-cudagraphs-host-io``: the same compiled module with host I/O, the peer of ``kiln-native``: a timed run copies
+  the numpy inputs to the GPU (``torch.from_numpy(x).cuda()``) and the output back (``.cpu().numpy()``), as a user
+  holding numpy arrays calls it.
 
 With ``--precision fp32,fp16`` (or ``fp16-acc16``) Kiln also runs packages compiled with ``--precision fp16``
 (f16 storage and arithmetic, f32 accumulation; the device needs ``shader-f16``) as ``kiln-native-fp16`` rows,
@@ -121,7 +124,8 @@ def MiniLM():
 
 
 #: every contestant, in the order they run
-CONTESTANTS = ("kiln-native", "kiln-gpu-io", "ort-webgpu", "torch-eager", "torch-compile", "torch-cudagraphs")
+CONTESTANTS = ("kiln-native", "kiln-gpu-io", "ort-webgpu", "torch-eager", "torch-compile", "torch-cudagraphs",
+               "torch-cudagraphs-host-io")
 
 #: model -> (batch, seq) of the MiniLM rows
 MINILM_SHAPES = {"minilm_b1": (1, 128), "minilm_b32": (32, 128)}
@@ -252,7 +256,7 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row,
                 "providers": s.get_providers(), "device": "Dawn"}
 
-    def run_torch(compiled: bool, half: bool = False, mode: str | None = None):
+    def run_torch(compiled: bool, half: bool = False, mode: str | None = None, host_io: bool = False):
         def go():
             import torch
 
@@ -263,7 +267,11 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             fn = (torch.compile(m, mode=mode) if mode else torch.compile(m)) if compiled else m
             torch.cuda.reset_peak_memory_stats()
             with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=half):
-                cold, times = time_runs(lambda: fn(*xs), args.repeat, args.warmup, sync=torch.cuda.synchronize)
+                if host_io:  # (.cpu() waits for the run)
+                    cold, times = time_runs(lambda: fn(*(torch.from_numpy(v).cuda() for v in feeds.values()))
+                                            .cpu().numpy(), args.repeat, args.warmup)
+                else:
+                    cold, times = time_runs(lambda: fn(*xs), args.repeat, args.warmup, sync=torch.cuda.synchronize)
                 out = fn(*xs).float().cpu().numpy()
             res = {**summary(times, cold), "gpu_bytes": int(torch.cuda.max_memory_allocated()),
                    "device": torch.cuda.get_device_name()}
@@ -318,6 +326,8 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         attempt("torch-cudagraphs", run_torch(True, mode="reduce-overhead"))
         if any(p != "fp32" for p in args.precision.split(",")):
             attempt("torch-cudagraphs-fp16", run_torch(True, half=True, mode="reduce-overhead"))
+    if "torch-cudagraphs-host-io" in chosen and not args.no_compile:
+        attempt("torch-cudagraphs-host-io", run_torch(True, mode="reduce-overhead", host_io=True))
     if "kiln-native" not in chosen:
         rows.pop("kiln-native", None)
     return rows
