@@ -16,9 +16,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: seconds of back-to-back runs before a GPU benchmark times anything. A datacenter GPU lowers its SM clock within
+#: half a second of idling and raises it again only under sustained work: the lent H200 idles at 345 MHz and took
+#: 0.75-1 s of back-to-back MobileNetV2 runs to reach its 1980 MHz (``bench/results/gpu-20261130-h200-session40.txt``).
+#: A count of warm-up runs (10 runs of 1 ms) times the ramp, not the kernels: whatever ran (or compiled) before decides.
+GPU_WARMUP_S = 1.5
+
+
 def time_runs(fn: Callable[[], object], repeat: int, warmup: int, on_step: Callable[[], None] | None = None,
-              sync: Callable[[], None] | None = None) -> tuple[float, list[float]]:
-    """Time ``fn``: returns (first call ms, ``repeat`` per-call ms after ``warmup`` more calls).
+              sync: Callable[[], None] | None = None, warmup_s: float = 0.0) -> tuple[float, list[float]]:
+    """Time ``fn``: returns (first call ms, ``repeat`` per-call ms after ``warmup`` more calls, and more until
+    ``warmup_s`` seconds have passed since the first call: :data:`GPU_WARMUP_S` for GPU work).
 
     ``sync`` (e.g. ``torch.cuda.synchronize``) is called before reading each clock, so
     asynchronous work is counted where it happens.
@@ -34,10 +42,24 @@ def time_runs(fn: Callable[[], object], repeat: int, warmup: int, on_step: Calla
             on_step()
         return (time.perf_counter() - t0) * 1e3
 
+    start = time.perf_counter()
     cold = one()
     for _ in range(warmup):
         one()
+    while time.perf_counter() - start < warmup_s:
+        one()
     return cold, [one() for _ in range(repeat)]
+
+
+def sm_clock_mhz() -> int | None:
+    """The NVIDIA GPU's current SM clock (MHz, ``nvidia-smi --query-gpu=clocks.sm``; the first GPU), or None where
+    there is no ``nvidia-smi``. Benchmarks record it right after their timed runs (:data:`GPU_WARMUP_S`)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10, check=True)
+        return int(done.stdout.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def host_ms(session, feeds: dict, n: int) -> float:

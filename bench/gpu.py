@@ -36,7 +36,9 @@ rows stay the fp32 references. Every row's accuracy against onnxruntime CPU fp32
 absolute error, relative error, top-1 agreement for the classifiers, the smallest mean-pooled embedding cosine
 for MiniLM; torch rows only where they share the ONNX weights).
 
-Medians over ``--repeat`` runs after ``--warmup``; first-run (cold) time and peak GPU memory
+Medians over ``--repeat`` runs after ``--warmup`` runs and at least ``--warmup-s`` seconds of them (the GPU's clocks
+ramp up under sustained work: ``bench.common.GPU_WARMUP_S``), with the SM clock read right after (``sm_clock_mhz``,
+``nvidia-smi``); first-run (cold) time and peak GPU memory
 reported separately; for Kiln also the load time (``load_ms``: the package's first load in the process,
 its phases, and ``reload_ms``: a second load of the same package, whose pipelines come from the
 device's cache), its dispatches a run and the host's microseconds a dispatch (``host_ms``: until
@@ -57,7 +59,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import ROOT, host_ms, summary, time_runs, write_record
+from bench.common import GPU_WARMUP_S, ROOT, host_ms, sm_clock_mhz, summary, time_runs, write_record
 from bench.precision import accuracy, quality
 
 
@@ -221,10 +223,13 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         del again
         out = session.outputs[0]["name"]
         accuracy_row = acc(session.run(feeds)[out])
-        cold, times = time_runs(lambda: session.run(feeds), args.repeat, args.warmup)
+        cold, times = time_runs(lambda: session.run(feeds), args.repeat, args.warmup, warmup_s=args.warmup_s)
+        clock = sm_clock_mhz()
         host = host_ms(session, feeds, min(args.repeat, 20))
         info = session.adapter_info()
         mem = sum(b["bytes"] for b in session.manifest["buffers"])
+        if args.profile_repeat > 0:  # (the host-timing and idle gaps above let the clocks fall: ramp them again)
+            time_runs(lambda: session.run(feeds), 0, 0, warmup_s=args.warmup_s)
         prof = session.profile(feeds, repeat=args.profile_repeat) if args.profile_repeat > 0 else []
         by_kernel: dict[str, float] = {}
         for r in prof:
@@ -243,7 +248,7 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row, "precision": precision, **tuned_row,
                 "load_ms": load_ms, "reload_ms": reload_ms,
                 "gpu_bytes": mem, "device": state["device"],
-                "dispatches": len(session.steps), "host_ms": host,
+                "dispatches": len(session.steps), "host_ms": host, "sm_clock_mhz": clock,
                 "host_us_per_dispatch": host * 1e3 / max(1, len(session.steps)),
                 "gpu_ms": sum(by_kernel.values()), "profile": prof}
 
@@ -252,8 +257,8 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         s = ort.InferenceSession(str(onnx_path), providers=["WebGpuExecutionProvider"])
         load_s = time.perf_counter() - t0
         accuracy_row = acc(s.run(None, feeds)[0])
-        cold, times = time_runs(lambda: s.run(None, feeds), args.repeat, args.warmup)
-        return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row,
+        cold, times = time_runs(lambda: s.run(None, feeds), args.repeat, args.warmup, warmup_s=args.warmup_s)
+        return {**summary(times, cold), "compile_load_s": load_s, **accuracy_row, "sm_clock_mhz": sm_clock_mhz(),
                 "providers": s.get_providers(), "device": "Dawn"}
 
     def run_torch(compiled: bool, half: bool = False, mode: str | None = None, host_io: bool = False):
@@ -269,11 +274,13 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
             with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=half):
                 if host_io:  # (.cpu() waits for the run)
                     cold, times = time_runs(lambda: fn(*(torch.from_numpy(v).cuda() for v in feeds.values()))
-                                            .cpu().numpy(), args.repeat, args.warmup)
+                                            .cpu().numpy(), args.repeat, args.warmup, warmup_s=args.warmup_s)
                 else:
-                    cold, times = time_runs(lambda: fn(*xs), args.repeat, args.warmup, sync=torch.cuda.synchronize)
+                    cold, times = time_runs(lambda: fn(*xs), args.repeat, args.warmup, sync=torch.cuda.synchronize,
+                                            warmup_s=args.warmup_s)
+                clock = sm_clock_mhz()
                 out = fn(*xs).float().cpu().numpy()
-            res = {**summary(times, cold), "gpu_bytes": int(torch.cuda.max_memory_allocated()),
+            res = {**summary(times, cold), "gpu_bytes": int(torch.cuda.max_memory_allocated()), "sm_clock_mhz": clock,
                    "device": torch.cuda.get_device_name()}
             if args.same_weights:
                 res.update(acc(out))
@@ -289,8 +296,8 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         def once():
             session.run(gpu_feeds, output="gpu")
             session.sync()
-        cold, times = time_runs(once, args.repeat, args.warmup)
-        return {**summary(times, cold), **accuracy_row, "device": kiln_state["device"]}
+        cold, times = time_runs(once, args.repeat, args.warmup, warmup_s=args.warmup_s)
+        return {**summary(times, cold), **accuracy_row, "device": kiln_state["device"], "sm_clock_mhz": sm_clock_mhz()}
 
     def release(state: dict) -> None:
         """Drop a run_kiln state's session and delete its package folder."""
@@ -340,6 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="comma list of mobilenet_v2, resnet50, minilm_b1, minilm_b32")
     ap.add_argument("--repeat", type=int, default=50, help="timed runs per contestant")
     ap.add_argument("--warmup", type=int, default=10, help="untimed runs before them")
+    ap.add_argument("--warmup-s", type=float, default=GPU_WARMUP_S,
+                    help="and more untimed runs until this many seconds have passed (the GPU's clocks ramp up)")
     ap.add_argument("--profile-repeat", type=int, default=10,
                     help="Kiln's per-dispatch GPU profile: runs per dispatch (0 skips it, e.g. for smoke runs on lavapipe)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
@@ -369,16 +378,16 @@ def main(argv: list[str] | None = None) -> dict:
                 args.same_weights = True
             results[name] = bench_model(name, onnx_path, module, args, console)
     table = Table(title=f"fp32 unless named (batch 1 unless named), median ms of {args.repeat} runs after "
-                        f"{args.warmup} warm-up; errors against onnxruntime CPU fp32")
+                        f"{args.warmup} warm-up runs and {args.warmup_s:g} s; errors against onnxruntime CPU fp32")
     for col in ("model", "contestant", "median ms", "min ms", "cold ms", "load ms", "reload ms", "GPU MiB",
-                "dispatches", "host us/disp", "max err", "rel err", "agreement", "kiln / this", "kiln gpu-io / this"):
+                "dispatches", "host us/disp", "SM MHz", "max err", "rel err", "agreement", "kiln / this", "kiln gpu-io / this"):
         table.add_column(col, justify="left" if col in ("model", "contestant") else "right")
     for model, rows in results.items():
         kiln_ms = rows.get("kiln-native", {}).get("median_ms")
         gpu_io_ms = rows.get("kiln-gpu-io", {}).get("median_ms")
         for contestant, r in rows.items():
             if "error" in r:
-                table.add_row(model, contestant, "error: " + r["error"][:60], *[""] * 12)
+                table.add_row(model, contestant, "error: " + r["error"][:60], *[""] * 13)
                 continue
             ratio = kiln_ms / r["median_ms"] if kiln_ms else float("nan")
             ratio_gpu = gpu_io_ms / r["median_ms"] if gpu_io_ms else float("nan")
@@ -388,11 +397,13 @@ def main(argv: list[str] | None = None) -> dict:
                           f"{r['gpu_bytes'] / 2**20:.1f}" if "gpu_bytes" in r else "-",
                           str(r.get("dispatches", "-")),
                           f"{r['host_us_per_dispatch']:.1f}" if "host_us_per_dispatch" in r else "-",
+                          str(r.get("sm_clock_mhz") or "-"),
                           f"{r['max_abs_error']:.1e}" if "max_abs_error" in r else "-",
                           f"{r['rel_error']:.1e}" if "rel_error" in r else "-", quality(r), f"{ratio:.2f}",
                           f"{ratio_gpu:.2f}")
     console.print(table)
-    record = {"benchmark": "gpu", "repeat": args.repeat, "warmup": args.warmup, "precision": args.precision,
+    record = {"benchmark": "gpu", "repeat": args.repeat, "warmup": args.warmup, "warmup_s": args.warmup_s,
+              "precision": args.precision,
               "results": results}
     path = write_record(record, args.out, "gpu")
     console.print(f"wrote {path}")

@@ -3,7 +3,7 @@
 Usage::
 
     python -m bench.llm [--model models/zoo/SmolLM2-135M-Instruct.Q4_1.gguf] [--prompts 128,512]
-                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--device-class gpu] [--precision fp32,fp16]
+                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--warmup-s 1.5] [--device-class gpu] [--precision fp32,fp16]
                         [--torch | --torch-all] [--ort] [--no-sampled]
                         [--out bench/results]
 
@@ -47,7 +47,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import ROOT, summary, time_runs, write_record
+from bench.common import GPU_WARMUP_S, ROOT, summary, time_runs, write_record
 from kiln.passes.split_attention import BLOCK
 
 MODEL = ROOT / "models" / "zoo" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,7 +55,7 @@ MODEL = ROOT / "models" / "zoo" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
                     device_class: str, console: Console, precision: str = "fp32", sampled: bool = True,
-                    run_ahead: tuple[int, ...] = (), rounds: int = 3) -> dict:
+                    run_ahead: tuple[int, ...] = (), rounds: int = 3, warmup_s: float = GPU_WARMUP_S) -> dict:
     """Kiln's prefill and decode timings (ms) at each prompt length and context, for a package compiled with
     ``precision`` (``fp16``: f16 activations and KV cache, the packed weights' scales as they are); with
     ``sampled`` also decode steps that sample (:func:`sampled_decode`); ``run_ahead``: :func:`generate_decode`'s."""
@@ -99,17 +99,18 @@ def kiln_contestant(model: Path, prompts: list[int], contexts: list[int], repeat
 
     for p in prompts:
         f = feeds(p, 0)
-        cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
+        cold, times = time_runs(lambda f=f: step(f), repeat, warmup, warmup_s=warmup_s)
         rec["prefill"][p] = {**summary(times, cold), "tokens_per_s": p / (np.median(times) / 1e3)}
         console.log(f"kiln {precision} prefill {p}: {np.median(times):.2f} ms")
     for c in contexts:
         f = feeds(1, c - 1)
-        cold, times = time_runs(lambda f=f: step(f), repeat, warmup)
+        cold, times = time_runs(lambda f=f: step(f), repeat, warmup, warmup_s=warmup_s)
         rec["decode"][c] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
         console.log(f"kiln {precision} decode at {c}: {np.median(times):.2f} ms")
     rec["generate"] = generate_decode(session, contexts, console, precision, rounds=rounds, run_ahead=run_ahead)
     if sampled:
-        rec["decode_sampled"] = sampled_decode(session, feeds, contexts, repeat, warmup, console, precision)
+        rec["decode_sampled"] = sampled_decode(session, feeds, contexts, repeat, warmup, console, precision,
+                                               warmup_s)
     return rec
 
 
@@ -158,7 +159,7 @@ SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 50, "repetition_penalty":
 
 
 def sampled_decode(session, feeds, contexts: list[int], repeat: int, warmup: int, console: Console,
-                   precision: str) -> dict:
+                   precision: str, warmup_s: float = GPU_WARMUP_S) -> dict:
     """Decode steps that sample (``SAMPLING``, ``context`` ids penalised) instead of taking the arg max: the step
     plus the package's sampler on the GPU reading back the id (``device``), or the step plus reading back the
     logits and :func:`kiln.runtime.generate.sample` in numpy (``host``, what a package without a sampler does)."""
@@ -189,14 +190,15 @@ def sampled_decode(session, feeds, contexts: list[int], repeat: int, warmup: int
 
         out[c] = {}
         for name, fn in (("device", on_device), ("host", on_host)):
-            cold, times = time_runs(fn, repeat, warmup)
+            cold, times = time_runs(fn, repeat, warmup, warmup_s=warmup_s)
             out[c][name] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
             console.log(f"kiln {precision} sampled decode at {c}, sampler on the {name}: {np.median(times):.2f} ms")
     return out
 
 
 def torch_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
-                     console: Console, dtype: str = "float32", compiled: bool = False) -> dict:
+                     console: Console, dtype: str = "float32", compiled: bool = False,
+                     warmup_s: float = GPU_WARMUP_S) -> dict:
     """A plain PyTorch Llama (static KV cache) of the GGUF's dequantized weights, on CUDA, in ``dtype``
     (``float32`` or ``float16``), eager or under ``torch.compile`` (``compiled``: the step's tensor work compiled
     once per shape, inductor's default mode; the cache a static buffer written in place)."""
@@ -260,18 +262,18 @@ def torch_contestant(model: Path, prompts: list[int], contexts: list[int], repea
     sync = torch.cuda.synchronize
     for p in prompts:
         ids = torch.randint(100, 40000, (p,), device=dev)
-        cold, times = time_runs(lambda ids=ids: forward(ids, 0), repeat, warmup, sync=sync)
+        cold, times = time_runs(lambda ids=ids: forward(ids, 0), repeat, warmup, sync=sync, warmup_s=warmup_s)
         rec["prefill"][p] = {**summary(times, cold), "tokens_per_s": p / (np.median(times) / 1e3)}
     for c in contexts:
         ids = torch.randint(100, 40000, (1,), device=dev)
-        cold, times = time_runs(lambda ids=ids, c=c: forward(ids, c - 1), repeat, warmup, sync=sync)
+        cold, times = time_runs(lambda ids=ids, c=c: forward(ids, c - 1), repeat, warmup, sync=sync, warmup_s=warmup_s)
         rec["decode"][c] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
         console.log(f"torch {dtype}{' compiled' if compiled else ''} decode at {c}: {np.median(times):.2f} ms")
     return rec
 
 
 def ort_webgpu_contestant(model: Path, prompts: list[int], contexts: list[int], repeat: int, warmup: int,
-                          console: Console) -> dict:
+                          console: Console, warmup_s: float = GPU_WARMUP_S) -> dict:
     """onnxruntime's WebGPU EP (``onnxruntime-webgpu``, Dawn) on the 4-bit ONNX export of the same weights: what
     transformers.js runs (``kiln.zoo.llama_export``: the decoder with ``past_key_values.*`` inputs, then
     onnxruntime's own ``MatMulNBits`` quantizer, blocks of 32 with zero points; made here, ~40 s). Prefill: ``P``
@@ -304,7 +306,7 @@ def ort_webgpu_contestant(model: Path, prompts: list[int], contexts: list[int], 
 
     for p in prompts:
         f = feeds(p, 0)
-        cold, times = time_runs(lambda f=f: session.run(["logits"], f), repeat, warmup)
+        cold, times = time_runs(lambda f=f: session.run(["logits"], f), repeat, warmup, warmup_s=warmup_s)
         rec["prefill"][p] = {**summary(times, cold), "tokens_per_s": p / (np.median(times) / 1e3)}
         console.log(f"ort-webgpu prefill {p}: {np.median(times):.2f} ms")
     for ctx in contexts:
@@ -330,7 +332,7 @@ def ort_webgpu_contestant(model: Path, prompts: list[int], contexts: list[int], 
 
             def run(f=f):
                 session.run(["logits"], f)
-        cold, times = time_runs(run, repeat, warmup)
+        cold, times = time_runs(run, repeat, warmup, warmup_s=warmup_s)
         rec["decode"][ctx] = {**summary(times, cold), "tokens_per_s": 1e3 / np.median(times)}
         console.log(f"ort-webgpu decode at {ctx}: {np.median(times):.2f} ms ({rec['mode']})")
     return rec
@@ -344,6 +346,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--contexts", default="128,1024")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup-s", type=float, default=GPU_WARMUP_S,
+                    help="and more untimed runs until this many seconds have passed (the GPU's clocks ramp up)")
     ap.add_argument("--device-class", default="gpu", choices=["gpu", "cpu"])
     ap.add_argument("--precision", default="fp32", help="Kiln packages to run: fp32, fp16 or fp32,fp16 (fp16 rows are "
                                                          "kiln_fp16; the device needs shader-f16)")
@@ -361,19 +365,20 @@ def main(argv: list[str] | None = None) -> dict:
     console = Console(stderr=True)
     prompts = [int(x) for x in a.prompts.split(",")]
     contexts = [int(x) for x in a.contexts.split(",")]
-    record = {"model": a.model.name, "repeat": a.repeat, "warmup": a.warmup}
+    record = {"model": a.model.name, "repeat": a.repeat, "warmup": a.warmup, "warmup_s": a.warmup_s}
     for precision in a.precision.split(","):
         record["kiln" if precision == "fp32" else f"kiln_{precision}"] = kiln_contestant(
             a.model, prompts, contexts, a.repeat, a.warmup, a.device_class, console, precision, a.sampled,
-            tuple(int(x) for x in a.run_ahead.split(",") if x), a.rounds)
+            tuple(int(x) for x in a.run_ahead.split(",") if x), a.rounds, a.warmup_s)
     if a.torch or a.torch_all:
         for dtype in ("float32", "float16") if a.torch_all else ("float32",):
             for compiled in (False, True) if a.torch_all else (False,):
                 name = f"torch_{'compile' if compiled else 'eager'}_fp{dtype[-2:]}"
                 record[name] = torch_contestant(a.model, prompts, contexts, a.repeat, a.warmup, console, dtype,
-                                                compiled)
+                                                compiled, a.warmup_s)
     if a.ort:
-        record["ort_webgpu_q4"] = ort_webgpu_contestant(a.model, prompts, contexts, a.repeat, a.warmup, console)
+        record["ort_webgpu_q4"] = ort_webgpu_contestant(a.model, prompts, contexts, a.repeat, a.warmup, console,
+                                                        a.warmup_s)
     table = Table(title=f"{a.model.name}: tokens/s (median of {a.repeat})")
     table.add_column("contestant")
     for p in prompts:
