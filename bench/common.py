@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kiln.runtime.timing import warm
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,7 +28,7 @@ GPU_WARMUP_S = 1.5
 def time_runs(fn: Callable[[], object], repeat: int, warmup: int, on_step: Callable[[], None] | None = None,
               sync: Callable[[], None] | None = None, warmup_s: float = 0.0) -> tuple[float, list[float]]:
     """Time ``fn``: returns (first call ms, ``repeat`` per-call ms after ``warmup`` more calls, and more until
-    ``warmup_s`` seconds have passed since the first call: :data:`GPU_WARMUP_S` for GPU work).
+    ``warmup_s`` seconds of them: :data:`GPU_WARMUP_S` for GPU work; :func:`kiln.runtime.timing.warm`).
 
     ``sync`` (e.g. ``torch.cuda.synchronize``) is called before reading each clock, so
     asynchronous work is counted where it happens.
@@ -42,12 +44,8 @@ def time_runs(fn: Callable[[], object], repeat: int, warmup: int, on_step: Calla
             on_step()
         return (time.perf_counter() - t0) * 1e3
 
-    start = time.perf_counter()
     cold = one()
-    for _ in range(warmup):
-        one()
-    while time.perf_counter() - start < warmup_s:
-        one()
+    warm(one, warmup, warmup_s)
     return cold, [one() for _ in range(repeat)]
 
 

@@ -212,14 +212,17 @@ def _load_npz(path: Path) -> dict:
 @click.option("--force", is_flag=True, help="Overwrite an existing --outputs file.")
 @click.option("--repeat", type=click.IntRange(1), default=20, show_default=True, help="Timed runs (median printed).")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
+@click.option("--warmup-s", type=click.FloatRange(0), default=None,
+              help="And more untimed runs until this many seconds have passed, so a GPU's clocks ramp up before "
+                   "timing [default: 1 on a GPU adapter, 0 on a CPU one and for --target wasm/cpu].")
 @click.option("--top", type=click.IntRange(1), default=5, show_default=True, help="Classes to show with --image.")
 @click.option("--profile", is_flag=True, help="Also print time per kernel (WebGPU timestamp queries; wasm: wall clock).")
 @click.option("--target", type=click.Choice(["webgpu", "wasm", "cpu"]), default="webgpu", show_default=True,
               help="The package's target to run: webgpu (wgpu-py), wasm (wasmtime) or cpu (native C for this machine).")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="Threads of the wasm and cpu targets (default: wasm 1, cpu every core).")
-def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, warmup: int, top: int,
-            profile: bool, target: str, threads: int | None) -> None:
+def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, warmup: int, warmup_s: float | None,
+            top: int, profile: bool, target: str, threads: int | None) -> None:
     """Run PACKAGE natively (wgpu-py; wasmtime for --target wasm; native C for --target cpu) on an image or on
     named inputs, and time it."""
     import numpy as np
@@ -252,7 +255,11 @@ def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, war
         feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in session.inputs}
         click.echo("no --image or --inputs: running on random normal inputs")
     result = session.run(feeds)
-    times = session.benchmark(feeds, repeat=repeat, warmup=warmup)
+    if warmup_s is None:
+        from kiln.runtime.timing import clock_warmup_s
+
+        warmup_s = clock_warmup_s(session.adapter_info()) if target == "webgpu" else 0.0
+    times = session.benchmark(feeds, repeat=repeat, warmup=warmup, warmup_s=warmup_s)
     post = m.get("postprocess")
     if image and post and post.get("type") == "classification":
         from kiln.runtime.imaging import top_k
@@ -275,7 +282,7 @@ def run_cmd(package: Path, image, inputs, outputs, force: bool, repeat: int, war
     click.echo(f"median {np.median(times):.2f} ms per run over {repeat} runs "
                f"({info.get('device', '?')}, {info.get('backend_type', '?')})")
     if profile:
-        _print_profile(session.profile(feeds, repeat=min(repeat, 10)), m, target)
+        _print_profile(session.profile(feeds, repeat=min(repeat, 10), warmup_s=warmup_s), m, target)
 
 
 def _print_profile(rows: list[dict], manifest: dict, target: str = "webgpu", limit: int = 15) -> None:

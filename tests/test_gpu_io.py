@@ -199,6 +199,28 @@ def test_repeated_runs_reuse_one_gpu_input(models, rng):
     session.sync()
 
 
+def test_benchmark_and_profile_warm_up_for_warmup_s(models, rng, monkeypatch):
+    """warmup_s keeps running untimed runs until that many seconds have passed (a GPU's clocks ramp up under work:
+    kiln.runtime.timing), on top of the warm-up count; a CPU adapter's default is none, a GPU's one second."""
+    import time
+
+    from kiln.runtime.timing import GPU_CLOCK_RAMP_S, clock_warmup_s
+
+    _, pkg = models["mlp"]
+    session = Session(pkg)
+    x = {"x": rng.standard_normal((2, 8)).astype(np.float32)}
+    calls = []
+    run = session.run
+    monkeypatch.setattr(session, "run", lambda *a, **k: calls.append(time.perf_counter()) or run(*a, **k))
+    times = session.benchmark(x, repeat=2, warmup=1, warmup_s=0.3)
+    assert len(times) == 2 and len(calls) >= 4 and calls[-2] - calls[0] >= 0.3  # the timed runs came 0.3 s later
+    calls.clear()
+    rows = session.profile(x, repeat=1, warmup_s=0.3)
+    assert rows and len(calls) >= 2 and calls[-1] - calls[0] >= 0.3  # (its own warm-up run, then the timed ones)
+    assert clock_warmup_s({"adapter_type": "CPU"}) == 0.0
+    assert clock_warmup_s({"adapter_type": "DiscreteGPU"}) == GPU_CLOCK_RAMP_S > 0
+
+
 def test_int64_and_bool_tensors_through_the_gpu(models, rng):
     path, pkg = models["ints"]
     session = Session(pkg)

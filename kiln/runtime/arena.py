@@ -21,7 +21,7 @@ from kiln.package.format import from_storage, read_manifest, read_weights, sha25
 from kiln.runtime import dynamic
 from kiln.runtime.feeds import storage_feeds
 from kiln.runtime.generate import GenerationMixin
-from kiln.runtime.timing import wall_clock_ms
+from kiln.runtime.timing import wall_clock_ms, warm
 
 
 class ArenaSession(GenerationMixin):
@@ -255,14 +255,18 @@ class ArenaSession(GenerationMixin):
         return {o["name"]: from_storage(self._view(o["buffer"]), o["dtype"], shapes.get(o["name"], o["shape"]))
                 for o in self.outputs}
 
-    def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3) -> list[float]:
-        """Wall-clock milliseconds of ``repeat`` full runs (inputs written, kernels, outputs read) after ``warmup``."""
-        return wall_clock_ms(lambda: self.run(feeds), repeat, warmup)
+    def benchmark(self, feeds: dict[str, np.ndarray], repeat: int = 20, warmup: int = 3,
+                  warmup_s: float = 0.0) -> list[float]:
+        """Wall-clock milliseconds of ``repeat`` full runs (inputs written, kernels, outputs read) after ``warmup``
+        runs and at least ``warmup_s`` seconds of them (:func:`kiln.runtime.timing.warm`)."""
+        return wall_clock_ms(lambda: self.run(feeds), repeat, warmup, warmup_s)
 
-    def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
+    def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10, warmup_s: float = 0.0) -> list[dict[str, Any]]:
         """Milliseconds of every plan step (wall clock around each), median over ``repeat`` runs after one
-        warm-up run; rows as :meth:`kiln.runtime.native.Session.profile` returns them."""
+        warm-up run (and more until ``warmup_s`` seconds have passed); rows as
+        :meth:`kiln.runtime.native.Session.profile` returns them."""
         with self._lock:  # (the profile's runs and dispatches use the session's buffers)
+            warm(lambda: self.run(feeds), 0, warmup_s)
             return self._profile(feeds, repeat)
 
     def _profile(self, feeds: dict[str, np.ndarray], repeat: int) -> list[dict[str, Any]]:

@@ -42,7 +42,7 @@ from kiln.runtime.generate import GenerationMixin
 from kiln.runtime.gpu import GPUTensor, shared_device, synchronize, to_gpu
 from kiln.runtime.loop_limit import LoopLimit
 from kiln.runtime.pipelines import pipeline_cache
-from kiln.runtime.timing import wall_clock_ms
+from kiln.runtime.timing import wall_clock_ms, warm
 from kiln.runtime.training import TrainingMixin
 
 
@@ -705,30 +705,31 @@ class Session(TrainingMixin, GenerationMixin):
         """Block until the device has finished every submitted run (e.g. after ``run(..., output="gpu")``)."""
         synchronize(self.device)
 
-    def benchmark(self, feeds: dict[str, Any], repeat: int = 20, warmup: int = 3, output: str = "numpy") -> list[float]:
-        """Wall-clock milliseconds of ``repeat`` full runs after ``warmup`` runs: with host arrays and
-        ``output="numpy"``, upload, compute and readback; with GPUTensor feeds and ``output="gpu"``, the
-        run and a device sync after it (:meth:`sync`), no host copies."""
-        if output == "gpu":
-            def once():
-                self.run(feeds, output="gpu")
+    def benchmark(self, feeds: dict[str, Any], repeat: int = 20, warmup: int = 3, output: str = "numpy",
+                  warmup_s: float = 0.0) -> list[float]:
+        """Wall-clock ms of ``repeat`` full runs after ``warmup`` runs and at least ``warmup_s`` seconds of them (GPU
+        clocks ramp up: :mod:`kiln.runtime.timing`): with host arrays and ``output="numpy"``, upload, compute and
+        readback; with GPUTensor feeds and ``output="gpu"``, the run and a device sync (:meth:`sync`), no copies."""
+        def once():
+            self.run(feeds, output=output)
+            if output == "gpu":
                 self.sync()
-            return wall_clock_ms(once, repeat, warmup)
-        return wall_clock_ms(lambda: self.run(feeds, output=output), repeat, warmup)
+        return wall_clock_ms(once, repeat, warmup, warmup_s)
 
-    def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict[str, Any]]:
-        """GPU milliseconds of every dispatch, median over ``repeat`` runs (after one warm-up run).
+    def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10, warmup_s: float = 0.0) -> list[dict[str, Any]]:
+        """GPU milliseconds of every dispatch, median over ``repeat`` runs (after one warm-up run, and more runs until
+        ``warmup_s`` seconds have passed: a GPU idle before reports its low clocks' times, :mod:`kiln.runtime.timing`).
 
-        Each dispatch gets its own compute pass with WebGPU timestamp writes (feature
-        ``timestamp-query``, requested at load when the adapter has it; timestamps are read as
-        nanoseconds). Without the feature each dispatch is submitted and waited for alone and
-        timed by the wall clock, which adds submission overhead to every row.
+        Each dispatch gets its own compute pass with WebGPU timestamp writes (feature ``timestamp-query``, requested
+        at load when the adapter has it; timestamps are read as nanoseconds). Without the feature each dispatch is
+        submitted and waited for alone and timed by the wall clock, which adds submission overhead to every row.
 
         Returns:
-            One dict per dispatch in plan order: ``step``, ``kernel``, ``dispatch`` (workgroup
-            counts), ``ms``, ``clock`` (``timestamp-query`` or ``wall``).
+            One dict per dispatch in plan order: ``step``, ``kernel``, ``dispatch`` (workgroup counts), ``ms``,
+            ``clock`` (``timestamp-query`` or ``wall``).
         """
         with self._device_work("profile"), self._lock:  # (its runs and dispatches use the session's buffers)
+            warm(lambda: self.run(feeds), 0, warmup_s)
             return self._profile(feeds, repeat)
 
     def _profile(self, feeds: dict[str, np.ndarray], repeat: int) -> list[dict[str, Any]]:
