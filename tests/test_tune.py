@@ -141,6 +141,36 @@ def test_output_check_catches_wrong_and_unwritten_outputs():
     assert not matches(Measurement(None, error="shader error"), ref)
 
 
+def test_local_measurer_checks_every_candidate_then_times_them_warm(rng, monkeypatch):
+    """LocalMeasurer makes and checks every candidate's pipeline, then runs the first one for ``warmup_s`` (a GPU's
+    clocks ramp up; 0 on lavapipe, set here), then times each: results stay in the candidates' order, a shader that
+    fails is an error in its place, and the warm-up runs before the first timed pass."""
+    import time
+
+    from kiln.tune.measure import Candidate, LocalMeasurer
+
+    t = matmul_expr(3, 40, 9)
+    space = SearchSpace(t)
+    base = lower(t, Schedule())
+    inputs = [rng.standard_normal(p.shape).astype(np.float32) for p in base.inputs]
+    n = base.params[-1].size
+    other = lower(t, space.sample(random.Random(4)))
+    cands = [Candidate(wgsl.render(base), base.dispatch), Candidate("fn main( {", (1, 1, 1)),
+             Candidate(wgsl.render(other), other.dispatch)]
+    m = LocalMeasurer()
+    assert m.warmup_s == (0.0 if m.is_cpu else 1.0)
+    m.warmup_s = 0.3
+    passes = []
+    timed = m._time
+    monkeypatch.setattr(m, "_time", lambda *a: passes.append((time.perf_counter(), a[-1])) or timed(*a))
+    res = m.measure(inputs, n, cands, batch=1, repeat=2)
+    assert res[1].ms is None and res[1].error and res[0].ms > 0 and res[2].ms > 0
+    assert matches(res[2], res[0])
+    warmups = [t for t, repeat in passes if repeat == 1]
+    first_timed = next(t for t, repeat in passes if repeat == 2)
+    assert warmups and first_timed - warmups[0] >= 0.3 and len(passes) == len(warmups) + 2
+
+
 # ---------------------------------------------------------------------- database
 def test_signature_is_stable_and_tells_kernels_apart():
     a, b = conv_expr(), conv_expr()  # rebuilt: fresh variable and tensor names

@@ -107,8 +107,10 @@ def model_tasks(model: str | os.PathLike, dims: dict[str, int] | None = None, de
 
 
 def profile_local(compiled, steps_task: list[int], tasks: list[Task], repeat: int = 5) -> None:
-    """Set each task's ``profile_ms`` from :meth:`Session.profile` of the default-scheduled package."""
+    """Set each task's ``profile_ms`` from :meth:`Session.profile` of the default-scheduled package (after a second of
+    runs on a GPU: :func:`kiln.runtime.timing.clock_warmup_s`)."""
     from kiln.runtime.native import Session
+    from kiln.runtime.timing import clock_warmup_s
 
     with tempfile.TemporaryDirectory(prefix="kiln-tune-") as tmp:
         path = write_package(compiled, Path(tmp) / "pkg", preset="none")
@@ -120,7 +122,7 @@ def profile_local(compiled, steps_task: list[int], tasks: list[Task], repeat: in
                 feeds[i["name"]] = rng.uniform(-1, 1, i["shape"]).astype(i["dtype"])
             else:
                 feeds[i["name"]] = np.zeros(i["shape"], dtype=i["dtype"])
-        rows = session.profile(feeds, repeat=repeat)
+        rows = session.profile(feeds, repeat=repeat, warmup_s=clock_warmup_s(session.adapter_info()))
     for task in tasks:
         task.profile_ms = 0.0
     for row, t in zip(rows, steps_task, strict=True):
