@@ -21,7 +21,8 @@ before each phase (``kiln.runtime.gpu.synchronize``):
   mapping through wgpu-native's C API).
 
 and end-to-end medians of ``run(feeds)`` (host arrays in, numpy out) against ``run(gpu_feeds,
-output="gpu")`` plus a device sync (GPUTensors in and out), interleaved; then ``run(feeds)`` with the plan split
+output="gpu")`` plus a device sync (GPUTensors in and out), interleaved, each also with the waits for the GPU blocking
+at once instead of polling first (``kiln.runtime.gpu.SPIN_S``); then ``run(feeds)`` with the plan split
 into each of ``--chunks`` command buffers submitted as they are encoded (``Session.submit_chunks``), interleaved. Prints a table and
 writes JSON (``host-<date>.json``). No GPU needed: on lavapipe the ``wait`` row is CPU compute.
 """
@@ -153,19 +154,29 @@ def phases(session, feeds: dict, repeat: int) -> dict[str, list[float]]:
 
 
 def end_to_end(session, feeds: dict, repeat: int, warmup: int) -> dict[str, list[float]]:
-    """Interleaved wall-clock ms of ``run`` with host I/O and with GPU-resident I/O plus a sync."""
+    """Interleaved wall-clock ms of ``run`` with host I/O and with GPU-resident I/O plus a sync, each with the waits
+    for the GPU as the runtime makes them (polling without blocking for up to ``kiln.runtime.gpu.SPIN_S`` first)
+    and blocking at once (``-block``: ``SPIN_S = 0``)."""
+    from kiln.runtime import gpu
+
     gpu_feeds = session.upload(feeds)
-    out = {"host-io": [], "gpu-io": []}
-    for i in range(warmup + repeat):
-        t0 = time.perf_counter()
-        session.run(feeds)
-        t1 = time.perf_counter()
-        session.run(gpu_feeds, output="gpu")
-        session.sync()
-        t2 = time.perf_counter()
-        if i >= warmup:
-            out["host-io"].append((t1 - t0) * 1e3)
-            out["gpu-io"].append((t2 - t1) * 1e3)
+    spin = gpu.SPIN_S
+    out: dict[str, list[float]] = {"host-io": [], "gpu-io": [], "host-io-block": [], "gpu-io-block": []}
+    try:
+        for i in range(warmup + repeat):
+            for suffix, spin_s in (("", spin), ("-block", 0.0)):
+                gpu.SPIN_S = spin_s
+                t0 = time.perf_counter()
+                session.run(feeds)
+                t1 = time.perf_counter()
+                session.run(gpu_feeds, output="gpu")
+                session.sync()
+                t2 = time.perf_counter()
+                if i >= warmup:
+                    out["host-io" + suffix].append((t1 - t0) * 1e3)
+                    out["gpu-io" + suffix].append((t2 - t1) * 1e3)
+    finally:
+        gpu.SPIN_S = spin
     return out
 
 
@@ -223,11 +234,13 @@ def main(argv: list[str] | None = None) -> dict:
             results[name]["encode_us_per_dispatch"] = results[name]["phases_ms"]["encode"] * 1e3 / len(session.steps)
     table = Table(title=f"Session.run host phases, median ms of {args.repeat} (wait = GPU work)")
     cols = ("check", "upload", "encode", "submit", "wait", "readback-before", "readback")
-    for col in ("model", "dispatches", *cols, "encode us / dispatch", "run host-io", "run gpu-io + sync"):
+    for col in ("model", "dispatches", *cols, "encode us / dispatch", "run host-io", "run gpu-io + sync",
+                "host-io, blocking waits", "gpu-io, blocking waits"):
         table.add_column(col, justify="left" if col == "model" else "right")
     for name, r in results.items():
         table.add_row(name, str(r["dispatches"]), *(f"{r['phases_ms'][c]:.3f}" for c in cols),
-                      f"{r['encode_us_per_dispatch']:.2f}", f"{r['e2e_ms']['host-io']:.3f}", f"{r['e2e_ms']['gpu-io']:.3f}")
+                      f"{r['encode_us_per_dispatch']:.2f}", *(f"{r['e2e_ms'][k]:.3f}" for k in
+                                                                ("host-io", "gpu-io", "host-io-block", "gpu-io-block")))
     console.print(table)
     chunks = Table(title=f"run (host I/O), median ms of {args.repeat}, by command buffers per run (submit_chunks)")
     chunks.add_column("model")

@@ -221,6 +221,25 @@ def test_benchmark_and_profile_warm_up_for_warmup_s(models, rng, monkeypatch):
     assert clock_warmup_s({"adapter_type": "DiscreteGPU"}) == GPU_CLOCK_RAMP_S > 0
 
 
+@pytest.mark.parametrize("spin_s", [0.0, 0.5])
+def test_waits_spin_then_block(models, rng, monkeypatch, spin_s):
+    """The waits for the GPU (readback, sync) poll without blocking for up to gpu.SPIN_S, then block: both ways
+    (never spinning, and spinning long enough to see every run finish) give the run's outputs."""
+    from kiln.runtime import gpu
+
+    monkeypatch.setattr(gpu, "SPIN_S", spin_s)
+    path, pkg = models["mlp"]
+    session = Session(pkg)
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for _ in range(3):
+        got = session.run({"x": x})
+        np.testing.assert_allclose(got["h"], want[0], rtol=1e-5, atol=1e-5)
+        out = session.run({"x": to_gpu(x)}, output="gpu")
+        session.sync()
+        np.testing.assert_allclose(out["s"].numpy(), want[1], rtol=1e-5, atol=1e-5)
+
+
 def test_int64_and_bool_tensors_through_the_gpu(models, rng):
     path, pkg = models["ints"]
     session = Session(pkg)

@@ -159,13 +159,33 @@ def _raw():
     return ffi, lib
 
 
+#: seconds a wait for the GPU (:func:`synchronize`, :meth:`Readback.read`) first polls the device without blocking
+#: before it blocks in the driver: waking a thread blocked on a fence costs tens to hundreds of microseconds (a VM's
+#: more), as much as a small run's readback, so short waits spin, as CUDA's default synchronisation does. The
+#: environment variable ``KILN_SPIN_US`` sets it in microseconds (``0``: always block).
+SPIN_S = float(os.environ.get("KILN_SPIN_US", "2000")) / 1e6
+
+
+def _spin(lib, ffi, handle, done) -> bool:
+    """Poll device ``handle`` without blocking until ``done(queue_empty)`` or :data:`SPIN_S` has passed; whether
+    it was done."""
+    deadline = time.perf_counter() + SPIN_S
+    while True:
+        if done(lib.wgpuDevicePoll(handle, 0, ffi.NULL)):
+            return True
+        if time.perf_counter() >= deadline:
+            return False
+
+
 def synchronize(device) -> None:
-    """Block until ``device`` has finished all submitted work (wgpu-native's ``wgpuDevicePoll`` with wait)."""
+    """Block until ``device`` has finished all submitted work (wgpu-native's ``wgpuDevicePoll``: without blocking
+    for up to :data:`SPIN_S`, then with wait)."""
     raw = _raw()
     handle = getattr(device, "_internal", None)
     if raw is not None and handle is not None:
         ffi, lib = raw
-        lib.wgpuDevicePoll(handle, 1, ffi.NULL)
+        if not _spin(lib, ffi, handle, bool):
+            lib.wgpuDevicePoll(handle, 1, ffi.NULL)
     else:  # pragma: no cover
         device.queue.read_buffer(device.create_buffer(size=4, usage=0x8 | 0x4), 0, 4)
 
@@ -272,8 +292,8 @@ class Readback:
         del command_buffer
 
     def read(self, convert) -> list:
-        """Wait for the copies (for the submission of :meth:`submit` if it made them, else for all submitted work),
-        map once and return ``convert(i, memoryview of slot i)`` for every slot.
+        """Wait for the copies (polling without blocking for up to :data:`SPIN_S` first, then for the submission of
+        :meth:`submit` if it made them, else for all submitted work), map once and return ``convert(i, memoryview of slot i)`` for every slot.
 
         ``convert`` must copy what it keeps: the memory is unmapped when this returns.
 
@@ -294,9 +314,9 @@ class Readback:
         self._status.clear()
         lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, self.size, self._info[0])
         dev = self.device._internal
-        if self._index is not None:  # wait for that submission only (its completion fires the callback)
-            index, self._index = self._index, None
-            lib.wgpuDevicePoll(dev, 1, index)
+        index, self._index = self._index, None
+        if not _spin(lib, ffi, dev, lambda _empty: bool(self._status)) and index is not None:
+            lib.wgpuDevicePoll(dev, 1, index)  # wait for that submission only (its completion fires the callback)
         idle_since = None
         while not self._status:
             if lib.wgpuDevicePoll(dev, 1, ffi.NULL):  # true: the queue is empty, so the callback is due
