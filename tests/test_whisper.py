@@ -201,14 +201,14 @@ def test_log_mel_matches_the_reference(target, clips, tmp_path, rng):
 
 
 @pytest.mark.parametrize("target", ["webgpu", "wasm"])
-def test_encoder_matches_ctranslate2(target, model, clips, tmp_path, rng):
+def test_encoder_matches_ctranslate2(target, package, clips, rng):
     """The encoder's states against CTranslate2's (fp32): within 1e-3 for a spoken clip's window (its padding
     included), and within 1e-3 of the states' largest magnitude for random features (out of the model's
-    distribution: larger activations, the same kernels)."""
+    distribution: larger activations, the same kernels). The speech package's encoder part (compiled once for the
+    module)."""
     from faster_whisper.feature_extractor import FeatureExtractor
 
-    session = kiln.load(write_package(compile_graph(whisper.encoder_graph(model), target, device_class="cpu",
-                                                    validate=False), tmp_path / "pkg"), target=target)
+    session = kiln.load(package / "encoder", target=target)
     ref_model = ct2.models.Whisper(str(MODEL), device="cpu", compute_type="float32")
     speech = FeatureExtractor()(clips["story_long"][1])[:, :3000]
     noise = (rng.standard_normal((80, 3000)) * 1.5 - 2.0).astype(np.float32)
