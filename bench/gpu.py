@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> dict:
     table = Table(title=f"fp32 unless named (batch 1 unless named), median ms of {args.repeat} runs after "
                         f"{args.warmup} warm-up runs and {args.warmup_s:g} s; errors against onnxruntime CPU fp32")
     for col in ("model", "contestant", "median ms", "min ms", "cold ms", "load ms", "reload ms", "GPU MiB",
-                "dispatches", "host us/disp", "SM MHz", "max err", "rel err", "agreement", "kiln / this", "kiln gpu-io / this"):
+                "dispatches", "host us/disp", "SM MHz", "max err", "rel err", "agreement", "kiln / this",
+                "kiln gpu-io / this"):
         table.add_column(col, justify="left" if col in ("model", "contestant") else "right")
     for model, rows in results.items():
         kiln_ms = rows.get("kiln-native", {}).get("median_ms")

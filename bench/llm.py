@@ -3,7 +3,8 @@
 Usage::
 
     python -m bench.llm [--model models/zoo/SmolLM2-135M-Instruct.Q4_1.gguf] [--prompts 128,512]
-                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--warmup-s 1.5] [--device-class gpu] [--precision fp32,fp16]
+                        [--contexts 128,1024] [--repeat 10] [--warmup 3] [--warmup-s 1.5] [--device-class gpu]
+                        [--precision fp32,fp16]
                         [--torch | --torch-all] [--ort] [--no-sampled]
                         [--out bench/results]
 

@@ -293,7 +293,8 @@ class Readback:
 
     def read(self, convert) -> list:
         """Wait for the copies (polling without blocking for up to :data:`SPIN_S` first, then for the submission of
-        :meth:`submit` if it made them, else for all submitted work), map once and return ``convert(i, memoryview of slot i)`` for every slot.
+        :meth:`submit` if it made them, else for all submitted work), map once and return ``convert(i, memoryview
+        of slot i)`` for every slot.
 
         ``convert`` must copy what it keeps: the memory is unmapped when this returns.
 

@@ -154,7 +154,7 @@ class LocalMeasurer:
         staging = dev.create_buffer(size=out.size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         nan = np.full(out.size // 4, np.nan, np.float32)
         idx = sample_indices(out_elements)
-        results: list[Measurement | None] = []
+        results: list[Measurement] = []
         ready = []  # (index, pipeline, group, dispatch) of the candidates whose check run went through
         for c in candidates:
             try:
