@@ -13,16 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.runtime.timing import warm
+from kiln.runtime.timing import GPU_CLOCK_RAMP_S, warm
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-#: seconds of back-to-back runs before a GPU benchmark times anything. A datacenter GPU lowers its SM clock within
-#: half a second of idling and raises it again only under sustained work: the lent H200 idles at 345 MHz and took
-#: 0.75-1 s of back-to-back MobileNetV2 runs to reach its 1980 MHz (``bench/results/gpu-20261130-h200-session40.txt``).
-#: A count of warm-up runs (10 runs of 1 ms) times the ramp, not the kernels: whatever ran (or compiled) before decides.
-GPU_WARMUP_S = 1.5
+#: seconds of back-to-back runs before a GPU benchmark times anything: the runtime's clock ramp
+#: (:data:`kiln.runtime.timing.GPU_CLOCK_RAMP_S`, whose module says why) with a margin
+GPU_WARMUP_S = 1.5 * GPU_CLOCK_RAMP_S
 
 
 def time_runs(fn: Callable[[], object], repeat: int, warmup: int, on_step: Callable[[], None] | None = None,

@@ -228,9 +228,9 @@ def bench_model(name: str, onnx_path: Path, module, args, console: Console) -> d
         host = host_ms(session, feeds, min(args.repeat, 20))
         info = session.adapter_info()
         mem = sum(b["bytes"] for b in session.manifest["buffers"])
-        if args.profile_repeat > 0:  # (the host-timing and idle gaps above let the clocks fall: ramp them again)
-            time_runs(lambda: session.run(feeds), 0, 0, warmup_s=args.warmup_s)
-        prof = session.profile(feeds, repeat=args.profile_repeat) if args.profile_repeat > 0 else []
+        # (warmup_s: the host timing's idle gaps above let the clocks fall, so ramp them again)
+        prof = session.profile(feeds, repeat=args.profile_repeat, warmup_s=args.warmup_s) \
+            if args.profile_repeat > 0 else []
         by_kernel: dict[str, float] = {}
         for r in prof:
             by_kernel[r["kernel"]] = by_kernel.get(r["kernel"], 0.0) + r["ms"]

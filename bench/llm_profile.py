@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> None:
         feeds = {gen["input_ids"]: np.array([[42]], np.int64),
                  gen["cache"]["position"]: np.array([a.context - 1], np.int64)}
     walls = split(s, gen, feeds)
-    time_runs(lambda: s.run(feeds), 0, 0, warmup_s=GPU_WARMUP_S)  # (the clocks ramped up again after split's gaps)
-    prof = [p for p in s.profile(feeds, repeat=5) if p["dispatch"][0]]  # (steps with no workgroups this step: none)
+    # (warmup_s: the clocks ramped up again after split's gaps)
+    prof = [p for p in s.profile(feeds, repeat=5, warmup_s=GPU_WARMUP_S) if p["dispatch"][0]]  # (steps with no workgroups this step: none)
     total: dict[str, float] = {}
     count: dict[str, int] = {}
     for p in prof:
