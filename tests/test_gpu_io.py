@@ -339,3 +339,45 @@ def test_dropped_gpu_outputs_are_pooled_and_live_ones_kept(models, rng):
     assert {id(again["h"].buffer), id(again["s"].buffer)} == reusable  # the dropped tensors' buffers, reused
     np.testing.assert_array_equal(kept["h"].numpy(), session.run({"x": x1})["h"])
     np.testing.assert_array_equal(again["s"].numpy(), session.run({"x": x2})["s"])
+
+
+def test_sync_waits_for_the_work(monkeypatch):
+    """gpu.synchronize returns only once the device has finished: a long kernel (a loop of ~10^8 steps, tens of ms
+    on lavapipe) submitted, synchronize, then a work-done callback registered after it fires at the first
+    non-blocking poll. (wgpu-native's non-blocking poll reports its queue empty while such work still runs: a wait
+    on that answer returned at once.)"""
+    import wgpu
+
+    from kiln.runtime import gpu
+
+    monkeypatch.setattr(gpu, "SPIN_S", 0.5)
+    device = shared_device()
+    buf = device.create_buffer(size=256 * 4, usage=wgpu.BufferUsage.STORAGE)
+    source = """@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  var x = g.x;
+  for (var i = 0u; i < 400000u; i++) { x = x * 1664525u + 1013904223u; }
+  out[g.x] = x;
+}"""
+    pipeline = device.create_compute_pipeline(layout="auto", compute={
+        "module": device.create_shader_module(code=source), "entry_point": "main"})
+    bind = device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                    entries=[{"binding": 0, "resource": {"buffer": buf}}])
+    ffi, lib = gpu._raw()
+    for _ in range(2):
+        enc = device.create_command_encoder()
+        cpass = enc.begin_compute_pass()
+        cpass.set_pipeline(pipeline)
+        cpass.set_bind_group(0, bind)
+        cpass.dispatch_workgroups(4)
+        cpass.end()
+        device.queue.submit([enc.finish()])
+        gpu.synchronize(device)
+        token = next(gpu._TOKENS)
+        info = ffi.new("WGPUQueueWorkDoneCallbackInfo *", {
+            "mode": lib.WGPUCallbackMode_AllowProcessEvents, "callback": gpu._work_done_callback(ffi),
+            "userdata1": ffi.cast("void *", token)})
+        lib.wgpuQueueOnSubmittedWorkDone(device.queue._internal, info[0])
+        lib.wgpuDevicePoll(device._internal, 0, ffi.NULL)
+        assert token in gpu._DONE, "synchronize returned before the submitted work had finished"
+        gpu._DONE.discard(token)

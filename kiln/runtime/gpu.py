@@ -14,6 +14,7 @@ microseconds a run on a fast GPU.
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 import threading
@@ -177,15 +178,45 @@ def _spin(lib, ffi, handle, done) -> bool:
             return False
 
 
+#: (:func:`synchronize`) the tokens of the work-done callbacks that have fired, and the callback (made once)
+_DONE: set[int] = set()
+_WORK_DONE: list = []
+_TOKENS = itertools.count(1)
+
+
+def _work_done_callback(ffi):
+    """The ``WGPUQueueWorkDoneCallback`` that records its ``userdata1`` (a token) in :data:`_DONE`, made once."""
+    if not _WORK_DONE:
+        @ffi.callback("void(WGPUQueueWorkDoneStatus, WGPUStringView, void *, void *)")
+        def done(_status, _message, token, _u2):
+            _DONE.add(int(ffi.cast("uintptr_t", token)))
+
+        _WORK_DONE.append(done)
+    return _WORK_DONE[0]
+
+
 def synchronize(device) -> None:
-    """Block until ``device`` has finished all submitted work (wgpu-native's ``wgpuDevicePoll``: without blocking
-    for up to :data:`SPIN_S`, then with wait)."""
+    """Block until ``device`` has finished all submitted work: a ``wgpuQueueOnSubmittedWorkDone`` callback (webgpu.h),
+    the device polled without blocking until it fires or :data:`SPIN_S` has passed, then with wait
+    (``wgpuDevicePoll``). (A non-blocking poll's "queue empty" answer is no such signal: wgpu-native gives it while
+    the work still runs.)"""
     raw = _raw()
     handle = getattr(device, "_internal", None)
-    if raw is not None and handle is not None:
+    queue = getattr(getattr(device, "queue", None), "_internal", None)
+    if raw is not None and handle is not None and queue is not None:
         ffi, lib = raw
-        if not _spin(lib, ffi, handle, bool):
+        token = next(_TOKENS)
+        try:
+            info = ffi.new("WGPUQueueWorkDoneCallbackInfo *", {
+                "mode": lib.WGPUCallbackMode_AllowProcessEvents, "callback": _work_done_callback(ffi),
+                "userdata1": ffi.cast("void *", token)})
+            lib.wgpuQueueOnSubmittedWorkDone(queue, info[0])
+        except (AttributeError, TypeError, ffi.error):  # pragma: no cover - an older webgpu.h: block
             lib.wgpuDevicePoll(handle, 1, ffi.NULL)
+            return
+        if not _spin(lib, ffi, handle, lambda _empty: token in _DONE):
+            lib.wgpuDevicePoll(handle, 1, ffi.NULL)
+        _DONE.discard(token)
     else:  # pragma: no cover
         device.queue.read_buffer(device.create_buffer(size=4, usage=0x8 | 0x4), 0, 4)
 
