@@ -188,9 +188,69 @@ def test_attention_alternative_runs_where_it_is_faster(tmp_path, rng):
             np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5, err_msg=f"{name} at S={s}, P={past}")
 
 
+def _encoder_attention(heads: int, seq: int, hd: int):
+    """An encoder's attention over static shapes: ``softmax(q k^T / sqrt(hd) + mask) v``, q, k, v ``[1, heads, seq,
+    hd]``, an additive key mask ``[1, 1, 1, seq]``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    n = helper.make_node
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [n("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), n("MatMul", ["q", "kt"], ["s"]),
+         n("Mul", ["s", "scale"], ["ss"]), n("Add", ["ss", "mask"], ["sm"]), n("Softmax", ["sm"], ["p"], axis=-1),
+         n("MatMul", ["p", "v"], ["out"])], "enc",
+        [helper.make_tensor_value_info(x, f, [1, heads, seq, hd]) for x in ("q", "k", "v")] +
+        [helper.make_tensor_value_info("mask", f, [1, 1, 1, seq])],
+        [helper.make_tensor_value_info("out", f, [1, heads, seq, hd])],
+        [numpy_helper.from_array(np.array(hd ** -0.5, np.float32), "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _encoder_feeds(rng, heads: int, seq: int, hd: int) -> dict[str, np.ndarray]:
+    feeds = {x: rng.standard_normal((1, heads, seq, hd)).astype(np.float32) for x in ("q", "k", "v")}
+    mask = np.zeros((1, 1, 1, seq), np.float32)
+    mask[..., seq * 3 // 4:] = -1e9  # (a padded tail)
+    return {**feeds, "mask": mask}
+
+
+@pytest.mark.parametrize("subgroups", [True, False])
+def test_encoder_attention_takes_several_rows_a_workgroup(tmp_path, rng, subgroups):
+    """An encoder's attention, more query rows than MAX_STAGED_ROWS over static shapes but few times their keys
+    (kiln.te.rows.MAX_STAGED_WORK): one row kernel whose workgroups compute ATTENTION_ROW_LANES-lane rows side by
+    side, each in its own part of the workgroup arrays, the last workgroup's spare rows clamped (3 x 87 rows, 4 a
+    workgroup); both lane-combine forms, against onnxruntime with NaN-poisoned buffers. Past MAX_STAGED_WORK the
+    three kernels stay."""
+    import onnxruntime as ort
+
+    import kiln
+    from kiln.package.writer import write_package
+    from kiln.te import rows
+    from kiln.te.schedule import ATTENTION_ROW_LANES
+
+    heads, seq, hd = 3, 87, 16
+    assert heads * seq > rows.MAX_STAGED_ROWS and heads * seq % (256 // ATTENTION_ROW_LANES)
+    model = _encoder_attention(heads, seq, hd)
+    compiled = compile_graph(import_model(model), "webgpu", device_class="gpu")
+    assert len(compiled.kernels) == 1, [k.ops for k in compiled.kernels]
+    schedule = compiled.kernels[0].schedule
+    assert schedule["rows"] and schedule["workgroup_size"] == 256 and schedule["reduce_lanes"] == ATTENTION_ROW_LANES
+    session = kiln.load(write_package(compiled, tmp_path / "pkg"), poison=True, subgroups=subgroups)
+    if subgroups and not session.subgroups:
+        pytest.skip("this adapter runs no subgroup forms")
+    for _ in range(2):
+        feeds = _encoder_feeds(rng, heads, seq, hd)
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        np.testing.assert_allclose(session.run(feeds)["out"], want[0], rtol=1e-4, atol=1e-5)
+    many = rows.MAX_STAGED_WORK // (128 * 128) + 1  # heads of 128 queries and keys: rows x keys past the bound
+    assert len(compile_graph(import_model(_encoder_attention(8, 128, 16)), "webgpu").kernels) == 1
+    assert len(compile_graph(import_model(_encoder_attention(many, 128, 16)), "webgpu").kernels) == 3
+
+
 def test_attention_kernels_in_the_browser(tmp_path, rng):
     """The one-kernel attention through Chromium's shader compiler (Tint's uniformity analysis around its barriers) and
-    kiln.js: over static shapes, and over run-time dims as the plan's alternative (kiln.js skips the steps whose
+    kiln.js: over static shapes (a decode step's few rows, and an encoder's rows several a workgroup), and over run-time dims as the plan's alternative (kiln.js skips the steps whose
     workgroups are zero at the run's dims), a decode step on each side of the key bound and a prefill, against
     onnxruntime."""
     import onnxruntime as ort
@@ -209,6 +269,11 @@ def test_attention_kernels_in_the_browser(tmp_path, rng):
         pkg = write_package(compile_graph(import_model(dynamic, dims={"S": (1, 8), "P": (0, MAX_FUSED_KEYS + 64)}),
                                           "webgpu"), runner.package_dir("gqa_dynamic"))
         cases += [(dynamic, pkg, s, past) for s, past in ((1, 11), (1, MAX_FUSED_KEYS + 5), (4, 3))]
+        encoder = _encoder_attention(3, 87, 16)  # (several rows a workgroup, the last one's spare rows clamped)
+        pkg = write_package(compile_graph(import_model(encoder), "webgpu"), runner.package_dir("encoder_attention"))
+        feeds = _encoder_feeds(rng, 3, 87, 16)
+        want = ort.InferenceSession(encoder.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        np.testing.assert_allclose(runner.run(pkg, feeds, "webgpu")["out"], want[0], rtol=1e-4, atol=1e-5)
         for model, pkg, s, past in cases:
             feeds = _gqa_feeds(rng, s, past)
             got = runner.run(pkg, feeds, "webgpu")

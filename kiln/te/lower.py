@@ -199,7 +199,8 @@ def lower(out: Tensor, schedule: Schedule | None = None, name: str | None = None
             schedule = dataclasses.replace(schedule, rows=False, reduce_lanes=1)
         else:
             body, total, shared = lower_rows(out, plan, schedule.reduce_lanes, lambda e, g: flatten(e, g, pname),
-                                             lambda vals, block: _cse_loads(vals, block, counter), counter)
+                                             lambda vals, block: _cse_loads(vals, block, counter), counter,
+                                             schedule.workgroup_size)
             return LoweredKernel(name or out.name, params, ins, total, Var("gid"), body, schedule, shared)
     if schedule.vector_width > 1:  # vector width applies to shared operand tiles only (for now)
         schedule = dataclasses.replace(schedule, vector_width=1)

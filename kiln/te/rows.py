@@ -76,6 +76,7 @@ from kiln.te.loops import (
     lane_loop,
     merge_arrays,
     ravel,
+    rewrite,
     unravel,
 )
 
@@ -89,6 +90,12 @@ MAX_STAGE = 2048
 #: many times where tiled matmuls read them once a tile; a decode step's few query rows are what it is for. (A
 #: decoder's one plan serves its prefill too, whose many rows then take this kernel: bench.llm's prefill rows.)
 MAX_STAGED_ROWS = 256
+#: most query rows times keys of a row kernel with column reductions over static shapes past MAX_STAGED_ROWS rows
+#: (an encoder's attention at batch 1), a few rows a workgroup (kiln.te.schedule.ATTENTION_ROW_LANES lanes a row).
+#: H200, MiniLM's attention (12 heads, 128 keys of 32 wide; bench/results/gpu-20261130-h200-session41.txt): 1536 rows
+#: in one kernel 16 us a layer against 25 for the three kernels, 49152 rows (batch 32) 309 against 94: a row's own
+#: reads of its keys cost about 6 ns a row against the three kernels' 2 ns and 20 us a layer, level near 4500 rows
+MAX_STAGED_WORK = 1 << 19
 #: values of the stage variable a lane computes a round (their loads in flight together)
 STAGE_TILE = 4
 #: lanes that share one stage value's reduction where its axis allows (:func:`_stage_shared`: neighbouring lanes read
@@ -207,7 +214,7 @@ def analyse_rows(t: Tensor, max_row: int = MAX_ROW, max_stage: int = MAX_STAGE,
     if isinstance(plan, str) and plan.startswith("no columns") and staged:
         plan = _row_plan(t, rest, axes, max_row, staged)
         if not isinstance(plan, str) and max_staged_rows is not None and \
-                _prod(at_opt(t.shape[a]) for a in plan.rows) > max_staged_rows:
+                not _few_staged_rows(t, plan, stages, max_staged_rows):
             return f"more than {max_staged_rows} rows with column reductions"
     if isinstance(plan, str):
         return plan
@@ -220,6 +227,17 @@ def analyse_rows(t: Tensor, max_row: int = MAX_ROW, max_stage: int = MAX_STAGE,
     if plan.stages and workgroup_bytes(plan) > WORKGROUP_BYTES:
         return f"workgroup arrays of {workgroup_bytes(plan)} bytes (more than {WORKGROUP_BYTES})"
     return plan
+
+
+def _few_staged_rows(t: Tensor, plan: RowPlan, stages: list[tuple[Reduce, Var]], max_staged_rows: int) -> bool:
+    """Whether a row kernel with column reductions pays: at most ``max_staged_rows`` rows (run-time dims at
+    ``opt``), or, over static shapes, rows times keys (the largest stage) at most :data:`MAX_STAGED_WORK`."""
+    rows = _prod(at_opt(t.shape[a]) for a in plan.rows)
+    if rows <= max_staged_rows:
+        return True
+    extents = [t.shape[a] for a in plan.rows] + [sigma.extent for _, sigma in stages]
+    return not any(is_symbolic(e) for e in extents) and rows * max(int(sigma.extent) for _, sigma in stages) <= \
+        MAX_STAGED_WORK
 
 
 def workgroup_bytes(plan: RowPlan, lanes: int = 256) -> int:
@@ -357,21 +375,31 @@ def _nested(r: Reduce) -> list[Var]:
     return [a for x in nodes(r.body) if isinstance(x, Reduce) and x is not r for a in x.axes]
 
 
-def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
+def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter, width: int | None = None):
     """Statements of the row kernel of ``out`` (canonical, producers inlined) under ``plan``, ``lanes``
-    invocations a workgroup (a power of two): the hoisted ``pre`` parts and the stages, the levels of row reductions,
+    invocations a row (a power of two): the hoisted ``pre`` parts and the stages, the levels of row reductions,
     the ``post`` parts, then the columns (with column reductions, :func:`_column_parts`).
+
+    A workgroup of ``width`` invocations (a multiple of ``lanes``; ``lanes`` where not given) computes ``width /
+    lanes`` neighbouring rows, each with its ``lanes`` neighbouring invocations and its own part of every workgroup
+    array (:func:`_per_row`): the rows of an encoder's attention that share a head's keys and values then read them
+    on one core, from its cache.
 
     ``flat(e, guarded)`` flattens an expression over buffer loads and ``cse(values, block)`` binds
     shared loads (both from :func:`kiln.te.lower.lower`). Returns ``(body, total rows, shared arrays)``.
     """
 
     lid, wid, lane, tile, gid = Var("lid"), Var("wid"), Var("lane"), Var("tile"), Var("gid")
+    width = width or lanes
+    per = width // lanes  # rows a workgroup
     row_shape = [out.shape[a] for a in plan.rows]
     col_shape = [out.shape[a] for a in plan.cols]
     total = simplify(_prod(row_shape))
     # out-of-range workgroups (a dispatch wrapped into y) compute a clamped row and store nothing
-    body: list = [Let(lane, lid), Let(tile, wid), Let(gid, call("min", tile, total - 1))]
+    sub = Var("rsub")
+    first = [Let(lane, lid), Let(tile, wid)] if per == 1 else \
+        [Let(lane, lid % lanes), Let(sub, lid // lanes), Let(tile, wid * per + sub)]
+    body: list = [*first, Let(gid, call("min", tile, total - 1))]
     body += unravel(gid, [out.axes[a] for a in plan.rows], row_shape, total)
     accs: dict[Reduce, Var] = {}
     shared: dict[str, tuple[str, int]] = {}
@@ -424,7 +452,7 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
             value = flat(combine(r.op, acc, known(r.body)), False)
             inner.append(Assign(acc, cse([value], inner)[0]))
             made.append((r, acc))
-        merge_arrays(shared, combine_lanes([(acc, r.op) for r, acc in made], lanes, lanes, body))
+        merge_arrays(shared, combine_lanes([(acc, r.op) for r, acc in made], lanes, width, body))
         accs.update(made)
     post = [h for h in plan.hoisted if h[3] == "post"]
     for name, h, ax, _ in post:  # the column reductions' parts that depend on no column, once (over their stage)
@@ -435,7 +463,7 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
     ncols = simplify(_prod(col_shape))
     if plan.columns and not is_symbolic(ncols) and ncols <= lanes:
         _column_parts(out, plan, lanes, ncols, body, shared, accs, known, flat, cse, counter, total)
-        return body, total, shared
+        return _per_row(body, shared, per, sub), total, shared
     steps = ceil_div(ncols, lanes)
     c = Var(f"c{next(counter)}")
     loop = For(Var(f"cs{next(counter)}", steps), steps)
@@ -459,7 +487,36 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter):
         accs[r] = acc
     value = cse([flat(known(out.body), False)], store_block.body)[0]
     store_block.body.append(Store("out", linear(ravel(list(out.axes), out.shape)), value))
-    return body, total, shared
+    return _per_row(body, shared, per, sub), total, shared
+
+
+def _per_row(body: list, shared: dict[str, tuple[str, int]], per: int, sub: Var) -> list:
+    """``body`` with each of ``per`` rows a workgroup (row ``sub`` of them) in its own part of every workgroup array
+    but ``red`` (:func:`~kiln.te.loops.combine_lanes` places each group of lanes there itself): element ``i`` of an
+    array of ``n`` a row at ``sub * n + i``; ``shared``'s sizes grow to ``per`` times theirs. ``body`` as it is for
+    one row a workgroup."""
+    if per == 1:
+        return body
+    sizes = {name: n for name, (_, n) in shared.items() if name != "red"}
+    for name, n in sizes.items():
+        shared[name] = (shared[name][0], n * per)
+
+    def load(x: Expr) -> Expr | None:
+        if isinstance(x, BufLoad) and x.buf in sizes:
+            return BufLoad(x.buf, linear(sub * sizes[x.buf] + transform(x.index, load)), sizes[x.buf] * per,
+                           x.guard, x.dtype)
+        return None
+
+    def stores(stmts: list) -> list:
+        for s in stmts:
+            if isinstance(s, Store) and s.buf in sizes:
+                s.index = linear(sub * sizes[s.buf] + s.index)
+            for inner in (getattr(s, "body", None), getattr(s, "plain", None), getattr(s, "subgroup", None)):
+                if isinstance(inner, list):
+                    stores(inner)
+        return stmts
+
+    return stores(rewrite(body, load))
 
 
 def _subst(e: Expr, mapping: dict) -> Expr:
@@ -644,7 +701,7 @@ def _column_parts(out: Tensor, plan: RowPlan, lanes: int, ncols: int, body: list
     shared["redc"] = (dtype, size)
     for a, (_, tile_accs) in enumerate(made):
         for t, acc in enumerate(tile_accs):
-            body.append(Store("redc", linear(Var("lid") + (a * w + t) * lanes), cast(acc, dtype)))
+            body.append(Store("redc", linear(lane + (a * w + t) * lanes), cast(acc, dtype)))
     body.append(Barrier())
     done = If(binop("==", part, 0) & binop("<", tile, total))
     for t in range(w):

@@ -19,7 +19,7 @@ from kiln.arith import symbolic
 from kiln.arith.expr import Load, Reduce, free_vars, reduces_in, transform
 from kiln.arith.symbolic import at_opt, at_variant_top
 from kiln.te.compute import Tensor
-from kiln.te.rows import analyse_rows
+from kiln.te.rows import MAX_STAGED_ROWS, analyse_rows
 from kiln.te.tiles import analyse, threads
 
 
@@ -101,10 +101,9 @@ class Schedule:
         prefetch: with ``shared_k``, load the next chunk's operands into registers before computing
             on the current one (its load latency then overlaps the arithmetic; a register per loaded
             element), storing them to workgroup memory after the chunk's second barrier.
-        rows: one workgroup per row of a row kernel (:mod:`kiln.te.rows`: row reductions and the
-            elementwise work over the same rows, as a fused LayerNormalization or Softmax); its
-            ``reduce_lanes`` (equal to ``workgroup_size``) invocations share the row's reductions and
-            then its outputs. With ``simd_reduce`` (C targets; ``reduce_lanes`` 1) a tile a row instead, the
+        rows: a row kernel (:mod:`kiln.te.rows`: row reductions and the elementwise work over the same rows, as
+            a fused LayerNormalization or Softmax): ``reduce_lanes`` invocations a row share the row's reductions and
+            then its outputs, a workgroup ``workgroup_size / reduce_lanes`` neighbouring rows. With ``simd_reduce`` (C targets; ``reduce_lanes`` 1) a tile a row instead, the
             reductions and the elements in vectors along it (:mod:`kiln.te.cpu_rows`). A kernel that is not such a
             row kernel is lowered without it.
         simd_reduce: (C targets) 0, or the SIMD lanes the innermost reduction axis is dealt to: each tile's sums
@@ -136,8 +135,8 @@ class Schedule:
             raise ValueError(f"vector_width={self.vector_width} must be 1 or 4")
         if self.prefetch and not self.shared_k:
             raise ValueError("prefetch needs shared_k")
-        if self.rows and (r != self.workgroup_size and not self.simd_reduce or self.shared_k):
-            raise ValueError("rows needs reduce_lanes equal to workgroup_size (or simd_reduce) and no shared_k")
+        if self.rows and self.shared_k:
+            raise ValueError("rows needs no shared_k")
 
     def dispatch(self, total: int) -> tuple[int, int, int]:
         """Workgroup counts ``(x, y, z)`` covering ``total`` invocations."""
@@ -407,16 +406,28 @@ def _cpu_lanes(t: Tensor, reds: list[Reduce], factors: dict[int, int], splits: t
     return Schedule(workgroup_size=lanes, splits=splits, reduce_lanes=lanes)
 
 
+#: lanes a row of an attention row kernel past :data:`kiln.te.rows.MAX_STAGED_ROWS` query rows (run-time dims at
+#: ``opt``; an encoder's, :data:`kiln.te.rows.MAX_STAGED_WORK`; a decode step's few rows take a workgroup of 256
+#: lanes each), several rows a workgroup. H200, MiniLM's attention at batch 1 (1536 rows of
+#: 128 keys): 64 lanes a row 16 us a layer, 32 lanes 21, 16 lanes (a lane a key) 77
+ATTENTION_ROW_LANES = 64
+
+
 def row_schedule(t: Tensor) -> Schedule:
     """The schedule of a row kernel (:mod:`kiln.te.rows`, a group the fusion pass marked ``attrs["rows"]``):
     one workgroup a row, of the power of two from 32 to 256 that leaves each lane about 4 of the row's
-    elements (run-time dims at their ``opt`` value); 256 for attention's rows (column reductions)."""
+    elements (run-time dims at their ``opt`` value); for attention's rows (column reductions) a workgroup of 256
+    lanes a row, or, past :data:`~kiln.te.rows.MAX_STAGED_ROWS` rows, :data:`ATTENTION_ROW_LANES` lanes a row and
+    several rows a workgroup."""
     plan = analyse_rows(t)
     if isinstance(plan, str):
         return Schedule()
     n = _prod(at_opt(t.shape[a]) for a in plan.cols)
     if plan.columns:  # attention (kiln.te.rows): the keys of a decode step are many whatever opt says; lanes split
-        return Schedule(workgroup_size=256, reduce_lanes=256, rows=True)  # them, and the columns their sums
+        # them, and the columns their sums; an encoder's many query rows share a workgroup (and a core's cache)
+        rows = _prod(at_opt(t.shape[a]) for a in plan.rows)
+        lanes = ATTENTION_ROW_LANES if rows > MAX_STAGED_ROWS else 256
+        return Schedule(workgroup_size=256, reduce_lanes=lanes, rows=True)
     width = 32
     while width < 256 and width * 4 < n:
         width *= 2
