@@ -359,25 +359,11 @@ def test_sync_waits_for_the_work(monkeypatch):
   for (var i = 0u; i < 400000u; i++) { x = x * 1664525u + 1013904223u; }
   out[g.x] = x;
 }"""
-    pipeline = device.create_compute_pipeline(layout="auto", compute={
-        "module": device.create_shader_module(code=source), "entry_point": "main"})
-    bind = device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
-                                    entries=[{"binding": 0, "resource": {"buffer": buf}}])
     ffi, lib = gpu._raw()
     for _ in range(2):
-        enc = device.create_command_encoder()
-        cpass = enc.begin_compute_pass()
-        cpass.set_pipeline(pipeline)
-        cpass.set_bind_group(0, bind)
-        cpass.dispatch_workgroups(4)
-        cpass.end()
-        device.queue.submit([enc.finish()])
+        gpu.submit_words(device, source, buf, workgroups=4)
         gpu.synchronize(device)
-        token = next(gpu._TOKENS)
-        info = ffi.new("WGPUQueueWorkDoneCallbackInfo *", {
-            "mode": lib.WGPUCallbackMode_AllowProcessEvents, "callback": gpu._work_done_callback(ffi),
-            "userdata1": ffi.cast("void *", token)})
-        lib.wgpuQueueOnSubmittedWorkDone(device.queue._internal, info[0])
+        token = gpu.watch_work_done(device)
         lib.wgpuDevicePoll(device._internal, 0, ffi.NULL)
         assert token in gpu._DONE, "synchronize returned before the submitted work had finished"
         gpu._DONE.discard(token)

@@ -195,26 +195,36 @@ def _work_done_callback(ffi):
     return _WORK_DONE[0]
 
 
+def watch_work_done(device) -> int | None:
+    """Register a ``wgpuQueueOnSubmittedWorkDone`` callback (webgpu.h) for the work submitted to ``device`` so far;
+    returns its token, in :data:`_DONE` once the callback has fired (a poll of the device runs it), or ``None`` where
+    wgpu-native or that API is not there."""
+    raw = _raw()
+    queue = getattr(getattr(device, "queue", None), "_internal", None)
+    if raw is None or queue is None:
+        return None
+    ffi, lib = raw
+    token = next(_TOKENS)
+    try:
+        info = ffi.new("WGPUQueueWorkDoneCallbackInfo *", {
+            "mode": lib.WGPUCallbackMode_AllowProcessEvents, "callback": _work_done_callback(ffi),
+            "userdata1": ffi.cast("void *", token)})
+        lib.wgpuQueueOnSubmittedWorkDone(queue, info[0])
+    except (AttributeError, TypeError, ffi.error):  # pragma: no cover - an older webgpu.h
+        return None
+    return token
+
+
 def synchronize(device) -> None:
-    """Block until ``device`` has finished all submitted work: a ``wgpuQueueOnSubmittedWorkDone`` callback (webgpu.h),
-    the device polled without blocking until it fires or :data:`SPIN_S` has passed, then with wait
-    (``wgpuDevicePoll``). (A non-blocking poll's "queue empty" answer is no such signal: wgpu-native gives it while
-    the work still runs.)"""
+    """Block until ``device`` has finished all submitted work: a work-done callback (:func:`watch_work_done`), the
+    device polled without blocking until it fires or :data:`SPIN_S` has passed, then with wait (``wgpuDevicePoll``).
+    (A non-blocking poll's "queue empty" answer is no such signal: wgpu-native gives it while the work still runs.)"""
     raw = _raw()
     handle = getattr(device, "_internal", None)
-    queue = getattr(getattr(device, "queue", None), "_internal", None)
-    if raw is not None and handle is not None and queue is not None:
+    if raw is not None and handle is not None:
         ffi, lib = raw
-        token = next(_TOKENS)
-        try:
-            info = ffi.new("WGPUQueueWorkDoneCallbackInfo *", {
-                "mode": lib.WGPUCallbackMode_AllowProcessEvents, "callback": _work_done_callback(ffi),
-                "userdata1": ffi.cast("void *", token)})
-            lib.wgpuQueueOnSubmittedWorkDone(queue, info[0])
-        except (AttributeError, TypeError, ffi.error):  # pragma: no cover - an older webgpu.h: block
-            lib.wgpuDevicePoll(handle, 1, ffi.NULL)
-            return
-        if not _spin(lib, ffi, handle, lambda _empty: token in _DONE):
+        token = watch_work_done(device)
+        if token is None or not _spin(lib, ffi, handle, lambda _empty: token in _DONE):
             lib.wgpuDevicePoll(handle, 1, ffi.NULL)
         _DONE.discard(token)
     else:  # pragma: no cover
@@ -227,21 +237,27 @@ def run_words(device, source: str, words: int) -> np.ndarray:
     import wgpu
 
     buf = device.create_buffer(size=4 * words, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-    pipeline = device.create_compute_pipeline(layout="auto", compute={
-        "module": device.create_shader_module(code=source), "entry_point": "main"})
-    group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
-                                     entries=[{"binding": 0, "resource": {"buffer": buf}}])
-    enc = device.create_command_encoder()
-    cpass = enc.begin_compute_pass()
-    cpass.set_pipeline(pipeline)
-    cpass.set_bind_group(0, group)
-    cpass.dispatch_workgroups(1)
-    cpass.end()
-    device.queue.submit([enc.finish()])
+    submit_words(device, source, buf)
     try:
         return np.frombuffer(device.queue.read_buffer(buf), np.uint32).copy()
     finally:
         buf.destroy()
+
+
+def submit_words(device, source: str, buffer, workgroups: int = 1) -> None:
+    """Submit WGSL ``source`` (entry point ``main``, storage buffer ``buffer`` at binding 0) on ``workgroups``
+    workgroups of ``device``, without waiting for it."""
+    pipeline = device.create_compute_pipeline(layout="auto", compute={
+        "module": device.create_shader_module(code=source), "entry_point": "main"})
+    group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                     entries=[{"binding": 0, "resource": {"buffer": buffer}}])
+    enc = device.create_command_encoder()
+    cpass = enc.begin_compute_pass()
+    cpass.set_pipeline(pipeline)
+    cpass.set_bind_group(0, group)
+    cpass.dispatch_workgroups(workgroups)
+    cpass.end()
+    device.queue.submit([enc.finish()])
 
 
 def record_dispatches(cpass, steps) -> None:
