@@ -215,13 +215,14 @@ def _encoder_feeds(rng, heads: int, seq: int, hd: int) -> dict[str, np.ndarray]:
     return {**feeds, "mask": mask}
 
 
-@pytest.mark.parametrize("subgroups", [True, False])
-def test_encoder_attention_takes_several_rows_a_workgroup(tmp_path, rng, subgroups):
+@pytest.mark.parametrize("heads,seq,hd,subgroups", [(3, 87, 16, True), (3, 87, 16, False), (1, 509, 256, True)])
+def test_encoder_attention_takes_several_rows_a_workgroup(tmp_path, rng, heads, seq, hd, subgroups):
     """An encoder's attention, more query rows than MAX_STAGED_ROWS over static shapes but few times their keys
     (kiln.te.rows.MAX_STAGED_WORK): one row kernel whose workgroups compute ATTENTION_ROW_LANES-lane rows side by
     side, each in its own part of the workgroup arrays, the last workgroup's spare rows clamped (3 x 87 rows, 4 a
-    workgroup); both lane-combine forms, against onnxruntime with NaN-poisoned buffers. Past MAX_STAGED_WORK the
-    three kernels stay."""
+    workgroup); with 509 keys of 256 wide, 4 rows' scores and queries would not fit the workgroup memory, so 2 rows
+    of 128 lanes. Both
+    lane-combine forms, against onnxruntime with NaN-poisoned buffers. Past MAX_STAGED_WORK the three kernels stay."""
     import onnxruntime as ort
 
     import kiln
@@ -229,13 +230,13 @@ def test_encoder_attention_takes_several_rows_a_workgroup(tmp_path, rng, subgrou
     from kiln.te import rows
     from kiln.te.schedule import ATTENTION_ROW_LANES
 
-    heads, seq, hd = 3, 87, 16
-    assert heads * seq > rows.MAX_STAGED_ROWS and heads * seq % (256 // ATTENTION_ROW_LANES)
+    lanes = ATTENTION_ROW_LANES if hd < 256 else 2 * ATTENTION_ROW_LANES
+    assert heads * seq > rows.MAX_STAGED_ROWS and heads * seq % (256 // lanes)
     model = _encoder_attention(heads, seq, hd)
     compiled = compile_graph(import_model(model), "webgpu", device_class="gpu")
     assert len(compiled.kernels) == 1, [k.ops for k in compiled.kernels]
     schedule = compiled.kernels[0].schedule
-    assert schedule["rows"] and schedule["workgroup_size"] == 256 and schedule["reduce_lanes"] == ATTENTION_ROW_LANES
+    assert schedule["rows"] and schedule["workgroup_size"] == 256 and schedule["reduce_lanes"] == lanes
     session = kiln.load(write_package(compiled, tmp_path / "pkg"), poison=True, subgroups=subgroups)
     if subgroups and not session.subgroups:
         pytest.skip("this adapter runs no subgroup forms")

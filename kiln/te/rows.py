@@ -240,19 +240,20 @@ def _few_staged_rows(t: Tensor, plan: RowPlan, stages: list[tuple[Reduce, Var]],
         MAX_STAGED_WORK
 
 
-def workgroup_bytes(plan: RowPlan, lanes: int = 256) -> int:
-    """The workgroup memory a row kernel of ``plan`` declares at ``lanes`` lanes, at most (4 bytes an element)."""
+def workgroup_bytes(plan: RowPlan, lanes: int = 256, rows: int = 1) -> int:
+    """The workgroup memory a row kernel of ``plan`` declares at ``lanes`` lanes a row and ``rows`` rows a workgroup,
+    at most (4 bytes an element)."""
     pre = sum(int(ax.extent) for name, _, ax, phase in plan.hoisted if phase == "pre")
     red = max((len(level) for level in plan.levels), default=0) * lanes
-    return 4 * (sum(plan.sizes) + pre + red + len(plan.columns) * COLUMN_TILE * lanes)
+    return 4 * rows * (sum(plan.sizes) + pre + red + len(plan.columns) * COLUMN_TILE * lanes)
 
 
-def _group_tile(plan: RowPlan, lanes: int) -> int:
+def _group_tile(plan: RowPlan, lanes: int, rows: int = 1) -> int:
     """The values a group of :func:`_stage_shared`'s lanes computes a round: :data:`STAGE_GROUP_TILE`, halved until
-    its partial sums (4 bytes a lane a value) fit in :data:`WORKGROUP_BYTES` beside the plan's other arrays; 0 where
-    none fit (the stages then take a lane a value)."""
-    tile, base = STAGE_GROUP_TILE, workgroup_bytes(plan, lanes)
-    while tile and base + 4 * tile * lanes > WORKGROUP_BYTES:
+    its partial sums (4 bytes a lane a value) fit in :data:`WORKGROUP_BYTES` beside the plan's other arrays (``rows``
+    rows of ``lanes`` lanes a workgroup); 0 where none fit (the stages then take a lane a value)."""
+    tile, base = STAGE_GROUP_TILE, workgroup_bytes(plan, lanes, rows)
+    while tile and base + 4 * tile * lanes * rows > WORKGROUP_BYTES:
         tile //= 2
     return tile
 
@@ -425,7 +426,7 @@ def lower_rows(out: Tensor, plan: RowPlan, lanes: int, flat, cse, counter, width
         inner.append(Store(name, ax, cse([flat(h, False)], inner)[0]))
     if pre:
         body.append(Barrier())
-    group_tile = _group_tile(plan, lanes)
+    group_tile = _group_tile(plan, lanes, per)
     for k, (d, sigma) in enumerate(plan.stages):
         shared[f"st{k}"] = (d.dtype, sizes[k])
         if _stage_lanes(d, lanes, group_tile):

@@ -19,7 +19,7 @@ from kiln.arith import symbolic
 from kiln.arith.expr import Load, Reduce, free_vars, reduces_in, transform
 from kiln.arith.symbolic import at_opt, at_variant_top
 from kiln.te.compute import Tensor
-from kiln.te.rows import MAX_STAGED_ROWS, analyse_rows
+from kiln.te.rows import MAX_STAGED_ROWS, WORKGROUP_BYTES, analyse_rows, workgroup_bytes
 from kiln.te.tiles import analyse, threads
 
 
@@ -103,9 +103,9 @@ class Schedule:
             element), storing them to workgroup memory after the chunk's second barrier.
         rows: a row kernel (:mod:`kiln.te.rows`: row reductions and the elementwise work over the same rows, as
             a fused LayerNormalization or Softmax): ``reduce_lanes`` invocations a row share the row's reductions and
-            then its outputs, a workgroup ``workgroup_size / reduce_lanes`` neighbouring rows. With ``simd_reduce`` (C targets; ``reduce_lanes`` 1) a tile a row instead, the
-            reductions and the elements in vectors along it (:mod:`kiln.te.cpu_rows`). A kernel that is not such a
-            row kernel is lowered without it.
+            then its outputs, a workgroup ``workgroup_size / reduce_lanes`` neighbouring rows. With ``simd_reduce``
+            (C targets; ``reduce_lanes`` 1) a tile a row instead, the reductions and the elements in vectors along it
+            (:mod:`kiln.te.cpu_rows`). A kernel that is not such a row kernel is lowered without it.
         simd_reduce: (C targets) 0, or the SIMD lanes the innermost reduction axis is dealt to: each tile's sums
             accumulate in vectors, iteration ``ro * simd_reduce + lane`` in lane ``lane`` (a ``For`` with
             ``lanes``), added across the lanes after the loop. For reductions that read rows contiguously along
@@ -425,8 +425,12 @@ def row_schedule(t: Tensor) -> Schedule:
     n = _prod(at_opt(t.shape[a]) for a in plan.cols)
     if plan.columns:  # attention (kiln.te.rows): the keys of a decode step are many whatever opt says; lanes split
         # them, and the columns their sums; an encoder's many query rows share a workgroup (and a core's cache)
-        rows = _prod(at_opt(t.shape[a]) for a in plan.rows)
-        lanes = ATTENTION_ROW_LANES if rows > MAX_STAGED_ROWS else 256
+        # (static shapes only: a decoder's attentions over run-time dims keep their workgroup a row); fewer rows a
+        # workgroup where their workgroup arrays would not fit
+        rows = [t.shape[a] for a in plan.rows]
+        lanes = 256 if symbolic.symbols(rows) or _prod(rows) <= MAX_STAGED_ROWS else ATTENTION_ROW_LANES
+        while lanes < 256 and workgroup_bytes(plan, lanes, 256 // lanes) > WORKGROUP_BYTES:
+            lanes *= 2
         return Schedule(workgroup_size=256, reduce_lanes=lanes, rows=True)
     width = 32
     while width < 256 and width * 4 < n:
