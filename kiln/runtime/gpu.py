@@ -168,11 +168,13 @@ SPIN_S = float(os.environ.get("KILN_SPIN_US", "2000")) / 1e6
 
 
 def _spin(lib, ffi, handle, done) -> bool:
-    """Poll device ``handle`` without blocking until ``done(queue_empty)`` or :data:`SPIN_S` has passed; whether
-    it was done."""
+    """Poll device ``handle`` without blocking (which runs the callbacks that are due) until ``done()`` or
+    :data:`SPIN_S` has passed; whether it was done. (The poll's own "queue empty" answer is no sign that the work has
+    finished: :func:`synchronize`.)"""
     deadline = time.perf_counter() + SPIN_S
     while True:
-        if done(lib.wgpuDevicePoll(handle, 0, ffi.NULL)):
+        lib.wgpuDevicePoll(handle, 0, ffi.NULL)
+        if done():
             return True
         if time.perf_counter() >= deadline:
             return False
@@ -224,7 +226,7 @@ def synchronize(device) -> None:
     if raw is not None and handle is not None:
         ffi, lib = raw
         token = watch_work_done(device)
-        if token is None or not _spin(lib, ffi, handle, lambda _empty: token in _DONE):
+        if token is None or not _spin(lib, ffi, handle, lambda: token in _DONE):
             lib.wgpuDevicePoll(handle, 1, ffi.NULL)
         _DONE.discard(token)
     else:  # pragma: no cover
@@ -363,7 +365,7 @@ class Readback:
         lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, self.size, self._info[0])
         dev = self.device._internal
         index, self._index = self._index, None
-        if not _spin(lib, ffi, dev, lambda _empty: bool(self._status)) and index is not None:
+        if not _spin(lib, ffi, dev, lambda: bool(self._status)) and index is not None:
             lib.wgpuDevicePoll(dev, 1, index)  # wait for that submission only (its completion fires the callback)
         idle_since = None
         while not self._status:
